@@ -1,0 +1,33 @@
+"""The ``journal`` command line: migrate, info, demo (and backend-specific extras).
+
+Subcommands live in small modules that register themselves on :data:`app`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="journal",
+    help="slice-journal: an event journal on PostgreSQL (slices, projections, Spark, Cassandra).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+from . import migrate as _migrate  # noqa: E402,F401  (registers commands)
+
+
+def main() -> None:
+    """Console script entry point: clear one-line errors for the library's own errors."""
+    from ..errors import JournalError
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except JournalError as e:
+        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+        sys.exit(2)

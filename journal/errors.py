@@ -1,0 +1,89 @@
+"""One error tree for the whole library.
+
+Every error the library raises derives from :class:`JournalError`, so a caller can catch
+the family at once, and the few that a caller acts on are typed and documented.
+Driver errors are mapped into this tree in one place per backend, with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class JournalError(Exception):
+    """Root of every error this library raises."""
+
+
+class ConfigurationError(JournalError, ValueError):
+    """A setting, DSN or identifier from configuration is invalid."""
+
+
+class InvalidArgument(JournalError, ValueError):
+    """Bad input to a public call, raised before any I/O."""
+
+
+class SerializationError(JournalError):
+    """An event, metadata or snapshot could not be serialized or deserialized."""
+
+
+class SequenceConflict(JournalError):
+    """Another writer already took the sequence numbers this write needed.
+
+    Nothing of the failed call was written. ``expected_seq_nr`` is what the call
+    assumed (None when it asked for "after the current highest").
+    """
+
+    def __init__(self, persistence_id: str, expected_seq_nr: int | None, detail: str = "") -> None:
+        self.persistence_id = persistence_id
+        self.expected_seq_nr = expected_seq_nr
+        msg = f"sequence conflict for {persistence_id!r}"
+        if expected_seq_nr is not None:
+            msg += f" (expected highest seq_nr {expected_seq_nr})"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+class JournalUnavailable(JournalError):
+    """The storage could not be reached after bounded retries (a transient condition).
+
+    ``outcome_unknown`` is True for a write that was sent but whose commit could not be
+    confirmed or ruled out: the events may or may not be stored. See README, "Writes whose
+    outcome is unknown".
+    """
+
+    def __init__(self, message: str, *, outcome_unknown: bool = False) -> None:
+        self.outcome_unknown = outcome_unknown
+        super().__init__(message)
+
+
+class UnsupportedOperation(JournalError):
+    """The backend cannot serve this operation (for example slice queries on Cassandra)."""
+
+
+class OffsetError(InvalidArgument):
+    """An offset of the wrong kind, or one that does not fit the query."""
+
+
+class EventsMissing(JournalError):
+    """Events that must exist are really absent from the journal (not merely late)."""
+
+    def __init__(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, detail: str = "") -> None:
+        self.persistence_id = persistence_id
+        self.from_seq_nr = from_seq_nr
+        self.to_seq_nr = to_seq_nr
+        msg = f"events {from_seq_nr}..{to_seq_nr} of {persistence_id!r} are missing"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
+__all__ = [
+    "ConfigurationError",
+    "EventsMissing",
+    "InvalidArgument",
+    "JournalError",
+    "JournalUnavailable",
+    "OffsetError",
+    "SequenceConflict",
+    "SerializationError",
+    "UnsupportedOperation",
+]

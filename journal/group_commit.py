@@ -1,0 +1,149 @@
+"""Group commit: many concurrent ``persist`` calls, one statement and one commit.
+
+:class:`BatchPlanner` is the pure part (which queued calls go into the next batch) and can be
+driven step by step in a test; :class:`GroupCommit` is the thin asyncio loop around it.
+Rules: FIFO; at most ``max_batch_events`` events per batch (a larger single call goes alone);
+at most one call per persistence id in a batch and in flight, so calls for one pid are written
+in the order they were made; at most ``max_in_flight`` batches at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from .backend import WriteRequest, WriteResult
+from .errors import JournalUnavailable
+
+log = logging.getLogger("journal.group_commit")
+
+WriteBatch = Callable[[Sequence[WriteRequest]], Awaitable[list[WriteResult | Exception]]]
+
+
+@dataclass(eq=False)
+class Pending:
+    request: WriteRequest
+    future: asyncio.Future[WriteResult]
+
+
+@dataclass
+class BatchPlanner:
+    """Chooses the next batch from the queue; tracks pids in flight."""
+
+    max_batch_events: int
+    queue: deque[Pending] = field(default_factory=deque)
+    in_flight_pids: set[str] = field(default_factory=set)
+
+    def next_batch(self) -> list[Pending]:
+        batch: list[Pending] = []
+        blocked = set(self.in_flight_pids)
+        events = 0
+        kept: deque[Pending] = deque()
+        while self.queue:
+            p = self.queue.popleft()
+            if p.future.done():  # cancelled while queued
+                continue
+            pid = p.request.persistence_id
+            n = len(p.request.events)
+            fits = not batch or events + n <= self.max_batch_events
+            if pid in blocked or not fits:
+                blocked.add(pid)
+                kept.append(p)
+                if not fits and events >= self.max_batch_events:
+                    break
+                continue
+            blocked.add(pid)
+            batch.append(p)
+            events += n
+        kept.extend(self.queue)
+        self.queue = kept
+        for p in batch:
+            self.in_flight_pids.add(p.request.persistence_id)
+        return batch
+
+    def done(self, batch: Sequence[Pending]) -> None:
+        for p in batch:
+            self.in_flight_pids.discard(p.request.persistence_id)
+
+
+class GroupCommit:
+    """Coalesces concurrent write requests into batches written by ``write_batch``."""
+
+    def __init__(
+        self,
+        write_batch: WriteBatch,
+        *,
+        max_batch_events: int,
+        max_in_flight: int,
+        max_batch_wait: float = 0.0,
+    ) -> None:
+        self._write_batch = write_batch
+        self._planner = BatchPlanner(max_batch_events)
+        self._max_in_flight = max_in_flight
+        self._max_batch_wait = max_batch_wait
+        self._running: set[asyncio.Task[None]] = set()
+        self._scheduled = False
+        self._closed = False
+        self.batches_written = 0
+        self.calls_written = 0
+
+    async def submit(self, request: WriteRequest) -> WriteResult:
+        if self._closed:
+            raise JournalUnavailable("the journal is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[WriteResult] = loop.create_future()
+        self._planner.queue.append(Pending(request, fut))
+        if not self._scheduled:
+            self._scheduled = True
+            if self._max_batch_wait > 0 and not self._running:
+                loop.call_later(self._max_batch_wait, self._pump)
+            else:
+                loop.call_soon(self._pump)
+        return await fut
+
+    def _pump(self) -> None:
+        self._scheduled = False
+        while len(self._running) < self._max_in_flight:
+            batch = self._planner.next_batch()
+            if not batch:
+                return
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _run(self, batch: list[Pending]) -> None:
+        try:
+            results = await self._write_batch([p.request for p in batch])
+        except BaseException as e:
+            err = e if isinstance(e, Exception) else JournalUnavailable(f"write interrupted: {e!r}")
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(err)
+            if not isinstance(e, Exception):
+                raise
+        else:
+            self.batches_written += 1
+            self.calls_written += len(batch)
+            for p, res in zip(batch, results, strict=True):
+                if p.future.done():
+                    continue
+                if isinstance(res, Exception):
+                    p.future.set_exception(res)
+                else:
+                    p.future.set_result(res)
+        finally:
+            self._planner.done(batch)
+            if self._planner.queue:
+                self._pump()
+
+    async def close(self) -> None:
+        """Refuse new calls, then write everything already queued or in flight."""
+        self._closed = True
+        while self._running or self._planner.queue:
+            self._pump()
+            if not self._running:
+                break
+            await asyncio.gather(*list(self._running), return_exceptions=True)

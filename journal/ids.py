@@ -1,0 +1,119 @@
+"""Persistence ids, entity types and slices, computed exactly as the JVM reference does.
+
+A slice is ``abs(javaHashCode(pid) % 1024)``. Java's ``String.hashCode`` runs over UTF-16 code
+units with 32-bit wrap-around, and Java's ``%`` keeps the sign of the dividend; matching both
+lets a Python service and a JVM service share one journal.
+"""
+
+from __future__ import annotations
+
+from .errors import InvalidArgument
+
+NUMBER_OF_SLICES = 1024
+MAX_PERSISTENCE_ID_LENGTH = 255
+ENTITY_TYPE_SEPARATOR = "|"
+
+
+def java_string_hash(s: str) -> int:
+    """Java's ``String.hashCode``: ``s[0]*31^(n-1) + ... + s[n-1]`` over UTF-16 units, int32."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def slice_for(persistence_id: str, number_of_slices: int = NUMBER_OF_SLICES) -> int:
+    """The slice (0..1023) of a persistence id, equal to the JVM's ``Persistence.sliceForPersistenceId``."""
+    h = java_string_hash(persistence_id)
+    # Java's % truncates towards zero (sign of the dividend), Python's floors: use math on abs.
+    rem = abs(h) % number_of_slices
+    return rem
+
+
+def entity_type_of(persistence_id: str) -> str:
+    """The entity type: the prefix before the first ``|`` ("" when there is none)."""
+    i = persistence_id.find(ENTITY_TYPE_SEPARATOR)
+    return persistence_id[:i] if i >= 0 else ""
+
+
+def persistence_id_of(entity_type: str, entity_id: str) -> str:
+    """Build ``entity_type|entity_id``, refusing a separator inside the entity type."""
+    if ENTITY_TYPE_SEPARATOR in entity_type:
+        raise InvalidArgument(f"entity type {entity_type!r} must not contain {ENTITY_TYPE_SEPARATOR!r}")
+    return f"{entity_type}{ENTITY_TYPE_SEPARATOR}{entity_id}"
+
+
+def slice_ranges(n: int, number_of_slices: int = NUMBER_OF_SLICES) -> list[tuple[int, int]]:
+    """Split the slices into ``n`` equal inclusive ranges; ``n`` must divide 1024."""
+    if not isinstance(n, int) or n < 1 or n > number_of_slices or number_of_slices % n:
+        raise InvalidArgument(f"number of ranges must divide {number_of_slices}, got {n!r}")
+    step = number_of_slices // n
+    return [(i * step, (i + 1) * step - 1) for i in range(n)]
+
+
+def validate_slice_range(min_slice: int, max_slice: int) -> None:
+    """Refuse inverted or out-of-range slice ranges before any I/O."""
+    for name, v in (("min_slice", min_slice), ("max_slice", max_slice)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < NUMBER_OF_SLICES:
+            raise InvalidArgument(f"{name} must be an int in 0..{NUMBER_OF_SLICES - 1}, got {v!r}")
+    if min_slice > max_slice:
+        raise InvalidArgument(f"inverted slice range {min_slice}..{max_slice}")
+
+
+def validate_persistence_id(persistence_id: object) -> str:
+    """Refuse empty, over-long or NUL-carrying persistence ids before any I/O."""
+    if not isinstance(persistence_id, str):
+        raise InvalidArgument(f"persistence id must be a str, got {type(persistence_id).__name__}")
+    if not persistence_id:
+        raise InvalidArgument("persistence id must not be empty")
+    if "\x00" in persistence_id:
+        raise InvalidArgument(f"persistence id must not contain NUL bytes: {persistence_id!r}")
+    if len(persistence_id) > MAX_PERSISTENCE_ID_LENGTH:
+        raise InvalidArgument(
+            f"persistence id is {len(persistence_id)} characters, the limit is "
+            f"{MAX_PERSISTENCE_ID_LENGTH}: {persistence_id[:40]!r}..."
+        )
+    return persistence_id
+
+
+def validate_entity_type(entity_type: object) -> str:
+    """Refuse non-string, NUL-carrying or over-long entity types."""
+    if not isinstance(entity_type, str):
+        raise InvalidArgument(f"entity type must be a str, got {type(entity_type).__name__}")
+    if "\x00" in entity_type or ENTITY_TYPE_SEPARATOR in entity_type:
+        raise InvalidArgument(f"entity type must not contain NUL or '|': {entity_type!r}")
+    if len(entity_type) > MAX_PERSISTENCE_ID_LENGTH:
+        raise InvalidArgument(f"entity type longer than {MAX_PERSISTENCE_ID_LENGTH} characters")
+    return entity_type
+
+
+def validate_seq_nr(name: str, value: object, *, minimum: int = 0) -> int:
+    """Refuse non-int or too-small sequence numbers."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise InvalidArgument(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+MAX_TAG_LENGTH = 255
+
+
+def validate_tags(tags: object) -> tuple[str, ...]:
+    """Tags are non-empty strings without NUL, at most 255 characters; duplicates are dropped."""
+    if isinstance(tags, str):
+        raise InvalidArgument("tags must be a collection of strings, not a single string")
+    try:
+        items = tuple(tags)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidArgument(f"tags must be an iterable of str, got {type(tags).__name__}") from None
+    out: list[str] = []
+    for t in items:
+        if not isinstance(t, str):
+            raise InvalidArgument(f"every tag must be a str, got {type(t).__name__}: {t!r}")
+        if not t or "\x00" in t or len(t) > MAX_TAG_LENGTH:
+            raise InvalidArgument(f"tag must be 1..{MAX_TAG_LENGTH} characters without NUL: {t!r}")
+        if t not in out:
+            out.append(t)
+    return tuple(out)

@@ -1,0 +1,312 @@
+"""The facade a service imports: :func:`open_journal` and :class:`Journal`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from .backend import Backend, SnapshotRow, StoredEvent, WriteRequest
+from .envelope import EventEnvelope
+from .errors import ConfigurationError, InvalidArgument
+from .group_commit import GroupCommit
+from .ids import (
+    entity_type_of,
+    slice_for,
+    validate_entity_type,
+    validate_persistence_id,
+    validate_seq_nr,
+    validate_tags,
+)
+from .offsets import Sequence as SeqOffset
+from .serialization import Serialized, SerializerRegistry
+from .settings import JournalSettings
+from .snapshots import Snapshot
+
+log = logging.getLogger("journal")
+
+MAX_EVENTS_PER_CALL = 10_000
+
+
+class Journal:
+    """An open event journal. Use :func:`open_journal` to get one.
+
+    All methods validate their input before any I/O and raise :class:`InvalidArgument` for bad
+    input; storage outages surface as :class:`JournalUnavailable` after bounded retries.
+    """
+
+    def __init__(self, backend: Backend, settings: JournalSettings, serializers: SerializerRegistry | None = None) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.serializers = serializers or SerializerRegistry()
+        w = settings.write
+        self._group_commit = GroupCommit(
+            backend.write_batch,
+            max_batch_events=w.max_batch_events,
+            max_in_flight=w.max_in_flight,
+            max_batch_wait=w.max_batch_wait,
+        )
+
+    @property
+    def writer_id(self) -> str:
+        return self.backend.writer_id
+
+    async def close(self) -> None:
+        await self._group_commit.close()
+        await self.backend.close()
+
+    async def __aenter__(self) -> Journal:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- writing -----------------------------------------------------------------------------
+
+    async def persist(
+        self,
+        persistence_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq_nr: int | None = None,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+    ) -> list[EventEnvelope]:
+        """Write ``events`` atomically with consecutive sequence numbers.
+
+        Numbers start after ``expected_seq_nr`` (the highest the caller believes is stored), or
+        after the current highest when it is None. Concurrent calls for different pids share one
+        statement and commit (group commit); each call is still atomic on its own.
+
+        Raises:
+            InvalidArgument: bad pid, empty or non-list events, bad tags or seq_nr (no I/O done).
+            SerializationError: an event or the metadata cannot be serialized (nothing written).
+            SequenceConflict: another writer took those numbers, or ``expected_seq_nr`` is not
+                the stored highest; nothing of this call was written.
+            JournalUnavailable: the database could not be reached; ``outcome_unknown`` tells
+                whether the write may have happened.
+        """
+        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
+        result = await self._group_commit.submit(request)
+        return [
+            EventEnvelope(
+                persistence_id=request.persistence_id,
+                entity_type=request.entity_type,
+                slice=request.slice,
+                seq_nr=result.first_seq_nr + i,
+                db_timestamp=result.db_timestamp,
+                event=ev,
+                offset=SeqOffset(result.first_seq_nr + i),
+                tags=request.tags,
+                metadata=metadata,
+                writer=self.writer_id,
+            )
+            for i, ev in enumerate(events)
+        ]
+
+    def _request(
+        self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
+    ) -> WriteRequest:
+        validate_persistence_id(pid)
+        if not isinstance(events, list | tuple):
+            raise InvalidArgument(
+                f"events must be a list or tuple of events, got {type(events).__name__}"
+            )
+        if not events:
+            raise InvalidArgument(f"persist({pid!r}) needs at least one event")
+        if len(events) > MAX_EVENTS_PER_CALL:
+            raise InvalidArgument(f"at most {MAX_EVENTS_PER_CALL} events per call, got {len(events)}")
+        if expected is not None:
+            validate_seq_nr("expected_seq_nr", expected)
+        clean_tags = validate_tags(tags)
+        ser = self.serializers
+        serialized = tuple(ser.serialize(e, what=f"event {i} of {pid!r}") for i, e in enumerate(events))
+        meta = ser.serialize(metadata, what="metadata") if metadata is not None else None
+        return WriteRequest(
+            persistence_id=pid,
+            entity_type=entity_type_of(pid),
+            slice=slice_for(pid),
+            expected_seq_nr=expected,
+            events=serialized,
+            tags=clean_tags,
+            metadata=meta,
+        )
+
+    # -- reading by persistence id -----------------------------------------------------------
+
+    async def highest_seq_nr(self, persistence_id: str) -> int:
+        """The highest sequence number stored for a pid (0 when none; kept across deletes)."""
+        return await self.backend.highest_seq_nr(validate_persistence_id(persistence_id))
+
+    async def current_events_by_persistence_id(
+        self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+    ) -> AsyncIterator[EventEnvelope]:
+        """The stored events of one pid in ``[from_seq_nr, to_seq_nr]``, paged, then end."""
+        validate_persistence_id(persistence_id)
+        validate_seq_nr("from_seq_nr", from_seq_nr)
+        upper = (2**63 - 1) if to_seq_nr is None else validate_seq_nr("to_seq_nr", to_seq_nr)
+        page = self.settings.query.buffer_size
+        nxt = max(from_seq_nr, 1)
+        while nxt <= upper:
+            rows = await self.backend.read_events(persistence_id, nxt, upper, page)
+            for r in rows:
+                yield self.envelope(r)
+            if len(rows) < page:
+                return
+            nxt = rows[-1].seq_nr + 1
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None:
+        """Hard-delete events up to ``to_seq_nr``; the highest sequence number is kept."""
+        validate_persistence_id(persistence_id)
+        validate_seq_nr("to_seq_nr", to_seq_nr)
+        await self.backend.delete_events_to(persistence_id, to_seq_nr)
+
+    async def current_persistence_ids(self, entity_type: str | None = None) -> AsyncIterator[str]:
+        """Every persistence id with stored events (optionally of one entity type), sorted, paged."""
+        if entity_type is not None:
+            validate_entity_type(entity_type)
+        after: str | None = None
+        page = self.settings.query.buffer_size
+        while True:
+            ids = await self.backend.persistence_ids(entity_type, after, page)
+            for pid in ids:
+                yield pid
+            if len(ids) < page:
+                return
+            after = ids[-1]
+
+    def envelope(self, r: StoredEvent) -> EventEnvelope:
+        """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""
+        event = (
+            self.serializers.deserialize(r.ser_id, r.ser_manifest, r.payload, what=f"{r.persistence_id}#{r.seq_nr}")
+            if r.payload is not None
+            else None
+        )
+        meta = (
+            self.serializers.deserialize(r.meta.ser_id, r.meta.manifest, r.meta.payload, what="metadata")
+            if r.meta is not None
+            else None
+        )
+        return EventEnvelope(
+            persistence_id=r.persistence_id,
+            entity_type=r.entity_type,
+            slice=r.slice,
+            seq_nr=r.seq_nr,
+            db_timestamp=r.db_timestamp,
+            event=event,
+            offset=SeqOffset(r.seq_nr),
+            tags=r.tags,
+            metadata=meta,
+            writer=r.writer,
+            has_payload=r.payload is not None,
+        )
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    async def save_snapshot(
+        self, persistence_id: str, seq_nr: int, state: Any, *, tags: Sequence[str] = (), metadata: Any = None
+    ) -> None:
+        """Store ``state`` as of ``seq_nr``, replacing the pid's previous snapshot."""
+        validate_persistence_id(persistence_id)
+        validate_seq_nr("seq_nr", seq_nr)
+        clean_tags = validate_tags(tags)
+        ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}")
+        meta: Serialized | None = (
+            self.serializers.serialize(metadata, what="snapshot metadata") if metadata is not None else None
+        )
+        await self.backend.save_snapshot(
+            SnapshotRow(
+                persistence_id=persistence_id,
+                entity_type=entity_type_of(persistence_id),
+                slice=slice_for(persistence_id),
+                seq_nr=seq_nr,
+                write_timestamp=int(time.time() * 1000),
+                state=ser,
+                tags=clean_tags,
+                meta=meta,
+            )
+        )
+
+    async def load_snapshot(self, persistence_id: str) -> Snapshot | None:
+        """The pid's snapshot, or None."""
+        row = await self.backend.load_snapshot(validate_persistence_id(persistence_id))
+        if row is None:
+            return None
+        state = self.serializers.deserialize(row.state.ser_id, row.state.manifest, row.state.payload, what="snapshot")
+        meta = (
+            self.serializers.deserialize(row.meta.ser_id, row.meta.manifest, row.meta.payload, what="snapshot metadata")
+            if row.meta
+            else None
+        )
+        return Snapshot(
+            persistence_id=row.persistence_id,
+            seq_nr=row.seq_nr,
+            state=state,
+            write_timestamp=datetime.fromtimestamp(row.write_timestamp / 1000, UTC),
+            tags=row.tags,
+            metadata=meta,
+        )
+
+    async def delete_snapshot(self, persistence_id: str) -> None:
+        await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
+
+
+def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:
+    """Explicit DSN, else the settings' (``JOURNAL_DSN``), else None (embedded)."""
+    return dsn or settings.connection.dsn or os.environ.get("JOURNAL_DSN") or None
+
+
+@asynccontextmanager
+async def open_journal(
+    dsn: str | None = None,
+    *,
+    settings: JournalSettings | None = None,
+    serializers: SerializerRegistry | None = None,
+    migrate: bool | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Journal]:
+    """Open a journal; close it (flushing queued writes) on exit.
+
+    ``dsn``: a PostgreSQL DSN; when None, ``JOURNAL_DSN``; when that is unset too, an embedded
+    PostgreSQL under ``data_dir`` (created and migrated on first use). ``migrate``: run the
+    migrations at open (default: only for the embedded server). Other keywords override settings
+    (``schema="x"``, ``buffer_size=500``, ...).
+    """
+    if settings is not None and overrides:
+        raise ConfigurationError("pass either settings=... or keyword overrides, not both")
+    settings = settings or JournalSettings.load(**overrides)
+    target = resolve_dsn(dsn, settings)
+    backend: Backend
+    if target is not None and target.startswith("cassandra://"):
+        try:
+            from .cassandra.backend import open_cassandra_backend
+        except ImportError as e:
+            raise ConfigurationError(
+                f"the Cassandra backend needs the 'cassandra' extra: pip install 'slice-journal[cassandra]' ({e})"
+            ) from e
+        backend = await open_cassandra_backend(target, settings)
+    else:
+        from .postgres.backend import PostgresBackend
+        from .postgres.embedded import start_embedded
+
+        embedded = target is None
+        if embedded:
+            target = await asyncio.to_thread(start_embedded, settings.connection.data_dir)
+        assert target is not None
+        if migrate if migrate is not None else embedded:
+            from .postgres.migrations import upgrade
+
+            await asyncio.to_thread(upgrade, target, settings.schema)
+        settings = settings.with_dsn(target)
+        backend = PostgresBackend(target, settings)
+        await backend.start()
+    journal = Journal(backend, settings, serializers)
+    try:
+        yield journal
+    finally:
+        await journal.close()

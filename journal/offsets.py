@@ -1,0 +1,74 @@
+"""Offsets: where a query resumes.
+
+``TimestampOffset`` is the slice queries' offset: a database timestamp plus the sequence numbers
+already seen *at exactly that timestamp*, so events sharing a timestamp are neither repeated nor
+skipped on resume. ``Sequence`` is a plain per-pid sequence number offset. ``NoOffset`` means
+"from the beginning".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Mapping
+
+from .errors import OffsetError
+
+
+@dataclass(frozen=True, slots=True)
+class NoOffset:
+    """Start from the beginning."""
+
+
+NO_OFFSET = NoOffset()
+
+
+@dataclass(frozen=True, slots=True)
+class Sequence:
+    """A sequence number offset (events by persistence id)."""
+
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampOffset:
+    """A db_timestamp and the ``{pid: seq_nr}`` already seen at exactly that timestamp.
+
+    ``read_timestamp`` is when the event was read (for lag metrics), not part of identity.
+    """
+
+    timestamp: datetime
+    seen: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    read_timestamp: datetime | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.timestamp, datetime) or self.timestamp.tzinfo is None:
+            raise OffsetError("TimestampOffset.timestamp must be a timezone-aware datetime")
+        object.__setattr__(self, "timestamp", self.timestamp.astimezone(UTC))
+        object.__setattr__(self, "seen", MappingProxyType(dict(self.seen)))
+
+    def is_after(self, timestamp: datetime, persistence_id: str, seq_nr: int) -> bool:
+        """True if an event at (timestamp, pid, seq_nr) lies after this offset (not yet delivered)."""
+        if timestamp > self.timestamp:
+            return True
+        if timestamp < self.timestamp:
+            return False
+        seen = self.seen.get(persistence_id)
+        return seen is None or seq_nr > seen
+
+    def to_json(self) -> dict[str, object]:
+        return {"timestamp": self.timestamp.isoformat(), "seen": dict(self.seen)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> TimestampOffset:
+        ts = data.get("timestamp")
+        seen = data.get("seen", {})
+        if not isinstance(ts, str) or not isinstance(seen, dict):
+            raise OffsetError(f"not a TimestampOffset: {data!r}")
+        return cls(datetime.fromisoformat(ts), {str(k): int(v) for k, v in seen.items()})
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+Offset = NoOffset | Sequence | TimestampOffset

@@ -1,0 +1,364 @@
+"""The PostgreSQL backend (asyncpg on every hot path)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
+from ..serialization import Serialized
+from ..settings import JournalSettings
+from .dsn import asyncpg_dsn
+from .errors import is_transient, with_retries
+from .statements import Statements
+
+log = logging.getLogger("journal.postgres")
+
+DELETE_BATCH_SIZE = 10_000
+
+
+class _MaybeWritten(Exception):
+    """A write failed after it was sent: whether it committed is not known yet."""
+
+
+def row_to_event(r: asyncpg.Record, *, with_payload: bool = True) -> StoredEvent:
+    """One event_journal row (columns of ``Statements.event_columns``) as a StoredEvent."""
+    meta = None
+    if r["meta_ser_id"] is not None:
+        meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))
+    return StoredEvent(
+        persistence_id=r["persistence_id"],
+        entity_type=r["entity_type"],
+        slice=r["slice"],
+        seq_nr=r["seq_nr"],
+        db_timestamp=r["db_timestamp"],
+        ser_id=r["event_ser_id"],
+        ser_manifest=r["event_ser_manifest"],
+        payload=bytes(r["event_payload"]) if with_payload else None,
+        writer=r["writer"],
+        tags=tuple(r["tags"] or ()),
+        meta=meta,
+        deleted=r["deleted"],
+    )
+
+
+class PostgresBackend:
+    """Journal storage on PostgreSQL. SQL lives in :mod:`journal.postgres.statements`."""
+
+    name = "postgres"
+
+    def __init__(self, dsn: str, settings: JournalSettings) -> None:
+        self.dsn = asyncpg_dsn(dsn)
+        self.settings = settings
+        self.sql = Statements(settings.schema)
+        self.writer_id = settings.write.writer_id or str(uuid.uuid4())
+        self._pool: asyncpg.Pool | None = None
+        self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
+        self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        c = self.settings.connection
+
+        async def connect() -> asyncpg.Pool:
+            return await asyncpg.create_pool(
+                self.dsn,
+                min_size=c.pool_min_size,
+                max_size=c.pool_max_size,
+                timeout=c.connect_timeout,
+                command_timeout=None,
+            )
+
+        self._pool = await with_retries("connect", self.settings.retry, connect)
+        table = await self._pool.fetchval("SELECT to_regclass($1)", f'"{self.settings.schema}".event_journal')
+        if table is None:
+            await self.close()
+            raise ConfigurationError(
+                f"no event_journal table in schema {self.settings.schema!r}: run `journal migrate` "
+                "(or `alembic upgrade head`) against this database first"
+            )
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise JournalUnavailable("the journal is not open")
+        return self._pool
+
+    async def _fetch(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
+        async def op() -> list[asyncpg.Record]:
+            return await self.pool.fetch(query, *args)
+
+        return await with_retries(what, self.settings.retry, op)
+
+    async def _fetchval(self, what: str, query: str, *args: Any) -> Any:
+        async def op() -> Any:
+            return await self.pool.fetchval(query, *args)
+
+        return await with_retries(what, self.settings.retry, op)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def _params(self, requests: Sequence[WriteRequest]) -> tuple[Any, ...]:
+        pids: list[str] = []
+        types: list[str] = []
+        slices: list[int] = []
+        ordinals: list[int] = []
+        bases: list[int | None] = []
+        ser_ids: list[int] = []
+        manifests: list[str] = []
+        payloads: list[bytes] = []
+        tags: list[str | None] = []
+        meta_ids: list[int | None] = []
+        meta_manifests: list[str | None] = []
+        meta_payloads: list[bytes | None] = []
+        for r in requests:
+            tag_json = json.dumps(list(r.tags)) if r.tags else None
+            m = r.metadata
+            for i, ev in enumerate(r.events, 1):
+                pids.append(r.persistence_id)
+                types.append(r.entity_type)
+                slices.append(r.slice)
+                ordinals.append(i)
+                bases.append(r.expected_seq_nr)
+                ser_ids.append(ev.ser_id)
+                manifests.append(ev.manifest)
+                payloads.append(ev.payload)
+                tags.append(tag_json)
+                meta_ids.append(m.ser_id if m else None)
+                meta_manifests.append(m.manifest if m else None)
+                meta_payloads.append(m.payload if m else None)
+        return (
+            pids, types, slices, ordinals, bases, ser_ids, manifests, payloads,
+            self.writer_id, tags, meta_ids, meta_manifests, meta_payloads,
+        )  # fmt: skip
+
+    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+        """One multi-row statement for the whole batch; conflicts isolate the failing calls.
+
+        Fast path: a single autocommit INSERT (atomic). If it hits a unique violation, a probe
+        run in a rolled-back transaction (ON CONFLICT DO NOTHING) finds which calls conflict;
+        those fail with SequenceConflict and the rest are written again.
+        """
+        results: dict[int, WriteResult | Exception] = {}
+        pending = list(range(len(requests)))
+        for _ in range(8):
+            if not pending:
+                break
+            batch = [requests[i] for i in pending]
+            try:
+                rows = await self._execute_insert(batch, probe=False)
+            except asyncpg.exceptions.UniqueViolationError:
+                rows = await self._execute_insert(batch, probe=True)
+                written = _by_pid(rows)
+                failed = [i for i in pending if not _complete(requests[i], written)]
+                for i in failed:
+                    results[i] = _conflict(requests[i], "another writer took these sequence numbers")
+                pending = [i for i in pending if i not in set(failed)]
+                continue
+            written = _by_pid(rows)
+            for i in pending:
+                r = requests[i]
+                got = written.get(r.persistence_id)
+                if got is not None and got[1] == len(r.events):
+                    results[i] = WriteResult(got[0], got[2])
+                else:
+                    results[i] = _conflict(r, "stored highest sequence number differs")
+            pending = []
+        for i in pending:
+            results[i] = _conflict(requests[i], "kept conflicting")
+        return [results[i] for i in range(len(requests))]
+
+    async def _execute_insert(self, batch: Sequence[WriteRequest], *, probe: bool) -> list[asyncpg.Record]:
+        params = self._params(batch)
+        try:
+            async with self.pool.acquire() as conn:
+                if not probe:
+                    try:
+                        return await conn.fetch(self._insert, *params)
+                    except Exception as e:
+                        if is_transient(e):
+                            raise _MaybeWritten(str(e)) from e
+                        raise
+                tr = conn.transaction()
+                await tr.start()
+                try:
+                    return await conn.fetch(self._insert_probe, *params)
+                finally:
+                    await tr.rollback()
+        except _MaybeWritten:
+            return await self._resolve_unknown(batch)
+        except Exception as e:
+            if is_transient(e):  # failed before the statement was sent: safe to retry
+                return await self._retry_unsent(batch, probe=probe, cause=e)
+            raise
+
+    async def _retry_unsent(self, batch: Sequence[WriteRequest], *, probe: bool, cause: Exception) -> list[asyncpg.Record]:
+        async def op() -> list[asyncpg.Record]:
+            async with self.pool.acquire() as conn:
+                if probe:
+                    async with conn.transaction():
+                        rows = await conn.fetch(self._insert_probe, *self._params(batch))
+                        raise _Rollback(rows)
+                return await conn.fetch(self._insert, *self._params(batch))
+
+        try:
+            return await with_retries("write", self.settings.retry, op)
+        except _Rollback as rb:
+            return rb.rows
+
+    async def _resolve_unknown(self, batch: Sequence[WriteRequest]) -> list[asyncpg.Record]:
+        """The connection died mid-write. Find out, for each call, whether it committed.
+
+        A call that gave ``expected_seq_nr`` can be checked exactly: its rows are there with
+        our writer id and the same payloads, or none of them are. Calls without it cannot be
+        told apart from another writer's and fail with ``JournalUnavailable(outcome_unknown=True)``.
+        """
+        out: list[dict[str, Any]] = []
+        unresolved: list[WriteRequest] = []
+        for r in batch:
+            if r.expected_seq_nr is None:
+                raise JournalUnavailable(
+                    f"write of {r.persistence_id!r} was interrupted and its outcome is unknown "
+                    "(pass expected_seq_nr to let the journal resolve it)",
+                    outcome_unknown=True,
+                )
+            first, last = r.expected_seq_nr + 1, r.expected_seq_nr + len(r.events)
+            rows = await self._fetch("resolve write", self.sql.written_check, r.persistence_id, first, last)
+            mine = [x for x in rows if x["writer"] == self.writer_id]
+            if len(mine) == len(r.events) and all(
+                bytes(x["event_payload"]) == ev.payload for x, ev in zip(mine, r.events, strict=True)
+            ):
+                out.append({"persistence_id": r.persistence_id, "first_seq_nr": first, "n": len(r.events), "db_timestamp": mine[0]["db_timestamp"]})
+            elif not rows:
+                unresolved.append(r)
+            else:
+                out.append({"persistence_id": r.persistence_id, "first_seq_nr": -1, "n": 0, "db_timestamp": None})
+        if unresolved:
+            again = await self._retry_unsent(unresolved, probe=False, cause=RuntimeError("resend"))
+            out.extend(dict(x) for x in again)
+        return out  # type: ignore[return-value]
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def highest_seq_nr(self, persistence_id: str) -> int:
+        return int(await self._fetchval("highest_seq_nr", self.sql.highest_seq_nr, persistence_id))
+
+    async def read_events(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> list[StoredEvent]:
+        rows = await self._fetch(
+            "read events", self.sql.events_by_pid, persistence_id, from_seq_nr, to_seq_nr, limit
+        )
+        return [row_to_event(r) for r in rows]
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None:
+        """Hard delete in batches; the highest event stays as a tombstone (deleted=true)."""
+
+        async def op() -> None:
+            async with self.pool.acquire() as conn, conn.transaction():
+                highest = await conn.fetchval(self.sql.highest_seq_nr, persistence_id)
+                upto = min(to_seq_nr, highest)
+                if upto <= 0:
+                    return
+                keep_tombstone = upto == highest
+                limit_to = upto - 1 if keep_tombstone else upto
+                while True:
+                    status = await conn.execute(self.sql.delete_batch, persistence_id, limit_to, DELETE_BATCH_SIZE)
+                    if int(status.split()[-1]) < DELETE_BATCH_SIZE:
+                        break
+                if keep_tombstone:
+                    await conn.execute(self.sql.tombstone, persistence_id, upto)
+
+        await with_retries("delete events", self.settings.retry, op)
+
+    async def persistence_ids(self, entity_type: str | None, after: str | None, limit: int) -> list[str]:
+        if entity_type is None:
+            rows = await self._fetch("persistence ids", self.sql.persistence_ids, after or "", limit)
+        else:
+            rows = await self._fetch(
+                "persistence ids", self.sql.persistence_ids_by_type, after or "", limit, entity_type
+            )
+        return [r[0] for r in rows]
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    async def save_snapshot(self, row: SnapshotRow) -> None:
+        m = row.meta
+
+        async def op() -> None:
+            await self.pool.execute(
+                self.sql.upsert_snapshot,
+                row.slice, row.entity_type, row.persistence_id, row.seq_nr, row.write_timestamp,
+                row.state.ser_id, row.state.manifest, row.state.payload, list(row.tags) or None,
+                m.ser_id if m else None, m.manifest if m else None, m.payload if m else None,
+            )  # fmt: skip
+
+        await with_retries("save snapshot", self.settings.retry, op)
+
+    async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None:
+        rows = await self._fetch("load snapshot", self.sql.load_snapshot, persistence_id)
+        if not rows:
+            return None
+        r = rows[0]
+        meta = None
+        if r["meta_ser_id"] is not None:
+            meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))
+        return SnapshotRow(
+            persistence_id=r["persistence_id"],
+            entity_type=r["entity_type"],
+            slice=r["slice"],
+            seq_nr=r["seq_nr"],
+            write_timestamp=r["write_timestamp"],
+            state=Serialized(r["ser_id"], r["ser_manifest"], bytes(r["snapshot"])),
+            tags=tuple(r["tags"] or ()),
+            meta=meta,
+            db_timestamp=r["db_timestamp"],
+        )
+
+    async def delete_snapshot(self, persistence_id: str) -> None:
+        async def op() -> None:
+            await self.pool.execute(self.sql.delete_snapshot, persistence_id)
+
+        await with_retries("delete snapshot", self.settings.retry, op)
+
+    # -- info --------------------------------------------------------------------------------
+
+    async def info(self) -> dict[str, Any]:
+        async with self.pool.acquire() as conn:
+            version = await conn.fetchval("SHOW server_version")
+            counts = await conn.fetch(self.sql.event_counts)
+            try:
+                rev = await conn.fetchval(
+                    f'SELECT version_num FROM "{self.settings.schema}".slice_journal_alembic_version'
+                )
+            except asyncpg.exceptions.UndefinedTableError:
+                rev = None
+        return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
+
+
+class _Rollback(Exception):
+    def __init__(self, rows: list[asyncpg.Record]) -> None:
+        self.rows = rows
+
+
+def _by_pid(rows: Sequence[Any]) -> dict[str, tuple[int, int, Any]]:
+    return {r["persistence_id"]: (r["first_seq_nr"], r["n"], r["db_timestamp"]) for r in rows}
+
+
+def _complete(r: WriteRequest, written: dict[str, tuple[int, int, Any]]) -> bool:
+    got = written.get(r.persistence_id)
+    return got is not None and got[1] == len(r.events)
+
+
+def _conflict(r: WriteRequest, detail: str) -> SequenceConflict:
+    return SequenceConflict(r.persistence_id, r.expected_seq_nr, detail)

@@ -1,0 +1,40 @@
+"""DSN handling: one place that turns a DSN into what each driver wants."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError
+
+
+def validate_dsn(dsn: str) -> str:
+    """Accept ``postgresql://`` / ``postgres://`` URLs (asyncpg and libpq style)."""
+    if not isinstance(dsn, str) or not dsn.strip():
+        raise ConfigurationError("DSN must be a non-empty string")
+    scheme = urlsplit(dsn).scheme
+    if scheme.split("+")[0] not in ("postgresql", "postgres"):
+        raise ConfigurationError(f"not a PostgreSQL DSN (scheme {scheme!r}): expected postgresql://...")
+    return dsn
+
+
+def asyncpg_dsn(dsn: str) -> str:
+    """asyncpg wants plain ``postgresql://`` (no ``+driver`` suffix)."""
+    validate_dsn(dsn)
+    scheme, sep, rest = dsn.partition("://")
+    return "postgresql://" + rest
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """SQLAlchemy with psycopg 3: ``postgresql+psycopg://``."""
+    validate_dsn(dsn)
+    _, _, rest = dsn.partition("://")
+    return "postgresql+psycopg://" + rest
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for logs and CLI output."""
+    parts = urlsplit(dsn)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return parts._replace(netloc=netloc).geturl()
+    return dsn

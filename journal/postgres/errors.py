@@ -1,0 +1,64 @@
+"""Driver errors mapped into the library's error tree, in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+
+from ..errors import JournalUnavailable
+from ..settings import RetrySettings
+
+log = logging.getLogger("journal.postgres")
+
+T = TypeVar("T")
+
+_TRANSIENT_SQLSTATE_PREFIXES = ("08", "57P", "53")  # connection, operator intervention, resources
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when the database was unreachable or went away (retrying may succeed)."""
+    if isinstance(exc, OSError | asyncio.TimeoutError | ConnectionError):
+        return True
+    if isinstance(
+        exc,
+        asyncpg.exceptions.ConnectionDoesNotExistError
+        | asyncpg.exceptions.InterfaceError
+        | asyncpg.exceptions.CannotConnectNowError
+        | asyncpg.exceptions.ConnectionFailureError,
+    ):
+        return not isinstance(exc, asyncpg.exceptions.InterfaceWarning)
+    sqlstate = getattr(exc, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith(_TRANSIENT_SQLSTATE_PREFIXES)
+
+
+def backoff_delays(settings: RetrySettings) -> list[float]:
+    """Exponential backoff with jitter: the waits between ``attempts`` tries."""
+    delays = []
+    d = settings.initial_backoff
+    for _ in range(settings.attempts - 1):
+        delays.append(min(d, settings.max_backoff) * (0.5 + random.random() / 2))
+        d *= 2
+    return delays
+
+
+async def with_retries(what: str, settings: RetrySettings, op: Callable[[], Awaitable[T]]) -> T:
+    """Run an idempotent operation, retrying transient failures; then raise JournalUnavailable."""
+    delays = backoff_delays(settings)
+    for attempt in range(settings.attempts):
+        try:
+            return await op()
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            if attempt >= len(delays):
+                raise JournalUnavailable(
+                    f"{what}: database unavailable after {settings.attempts} attempts: {e}"
+                ) from e
+            log.warning("%s failed (%s), retry %d in %.2fs", what, e, attempt + 1, delays[attempt])
+            await asyncio.sleep(delays[attempt])
+    raise AssertionError("unreachable")

@@ -1,0 +1,173 @@
+"""Every SQL statement of the Postgres journal, built once per schema.
+
+Identifiers come from validated configuration and are quoted here; values are always
+parameters. Nothing outside ``journal.postgres`` writes SQL for the journal tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..settings import validate_identifier
+
+SLICE_GROUP_SIZE = 64
+"""NOTIFY payloads name a group of 64 slices: ``"<slice // 64>:<entity_type>"``."""
+
+
+def notify_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel of a journal schema."""
+    return f"slice_journal.{schema}"
+
+
+@dataclass(frozen=True)
+class Statements:
+    schema: str
+
+    def __post_init__(self) -> None:
+        validate_identifier(self.schema, "schema")
+
+    @property
+    def ej(self) -> str:
+        return f'"{self.schema}".event_journal'
+
+    @property
+    def snap(self) -> str:
+        return f'"{self.schema}".snapshot'
+
+    @property
+    def channel(self) -> str:
+        return notify_channel(self.schema)
+
+    def insert_events(self, *, on_conflict_do_nothing: bool, notify: bool) -> str:
+        """Group-commit insert of many calls in one statement.
+
+        Parameters are parallel arrays, one element per event. Each row's db_timestamp is the
+        clock at execution (one reading per statement, taken after the table lock), kept
+        monotonic per pid with the reference's GREATEST rule; every event of one call gets the
+        same timestamp. A call whose ``base_seq_nr`` does not match the stored highest inserts
+        nothing (its rows are filtered out) and is reported as a conflict by the caller.
+        Returns one row per written call: pid, first seq_nr, row count, db_timestamp.
+        """
+        conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
+        notify_col = (
+            f", (SELECT count(pg_notify('{self.channel}', g)) FROM "
+            "(SELECT DISTINCT (slice / 64)::text || ':' || entity_type AS g FROM ins) n) AS notified"
+            if notify
+            else ""
+        )
+        return f"""
+WITH ins AS (
+  INSERT INTO {self.ej} (slice, entity_type, persistence_id, seq_nr, db_timestamp,
+    event_ser_id, event_ser_manifest, event_payload, deleted, writer, tags,
+    meta_ser_id, meta_ser_manifest, meta_payload)
+  SELECT i.slice, i.entity_type, i.persistence_id, COALESCE(prev.seq_nr, 0) + i.ordinal,
+    GREATEST((SELECT clock_timestamp()), prev.db_timestamp + interval '1 microsecond'),
+    i.ser_id, i.ser_manifest, i.payload, false, $9,
+    CASE WHEN i.tags_json IS NULL THEN NULL
+         ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags_json::jsonb)) END,
+    i.meta_ser_id, i.meta_ser_manifest, i.meta_payload
+  FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::bigint[], $6::int[],
+              $7::text[], $8::bytea[], $10::text[], $11::int[], $12::text[], $13::bytea[])
+    AS i(persistence_id, entity_type, slice, ordinal, base_seq_nr, ser_id, ser_manifest,
+         payload, tags_json, meta_ser_id, meta_ser_manifest, meta_payload)
+  LEFT JOIN LATERAL (
+    SELECT e.seq_nr, e.db_timestamp FROM {self.ej} e
+    WHERE e.persistence_id = i.persistence_id ORDER BY e.seq_nr DESC LIMIT 1
+  ) prev ON true
+  WHERE i.base_seq_nr IS NULL OR i.base_seq_nr = COALESCE(prev.seq_nr, 0)
+  {conflict}
+  RETURNING persistence_id, seq_nr, db_timestamp, entity_type, slice
+)
+SELECT persistence_id, min(seq_nr) AS first_seq_nr, count(*) AS n, max(db_timestamp) AS db_timestamp
+  {notify_col}
+FROM ins GROUP BY persistence_id"""
+
+    @property
+    def written_check(self) -> str:
+        """Rows of one pid in a seq_nr range written by a writer (resolving unknown outcomes)."""
+        return (
+            f"SELECT seq_nr, db_timestamp, event_payload, writer FROM {self.ej} "
+            "WHERE persistence_id = $1 AND seq_nr BETWEEN $2 AND $3 ORDER BY seq_nr"
+        )
+
+    @property
+    def highest_seq_nr(self) -> str:
+        return f"SELECT COALESCE(max(seq_nr), 0) FROM {self.ej} WHERE persistence_id = $1"
+
+    _EVENT_COLUMNS = (
+        "persistence_id, entity_type, slice, seq_nr, db_timestamp, event_ser_id, "
+        "event_ser_manifest, event_payload, writer, tags, meta_ser_id, meta_ser_manifest, "
+        "meta_payload, deleted"
+    )
+
+    @property
+    def event_columns(self) -> str:
+        return self._EVENT_COLUMNS
+
+    @property
+    def events_by_pid(self) -> str:
+        return (
+            f"SELECT {self._EVENT_COLUMNS} FROM {self.ej} WHERE persistence_id = $1 "
+            "AND seq_nr >= $2 AND seq_nr <= $3 AND deleted = false ORDER BY seq_nr LIMIT $4"
+        )
+
+    @property
+    def delete_batch(self) -> str:
+        return (
+            f"DELETE FROM {self.ej} WHERE persistence_id = $1 AND seq_nr IN ("
+            f"SELECT seq_nr FROM {self.ej} WHERE persistence_id = $1 AND seq_nr <= $2 "
+            "ORDER BY seq_nr LIMIT $3)"
+        )
+
+    @property
+    def tombstone(self) -> str:
+        """Turn the highest event into the reference's tombstone: deleted, payload dropped."""
+        return (
+            f"UPDATE {self.ej} SET deleted = true, event_payload = '\\x'::bytea, "
+            "meta_payload = NULL WHERE persistence_id = $1 AND seq_nr = $2"
+        )
+
+    @property
+    def persistence_ids(self) -> str:
+        return (
+            f"SELECT DISTINCT persistence_id FROM {self.ej} WHERE persistence_id > $1 "
+            "ORDER BY persistence_id LIMIT $2"
+        )
+
+    @property
+    def persistence_ids_by_type(self) -> str:
+        return (
+            f"SELECT DISTINCT persistence_id FROM {self.ej} WHERE persistence_id > $1 "
+            "AND entity_type = $3 ORDER BY persistence_id LIMIT $2"
+        )
+
+    @property
+    def upsert_snapshot(self) -> str:
+        cols = (
+            "slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, "
+            "ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload"
+        )
+        updates = ", ".join(
+            f"{c} = EXCLUDED.{c}" for c in cols.split(", ") if c != "persistence_id"
+        )
+        return (
+            f"INSERT INTO {self.snap} ({cols}) VALUES "
+            "($1, $2, $3, $4, clock_timestamp(), $5, $6, $7, $8, $9, $10, $11, $12) "
+            f"ON CONFLICT (persistence_id) DO UPDATE SET {updates}"
+        )
+
+    @property
+    def load_snapshot(self) -> str:
+        return (
+            "SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, "
+            "ser_id, ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload "
+            f"FROM {self.snap} WHERE persistence_id = $1"
+        )
+
+    @property
+    def delete_snapshot(self) -> str:
+        return f"DELETE FROM {self.snap} WHERE persistence_id = $1"
+
+    @property
+    def event_counts(self) -> str:
+        return f"SELECT entity_type, count(*) FROM {self.ej} GROUP BY entity_type ORDER BY entity_type"

@@ -1,0 +1,163 @@
+"""Serializers, keyed by (serializer id, manifest).
+
+Stored rows carry ``event_ser_id`` and ``event_ser_manifest``; the registry picks the serializer
+that wrote a row to read it back. Built in: bytes pass through (id 0), JSON (id 1) for dicts,
+lists, scalars, dataclasses and pydantic-style models (anything with ``model_dump``). Register a
+serializer for your own types with :meth:`SerializerRegistry.register`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from .errors import ConfigurationError, SerializationError
+
+BYTES_SERIALIZER_ID = 0
+JSON_SERIALIZER_ID = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Serialized:
+    """A serialized payload and how to read it back."""
+
+    ser_id: int
+    manifest: str
+    payload: bytes
+
+
+@runtime_checkable
+class Serializer(Protocol):
+    """Turns values into bytes and back. ``identifier`` is stored with every row it writes."""
+
+    identifier: int
+
+    def manifest(self, value: Any) -> str: ...
+
+    def to_bytes(self, value: Any) -> bytes: ...
+
+    def from_bytes(self, payload: bytes, manifest: str) -> Any: ...
+
+
+class BytesSerializer:
+    """bytes pass through untouched."""
+
+    identifier = BYTES_SERIALIZER_ID
+
+    def manifest(self, value: Any) -> str:
+        return ""
+
+    def to_bytes(self, value: Any) -> bytes:
+        return bytes(value)
+
+    def from_bytes(self, payload: bytes, manifest: str) -> Any:
+        return bytes(payload)
+
+
+def _to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+class JsonSerializer:
+    """JSON for plain data, dataclasses and pydantic-style models.
+
+    The manifest is the event's type name (``module:QualName``) for dataclasses and models, so
+    a reader can rebuild the type when it is registered with :meth:`register_type`; plain
+    dicts and lists have the empty manifest.
+    """
+
+    identifier = JSON_SERIALIZER_ID
+
+    def __init__(self) -> None:
+        self._types: dict[str, Callable[[Any], Any]] = {}
+
+    def register_type(self, cls: type, manifest: str | None = None) -> None:
+        """Rebuild ``cls`` from stored JSON whose manifest is ``manifest`` (default: its type name)."""
+        name = manifest or _type_name(cls)
+        validate = getattr(cls, "model_validate", None)
+        self._types[name] = validate if callable(validate) else (lambda d, c=cls: c(**d))
+
+    def manifest(self, value: Any) -> str:
+        if isinstance(value, dict | list | str | int | float | bool) or value is None:
+            return ""
+        return _type_name(type(value))
+
+    def to_bytes(self, value: Any) -> bytes:
+        return json.dumps(value, default=_to_jsonable, separators=(",", ":")).encode()
+
+    def from_bytes(self, payload: bytes, manifest: str) -> Any:
+        data = json.loads(payload)
+        if manifest and manifest in self._types:
+            return self._types[manifest](data)
+        return data
+
+
+def _type_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class SerializerRegistry:
+    """Chooses a serializer for a value (by type) and for a stored row (by serializer id)."""
+
+    def __init__(self) -> None:
+        self.json = JsonSerializer()
+        self._by_id: dict[int, Serializer] = {}
+        self._by_type: dict[type, Serializer] = {}
+        self.register(BytesSerializer(), (bytes, bytearray, memoryview))
+        self.register(self.json, ())
+
+    def register(self, serializer: Serializer, types: tuple[type, ...] | type = ()) -> None:
+        """Use ``serializer`` for values of ``types`` and for rows with its identifier."""
+        ident = getattr(serializer, "identifier", None)
+        if not isinstance(ident, int) or isinstance(ident, bool):
+            raise ConfigurationError(f"serializer {serializer!r} needs an int identifier")
+        existing = self._by_id.get(ident)
+        if existing is not None and existing is not serializer:
+            raise ConfigurationError(
+                f"serializer id {ident} is already taken by {type(existing).__name__}"
+            )
+        self._by_id[ident] = serializer
+        for t in types if isinstance(types, tuple) else (types,):
+            self._by_type[t] = serializer
+
+    def register_type(self, cls: type, manifest: str | None = None) -> None:
+        """Shortcut: read JSON rows of ``cls`` back as ``cls`` instances."""
+        self.json.register_type(cls, manifest)
+
+    def _for_value(self, value: Any) -> Serializer:
+        for klass in type(value).__mro__:
+            s = self._by_type.get(klass)
+            if s is not None:
+                return s
+        return self.json
+
+    def serialize(self, value: Any, *, what: str = "event") -> Serialized:
+        """Serialize or raise :class:`SerializationError` naming the value's type."""
+        s = self._for_value(value)
+        try:
+            return Serialized(s.identifier, s.manifest(value), s.to_bytes(value))
+        except SerializationError:
+            raise
+        except Exception as e:  # user serializers may raise anything
+            raise SerializationError(
+                f"cannot serialize {what} of type {type(value).__name__} "
+                f"with {type(s).__name__}: {e}"
+            ) from e
+
+    def deserialize(self, ser_id: int, manifest: str, payload: bytes, *, what: str = "event") -> Any:
+        s = self._by_id.get(ser_id)
+        if s is None:
+            raise SerializationError(f"no serializer registered with id {ser_id} to read {what}")
+        try:
+            return s.from_bytes(payload, manifest)
+        except Exception as e:
+            raise SerializationError(
+                f"cannot deserialize {what} (serializer {ser_id}, manifest {manifest!r}): {e}"
+            ) from e

@@ -1,0 +1,205 @@
+"""One typed settings object, defaults documented beside them.
+
+Build with :meth:`JournalSettings.load`: defaults, then environment (``JOURNAL_<FIELD>`` or
+``JOURNAL_<GROUP>_<FIELD>``), then keyword overrides (a leaf name such as ``buffer_size=500`` or
+``"query.buffer_size"``). Every value is validated; a bad one raises :class:`ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from .errors import ConfigurationError
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+def validate_identifier(name: str, what: str = "identifier") -> str:
+    """SQL identifiers from configuration: letters, digits, underscore; at most 63 characters."""
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise ConfigurationError(
+            f"{what} {name!r} is not a valid identifier (letters, digits, '_', max 63, not starting with a digit)"
+        )
+    return name
+
+
+def _default_data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("slice-journal")) / "pgdata"
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    dsn: str | None = None
+    """PostgreSQL DSN. None: use an embedded PostgreSQL under ``data_dir``."""
+    schema: str = "public"
+    """Schema that holds the journal tables (validated identifier)."""
+    data_dir: Path = field(default_factory=_default_data_dir)
+    """Data directory of the embedded PostgreSQL (used only without a DSN)."""
+    pool_min_size: int = 2
+    pool_max_size: int = 10
+    connect_timeout: float = 10.0
+    """Seconds to wait for a connection."""
+
+
+@dataclass(frozen=True)
+class WriteSettings:
+    max_batch_events: int = 2000
+    """Group commit: at most this many events in one multi-row statement."""
+    max_batch_wait: float = 0.0
+    """Seconds a batch may wait for more calls; 0 = only what queued while the last batch ran."""
+    max_in_flight: int = 2
+    """Group commit batches written concurrently (each on its own connection)."""
+    notify: bool = True
+    """Send NOTIFY in the write transaction so live queries wake at once."""
+    writer_id: str | None = None
+    """Value of the ``writer`` column (default: a fresh UUID per journal instance)."""
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    attempts: int = 5
+    """Tries for an operation that fails because the database is unreachable."""
+    initial_backoff: float = 0.05
+    max_backoff: float = 2.0
+
+
+QueryMode = Literal["horizon", "backtracking"]
+
+
+@dataclass(frozen=True)
+class QuerySettings:
+    buffer_size: int = 1000
+    """Rows per page (reference default 1000)."""
+    refresh_interval: float = 3.0
+    """Seconds between polls of an idle live query (reference 3 s)."""
+    behind_current_time: float = 0.1
+    """Backtracking mode: stay this far behind the database's now (reference 100 ms)."""
+    backtracking_window: float = 120.0
+    """Backtracking mode: how far behind the live position backtracking reads (reference 2 min)."""
+    backtracking_behind_current_time: float = 10.0
+    """Backtracking mode: backtracking stays this far behind now (reference 10 s)."""
+    mode: QueryMode = "horizon"
+    """Late-commit safety: "horizon" (default on PostgreSQL) or "backtracking"."""
+    heartbeat_interval: float = 1.0
+    """Live queries on quiet ranges advance their offset at least this often (seconds)."""
+
+
+@dataclass(frozen=True)
+class JournalSettings:
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    write: WriteSettings = field(default_factory=WriteSettings)
+    query: QuerySettings = field(default_factory=QuerySettings)
+    retry: RetrySettings = field(default_factory=RetrySettings)
+
+    def __post_init__(self) -> None:
+        validate_identifier(self.connection.schema, "schema")
+        _positive(self.connection, "pool_min_size", "pool_max_size", "connect_timeout")
+        if self.connection.pool_min_size > self.connection.pool_max_size:
+            raise ConfigurationError("pool_min_size must not exceed pool_max_size")
+        _positive(self.write, "max_batch_events", "max_in_flight")
+        _non_negative(self.write, "max_batch_wait")
+        _positive(self.retry, "attempts", "initial_backoff", "max_backoff")
+        _positive(self.query, "buffer_size", "refresh_interval", "heartbeat_interval")
+        _non_negative(
+            self.query, "behind_current_time", "backtracking_window", "backtracking_behind_current_time"
+        )
+        if self.query.mode not in get_args(QueryMode):
+            raise ConfigurationError(f"query mode must be one of {get_args(QueryMode)}, got {self.query.mode!r}")
+
+    @property
+    def schema(self) -> str:
+        return self.connection.schema
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> JournalSettings:
+        """Defaults, then ``env`` (default ``os.environ``), then keyword overrides."""
+        env = os.environ if env is None else env
+        values: dict[str, dict[str, Any]] = {g.name: {} for g in fields(cls)}
+        for group in fields(cls):
+            for f in fields(group.type if isinstance(group.type, type) else _GROUPS[group.name]):
+                for key in (f"JOURNAL_{group.name}_{f.name}".upper(), f"JOURNAL_{f.name}".upper()):
+                    if key in env:
+                        values[group.name][f.name] = _coerce(key, env[key], f)
+                        break
+        leaf_owner = _leaf_owners()
+        for key, value in overrides.items():
+            if value is None and key != "dsn":
+                continue
+            if "." in key:
+                g, _, leaf = key.partition(".")
+            else:
+                owners = leaf_owner.get(key)
+                if not owners:
+                    raise ConfigurationError(f"unknown setting {key!r}")
+                if len(owners) > 1:
+                    raise ConfigurationError(f"ambiguous setting {key!r}: use one of {[o + '.' + key for o in owners]}")
+                g, leaf = owners[0], key
+            if g not in values or leaf not in {f.name for f in fields(_GROUPS[g])}:
+                raise ConfigurationError(f"unknown setting {key!r}")
+            f = next(f for f in fields(_GROUPS[g]) if f.name == leaf)
+            values[g][leaf] = _coerce(key, value, f) if isinstance(value, str) else value
+        groups = {g: replace(_GROUPS[g](), **v) for g, v in values.items()}
+        return cls(**groups)
+
+    def with_dsn(self, dsn: str | None) -> JournalSettings:
+        return replace(self, connection=replace(self.connection, dsn=dsn))
+
+
+_GROUPS: dict[str, type] = {
+    "connection": ConnectionSettings,
+    "write": WriteSettings,
+    "query": QuerySettings,
+    "retry": RetrySettings,
+}
+
+
+def _leaf_owners() -> dict[str, list[str]]:
+    owners: dict[str, list[str]] = {}
+    for g, t in _GROUPS.items():
+        for f in fields(t):
+            owners.setdefault(f.name, []).append(g)
+    return owners
+
+
+def _coerce(key: str, raw: Any, f: dataclasses.Field[Any]) -> Any:
+    t = str(f.type)
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if t == "int":
+            return int(raw)
+        if t == "float":
+            return float(raw)
+        if t == "bool":
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if t == "Path":
+            return Path(raw)
+    except ValueError:
+        raise ConfigurationError(f"setting {key}={raw!r} is not a valid {t}") from None
+    return raw
+
+
+def _positive(obj: object, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if not isinstance(v, int | float) or isinstance(v, bool) or v <= 0:
+            raise ConfigurationError(f"setting {n} must be > 0, got {v!r}")
+
+
+def _non_negative(obj: object, *names: str) -> None:
+    for n in names:
+        v = getattr(obj, n)
+        if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
+            raise ConfigurationError(f"setting {n} must be >= 0, got {v!r}")

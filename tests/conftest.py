@@ -1,0 +1,101 @@
+"""Test fixtures: a real PostgreSQL, never a mock.
+
+The server is ``JOURNAL_TEST_DSN`` when set, else an embedded PostgreSQL started for the
+session in a temporary directory. Each test session gets its own freshly migrated database
+(so parallel runs do not collide); each test that asks for ``journal`` gets empty tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from journal import Journal, JournalSettings, open_journal
+from journal.postgres.migrations import upgrade
+
+
+def _with_database(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> Iterator[str]:
+    """DSN of a PostgreSQL server (any database) the tests may create databases on."""
+    env = os.environ.get("JOURNAL_TEST_DSN")
+    if env:
+        yield env
+        return
+    from journal.postgres.embedded import start_embedded
+
+    with tempfile.TemporaryDirectory(prefix="sj-embedded-") as tmp:
+        yield start_embedded(Path(tmp) / "pgdata")
+
+
+@pytest.fixture(scope="session")
+def dsn(server_dsn: str) -> Iterator[str]:
+    """A fresh database for this test session, migrated to head."""
+    name = f"sjtest_{uuid.uuid4().hex[:12]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(server_dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    db = _with_database(server_dsn, name)
+    upgrade(db)
+    try:
+        yield db
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def truncate_all(dsn: str, schema: str = "public") -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        tables = await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename <> 'slice_journal_alembic_version'",
+            schema,
+        )
+        if tables:
+            names = ", ".join(f'"{schema}"."{t[0]}"' for t in tables)
+            await conn.execute(f"TRUNCATE {names}")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def settings(dsn: str) -> JournalSettings:
+    return JournalSettings.load(env={}, dsn=dsn)
+
+
+@pytest.fixture
+async def journal(dsn: str, settings: JournalSettings) -> AsyncIterator[Journal]:
+    """An open journal over empty tables."""
+    await truncate_all(dsn)
+    async with open_journal(dsn, settings=settings) as j:
+        yield j
+
+
+@pytest.fixture(autouse=True)
+async def _fail_on_stray_loop_errors() -> AsyncIterator[None]:
+    """Fail a test that leaves an unhandled exception on the event loop (as asyncpg's tests do)."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+    yield
+    loop.set_exception_handler(previous)
+    if errors:
+        pytest.fail(f"unhandled exceptions on the event loop: {errors}")
