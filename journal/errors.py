@@ -76,12 +76,31 @@ class EventsMissing(JournalError):
         super().__init__(msg)
 
 
+class ProjectionError(JournalError):
+    """A projection cannot go on (see the subclasses)."""
+
+
+class LeaseLost(ProjectionError):
+    """This worker no longer owns a slice it was processing (another worker took it over).
+
+    Raised inside the offset transaction, which is then rolled back: nothing was committed for
+    the lost slices. The worker stops processing them; it is not a failure of the projection.
+    """
+
+
+class HandlerFailed(ProjectionError):
+    """A projection handler kept failing after its bounded retries; the projection stopped."""
+
+
 __all__ = [
     "ConfigurationError",
     "EventsMissing",
     "InvalidArgument",
     "JournalError",
     "JournalUnavailable",
+    "LeaseLost",
+    "HandlerFailed",
+    "ProjectionError",
     "OffsetError",
     "SequenceConflict",
     "SerializationError",
