@@ -81,8 +81,13 @@ def run(
         async with open_journal(dsn, settings=settings) as j:
             ws = [Worker(j, j.settings, name, entity_type, fn, mode) for _ in range(workers)]  # type: ignore[arg-type]
             loop = asyncio.get_running_loop()
+
+            def stop_all() -> None:
+                for w in ws:
+                    w.stop()
+
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, lambda: [w.stop() for w in ws])
+                loop.add_signal_handler(sig, stop_all)
             tasks = [asyncio.create_task(w.run()) for w in ws]
             reporter = asyncio.create_task(_report(ws, show))
             results = await asyncio.gather(*tasks, return_exceptions=True)

@@ -56,7 +56,7 @@ async def status(conn: Any, sql: ProjectionSql, name: str) -> ProjectionStatus:
             RangeStatus(
                 lo=start, hi=s - 1, owner=leases.get(start), offset=offset,
                 lag_seconds=(now - offset).total_seconds() if offset else None, paused=start in paused,
-            )  # fmt: skip
+            )
         )
         start = s
     workers = [dict(r) for r in await sql.workers(conn, name)]

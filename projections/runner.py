@@ -172,7 +172,11 @@ class RangeProcessor:
         hb_slices = self._heartbeat_slices(heartbeat) if heartbeat is not None else {}
         if self.mode == "at-least-once":
             for env in accepted:
-                await self._retrying(lambda conn, env=env: self.handler(env), transactional=False)
+
+                async def once(_conn: Any, env: EventEnvelope = env) -> None:
+                    await self.handler(env)
+
+                await self._retrying(once, transactional=False)
             self._unflushed += len(accepted)
             self._pending_hb = {**getattr(self, "_pending_hb", {}), **hb_slices}
             await self._maybe_flush(force=False)

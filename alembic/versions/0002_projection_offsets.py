@@ -32,7 +32,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint(
             "slice", "projection_name", "timestamp_offset", "persistence_id", "seq_nr",
             name="projection_timestamp_offset_store_pkey",
-        ),  # fmt: skip
+        ),
     )
     op.create_table(
         "projection_management",

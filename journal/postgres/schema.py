@@ -86,7 +86,7 @@ projection_timestamp_offset_store = Table(
     PrimaryKeyConstraint(
         "slice", "projection_name", "timestamp_offset", "persistence_id", "seq_nr",
         name="projection_timestamp_offset_store_pkey",
-    ),  # fmt: skip
+    ),
 )
 """Insert-only offset rows (reference columns). A row with persistence_id '' and seq_nr 0 is a
 heartbeat row: every event of the slice before its timestamp_offset was processed."""
