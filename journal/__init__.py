@@ -4,7 +4,6 @@ The public API is what ``__all__`` lists; everything else is internal.
 """
 
 from .backend import Backend
-from .envelope import EventEnvelope
 from .entities import (
     Entity,
     EntityRegistry,
@@ -12,6 +11,7 @@ from .entities import (
     destinations_of,
     routed_to,
 )
+from .envelope import EventEnvelope
 from .errors import (
     CircuitBreakerOpen,
     ConfigurationError,

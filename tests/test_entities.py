@@ -33,8 +33,8 @@ async def stored(journal: Journal, pid: str) -> list[object]:
     return [e.event async for e in journal.current_events_by_persistence_id(pid)]
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_for(cond: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
@@ -70,7 +70,7 @@ async def test_failing_command_writes_nothing(registry: EntityRegistry, journal:
 
 async def test_persist_outside_a_command_is_refused(registry: EntityRegistry) -> None:
     c = Counter("z")
-    with pytest.raises(PersistNotAllowed, match="counter|z"):
+    with pytest.raises(PersistNotAllowed, match=r"counter\|z"):
         c.persist("x")
     with pytest.raises(PersistNotAllowed):
         c.save_snapshot()

@@ -110,8 +110,8 @@ class EntityRegistry:
         idle = [c for c in self._cells.values() if c.idle and now - c.last_used >= limit]
         for c in idle:
             self._stopped(c)  # new commands now create a fresh cell
-        await asyncio.gather(*(c.stop() for c in idle))
         self.passivations += len(idle)
+        await asyncio.gather(*(c.stop() for c in idle))
         return len(idle)
 
     async def close(self) -> None:
