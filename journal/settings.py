@@ -128,12 +128,40 @@ class ProjectionSettings:
 
 
 @dataclass(frozen=True)
+class EntitySettings:
+    """Defaults of the entity model (an entity class may override the first four)."""
+
+    state_sync: bool = True
+    """True: a command waits while the entity's previous write is in flight (sees current state).
+    False: commands run at once against possibly stale state; their writes batch together."""
+    snapshot_every: int = 0
+    """Save a snapshot automatically every N events (0 = only when a command asks)."""
+    passivate_after: float = 120.0
+    """Seconds an idle entity stays in memory before it is passivated."""
+    replay_batch_size: int = 4096
+    """Events read per replay query during recovery (bounds memory; Eventuate's default)."""
+    replay_retry_max: int = 3
+    """Recovery attempts when the database is unavailable before recovery fails."""
+    replay_retry_delay: float = 0.5
+    """Seconds between recovery attempts."""
+    max_batch_commands: int = 512
+    """stateSync=False: at most this many commands' events in one persist call."""
+    breaker_failures: int = 2
+    """Consecutive failed writes (each already retried by the journal) that open the breaker."""
+    breaker_reset_timeout: float = 1.0
+    """Seconds the breaker stays open before one trial write (or resolution read) may pass."""
+    resolve_max_backoff: float = 2.0
+    """Longest wait between attempts to learn the outcome of an interrupted write."""
+
+
+@dataclass(frozen=True)
 class JournalSettings:
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     write: WriteSettings = field(default_factory=WriteSettings)
     query: QuerySettings = field(default_factory=QuerySettings)
     retry: RetrySettings = field(default_factory=RetrySettings)
     projection: ProjectionSettings = field(default_factory=ProjectionSettings)
+    entities: EntitySettings = field(default_factory=EntitySettings)
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
@@ -157,6 +185,11 @@ class JournalSettings:
         _non_negative(p, "group_max_wait")
         if p.lease_renew_interval * 2 > p.lease_ttl:
             raise ConfigurationError("lease_renew_interval must be at most half of lease_ttl")
+        _positive(
+            self.entities, "passivate_after", "replay_batch_size", "replay_retry_max",
+            "max_batch_commands", "breaker_failures", "breaker_reset_timeout", "resolve_max_backoff",
+        )  # fmt: skip
+        _non_negative(self.entities, "snapshot_every", "replay_retry_delay")
         if self.query.mode not in get_args(QueryMode):
             raise ConfigurationError(f"query mode must be one of {get_args(QueryMode)}, got {self.query.mode!r}")
 
@@ -205,6 +238,7 @@ _GROUPS: dict[str, type] = {
     "query": QuerySettings,
     "retry": RetrySettings,
     "projection": ProjectionSettings,
+    "entities": EntitySettings,
 }
 
 
