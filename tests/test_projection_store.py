@@ -7,12 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import pytest
+from conftest import truncate_all
 
 from journal.errors import ProjectionError
 from projections import management
 from projections.postgres_store import OffsetRow, ProjectionSql
-
-from conftest import truncate_all
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SQL = ProjectionSql("public")
