@@ -76,6 +76,22 @@ class EventsMissing(JournalError):
         super().__init__(msg)
 
 
+class ProjectionError(JournalError):
+    """A projection cannot go on (see the subclasses)."""
+
+
+class LeaseLost(ProjectionError):
+    """This worker no longer owns a slice it was processing (another worker took it over).
+
+    Raised inside the offset transaction, which is then rolled back: nothing was committed for
+    the lost slices. The worker stops processing them; it is not a failure of the projection.
+    """
+
+
+class HandlerFailed(ProjectionError):
+    """A projection handler kept failing after its bounded retries; the projection stopped."""
+
+
 class CircuitBreakerOpen(JournalUnavailable):
     """Entities' circuit breaker is open after repeated write failures: rejected without I/O.
 
@@ -118,11 +134,14 @@ __all__ = [
     "ConfigurationError",
     "EntityError",
     "EventsMissing",
+    "HandlerFailed",
     "InvalidArgument",
     "JournalError",
     "JournalUnavailable",
+    "LeaseLost",
     "OffsetError",
     "PersistNotAllowed",
+    "ProjectionError",
     "RecoveryFailed",
     "SequenceConflict",
     "SerializationError",
