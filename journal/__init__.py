@@ -14,11 +14,12 @@ from .errors import (
     OffsetError,
     SequenceConflict,
     SerializationError,
+    TagEventsMissing,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
-from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset
+from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset, TimeUUIDOffset
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings
 from .snapshots import Snapshot
@@ -39,11 +40,13 @@ __all__ = [
     "OffsetError",
     "Sequence",
     "SequenceConflict",
-    "Serialized",
     "SerializationError",
+    "Serialized",
     "Serializer",
     "SerializerRegistry",
     "Snapshot",
+    "TagEventsMissing",
+    "TimeUUIDOffset",
     "TimestampOffset",
     "UnsupportedOperation",
     "entity_type_of",

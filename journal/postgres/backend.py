@@ -14,9 +14,12 @@ from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
 from ..serialization import Serialized
 from ..settings import JournalSettings
+from ..tags.buckets import bucket_millis
 from .dsn import asyncpg_dsn
 from .errors import is_transient, with_retries
 from .statements import Statements
+from .tag_statements import TagStatements
+from .tag_store import PostgresTagStore
 
 log = logging.getLogger("journal.postgres")
 
@@ -61,6 +64,17 @@ class PostgresBackend:
         self._pool: asyncpg.Pool | None = None
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
+        self.tag_sql = TagStatements(settings.schema)
+        self._insert_tagged = self.sql.insert_events_tagged(
+            on_conflict_do_nothing=False, notify=settings.write.notify,
+            tag_rows=self.tag_sql.insert_from_events("src", "$9", "$14", ""),
+        )  # fmt: skip
+        self._insert_tagged_probe = self.sql.insert_events_tagged(
+            on_conflict_do_nothing=True, notify=settings.write.notify,
+            tag_rows=self.tag_sql.insert_from_events("src", "$9", "$14", "ON CONFLICT DO NOTHING"),
+        )  # fmt: skip
+        self._bucket_millis = bucket_millis(settings.tags.bucket_size)
+        self._tag_store: PostgresTagStore | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -84,6 +98,13 @@ class PostgresBackend:
                 f"no event_journal table in schema {self.settings.schema!r}: run `journal migrate` "
                 "(or `alembic upgrade head`) against this database first"
             )
+        await self.tag_store().ensure_bucket_size(self.settings.tags.bucket_size)
+
+    def tag_store(self) -> PostgresTagStore:
+        """The tag view store (events by tag and the tag writer run over it)."""
+        if self._tag_store is None:
+            self._tag_store = PostgresTagStore(self)
+        return self._tag_store
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -180,21 +201,29 @@ class PostgresBackend:
             results[i] = _conflict(requests[i], "kept conflicting")
         return [results[i] for i in range(len(requests))]
 
-    async def _execute_insert(self, batch: Sequence[WriteRequest], *, probe: bool) -> list[asyncpg.Record]:
+    def _statement(self, batch: Sequence[WriteRequest], *, probe: bool) -> tuple[str, tuple[Any, ...]]:
+        """The untagged statement (fast path, unchanged) or the one that also writes tag rows."""
         params = self._params(batch)
+        if any(r.tags for r in batch):
+            return (self._insert_tagged_probe if probe else self._insert_tagged), (*params, self._bucket_millis)
+        return (self._insert_probe if probe else self._insert), params
+
+    async def _execute_insert(self, batch: Sequence[WriteRequest], *, probe: bool) -> list[asyncpg.Record]:
         try:
             async with self.pool.acquire() as conn:
                 if not probe:
+                    stmt, params = self._statement(batch, probe=False)
                     try:
-                        return await conn.fetch(self._insert, *params)
+                        return await conn.fetch(stmt, *params)
                     except Exception as e:
                         if is_transient(e):
                             raise _MaybeWritten(str(e)) from e
                         raise
+                stmt, params = self._statement(batch, probe=True)
                 tr = conn.transaction()
                 await tr.start()
                 try:
-                    return await conn.fetch(self._insert_probe, *params)
+                    return await conn.fetch(stmt, *params)
                 finally:
                     await tr.rollback()
         except _MaybeWritten:
@@ -207,11 +236,12 @@ class PostgresBackend:
     async def _retry_unsent(self, batch: Sequence[WriteRequest], *, probe: bool, cause: Exception) -> list[asyncpg.Record]:
         async def op() -> list[asyncpg.Record]:
             async with self.pool.acquire() as conn:
+                stmt, params = self._statement(batch, probe=probe)
                 if probe:
                     async with conn.transaction():
-                        rows = await conn.fetch(self._insert_probe, *self._params(batch))
+                        rows = await conn.fetch(stmt, *params)
                         raise _Rollback(rows)
-                return await conn.fetch(self._insert, *self._params(batch))
+                return await conn.fetch(stmt, *params)
 
         try:
             return await with_retries("write", self.settings.retry, op)
