@@ -42,7 +42,9 @@ class Journal:
     input; storage outages surface as :class:`JournalUnavailable` after bounded retries.
     """
 
-    def __init__(self, backend: Backend, settings: JournalSettings, serializers: SerializerRegistry | None = None) -> None:
+    def __init__(
+        self, backend: Backend, settings: JournalSettings, serializers: SerializerRegistry | None = None
+    ) -> None:
         self.backend = backend
         self.settings = settings
         self.serializers = serializers or SerializerRegistry()
@@ -311,7 +313,7 @@ async def open_journal(
     backend: Backend
     if target is not None and target.startswith("cassandra://"):
         try:
-            from .cassandra.backend import open_cassandra_backend
+            from .cassandra.backend import open_cassandra_backend  # type: ignore[import-untyped,unused-ignore]
         except ImportError as e:
             raise ConfigurationError(
                 f"the Cassandra backend needs the 'cassandra' extra: pip install 'slice-journal[cassandra]' ({e})"

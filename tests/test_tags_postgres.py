@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from conftest import truncate_all
 
 from journal import (
     ConfigurationError,
@@ -30,8 +31,6 @@ from journal.tags.query import TagQuery
 from journal.tags.store import TaggedEvent, TagRow, TagStore
 from journal.tags.timeuuid import timeuuid_for_event
 from journal.tags.writer import TagWriters, TagWriteTimeout
-
-from conftest import truncate_all
 
 FAST = dict(
     eventual_consistency_delay=0.0,
@@ -192,7 +191,7 @@ async def test_bucket_size_change_refused_once_data_exists(dsn: str) -> None:
         pass
     async with open_journal(dsn, settings=tag_settings(dsn, bucket_size="Day")) as j:  # no data yet: allowed
         await j.persist("B|1", [1], tags=["t"])
-    with pytest.raises(ConfigurationError, match="'Day'.*cannot change to 'Minute'"):
+    with pytest.raises(ConfigurationError, match=r"'Day'.*cannot change to 'Minute'"):
         async with open_journal(dsn, settings=tag_settings(dsn, bucket_size="Minute")):
             pass
     async with open_journal(dsn, settings=tag_settings(dsn, bucket_size="Day")) as j:
@@ -246,7 +245,7 @@ async def test_live_query_back_tracks_for_a_late_first_event_of_a_new_pid(tj: Jo
 
     task = asyncio.create_task(consume())
     deadline = time.monotonic() + 5
-    while not got and time.monotonic() < deadline:
+    while not got and time.monotonic() < deadline:  # noqa: ASYNC110 (poll a condition with a deadline)
         await asyncio.sleep(0.02)
     await store.write_tag_rows([late])
     await asyncio.wait_for(task, 5)
@@ -362,7 +361,7 @@ async def test_back_pressure_bounded_buffer(tj: Journal, dsn: str) -> None:
 
     task = asyncio.create_task(produce())
     deadline = time.monotonic() + 3
-    while store.failures < 2 and time.monotonic() < deadline:
+    while store.failures < 2 and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.1)
     assert added <= 5 + 2  # buffer full (plus the batch in flight): the producer waits
