@@ -19,6 +19,7 @@ from ..settings import JournalSettings
 from ..tags.buckets import bucket_millis
 from .dsn import asyncpg_dsn
 from .errors import backoff_delays, is_transient, with_retries
+from .slice_reader import PostgresSliceReader
 from .statements import Statements
 from .tag_statements import TagStatements
 from .tag_store import PostgresTagStore
@@ -73,6 +74,15 @@ class PostgresBackend:
         )  # fmt: skip
         self._bucket_millis = bucket_millis(settings.tags.bucket_size)
         self._tag_store: PostgresTagStore | None = None
+        # Slice queries (SliceQueryBackend): composed, delegated below.
+        self.slices = PostgresSliceReader(lambda: self.pool, self.dsn, settings, row_to_event)
+        self.read_slice_page = self.slices.read_slice_page
+        self.next_slice_timestamp = self.slices.next_slice_timestamp
+        self.horizon_reading = self.slices.horizon_reading
+        self.db_now = self.slices.db_now
+        self.timestamp_of = self.slices.timestamp_of
+        self.load_event = self.slices.load_event
+        self.listen = self.slices.listen
 
     # -- lifecycle ---------------------------------------------------------------------------
 
