@@ -25,11 +25,12 @@ from .errors import (
     RecoveryFailed,
     SequenceConflict,
     SerializationError,
+    TagEventsMissing,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
-from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset
+from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset, TimeUUIDOffset
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings
 from .snapshots import Snapshot
@@ -61,6 +62,8 @@ __all__ = [
     "Serializer",
     "SerializerRegistry",
     "Snapshot",
+    "TagEventsMissing",
+    "TimeUUIDOffset",
     "TimestampOffset",
     "UnsupportedOperation",
     "after_persist",

@@ -6,6 +6,7 @@ circuit breaker; writers and processors in :mod:`journal.entities.writers`.
 
 from .circuit_breaker import BreakerState, CircuitBreaker
 from .entity import AfterPersist, Entity, after_persist
+from .processor import Processor
 from .registry import EntityRegistry
 from .routing import destinations_of, routed_to
 
@@ -15,6 +16,7 @@ __all__ = [
     "CircuitBreaker",
     "Entity",
     "EntityRegistry",
+    "Processor",
     "after_persist",
     "destinations_of",
     "routed_to",
