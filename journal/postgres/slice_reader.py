@@ -46,14 +46,17 @@ class PostgresSliceReader:
 
     async def _fetch(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
         async def op() -> list[asyncpg.Record]:
-            async with self._pool().acquire() as conn:
-                try:
-                    return await conn.fetch(query, *args)
-                except asyncpg.exceptions.InternalClientError as e:
-                    # A pooled connection left in a bad state by a killed backend: drop it
-                    # and retry on another one.
-                    conn.terminate()
-                    raise ConnectionError(f"connection in a bad state: {e}") from e
+            try:
+                async with self._pool().acquire() as conn:
+                    try:
+                        return await conn.fetch(query, *args)
+                    except asyncpg.exceptions.InternalClientError:
+                        conn.terminate()
+                        raise
+            except asyncpg.exceptions.InternalClientError as e:
+                # A pooled connection left in a bad state by a killed backend: it is dropped;
+                # retry on another one.
+                raise ConnectionError(f"connection in a bad state: {e}") from e
 
         return await with_retries(what, self._settings.retry, op)
 
