@@ -14,6 +14,7 @@ from .errors import (
     OffsetError,
     SequenceConflict,
     SerializationError,
+    StorageError,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
@@ -44,6 +45,7 @@ __all__ = [
     "Serializer",
     "SerializerRegistry",
     "Snapshot",
+    "StorageError",
     "TimestampOffset",
     "UnsupportedOperation",
     "entity_type_of",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -13,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
-from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
+from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import Serialized
 from ..settings import JournalSettings
 from .dsn import asyncpg_dsn
@@ -157,7 +158,13 @@ class PostgresBackend:
             batch = [requests[i] for i in pending]
             try:
                 written = await self._insert_batch(batch)
-            except asyncpg.exceptions.UniqueViolationError:
+            except asyncpg.exceptions.PostgresError as e:
+                if not isinstance(e, asyncpg.exceptions.UniqueViolationError):
+                    # Some call poisons the statement: write each call alone so only it fails.
+                    for i, res in zip(pending, await self._write_each(batch, e), strict=True):
+                        results[i] = res
+                    pending = []
+                    continue
                 probed = await self._probe_batch(batch)
                 failed = {i for i in pending if not _complete(requests[i], probed)}
                 for i in failed:
@@ -175,6 +182,26 @@ class PostgresBackend:
         for i in pending:
             results[i] = _conflict(requests[i], "kept conflicting")
         return [results[i] for i in range(len(requests))]
+
+    async def _release(self, conn: asyncpg.pool.PoolConnectionProxy, *, broken: bool = False) -> None:
+        """Give a connection back; one in an unknown state is closed, never handed out again."""
+        if broken:
+            with contextlib.suppress(Exception):
+                conn.terminate()
+        try:
+            await self.pool.release(conn)
+        except Exception as e:
+            log.debug("dropping a connection that failed on release: %s", e)
+            with contextlib.suppress(Exception):
+                conn.terminate()
+
+    async def _write_each(self, batch: Sequence[WriteRequest], cause: Exception) -> list[WriteResult | Exception]:
+        if len(batch) == 1:
+            return [StorageError(f"write of {batch[0].persistence_id!r} failed: {cause}")]
+        out: list[WriteResult | Exception] = []
+        for r in batch:
+            out.extend(await self.write_batch([r]))
+        return out
 
     async def _insert_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
         """The atomic autocommit insert, with the database's outcome made known.
@@ -194,14 +221,16 @@ class PostgresBackend:
                 await asyncio.sleep(delay)
                 continue
             try:
-                return _by_pid(await conn.fetch(self._insert, *params))
+                rows = await conn.fetch(self._insert, *params)
             except Exception as e:
                 if not is_transient(e):
+                    await self._release(conn)
                     raise
+                await self._release(conn, broken=True)
                 log.warning("write interrupted (%s), resolving its outcome (attempt %d)", e, attempt + 1)
                 return await self._resolve_unknown(batch)
-            finally:
-                await self.pool.release(conn)
+            await self._release(conn)  # the write is done, whatever happens to the connection now
+            return _by_pid(rows)
         raise AssertionError("unreachable")
 
     async def _probe_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
