@@ -58,6 +58,7 @@ class PostgresBackend:
         self.sql = Statements(settings.schema)
         self.writer_id = settings.write.writer_id or str(uuid.uuid4())
         self._pool: asyncpg.Pool | None = None
+        self._write_pool: asyncpg.Pool | None = None
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
 
@@ -76,6 +77,15 @@ class PostgresBackend:
             )
 
         self._pool = await with_retries("connect", self.settings.retry, connect)
+        n = self.settings.write.max_in_flight
+
+        async def connect_writers() -> asyncpg.Pool:
+            # Group-commit connections hold no session state, so release skips the reset round trip.
+            return await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=n, timeout=c.connect_timeout, reset=_no_reset
+            )
+
+        self._write_pool = await with_retries("connect", self.settings.retry, connect_writers)
         table = await self._pool.fetchval("SELECT to_regclass($1)", f'"{self.settings.schema}".event_journal')
         if table is None:
             await self.close()
@@ -85,6 +95,9 @@ class PostgresBackend:
             )
 
     async def close(self) -> None:
+        if self._write_pool is not None:
+            await self._write_pool.close()
+            self._write_pool = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -94,6 +107,12 @@ class PostgresBackend:
         if self._pool is None:
             raise JournalUnavailable("the journal is not open")
         return self._pool
+
+    @property
+    def write_pool(self) -> asyncpg.Pool:
+        if self._write_pool is None:
+            raise JournalUnavailable("the journal is not open")
+        return self._write_pool
 
     async def _fetch(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
         async def op() -> list[asyncpg.Record]:
@@ -189,7 +208,7 @@ class PostgresBackend:
             with contextlib.suppress(Exception):
                 conn.terminate()
         try:
-            await self.pool.release(conn)
+            await self.write_pool.release(conn)
         except Exception as e:
             log.debug("dropping a connection that failed on release: %s", e)
             with contextlib.suppress(Exception):
@@ -212,7 +231,7 @@ class PostgresBackend:
         params = self._params(batch)
         for attempt, delay in enumerate([*backoff_delays(self.settings.retry), None]):
             try:
-                conn = await self.pool.acquire()
+                conn = await self.write_pool.acquire()
             except Exception as e:
                 if not is_transient(e):
                     raise
@@ -375,6 +394,10 @@ class PostgresBackend:
             except asyncpg.exceptions.UndefinedTableError:
                 rev = None
         return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
+
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """Write connections never change session state; an open transaction is rolled back by asyncpg."""
 
 
 _Written = tuple[int, int, datetime]
