@@ -4,22 +4,34 @@ The public API is what ``__all__`` lists; everything else is internal.
 """
 
 from .backend import Backend
+from .entities import (
+    Entity,
+    EntityRegistry,
+    after_persist,
+    destinations_of,
+    routed_to,
+)
 from .envelope import EventEnvelope
 from .errors import (
+    CircuitBreakerOpen,
     ConfigurationError,
+    EntityError,
     EventsMissing,
     InvalidArgument,
     JournalError,
     JournalUnavailable,
     OffsetError,
+    PersistNotAllowed,
+    RecoveryFailed,
     SequenceConflict,
     SerializationError,
     StorageError,
+    TagEventsMissing,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
-from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset
+from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset, TimeUUIDOffset
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings
 from .snapshots import Snapshot
@@ -28,7 +40,11 @@ __all__ = [
     "NO_OFFSET",
     "NUMBER_OF_SLICES",
     "Backend",
+    "CircuitBreakerOpen",
     "ConfigurationError",
+    "Entity",
+    "EntityError",
+    "EntityRegistry",
     "EventEnvelope",
     "EventsMissing",
     "InvalidArgument",
@@ -38,6 +54,8 @@ __all__ = [
     "JournalUnavailable",
     "NoOffset",
     "OffsetError",
+    "PersistNotAllowed",
+    "RecoveryFailed",
     "Sequence",
     "SequenceConflict",
     "SerializationError",
@@ -46,11 +64,16 @@ __all__ = [
     "SerializerRegistry",
     "Snapshot",
     "StorageError",
+    "TagEventsMissing",
+    "TimeUUIDOffset",
     "TimestampOffset",
     "UnsupportedOperation",
+    "after_persist",
+    "destinations_of",
     "entity_type_of",
     "open_journal",
     "persistence_id_of",
+    "routed_to",
     "slice_for",
     "slice_ranges",
 ]
