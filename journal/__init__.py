@@ -25,6 +25,7 @@ from .errors import (
     RecoveryFailed,
     SequenceConflict,
     SerializationError,
+    StorageError,
     TagEventsMissing,
     UnsupportedOperation,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "Serializer",
     "SerializerRegistry",
     "Snapshot",
+    "StorageError",
     "TagEventsMissing",
     "TimeUUIDOffset",
     "TimestampOffset",
