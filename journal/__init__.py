@@ -14,6 +14,7 @@ from .errors import (
     OffsetError,
     SequenceConflict,
     SerializationError,
+    SparkSetupError,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
@@ -39,11 +40,12 @@ __all__ = [
     "OffsetError",
     "Sequence",
     "SequenceConflict",
-    "Serialized",
     "SerializationError",
+    "Serialized",
     "Serializer",
     "SerializerRegistry",
     "Snapshot",
+    "SparkSetupError",
     "TimestampOffset",
     "UnsupportedOperation",
     "entity_type_of",

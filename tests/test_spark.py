@@ -1,0 +1,306 @@
+"""Spark pipelines against a real PostgreSQL, with one local SparkSession for the module."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from journal import Journal, JournalSettings, SparkSetupError, slice_for
+from journal.settings import SparkSettings
+
+pyspark = pytest.importorskip("pyspark", reason="the 'spark' extra is not installed")
+
+from projections.spark import (  # noqa: E402
+    decode_events,
+    export_parquet,
+    find_java,
+    find_jdbc_driver,
+    jdbc_source,
+    journal_predicates,
+    read_journal,
+    spark_session,
+    write_read_model,
+)
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One small local SparkSession for every Spark test (2 cores, 1g, few shuffle partitions)."""
+    settings = JournalSettings.load(env={}, master="local[2]", shuffle_partitions=2)
+    session = spark_session(settings.spark)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def source(dsn: str) -> Any:
+    return jdbc_source(dsn)
+
+
+@dataclass
+class Deposited:
+    amount: int
+    currency: str
+
+
+@dataclass
+class Withdrawn:
+    amount: int
+    reason: str
+
+
+async def _fill(journal: Journal, n_pids: int = 60, per_pid: int = 3) -> dict[str, int]:
+    expected: dict[str, int] = {}
+    for i in range(n_pids):
+        pid = f"acct|{i}"
+        await journal.persist(
+            pid,
+            [{"amount": i * 10 + k, "currency": "EUR"} for k in range(per_pid)],
+            tags=[f"t{i % 3}"],
+            metadata={"user": f"u{i}"},
+        )
+        expected[pid] = per_pid
+    await journal.persist("other|x", [{"amount": 1, "currency": "USD"}])
+    return expected
+
+
+def _ranges(predicates: list[str]) -> list[tuple[int, int]]:
+    out = []
+    for p in predicates:
+        m = re.search(r"slice BETWEEN (\d+) AND (\d+)", p)
+        assert m, p
+        out.append((int(m.group(1)), int(m.group(2))))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 8, 16, 1024])
+def test_predicates_cover_every_slice_exactly_once(n: int) -> None:
+    preds = journal_predicates("acct", n)
+    assert len(preds) == n
+    covered = [s for lo, hi in _ranges(preds) for s in range(lo, hi + 1)]
+    assert sorted(covered) == list(range(1024))
+    assert all(p.startswith("entity_type = 'acct' AND ") for p in preds)
+
+
+def test_predicates_quote_values_and_window() -> None:
+    t0 = datetime(2024, 5, 1, tzinfo=UTC)
+    (p,) = journal_predicates("o'brien", 1, t0, t0 + timedelta(hours=1))
+    assert "entity_type = 'o''brien'" in p
+    assert "db_timestamp >= '2024-05-01T00:00:00+00:00'::timestamptz" in p
+    assert "db_timestamp < '2024-05-01T01:00:00+00:00'::timestamptz" in p
+    with pytest.raises(ValueError, match="divide"):
+        journal_predicates("acct", 3)
+    with pytest.raises(ValueError, match="empty time window"):
+        journal_predicates("acct", 2, t0, t0)
+
+
+async def test_reader_partitions_read_every_row_once(
+    journal: Journal, spark: Any, source: Any
+) -> None:
+    from pyspark.sql import functions as F
+
+    expected = await _fill(journal)
+    df = read_journal(spark, source, "acct", partitions=8, fetch_size=7)
+    assert df.rdd.getNumPartitions() == 8
+    rows = df.select("persistence_id", "seq_nr").collect()
+    keys = [(r.persistence_id, r.seq_nr) for r in rows]
+    assert len(keys) == len(set(keys)) == sum(expected.values())
+    assert {k[0] for k in keys} == set(expected)
+    # each Spark partition holds exactly the slices of its range
+    per_part = (
+        df.withColumn("p", F.spark_partition_id())
+        .groupBy("p")
+        .agg(F.min("slice").alias("lo"), F.max("slice").alias("hi"))
+        .collect()
+    )
+    for r in per_part:
+        assert r.p * 128 <= r.lo <= r.hi < (r.p + 1) * 128
+
+
+async def test_reader_pushes_column_projection_and_time_window(
+    journal: Journal, spark: Any, source: Any
+) -> None:
+    await _fill(journal, n_pids=10, per_pid=2)
+    df = read_journal(spark, source, "acct", partitions=2, columns=["persistence_id", "seq_nr"])
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    assert "ReadSchema: struct<persistence_id:string,seq_nr:bigint>" in plan
+    assert df.columns == ["persistence_id", "seq_nr"]
+    ts = sorted(
+        r.db_timestamp
+        for r in read_journal(spark, source, "acct", columns=["db_timestamp"]).collect()
+    )
+    cut = ts[len(ts) // 2].replace(tzinfo=UTC)
+    before = read_journal(spark, source, "acct", to_timestamp=cut).count()
+    after = read_journal(spark, source, "acct", from_timestamp=cut).count()
+    assert before + after == 20 and before > 0 and after > 0
+    with pytest.raises(ValueError, match="unknown journal columns"):
+        read_journal(spark, source, "acct", columns=["nope"])
+
+
+async def test_decoding_typed_columns_tags_and_metadata(
+    journal: Journal, spark: Any, source: Any
+) -> None:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    await journal.persist(
+        "acct|a",
+        [Deposited(100, "EUR"), Withdrawn(30, "rent")],
+        tags=["vip"],
+        metadata={"user": "ann"},
+    )
+    await journal.persist("acct|b", [{"amount": 5, "currency": "SEK"}])
+    await journal.persist("acct|c", [b"\x00raw"])
+    raw = read_journal(spark, source, "acct", partitions=4)
+
+    dep = f"{Deposited.__module__}:{Deposited.__qualname__}"
+    wd = f"{Withdrawn.__module__}:{Withdrawn.__qualname__}"
+    schemas = {
+        dep: StructType([StructField("amount", LongType()), StructField("currency", StringType())]),
+        wd: StructType([StructField("amount", LongType()), StructField("reason", StringType())]),
+    }
+    typed = decode_events(raw, schemas)
+    assert dict(typed.select("event.*").dtypes) == {
+        "amount": "bigint",
+        "currency": "string",
+        "reason": "string",
+    }
+    got = {(r.persistence_id, r.seq_nr): r for r in typed.collect()}
+    a1, a2 = got[("acct|a", 1)], got[("acct|a", 2)]
+    assert (a1.event_type, a1.event.amount, a1.event.currency) == (dep, 100, "EUR")
+    assert (a2.event_type, a2.event.amount, a2.event.reason) == (wd, 30, "rent")
+    assert a1.tags == ["vip"] and a1.metadata.user == "ann"
+    assert got[("acct|c", 1)].event is None  # bytes serializer: not JSON
+    assert got[("acct|b", 1)].metadata is None
+
+    inferred = decode_events(raw)
+    fields = dict(inferred.select("event.*").dtypes)
+    assert (
+        fields["amount"] == "bigint"
+        and fields["currency"] == "string"
+        and fields["reason"] == "string"
+    )
+    assert {r.event.currency for r in inferred.collect() if r.event is not None} == {
+        "EUR",
+        None,
+        "SEK",
+    }
+
+
+async def _table(dsn: str, sql: str) -> list[tuple[Any, ...]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [tuple(r) for r in await conn.fetch(sql)]
+    finally:
+        await conn.close()
+
+
+async def test_writer_replace_merge_idempotent_and_failure_leaves_target(
+    journal: Journal, spark: Any, source: Any, dsn: str
+) -> None:
+    from pyspark.sql import functions as F
+
+    await _fill(journal, n_pids=12, per_pid=2)
+    events = decode_events(read_journal(spark, source, "acct", partitions=4))
+    model = events.groupBy("persistence_id").agg(
+        F.sum("event.amount").alias("total"), F.count("*").alias("n")
+    )
+    for _ in range(2):  # twice: same result
+        res = await write_read_model(
+            model, source, "spark_totals", key=["persistence_id"], batch_size=5
+        )
+        assert res.rows == 12
+    rows = await _table(
+        dsn, "SELECT persistence_id, total, n FROM spark_totals ORDER BY persistence_id"
+    )
+    assert len(rows) == 12 and rows[0] == ("acct|0", 1, 2)
+
+    one = spark.createDataFrame(
+        [("acct|0", 999, 1), ("new|1", 1, 1)], "persistence_id string, total long, n long"
+    )
+    await write_read_model(one, source, "spark_totals", key=["persistence_id"], mode="merge")
+    rows2 = dict(
+        (r[0], r[1]) for r in await _table(dsn, "SELECT persistence_id, total FROM spark_totals")
+    )
+    assert len(rows2) == 13 and rows2["acct|0"] == 999 and rows2["new|1"] == 1
+
+    @F.udf("long")
+    def boom(x: int) -> int:
+        raise RuntimeError("job failed half-way")
+
+    with pytest.raises(Exception, match="job failed half-way"):
+        await write_read_model(
+            model.withColumn("total", boom("total")), source, "spark_totals", key=["persistence_id"]
+        )
+    assert (
+        dict(
+            (r[0], r[1])
+            for r in await _table(dsn, "SELECT persistence_id, total FROM spark_totals")
+        )
+        == rows2
+    )
+    left = await _table(
+        dsn, "SELECT tablename FROM pg_tables WHERE tablename LIKE '\\_spark\\_staging%'"
+    )
+    assert left == []
+
+
+async def test_export_parquet_partitioned_by_slice_range(
+    journal: Journal, spark: Any, source: Any, tmp_path: Path
+) -> None:
+    expected = await _fill(journal, n_pids=40, per_pid=2)
+    out = export_parquet(
+        read_journal(spark, source, "acct", partitions=4), tmp_path / "out", partitions=4
+    )
+    dirs = sorted(p.name for p in out.iterdir() if p.is_dir())
+    wanted = {
+        f"slice_range={lo:04d}-{hi:04d}"
+        for lo, hi in [(0, 255), (256, 511), (512, 767), (768, 1023)]
+    }
+    present = {
+        f"slice_range={(slice_for(p) // 256) * 256:04d}-{(slice_for(p) // 256) * 256 + 255:04d}"
+        for p in expected
+    }
+    assert set(dirs) == present and present <= wanted
+    back = spark.read.parquet(str(out))
+    assert back.count() == sum(expected.values())
+    for r in back.select("persistence_id", "slice_range").distinct().collect():
+        lo = int(r.slice_range[:4])
+        assert lo <= slice_for(r.persistence_id) <= lo + 255
+    with pytest.raises(ValueError, match="not empty"):
+        export_parquet(read_journal(spark, source, "acct"), out)
+    by_date = export_parquet(
+        read_journal(spark, source, "acct"), tmp_path / "d", partition_by="date"
+    )
+    today = datetime.now(UTC).date().isoformat()
+    assert any(
+        p.name in (f"date={today}",) or p.name.startswith("date=") for p in by_date.iterdir()
+    )
+
+
+def test_missing_driver_and_java_errors_say_what_to_install(tmp_path: Path) -> None:
+    with pytest.raises(SparkSetupError) as e:
+        find_jdbc_driver(
+            SparkSettings(), candidates=[str(tmp_path / "none.jar")], probe_maven=False
+        )
+    msg = str(e.value)
+    assert "no PostgreSQL JDBC driver found" in msg
+    assert "apt-get install libpostgresql-jdbc-java" in msg and "JOURNAL_SPARK_JDBC_JAR" in msg
+    assert "org.postgresql:postgresql" in msg
+    with pytest.raises(SparkSetupError, match="does not exist"):
+        find_jdbc_driver(SparkSettings(jdbc_jar=str(tmp_path / "x.jar")), probe_maven=False)
+    jar = tmp_path / "postgresql.jar"
+    jar.write_bytes(b"PK")
+    assert find_jdbc_driver(SparkSettings(), candidates=[str(jar)], probe_maven=False).jar == jar
+    with pytest.raises(SparkSetupError, match="default-jre-headless"):
+        find_java({"PATH": str(tmp_path)})
+    with pytest.raises(SparkSetupError, match="Unix socket"):
+        jdbc_source("postgresql://postgres:@/postgres?host=/tmp/x", local=False)
