@@ -4,14 +4,25 @@ The public API is what ``__all__`` lists; everything else is internal.
 """
 
 from .backend import Backend
+from .entities import (
+    Entity,
+    EntityRegistry,
+    after_persist,
+    destinations_of,
+    routed_to,
+)
 from .envelope import EventEnvelope
 from .errors import (
+    CircuitBreakerOpen,
     ConfigurationError,
+    EntityError,
     EventsMissing,
     InvalidArgument,
     JournalError,
     JournalUnavailable,
     OffsetError,
+    PersistNotAllowed,
+    RecoveryFailed,
     SequenceConflict,
     SerializationError,
     SparkSetupError,
@@ -28,7 +39,11 @@ __all__ = [
     "NO_OFFSET",
     "NUMBER_OF_SLICES",
     "Backend",
+    "CircuitBreakerOpen",
     "ConfigurationError",
+    "Entity",
+    "EntityError",
+    "EntityRegistry",
     "EventEnvelope",
     "EventsMissing",
     "InvalidArgument",
@@ -38,6 +53,8 @@ __all__ = [
     "JournalUnavailable",
     "NoOffset",
     "OffsetError",
+    "PersistNotAllowed",
+    "RecoveryFailed",
     "Sequence",
     "SequenceConflict",
     "SerializationError",
@@ -48,9 +65,12 @@ __all__ = [
     "SparkSetupError",
     "TimestampOffset",
     "UnsupportedOperation",
+    "after_persist",
+    "destinations_of",
     "entity_type_of",
     "open_journal",
     "persistence_id_of",
+    "routed_to",
     "slice_for",
     "slice_ranges",
 ]

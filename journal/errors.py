@@ -81,13 +81,73 @@ class EventsMissing(JournalError):
         super().__init__(msg)
 
 
+class ProjectionError(JournalError):
+    """A projection cannot go on (see the subclasses)."""
+
+
+class LeaseLost(ProjectionError):
+    """This worker no longer owns a slice it was processing (another worker took it over).
+
+    Raised inside the offset transaction, which is then rolled back: nothing was committed for
+    the lost slices. The worker stops processing them; it is not a failure of the projection.
+    """
+
+
+class HandlerFailed(ProjectionError):
+    """A projection handler kept failing after its bounded retries; the projection stopped."""
+
+
+class CircuitBreakerOpen(JournalUnavailable):
+    """Entities' circuit breaker is open after repeated write failures: rejected without I/O.
+
+    Nothing was sent, so nothing was written (``outcome_unknown`` is False). The breaker lets a
+    trial write through after ``entities.breaker_reset_timeout`` and closes when one succeeds.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, outcome_unknown=False)
+
+
+class EntityError(JournalError):
+    """Misuse of the entity programming model or an entity that cannot run."""
+
+
+class PersistNotAllowed(EntityError):
+    """``persist``/``persist_all``/``save_snapshot`` called outside that entity's command handler
+    (for example from an event handler, a callback or another entity)."""
+
+
+class RecoveryFailed(EntityError):
+    """An entity could not be recovered; it is not used, and its waiting commands get this error.
+
+    ``seq_nr`` is the event whose handler failed (None when loading failed for another reason).
+    """
+
+    def __init__(self, persistence_id: str, seq_nr: int | None, detail: str = "") -> None:
+        self.persistence_id = persistence_id
+        self.seq_nr = seq_nr
+        msg = f"recovery of {persistence_id!r} failed"
+        if seq_nr is not None:
+            msg += f" at seq_nr {seq_nr}"
+        if detail:
+            msg += f": {detail}"
+        super().__init__(msg)
+
+
 __all__ = [
+    "CircuitBreakerOpen",
     "ConfigurationError",
+    "EntityError",
     "EventsMissing",
+    "HandlerFailed",
     "InvalidArgument",
     "JournalError",
     "JournalUnavailable",
+    "LeaseLost",
     "OffsetError",
+    "PersistNotAllowed",
+    "ProjectionError",
+    "RecoveryFailed",
     "SequenceConflict",
     "SerializationError",
     "SparkSetupError",

@@ -7,6 +7,8 @@ lets a Python service and a JVM service share one journal.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .errors import InvalidArgument
 
 NUMBER_OF_SLICES = 1024
@@ -104,8 +106,10 @@ def validate_tags(tags: object) -> tuple[str, ...]:
     """Tags are non-empty strings without NUL, at most 255 characters; duplicates are dropped."""
     if isinstance(tags, str):
         raise InvalidArgument("tags must be a collection of strings, not a single string")
+    if not isinstance(tags, Iterable):
+        raise InvalidArgument(f"tags must be an iterable of str, got {type(tags).__name__}")
     try:
-        items = tuple(tags)  # type: ignore[call-overload]
+        items: tuple[object, ...] = tuple(tags)
     except TypeError:
         raise InvalidArgument(f"tags must be an iterable of str, got {type(tags).__name__}") from None
     out: list[str] = []

@@ -8,10 +8,10 @@ skipped on resume. ``Sequence`` is a plain per-pid sequence number offset. ``NoO
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Mapping
 
 from .errors import OffsetError
 

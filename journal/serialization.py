@@ -82,7 +82,10 @@ class JsonSerializer:
         """Rebuild ``cls`` from stored JSON whose manifest is ``manifest`` (default: its type name)."""
         name = manifest or _type_name(cls)
         validate = getattr(cls, "model_validate", None)
-        self._types[name] = validate if callable(validate) else (lambda d, c=cls: c(**d))
+        if callable(validate):
+            self._types[name] = validate
+        else:
+            self._types[name] = lambda data: cls(**data)
 
     def manifest(self, value: Any) -> str:
         if isinstance(value, dict | list | str | int | float | bool) or value is None:

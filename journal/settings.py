@@ -115,12 +115,76 @@ class SparkSettings:
 
 
 @dataclass(frozen=True)
+class ProjectionSettings:
+    """Projection workers (offset store, batching, retries, slice leases)."""
+
+    offset_time_window: float = 300.0
+    """Seconds of per-pid sequence numbers kept in memory behind each slice's latest offset
+    (reference 5 min); older pids are looked up lazily."""
+    offset_delete_after: float = 86400.0
+    """Offset rows older than this behind their slice's latest row are pruned (reference 1 day);
+    the latest row of each slice is always kept."""
+    offset_prune_interval: float = 60.0
+    """Seconds between pruning runs of a worker."""
+    heartbeat_offset_interval: float = 10.0
+    """Idle slices get a heartbeat offset row at most this often (keeps restarts short)."""
+    group_size: int = 1000
+    """Grouped handler: at most this many envelopes per batch (one transaction)."""
+    group_max_wait: float = 0.05
+    """Grouped handler: seconds a non-full batch waits for more envelopes."""
+    at_least_once_every: int = 100
+    """At-least-once: store offsets after this many envelopes..."""
+    at_least_once_interval: float = 1.0
+    """...or after this many seconds, whichever comes first."""
+    handler_attempts: int = 5
+    """Tries of a failing batch (rolled back each time) before the projection stops."""
+    handler_backoff: float = 0.2
+    """Seconds before the first retry; doubles up to ``handler_max_backoff``."""
+    handler_max_backoff: float = 5.0
+    lease_ttl: float = 10.0
+    """Seconds a slice lease (and a worker's membership) lives without renewal."""
+    lease_renew_interval: float = 2.0
+    """Seconds between lease renewals and rebalancing checks (well below ``lease_ttl``)."""
+    queue_size: int = 5000
+    """Envelopes read ahead of the handler per slice range."""
+
+
+@dataclass(frozen=True)
+class EntitySettings:
+    """Defaults of the entity model (an entity class may override the first four)."""
+
+    state_sync: bool = True
+    """True: a command waits while the entity's previous write is in flight (sees current state).
+    False: commands run at once against possibly stale state; their writes batch together."""
+    snapshot_every: int = 0
+    """Save a snapshot automatically every N events (0 = only when a command asks)."""
+    passivate_after: float = 120.0
+    """Seconds an idle entity stays in memory before it is passivated."""
+    replay_batch_size: int = 4096
+    """Events read per replay query during recovery (bounds memory; Eventuate's default)."""
+    replay_retry_max: int = 3
+    """Recovery attempts when the database is unavailable before recovery fails."""
+    replay_retry_delay: float = 0.5
+    """Seconds between recovery attempts."""
+    max_batch_commands: int = 512
+    """stateSync=False: at most this many commands' events in one persist call."""
+    breaker_failures: int = 2
+    """Consecutive failed writes (each already retried by the journal) that open the breaker."""
+    breaker_reset_timeout: float = 1.0
+    """Seconds the breaker stays open before one trial write (or resolution read) may pass."""
+    resolve_max_backoff: float = 2.0
+    """Longest wait between attempts to learn the outcome of an interrupted write."""
+
+
+@dataclass(frozen=True)
 class JournalSettings:
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     write: WriteSettings = field(default_factory=WriteSettings)
     query: QuerySettings = field(default_factory=QuerySettings)
     retry: RetrySettings = field(default_factory=RetrySettings)
     spark: SparkSettings = field(default_factory=SparkSettings)
+    projection: ProjectionSettings = field(default_factory=ProjectionSettings)
+    entities: EntitySettings = field(default_factory=EntitySettings)
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
@@ -139,6 +203,21 @@ class JournalSettings:
             raise ConfigurationError(
                 f"spark partitions must divide 1024, got {self.spark.partitions}"
             )
+        p = self.projection
+        _positive(
+            p, "offset_time_window", "offset_delete_after", "offset_prune_interval",
+            "heartbeat_offset_interval", "group_size", "at_least_once_every", "at_least_once_interval",
+            "handler_attempts", "handler_backoff", "handler_max_backoff", "lease_ttl",
+            "lease_renew_interval", "queue_size",
+        )  # fmt: skip
+        _non_negative(p, "group_max_wait")
+        if p.lease_renew_interval * 2 > p.lease_ttl:
+            raise ConfigurationError("lease_renew_interval must be at most half of lease_ttl")
+        _positive(
+            self.entities, "passivate_after", "replay_batch_size", "replay_retry_max",
+            "max_batch_commands", "breaker_failures", "breaker_reset_timeout", "resolve_max_backoff",
+        )  # fmt: skip
+        _non_negative(self.entities, "snapshot_every", "replay_retry_delay")
         if self.query.mode not in get_args(QueryMode):
             raise ConfigurationError(f"query mode must be one of {get_args(QueryMode)}, got {self.query.mode!r}")
 
@@ -187,6 +266,8 @@ _GROUPS: dict[str, type] = {
     "query": QuerySettings,
     "retry": RetrySettings,
     "spark": SparkSettings,
+    "projection": ProjectionSettings,
+    "entities": EntitySettings,
 }
 
 

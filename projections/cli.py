@@ -1,6 +1,15 @@
-"""The ``projections`` command line."""
+"""The ``projections`` command line: run workers, and status / pause / resume / reset / clear."""
 
 from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -12,14 +21,237 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+DsnOption = Annotated[
+    str | None, typer.Option("--dsn", help="PostgreSQL DSN (default: $JOURNAL_DSN, else the embedded server).")
+]
+SchemaOption = Annotated[str | None, typer.Option("--schema", help="Schema of the journal tables.")]
+DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help="Data directory of the embedded PostgreSQL.")]
+SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range LO-HI (default: all).")]
+
+log = logging.getLogger("projections")
+
 
 @app.callback()
 def _root() -> None:
-    """Projection workers: run, status, pause, resume, reset, Spark backfill and export."""
+    """Projection workers: run, status, pause, resume, reset, clear."""
+
+
+def _settings(schema: str | None, data_dir: Path | None) -> Any:
+    from journal.cli.common import settings_from
+
+    return settings_from(schema, data_dir)
+
+
+def _range(slices: str) -> tuple[int, int]:
+    from journal.errors import InvalidArgument
+
+    lo, sep, hi = slices.partition("-")
+    try:
+        return int(lo), int(hi if sep else lo)
+    except ValueError:
+        raise InvalidArgument(f"--slices must look like LO-HI (e.g. 0-511), got {slices!r}") from None
+
+
+@app.command()
+def run(
+    name: Annotated[str, typer.Argument(help="Projection name (offsets and leases are kept under it).")],
+    entity_type: Annotated[str, typer.Option("--entity-type", help="Entity type whose events are projected.")],
+    handler: Annotated[str, typer.Option("--handler", help="The handler, as package.module:callable.")],
+    mode: Annotated[str, typer.Option("--mode", help="exactly-once | grouped | at-least-once")] = "grouped",
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Workers in this process.")] = 1,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Live display.")] = None,
+) -> None:
+    """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
+    from journal.errors import JournalError
+    from journal.journal import open_journal
+
+    from .handlers import load_handler, validate_mode
+    from .worker import Worker
+
+    settings = _settings(schema, data_dir)
+    fn = load_handler(handler)
+    validate_mode(mode)
+    show = sys.stdout.isatty() if progress is None else progress
+    logging.getLogger().setLevel(logging.INFO)
+
+    async def go() -> int:
+        async with open_journal(dsn, settings=settings) as j:
+            ws = [Worker(j, j.settings, name, entity_type, fn, mode) for _ in range(workers)]  # type: ignore[arg-type]
+            loop = asyncio.get_running_loop()
+
+            def stop_all() -> None:
+                for w in ws:
+                    w.stop()
+
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop_all)
+            tasks = [asyncio.create_task(w.run()) for w in ws]
+            reporter = asyncio.create_task(_report(ws, show))
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            reporter.cancel()
+            failed = [r for r in results if isinstance(r, BaseException)]
+            for r in failed:
+                log.error("worker stopped: %s", r)
+            return 1 if failed else 0
+
+    try:
+        code = asyncio.run(go())
+    except JournalError as e:
+        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from e
+    raise typer.Exit(code)
+
+
+async def _report(ws: list[Any], show: bool) -> None:
+    """Events/s and lag: a rich live line on a terminal, a log line every 10 s otherwise."""
+    last_n, last_t = 0, time.monotonic()
+
+    def line() -> str:
+        nonlocal last_n, last_t
+        n = sum(w.stats.events for w in ws)
+        now = time.monotonic()
+        rate = (n - last_n) / max(now - last_t, 1e-6)
+        last_n, last_t = n, now
+        lag = max((w.stats.lag_seconds for w in ws), default=0.0)
+        ranges = ", ".join(f"{lo}-{hi}" for w in ws for lo, hi in w.owned) or "none yet"
+        return f"{n} events, {rate:,.0f} events/s, lag {lag:.2f}s, slices {ranges}"
+
+    if show:
+        from rich.live import Live
+
+        with Live("starting...", refresh_per_second=4, transient=False) as live:
+            while True:
+                await asyncio.sleep(1.0)
+                live.update(line())
+    else:
+        while True:
+            await asyncio.sleep(10.0)
+            log.info("%s", line())
+
+
+def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: Any) -> Any:
+    import asyncpg
+
+    from journal.cli.common import target_dsn
+    from journal.postgres.dsn import asyncpg_dsn
+
+    from .postgres_store import ProjectionSql
+
+    settings = _settings(schema, data_dir)
+    target, _ = target_dsn(dsn, settings)
+
+    async def go() -> Any:
+        conn = await asyncpg.connect(asyncpg_dsn(target))
+        try:
+            return await fn(conn, ProjectionSql(settings.schema))
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+@app.command()
+def status(
+    name: Annotated[str | None, typer.Argument(help="Projection (default: all).")] = None,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Per projection and slice range: offset, lag, owner, paused; workers and their errors."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import management
+
+    async def go(conn: Any, sql: Any) -> list[Any]:
+        names = [name] if name else await sql.projection_names(conn)
+        return [await management.status(conn, sql, n) for n in names]
+
+    console = Console()
+    results = _with_conn(dsn, schema, data_dir, go)
+    if not results:
+        console.print("no projections")
+    for st in results:
+        t = Table(title=f"projection {st.name}")
+        for c in ("slices", "owner", "offset", "lag", "paused"):
+            t.add_column(c)
+        for r in st.ranges:
+            t.add_row(
+                f"{r.lo}-{r.hi}", r.owner or "-", r.offset.isoformat() if r.offset else "-",
+                f"{r.lag_seconds:.1f}s" if r.lag_seconds is not None else "-", "yes" if r.paused else "",
+            )  # fmt: skip
+        console.print(t)
+        w = Table(title=f"workers of {st.name}")
+        for c in ("worker", "state", "live", "events", "error"):
+            w.add_column(c)
+        for row in st.workers:
+            w.add_row(row["worker_id"], row["state"], str(row["live"]), str(row["events"]), row["error"] or "")
+        console.print(w)
+
+
+@app.command()
+def pause(
+    name: str, slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+) -> None:  # fmt: skip
+    """Pause a projection (or a slice range): workers commit their batch and stop processing it."""
+    from . import management
+
+    lo, hi = _range(slices)
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, True))
+    typer.echo(f"paused {name} slices {lo}-{hi}")
+
+
+@app.command()
+def resume(
+    name: str, slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+) -> None:  # fmt: skip
+    """Resume a paused projection (or slice range): workers reload offsets and go on."""
+    from . import management
+
+    lo, hi = _range(slices)
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, False))
+    typer.echo(f"resumed {name} slices {lo}-{hi}")
+
+
+@app.command()
+def reset(
+    name: str,
+    to: Annotated[datetime, typer.Option("--to", help="Restart at this timestamp (ISO 8601; UTC if naive).")],
+    slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+) -> None:  # fmt: skip
+    """Set the offset of a (paused) projection: events before --to count as done."""
+    from . import management
+
+    lo, hi = _range(slices)
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.reset(c, s, name, lo, hi, to))
+    typer.echo(f"reset {name} slices {lo}-{hi} to {to.isoformat()}")
+
+
+@app.command()
+def clear(
+    name: str, slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+) -> None:  # fmt: skip
+    """Forget the offsets of a (paused) projection: it starts again from the first event."""
+    from . import management
+
+    lo, hi = _range(slices)
+    n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi))
+    typer.echo(f"cleared {n} offset rows of {name} slices {lo}-{hi}")
 
 
 def main() -> None:
-    from journal.cli import main as journal_main  # same error handling
+    from journal.errors import JournalError
 
-    _ = journal_main
-    app()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except JournalError as e:
+        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
+        sys.exit(2)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -15,16 +17,13 @@ from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
 from ..serialization import Serialized
 from ..settings import JournalSettings
 from .dsn import asyncpg_dsn
-from .errors import is_transient, with_retries
+from .errors import backoff_delays, is_transient, with_retries
+from .slice_reader import PostgresSliceReader
 from .statements import Statements
 
 log = logging.getLogger("journal.postgres")
 
 DELETE_BATCH_SIZE = 10_000
-
-
-class _MaybeWritten(Exception):
-    """A write failed after it was sent: whether it committed is not known yet."""
 
 
 def row_to_event(r: asyncpg.Record, *, with_payload: bool = True) -> StoredEvent:
@@ -61,6 +60,15 @@ class PostgresBackend:
         self._pool: asyncpg.Pool | None = None
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
+        # Slice queries (SliceQueryBackend): composed, delegated below.
+        self.slices = PostgresSliceReader(lambda: self.pool, self.dsn, settings, row_to_event)
+        self.read_slice_page = self.slices.read_slice_page
+        self.next_slice_timestamp = self.slices.next_slice_timestamp
+        self.horizon_reading = self.slices.horizon_reading
+        self.db_now = self.slices.db_now
+        self.timestamp_of = self.slices.timestamp_of
+        self.load_event = self.slices.load_event
+        self.listen = self.slices.listen
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -158,75 +166,78 @@ class PostgresBackend:
                 break
             batch = [requests[i] for i in pending]
             try:
-                rows = await self._execute_insert(batch, probe=False)
+                written = await self._insert_batch(batch)
             except asyncpg.exceptions.UniqueViolationError:
-                rows = await self._execute_insert(batch, probe=True)
-                written = _by_pid(rows)
-                failed = [i for i in pending if not _complete(requests[i], written)]
+                probed = await self._probe_batch(batch)
+                failed = {i for i in pending if not _complete(requests[i], probed)}
                 for i in failed:
                     results[i] = _conflict(requests[i], "another writer took these sequence numbers")
-                pending = [i for i in pending if i not in set(failed)]
+                pending = [i for i in pending if i not in failed]
                 continue
-            written = _by_pid(rows)
             for i in pending:
                 r = requests[i]
                 got = written.get(r.persistence_id)
                 if got is not None and got[1] == len(r.events):
                     results[i] = WriteResult(got[0], got[2])
                 else:
-                    results[i] = _conflict(r, "stored highest sequence number differs")
+                    results[i] = _conflict(r, "expected_seq_nr is not the stored highest sequence number")
             pending = []
         for i in pending:
             results[i] = _conflict(requests[i], "kept conflicting")
         return [results[i] for i in range(len(requests))]
 
-    async def _execute_insert(self, batch: Sequence[WriteRequest], *, probe: bool) -> list[asyncpg.Record]:
+    async def _insert_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
+        """The atomic autocommit insert, with the database's outcome made known.
+
+        A failure before the statement was sent is retried; a failure after it was sent is
+        resolved by :meth:`_resolve_unknown` (the rows are there, or they are not).
+        """
         params = self._params(batch)
-        try:
+        for attempt, delay in enumerate([*backoff_delays(self.settings.retry), None]):
+            try:
+                conn = await self.pool.acquire()
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                if delay is None:
+                    raise _unavailable("write", e) from e
+                await asyncio.sleep(delay)
+                continue
+            try:
+                return _by_pid(await conn.fetch(self._insert, *params))
+            except Exception as e:
+                if not is_transient(e):
+                    raise
+                log.warning("write interrupted (%s), resolving its outcome (attempt %d)", e, attempt + 1)
+                return await self._resolve_unknown(batch)
+            finally:
+                await self.pool.release(conn)
+        raise AssertionError("unreachable")
+
+    async def _probe_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
+        """Which calls would be written in full? (ON CONFLICT DO NOTHING, always rolled back.)"""
+
+        async def op() -> dict[str, _Written]:
             async with self.pool.acquire() as conn:
-                if not probe:
-                    try:
-                        return await conn.fetch(self._insert, *params)
-                    except Exception as e:
-                        if is_transient(e):
-                            raise _MaybeWritten(str(e)) from e
-                        raise
                 tr = conn.transaction()
                 await tr.start()
                 try:
-                    return await conn.fetch(self._insert_probe, *params)
+                    return _by_pid(await conn.fetch(self._insert_probe, *self._params(batch)))
                 finally:
                     await tr.rollback()
-        except _MaybeWritten:
-            return await self._resolve_unknown(batch)
-        except Exception as e:
-            if is_transient(e):  # failed before the statement was sent: safe to retry
-                return await self._retry_unsent(batch, probe=probe, cause=e)
-            raise
 
-    async def _retry_unsent(self, batch: Sequence[WriteRequest], *, probe: bool, cause: Exception) -> list[asyncpg.Record]:
-        async def op() -> list[asyncpg.Record]:
-            async with self.pool.acquire() as conn:
-                if probe:
-                    async with conn.transaction():
-                        rows = await conn.fetch(self._insert_probe, *self._params(batch))
-                        raise _Rollback(rows)
-                return await conn.fetch(self._insert, *self._params(batch))
+        return await with_retries("write (conflict probe)", self.settings.retry, op)
 
-        try:
-            return await with_retries("write", self.settings.retry, op)
-        except _Rollback as rb:
-            return rb.rows
-
-    async def _resolve_unknown(self, batch: Sequence[WriteRequest]) -> list[asyncpg.Record]:
+    async def _resolve_unknown(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
         """The connection died mid-write. Find out, for each call, whether it committed.
 
         A call that gave ``expected_seq_nr`` can be checked exactly: its rows are there with
-        our writer id and the same payloads, or none of them are. Calls without it cannot be
-        told apart from another writer's and fail with ``JournalUnavailable(outcome_unknown=True)``.
+        our writer id and the same payloads (it committed), or no row is there (it did not: it is
+        sent again), or another writer's rows are there (a conflict). Calls without it cannot be
+        told apart from another writer's, so they fail with ``JournalUnavailable(outcome_unknown=True)``.
         """
-        out: list[dict[str, Any]] = []
-        unresolved: list[WriteRequest] = []
+        out: dict[str, _Written] = {}
+        resend: list[WriteRequest] = []
         for r in batch:
             if r.expected_seq_nr is None:
                 raise JournalUnavailable(
@@ -235,20 +246,21 @@ class PostgresBackend:
                     outcome_unknown=True,
                 )
             first, last = r.expected_seq_nr + 1, r.expected_seq_nr + len(r.events)
-            rows = await self._fetch("resolve write", self.sql.written_check, r.persistence_id, first, last)
+            try:
+                rows = await self._fetch("resolve write", self.sql.written_check, r.persistence_id, first, last)
+            except JournalUnavailable as e:
+                raise JournalUnavailable(str(e), outcome_unknown=True) from e
             mine = [x for x in rows if x["writer"] == self.writer_id]
             if len(mine) == len(r.events) and all(
                 bytes(x["event_payload"]) == ev.payload for x, ev in zip(mine, r.events, strict=True)
             ):
-                out.append({"persistence_id": r.persistence_id, "first_seq_nr": first, "n": len(r.events), "db_timestamp": mine[0]["db_timestamp"]})
+                out[r.persistence_id] = (first, len(r.events), mine[0]["db_timestamp"])
             elif not rows:
-                unresolved.append(r)
-            else:
-                out.append({"persistence_id": r.persistence_id, "first_seq_nr": -1, "n": 0, "db_timestamp": None})
-        if unresolved:
-            again = await self._retry_unsent(unresolved, probe=False, cause=RuntimeError("resend"))
-            out.extend(dict(x) for x in again)
-        return out  # type: ignore[return-value]
+                resend.append(r)
+            # else: another writer's rows are there: the call is reported as a conflict
+        if resend:
+            out.update(await self._insert_batch(resend))
+        return out
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -346,16 +358,19 @@ class PostgresBackend:
         return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
 
 
-class _Rollback(Exception):
-    def __init__(self, rows: list[asyncpg.Record]) -> None:
-        self.rows = rows
+_Written = tuple[int, int, datetime]
+"""Per written pid: first seq_nr, number of rows, db_timestamp."""
 
 
-def _by_pid(rows: Sequence[Any]) -> dict[str, tuple[int, int, Any]]:
+def _by_pid(rows: Sequence[asyncpg.Record]) -> dict[str, _Written]:
     return {r["persistence_id"]: (r["first_seq_nr"], r["n"], r["db_timestamp"]) for r in rows}
 
 
-def _complete(r: WriteRequest, written: dict[str, tuple[int, int, Any]]) -> bool:
+def _unavailable(what: str, e: Exception) -> JournalUnavailable:
+    return JournalUnavailable(f"{what}: database unavailable: {e}")
+
+
+def _complete(r: WriteRequest, written: dict[str, _Written]) -> bool:
     got = written.get(r.persistence_id)
     return got is not None and got[1] == len(r.events)
 

@@ -20,7 +20,7 @@ def validate_dsn(dsn: str) -> str:
 def asyncpg_dsn(dsn: str) -> str:
     """asyncpg wants plain ``postgresql://`` (no ``+driver`` suffix)."""
     validate_dsn(dsn)
-    scheme, sep, rest = dsn.partition("://")
+    _, _, rest = dsn.partition("://")
     return "postgresql://" + rest
 
 

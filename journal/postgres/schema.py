@@ -70,3 +70,64 @@ snapshot = Table(
     PrimaryKeyConstraint("persistence_id", name="snapshot_pkey"),
     Index("snapshot_slice_idx", "slice", "entity_type", "db_timestamp"),
 )
+
+# -- projections (issue 4) ---------------------------------------------------------------------
+
+projection_timestamp_offset_store = Table(
+    "projection_timestamp_offset_store",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("projection_key", String(255), nullable=False),
+    Column("slice", Integer, nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("seq_nr", BigInteger, nullable=False),
+    Column("timestamp_offset", TIMESTAMP(timezone=True), nullable=False),
+    Column("timestamp_consumed", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint(
+        "slice", "projection_name", "timestamp_offset", "persistence_id", "seq_nr",
+        name="projection_timestamp_offset_store_pkey",
+    ),
+)
+"""Insert-only offset rows (reference columns). A row with persistence_id '' and seq_nr 0 is a
+heartbeat row: every event of the slice before its timestamp_offset was processed."""
+
+projection_management = Table(
+    "projection_management",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("projection_key", String(255), nullable=False),
+    Column("paused", Boolean, nullable=False),
+    Column("last_updated", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("projection_name", "projection_key", name="projection_management_pkey"),
+)
+"""Pause flag per projection and slice-range key (reference columns)."""
+
+projection_slice_lease = Table(
+    "projection_slice_lease",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("slice", Integer, nullable=False),
+    Column("owner", String(255)),
+    Column("epoch", BigInteger, nullable=False),
+    Column("expires_at", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("projection_name", "slice", name="projection_slice_lease_pkey"),
+)
+"""One row per (projection, slice): who owns it and until when. ``epoch`` grows with every
+acquisition; offset transactions lock the rows they touch (FOR SHARE) and check owner and epoch,
+so a worker that lost a slice can never commit for it."""
+
+projection_worker = Table(
+    "projection_worker",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("worker_id", String(255), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("expires_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("events", BigInteger, nullable=False),
+    Column("error", Text),
+    PrimaryKeyConstraint("projection_name", "worker_id", name="projection_worker_pkey"),
+)
+"""Live workers (membership for rebalancing) and their last state and error (for status)."""

@@ -1,0 +1,370 @@
+"""One live entity: its command queue, its write path and its restarts.
+
+stateSync=True: one command at a time; the next command starts only after the previous
+command's events are written and applied. stateSync=False: commands are handled as they
+arrive (against state that may lack events still being written); the events of every command
+handled while a write is in flight go into the *next* persist call, so several commands of one
+entity share one atomic write (and, through the journal's group commit, one statement with
+other entities' writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..envelope import EventEnvelope
+from ..errors import JournalError, JournalUnavailable, RecoveryFailed, SequenceConflict
+from ..journal import Journal
+from ..settings import EntitySettings
+from .circuit_breaker import CircuitBreaker
+from .entity import (
+    AfterPersist,
+    Collected,
+    Entity,
+    begin_command,
+    end_command,
+    outside_command,
+    set_sequence_nr,
+)
+from .recovery import recover
+from .routing import routes_metadata
+
+log = logging.getLogger("journal.entities")
+
+
+@dataclass(eq=False)
+class _Command:
+    command: Any
+    future: asyncio.Future[Any]
+    collected: Collected | None = None
+    reply: Any = None
+
+
+class EntityCell:
+    """Owns one entity instance; the registry keeps at most one cell per pid."""
+
+    def __init__(
+        self,
+        factory: Callable[[str], Entity[Any]],
+        entity_id: str,
+        journal: Journal,
+        settings: EntitySettings,
+        breaker: CircuitBreaker,
+        on_stopped: Callable[[EntityCell], None],
+    ) -> None:
+        self._factory = factory
+        self.entity_id = entity_id
+        self.entity = factory(entity_id)
+        self.persistence_id = self.entity.persistence_id
+        self._journal = journal
+        self._settings = settings
+        self._breaker = breaker
+        self._on_stopped = on_stopped
+        cls = type(self.entity)
+        self.state_sync = settings.state_sync if cls.state_sync is None else cls.state_sync
+        self.snapshot_every = (
+            settings.snapshot_every if cls.snapshot_every is None else cls.snapshot_every
+        )
+        self._queue: deque[_Command] = deque()
+        self._wake = asyncio.Event()
+        self._pending: list[_Command] = []  # stateSync=False: handled, not yet written
+        self._writer: asyncio.Task[None] | None = None
+        self._needs_restart = False
+        self._stopping = False
+        self._background: set[asyncio.Task[None]] = set()
+        self.recovered = asyncio.Event()
+        self.restarts = 0
+        self.last_used = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"entity {self.persistence_id}"
+        )
+
+    # -- API used by the registry ----------------------------------------------------------
+
+    def submit(self, command: Any) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Command(command, fut))
+        self.last_used = time.monotonic()
+        self._wake.set()
+        return fut
+
+    @property
+    def idle(self) -> bool:
+        return (
+            not self._queue and not self._pending and (self._writer is None or self._writer.done())
+        )
+
+    async def stop(self) -> None:
+        """Finish queued commands and writes, then stop."""
+        self._stopping = True
+        self._wake.set()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            if not await self._recover():
+                return
+            while True:
+                if not self._queue:
+                    if self._stopping:
+                        break
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                if self._needs_restart:
+                    await self._drain_writer()
+                    if not await self._restart():
+                        return
+                cmd = self._queue.popleft()
+                if cmd.future.done():  # the caller gave up before the command ran
+                    continue
+                handled = await self._handle(cmd)
+                if handled is None:
+                    continue
+                if self.state_sync:
+                    await self._write([handled])
+                else:
+                    self._pending.append(handled)
+                    self._kick_writer()
+            await self._drain_writer()
+            if self._background:
+                await asyncio.gather(*self._background, return_exceptions=True)
+        finally:
+            self._on_stopped(self)
+
+    async def _recover(self) -> bool:
+        try:
+            await recover(self.entity, self._journal, self._settings)
+        except RecoveryFailed as e:
+            self._fail_recovery(e)
+            return False
+        except Exception as e:  # a bug in restore/initial_state: still reported, never used
+            self._fail_recovery(
+                RecoveryFailed(self.persistence_id, None, f"{type(e).__name__}: {e}")
+            )
+            return False
+        self.entity.on_recovery(None)
+        self.recovered.set()
+        return True
+
+    def _fail_recovery(self, e: RecoveryFailed) -> None:
+        log.error("%s", e)
+        try:
+            self.entity.on_recovery(e)
+        except Exception:
+            log.exception("on_recovery of %s raised", self.persistence_id)
+        while self._queue:
+            cmd = self._queue.popleft()
+            if not cmd.future.done():
+                cmd.future.set_exception(e)
+        self.recovered.set()
+
+    async def _restart(self) -> bool:
+        """Another writer changed this pid: throw the instance away and recover a new one."""
+        log.info("restarting %s from the journal", self.persistence_id)
+        self.restarts += 1
+        self._needs_restart = False
+        self.entity = self._factory(self.entity_id)
+        return await self._recover()
+
+    # -- commands ---------------------------------------------------------------------------
+
+    async def _handle(self, cmd: _Command) -> _Command | None:
+        """Run the command handler; return the command if it has events to write."""
+        collected, token = begin_command(self.entity)
+        try:
+            reply = self.entity.on_command(cmd.command)
+            if inspect.isawaitable(reply):
+                reply = await reply
+        except Exception as e:
+            if not cmd.future.done():
+                cmd.future.set_exception(e)
+            return None
+        finally:
+            end_command(token)
+        cmd.collected, cmd.reply = collected, reply
+        if collected.events:
+            return cmd
+        if collected.snapshot:
+            await self._save_snapshot()
+        self._reply(cmd)
+        return None
+
+    def _reply(self, cmd: _Command) -> None:
+        if cmd.future.done():
+            return
+        try:
+            value = cmd.reply.fn() if isinstance(cmd.reply, AfterPersist) else cmd.reply
+        except Exception as e:
+            cmd.future.set_exception(e)
+        else:
+            cmd.future.set_result(value)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def _kick_writer(self) -> None:
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_pending())
+
+    async def _write_pending(self) -> None:
+        while self._pending and not self._needs_restart:
+            batch = self._pending[: self._settings.max_batch_commands]
+            del self._pending[: len(batch)]
+            await self._write(batch)
+
+    async def _drain_writer(self) -> None:
+        while self._writer is not None and not self._writer.done():
+            await asyncio.gather(self._writer, return_exceptions=True)
+            if self._pending and not self._needs_restart:
+                self._kick_writer()
+
+    async def _write(self, batch: list[_Command]) -> None:
+        events: list[Any] = []
+        dests: list[tuple[str, ...]] = []
+        for cmd in batch:
+            assert cmd.collected is not None
+            events.extend(cmd.collected.events)
+            dests.extend(cmd.collected.destinations)
+        expected = self.entity.sequence_nr
+        try:
+            self._breaker.check()
+        except JournalUnavailable as e:
+            self._fail(batch, e)
+            return
+        try:
+            envs = await self._journal.persist(
+                self.persistence_id,
+                events,
+                expected_seq_nr=expected,
+                tags=self.entity.tags,
+                metadata=routes_metadata(expected + 1, dests),
+            )
+            self._breaker.record_success()
+        except SequenceConflict as e:
+            self._breaker.record_success()
+            self._conflict(batch, e)
+            return
+        except JournalUnavailable as e:
+            self._breaker.record_failure()
+            if not e.outcome_unknown:  # known not written: report at once
+                self._fail(batch, e)
+                return
+            log.warning("write of %s interrupted (%s): resolving its outcome", self.persistence_id, e)
+            try:
+                envs = await self._resolve(expected, len(events))
+            except SequenceConflict as c:
+                self._conflict(batch, c)
+                return
+            except JournalError as n:
+                self._fail(batch, n)
+                return
+        except Exception as e:  # serialization or bad input: nothing was written
+            self._fail(batch, e)
+            return
+        self._applied(batch, envs)
+
+    def _applied(self, batch: list[_Command], envs: list[EventEnvelope]) -> None:
+        """Written: event handlers, then callbacks, then replies (in command order)."""
+        token = outside_command()
+        try:
+            i = 0
+            for cmd in batch:
+                assert cmd.collected is not None
+                mine = envs[i : i + len(cmd.collected.events)]
+                i += len(mine)
+                try:
+                    for env in mine:
+                        self.entity.state = self.entity.on_event(self.entity.state, env.event)
+                        set_sequence_nr(self.entity, env.seq_nr)
+                except Exception as e:
+                    # stored but not applicable: the journal is the truth, rebuild from it
+                    log.exception(
+                        "event handler of %s raised on a stored event", self.persistence_id
+                    )
+                    set_sequence_nr(self.entity, envs[-1].seq_nr)
+                    self._needs_restart = True
+                    self._fail(batch[batch.index(cmd) :], e)
+                    return
+                for env, cb in zip(mine, cmd.collected.callbacks, strict=True):
+                    if cb is not None:
+                        try:
+                            cb(env)
+                        except Exception:
+                            log.exception("on_persisted callback of %s raised", self.persistence_id)
+                self._reply(cmd)
+        finally:
+            end_command(token)
+        seq = envs[-1].seq_nr
+        wants = any(c.collected is not None and c.collected.snapshot for c in batch)
+        every = self.snapshot_every
+        if wants or (every and seq // every > (seq - len(envs)) // every):
+            task = asyncio.get_running_loop().create_task(self._save_snapshot())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _save_snapshot(self) -> None:
+        try:
+            await self._journal.save_snapshot(
+                self.persistence_id, self.entity.sequence_nr, self.entity.snapshot_state()
+            )
+        except Exception:
+            log.exception(
+                "snapshot of %s failed (recovery will replay more events)", self.persistence_id
+            )
+
+    async def _resolve(self, expected: int, n: int) -> list[EventEnvelope]:
+        """Learn whether an interrupted write committed; retry (reads only) until known.
+
+        Our rows at ``expected+1..expected+n`` written by this journal's writer id: it did.
+        Nothing there and the highest is still ``expected``: it did not (JournalUnavailable with
+        ``outcome_unknown=False``). Someone else's rows: SequenceConflict.
+        """
+        pid = self.persistence_id
+        delay = self._settings.breaker_reset_timeout / 4
+        while True:
+            try:
+                envs = [
+                    e
+                    async for e in self._journal.current_events_by_persistence_id(
+                        pid, expected + 1, expected + n
+                    )
+                ]
+                highest = await self._journal.highest_seq_nr(pid)
+            except JournalUnavailable as e:
+                self._breaker.record_failure()
+                log.warning("outcome of the write of %s still unknown (%s)", pid, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._settings.resolve_max_backoff)
+                continue
+            self._breaker.record_success()
+            if len(envs) == n and all(e.writer == self._journal.writer_id for e in envs):
+                return envs
+            if not envs and highest == expected:
+                raise JournalUnavailable(
+                    f"write of {pid!r} failed: not stored (checked once the database answered)",
+                    outcome_unknown=False,
+                )
+            raise SequenceConflict(pid, expected, "another writer stored these sequence numbers")
+
+    def _conflict(self, batch: list[_Command], e: SequenceConflict) -> None:
+        """Our view of the pid is stale: fail these and every handled-unwritten command, restart."""
+        self._needs_restart = True
+        stale = batch + self._pending
+        self._pending = []
+        self._fail(stale, e)
+        self._wake.set()
+
+    @staticmethod
+    def _fail(batch: list[_Command], e: BaseException) -> None:
+        for cmd in batch:
+            if not cmd.future.done():
+                cmd.future.set_exception(e)

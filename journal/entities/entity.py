@@ -1,0 +1,180 @@
+"""The entity base class: a command handler that decides, an event handler that applies.
+
+``persist``/``persist_all`` only *collect* events while a command handler runs; the registry
+writes them atomically when the handler returns, then runs the event handler for each, then the
+``on_persisted`` callbacks, then replies. Collection goes through a context variable, so a call
+from an event handler, a callback or another entity's command is refused with
+:class:`PersistNotAllowed`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from ..envelope import EventEnvelope
+from ..errors import InvalidArgument, PersistNotAllowed
+from ..ids import persistence_id_of, validate_persistence_id
+
+S = TypeVar("S")
+
+Callback = Callable[[EventEnvelope], None]
+
+
+@dataclass
+class Collected:
+    """What one command handler asked for: events, their routes and callbacks, a snapshot."""
+
+    owner: Entity[Any]
+    events: list[Any] = field(default_factory=list)
+    destinations: list[tuple[str, ...]] = field(default_factory=list)
+    callbacks: list[Callback | None] = field(default_factory=list)
+    snapshot: bool = False
+
+
+_current: contextvars.ContextVar[Collected | None] = contextvars.ContextVar(
+    "slice_journal_entity_command", default=None
+)
+
+
+class AfterPersist:
+    """A reply computed once the command's events are written and applied."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+
+def after_persist(fn: Callable[[], Any]) -> AfterPersist:
+    """Return this from a command handler to reply with ``fn()`` evaluated on the updated state."""
+    return AfterPersist(fn)
+
+
+class Entity(Generic[S]):
+    """Subclass and implement :meth:`initial_state`, :meth:`on_command` and :meth:`on_event`.
+
+    Class attributes: ``entity_type`` (required: the pid prefix), and optional overrides of the
+    registry's settings: ``state_sync``, ``snapshot_every``, ``replay_from_seq_nr``, ``tags``
+    (stored with every event), ``event_types`` (dataclasses registered with the JSON serializer
+    so replay rebuilds them).
+
+    ``on_command`` may be sync or async and returns the reply (or :func:`after_persist`).
+    ``on_event(state, event)`` must be sync and return the new state; it is the only place
+    where state changes, so a failing command leaves the state as it was.
+    """
+
+    entity_type: ClassVar[str]
+    state_sync: ClassVar[bool | None] = None
+    snapshot_every: ClassVar[int | None] = None
+    replay_from_seq_nr: ClassVar[int] = 1
+    tags: ClassVar[tuple[str, ...]] = ()
+    event_types: ClassVar[tuple[type, ...]] = ()
+
+    def __init__(self, entity_id: str) -> None:
+        self.entity_id = entity_id
+        self.persistence_id = validate_persistence_id(
+            persistence_id_of(self.entity_type, entity_id)
+        )
+        self.state: S = self.initial_state()
+        self._seq_nr = 0
+
+    # -- to implement ------------------------------------------------------------------------
+
+    def initial_state(self) -> S:
+        raise NotImplementedError
+
+    def on_command(self, command: Any) -> Any:
+        raise NotImplementedError
+
+    def on_event(self, state: S, event: Any) -> S:
+        raise NotImplementedError
+
+    def on_recovery(self, error: Exception | None) -> None:
+        """Called once recovery ends: ``error`` is None on success."""
+
+    def snapshot_state(self) -> Any:
+        """What :meth:`save_snapshot` stores (default: ``self.state``; must be serializable)."""
+        return self.state
+
+    def restore_snapshot(self, snapshot: Any) -> S:
+        """Turn a stored snapshot back into state (default: the stored value itself)."""
+        return snapshot  # type: ignore[no-any-return]
+
+    # -- inside a command handler --------------------------------------------------------------
+
+    @property
+    def sequence_nr(self) -> int:
+        """The sequence number of the last event applied to ``state``."""
+        return self._seq_nr
+
+    def persist(
+        self,
+        event: Any,
+        *,
+        destinations: Sequence[str] = (),
+        on_persisted: Callback | None = None,
+    ) -> None:
+        """Collect ``event``; it is written when the command handler returns.
+
+        ``destinations``: extra aggregate ids the event is routed to, stored with the event
+        (metadata ``{"destinations": {seq_nr: [...]}}``) so every replay routes it the same way.
+        ``on_persisted(envelope)`` runs after the event handler, only if the write succeeded.
+        """
+        c = self._collector("persist")
+        c.events.append(event)
+        c.destinations.append(_clean_destinations(destinations))
+        c.callbacks.append(on_persisted)
+
+    def persist_all(self, events: Sequence[Any], *, destinations: Sequence[str] = ()) -> None:
+        """Collect several events, written in one atomic call with the command's other events."""
+        if not isinstance(events, list | tuple):
+            raise InvalidArgument(f"persist_all needs a list or tuple, got {type(events).__name__}")
+        c = self._collector("persist_all")
+        d = _clean_destinations(destinations)
+        for e in events:
+            c.events.append(e)
+            c.destinations.append(d)
+            c.callbacks.append(None)
+
+    def save_snapshot(self) -> None:
+        """Save ``snapshot_state()`` once this command's events are written and applied."""
+        self._collector("save_snapshot").snapshot = True
+
+    def _collector(self, what: str) -> Collected:
+        c = _current.get()
+        if c is None or c.owner is not self:
+            raise PersistNotAllowed(
+                f"{what}() on {self.persistence_id!r} is only allowed in its own command handler "
+                "(not from an event handler, a callback, another entity or outside a command)"
+            )
+        return c
+
+
+def _clean_destinations(destinations: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(destinations, str) or not isinstance(destinations, list | tuple):
+        raise InvalidArgument("destinations must be a list or tuple of aggregate ids")
+    for d in destinations:
+        if not isinstance(d, str) or not d:
+            raise InvalidArgument(f"destination aggregate ids must be non-empty strings, got {d!r}")
+    return tuple(destinations)
+
+
+def begin_command(owner: Entity[Any]) -> tuple[Collected, contextvars.Token[Collected | None]]:
+    c = Collected(owner)
+    return c, _current.set(c)
+
+
+def end_command(token: contextvars.Token[Collected | None]) -> None:
+    _current.reset(token)
+
+
+def outside_command() -> contextvars.Token[Collected | None]:
+    """Mark the current context as not inside a command (while event handlers and callbacks run)."""
+    return _current.set(None)
+
+
+def set_sequence_nr(entity: Entity[Any], seq_nr: int) -> None:
+    entity._seq_nr = seq_nr

@@ -1,0 +1,131 @@
+"""The in-process registry: one live entity per persistence id, created on first command,
+recovered from the journal, passivated after ``passivate_after`` seconds idle.
+
+Only one registry per journal per process should serve a pid; a second *process* writing the
+same pid is caught by the journal's :class:`SequenceConflict`, and the entity restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, TypeVar
+
+from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable
+from ..journal import Journal
+from ..settings import EntitySettings
+from .cell import EntityCell
+from .circuit_breaker import CircuitBreaker
+from .entity import Entity
+
+log = logging.getLogger("journal.entities")
+
+E = TypeVar("E", bound=Entity[Any])
+
+
+class EntityRegistry:
+    """Routes commands to entities. Use as ``async with EntityRegistry(journal) as reg``."""
+
+    def __init__(self, journal: Journal, settings: EntitySettings | None = None) -> None:
+        self.journal = journal
+        self.settings = settings or journal.settings.entities
+        self.breaker = CircuitBreaker(
+            self.settings.breaker_failures, self.settings.breaker_reset_timeout
+        )
+        self._types: dict[str, type[Entity[Any]]] = {}
+        self._cells: dict[str, EntityCell] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self._closed = False
+        self.passivations = 0
+
+    def register(self, cls: type[E]) -> type[E]:
+        """Make ``cls`` (an Entity subclass with ``entity_type``) known. Usable as a decorator."""
+        et = getattr(cls, "entity_type", None)
+        if (
+            not isinstance(cls, type)
+            or not issubclass(cls, Entity)
+            or not isinstance(et, str)
+            or not et
+        ):
+            raise ConfigurationError(f"{cls!r} must subclass Entity and set entity_type")
+        if et in self._types and self._types[et] is not cls:
+            raise ConfigurationError(
+                f"entity type {et!r} is already registered to {self._types[et].__name__}"
+            )
+        self._types[et] = cls
+        for t in cls.event_types:
+            self.journal.serializers.register_type(t)
+        return cls
+
+    async def ask(self, cls: type[Entity[Any]], entity_id: str, command: Any) -> Any:
+        """Send ``command`` to the entity and return its reply (or raise its error).
+
+        Raises what the command handler raised; :class:`SequenceConflict` when another process
+        wrote the pid first (the entity restarts from the journal; retrying is safe);
+        :class:`RecoveryFailed`; :class:`JournalUnavailable` (``CircuitBreakerOpen`` at once
+        while the breaker is open; ``outcome_unknown`` is never True: outcomes are resolved).
+        """
+        if self._closed:
+            raise JournalUnavailable("the entity registry is closed")
+        if cls.entity_type not in self._types:
+            self.register(cls)
+        if not isinstance(entity_id, str) or not entity_id:
+            raise InvalidArgument(f"entity id must be a non-empty string, got {entity_id!r}")
+        pid = f"{cls.entity_type}|{entity_id}"
+        cell = self._cells.get(pid)
+        if cell is None:
+            cell = EntityCell(
+                cls, entity_id, self.journal, self.settings, self.breaker, self._stopped
+            )
+            self._cells[pid] = cell
+            self._ensure_reaper()
+        return await cell.submit(command)
+
+    def is_active(self, cls: type[Entity[Any]], entity_id: str) -> bool:
+        return f"{cls.entity_type}|{entity_id}" in self._cells
+
+    @property
+    def active_count(self) -> int:
+        return len(self._cells)
+
+    def _stopped(self, cell: EntityCell) -> None:
+        if self._cells.get(cell.persistence_id) is cell:
+            del self._cells[cell.persistence_id]
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        every = max(0.01, min(self.settings.passivate_after / 2, 5.0))
+        while self._cells and not self._closed:
+            await asyncio.sleep(every)
+            await self.passivate_idle()
+
+    async def passivate_idle(self, older_than: float | None = None) -> int:
+        """Stop entities idle for ``older_than`` seconds (default ``passivate_after``)."""
+        limit = self.settings.passivate_after if older_than is None else older_than
+        now = time.monotonic()
+        idle = [c for c in self._cells.values() if c.idle and now - c.last_used >= limit]
+        for c in idle:
+            self._stopped(c)  # new commands now create a fresh cell
+        self.passivations += len(idle)
+        await asyncio.gather(*(c.stop() for c in idle))
+        return len(idle)
+
+    async def close(self) -> None:
+        """Finish queued commands and writes, then stop every entity."""
+        self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        cells = list(self._cells.values())
+        await asyncio.gather(*(c.stop() for c in cells))
+        self._cells.clear()
+
+    async def __aenter__(self) -> EntityRegistry:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

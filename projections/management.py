@@ -1,0 +1,108 @@
+"""Management of projections: status, pause, resume, reset, clear (what the CLI calls)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from journal.errors import InvalidArgument, ProjectionError
+from journal.ids import NUMBER_OF_SLICES
+
+from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
+from .worker import parse_key
+
+
+def slice_key(lo: int, hi: int) -> str:
+    if not (0 <= lo <= hi < NUMBER_OF_SLICES):
+        raise InvalidArgument(f"slice range {lo}-{hi} is not within 0-{NUMBER_OF_SLICES - 1}")
+    return f"{lo}-{hi}"
+
+
+@dataclass(frozen=True)
+class RangeStatus:
+    lo: int
+    hi: int
+    owner: str | None
+    offset: datetime | None
+    """Earliest of the slices' latest offsets (None: a slice has none yet)."""
+    lag_seconds: float | None
+    paused: bool
+
+
+@dataclass(frozen=True)
+class ProjectionStatus:
+    name: str
+    ranges: list[RangeStatus]
+    workers: list[dict[str, Any]]
+
+
+async def status(conn: Any, sql: ProjectionSql, name: str) -> ProjectionStatus:
+    """Per slice range (grouped by owner): offset, lag, owner, paused; plus the workers."""
+    now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+    offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
+    leases = {r["slice"]: (r["owner"] if r["live"] else None) for r in await sql.lease_owners(conn, name)}
+    paused: set[int] = set()
+    for key in await sql.paused_keys(conn, name):
+        paused.update(parse_key(key))
+    ranges: list[RangeStatus] = []
+    start = 0
+    for s in range(1, NUMBER_OF_SLICES + 1):
+        if s < NUMBER_OF_SLICES and leases.get(s) == leases.get(start) and (s in paused) == (start in paused):
+            continue
+        ts = [offsets.get(x) for x in range(start, s)]
+        offset = None if any(t is None for t in ts) else min(t for t in ts if t is not None)
+        ranges.append(
+            RangeStatus(
+                lo=start, hi=s - 1, owner=leases.get(start), offset=offset,
+                lag_seconds=(now - offset).total_seconds() if offset else None, paused=start in paused,
+            )
+        )
+        start = s
+    workers = [dict(r) for r in await sql.workers(conn, name)]
+    return ProjectionStatus(name, ranges, workers)
+
+
+async def set_paused(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int, paused: bool) -> None:
+    key = slice_key(lo, hi)
+    if paused:
+        await sql.set_paused(conn, name, key, True)
+        return
+    # resume clears every pause that overlaps the range
+    for k in await sql.paused_keys(conn, name):
+        r = parse_key(k)
+        if r.start <= hi and lo <= r.stop - 1:
+            await sql.set_paused(conn, name, k, False)
+
+
+async def _require_stopped(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int) -> None:
+    paused: set[int] = set()
+    for key in await sql.paused_keys(conn, name):
+        paused.update(parse_key(key))
+    live = [w for w in await sql.workers(conn, name) if w["live"] and w["state"] == "running"]
+    if live and not set(range(lo, hi + 1)) <= paused:
+        raise ProjectionError(
+            f"projection {name!r} has {len(live)} running worker(s): pause slices {lo}-{hi} first "
+            f"(projections pause {name} --slices {lo}-{hi})"
+        )
+
+
+async def reset(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int, to: datetime) -> None:
+    """Restart slices ``lo..hi`` at ``to``: events before it count as processed, later ones are redone."""
+    slice_key(lo, hi)
+    if to.tzinfo is None:
+        to = to.replace(tzinfo=UTC)
+    await _require_stopped(conn, sql, name, lo, hi)
+    async with conn.transaction():
+        slices = list(range(lo, hi + 1))
+        await sql.delete_offsets(conn, name, slices)
+        await sql.save_offsets(
+            conn, name, slice_key(lo, hi), [OffsetRow(s, HEARTBEAT_PID, 0, to) for s in slices]
+        )
+
+
+async def clear(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int) -> int:
+    """Forget the offsets of slices ``lo..hi``: they are processed again from the start."""
+    slice_key(lo, hi)
+    await _require_stopped(conn, sql, name, lo, hi)
+    return await sql.delete_offsets(conn, name, list(range(lo, hi + 1)))

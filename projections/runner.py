@@ -1,0 +1,333 @@
+"""One slice range of one projection, processed by one worker: read, validate, handle, commit.
+
+The offset transaction first locks this worker's leases of the slices it writes (FOR SHARE) and
+checks owner and epoch, so a worker that lost a slice can never commit for it; then it runs the
+handler (exactly-once and grouped kinds) and inserts the offset rows. A failing batch is rolled
+back and retried with backoff; after ``handler_attempts`` the projection stops (HandlerFailed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from journal.envelope import EventEnvelope
+from journal.errors import EventsMissing, HandlerFailed, LeaseLost
+from journal.offsets import TimestampOffset
+from journal.settings import ProjectionSettings
+
+from .handlers import Mode
+from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
+from .stats import Stats
+from .validation import Validator, Verdict
+
+log = logging.getLogger("projections.runner")
+
+
+class EventSource(Protocol):
+    """What the runner needs of a journal (the slice-query contract)."""
+
+    def events_by_slices(
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Any = None, *, heartbeats: bool = False
+    ) -> AsyncIterator[EventEnvelope]: ...
+
+    def current_events_by_persistence_id(
+        self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
+    ) -> AsyncIterator[EventEnvelope]: ...
+
+
+_END = object()
+
+
+class RangeProcessor:
+    """Processes slices ``lo..hi`` while it holds their leases at ``epochs``."""
+
+    def __init__(
+        self,
+        *,
+        journal: EventSource,
+        pool: Any,
+        sql: ProjectionSql,
+        settings: ProjectionSettings,
+        name: str,
+        entity_type: str,
+        lo: int,
+        hi: int,
+        owner: str,
+        epochs: dict[int, int],
+        handler: Callable[..., Awaitable[None]],
+        mode: Mode,
+        stats: Stats,
+    ) -> None:
+        self.journal = journal
+        self.pool = pool
+        self.sql = sql
+        self.s = settings
+        self.name = name
+        self.entity_type = entity_type
+        self.lo, self.hi = lo, hi
+        self.key = f"{lo}-{hi}"
+        self.owner = owner
+        self.epochs = dict(epochs)
+        self.handler = handler
+        self.mode = mode
+        self.stats = stats
+        self.validator = Validator(timedelta(seconds=settings.offset_time_window))
+        self._stopping = asyncio.Event()
+        self._last_flush = time.monotonic()
+        self._unflushed = 0
+
+    def stop(self) -> None:
+        """Ask to stop after the current batch (committed, or rolled back if it cannot commit)."""
+        self._stopping.set()
+
+    # -- main loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        slices = list(range(self.lo, self.hi + 1))
+        window = timedelta(seconds=self.s.offset_time_window)
+        async with self.pool.acquire() as conn:
+            loaded = await self.sql.load_offsets(conn, self.name, slices, window)
+        for s in slices:
+            latest, rows = loaded.get(s, (None, []))
+            self.validator.load_slice(s, latest, rows)
+        start = self.validator.start_timestamp(range(self.lo, self.hi + 1))
+        offset = TimestampOffset(start) if start is not None else None
+        log.info("%s %s: starting at %s", self.name, self.key, start or "the beginning")
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.s.queue_size)
+        reader = asyncio.create_task(self._read(offset, queue))
+        try:
+            while not self._stopping.is_set():
+                batch = await self._next_batch(queue, reader)
+                if batch:
+                    await self._process(batch)
+                elif self.mode == "at-least-once" and self.validator.pending:
+                    await self._maybe_flush(force=False)
+            if self.mode == "at-least-once" and self.validator.pending:
+                await self._maybe_flush(force=True)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def _read(self, offset: TimestampOffset | None, queue: asyncio.Queue[Any]) -> None:
+        try:
+            async for env in self.journal.events_by_slices(
+                self.entity_type, self.lo, self.hi, offset, heartbeats=True
+            ):
+                await queue.put(env)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            await queue.put(e)
+            return
+        await queue.put(_END)
+
+    async def _next_batch(self, queue: asyncio.Queue[Any], reader: asyncio.Task[None]) -> list[EventEnvelope]:
+        size = 1 if self.mode == "exactly-once" else self.s.group_size
+        batch: list[EventEnvelope] = []
+        deadline: float | None = None
+        while len(batch) < size:
+            if batch:
+                assert deadline is not None
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+            else:
+                timeout = 0.2
+            try:
+                item = queue.get_nowait() if not queue.empty() else await asyncio.wait_for(queue.get(), timeout)
+            except TimeoutError:
+                break
+            if item is _END:
+                self._stopping.set()
+                break
+            if isinstance(item, BaseException):
+                raise item
+            batch.append(item)
+            if item.source == "heartbeat":
+                break
+            if deadline is None:
+                deadline = time.monotonic() + self.s.group_max_wait
+            if self._stopping.is_set():
+                break
+        return batch
+
+    # -- one batch ---------------------------------------------------------------------------
+
+    async def _process(self, batch: list[EventEnvelope]) -> None:
+        accepted: list[EventEnvelope] = []
+        heartbeat: datetime | None = None
+        for env in batch:
+            if env.source == "heartbeat":
+                assert isinstance(env.offset, TimestampOffset)
+                heartbeat = env.offset.timestamp
+                continue
+            await self._validate_into(env, accepted)
+        hb_slices = self._heartbeat_slices(heartbeat) if heartbeat is not None else {}
+        if self.mode == "at-least-once":
+            for env in accepted:
+
+                async def once(_conn: Any, env: EventEnvelope = env) -> None:
+                    await self.handler(env)
+
+                await self._retrying(once, transactional=False)
+            self._unflushed += len(accepted)
+            self._pending_hb = {**getattr(self, "_pending_hb", {}), **hb_slices}
+            await self._maybe_flush(force=False)
+            return
+        if not accepted and not hb_slices:
+            return
+        await self._commit(accepted, hb_slices)
+
+    def _heartbeat_slices(self, ts: datetime) -> dict[int, datetime]:
+        every = timedelta(seconds=self.s.heartbeat_offset_interval)
+        out: dict[int, datetime] = {}
+        for s in range(self.lo, self.hi + 1):
+            st = self.validator.slices.get(s)
+            if st is None or st.latest is None or st.latest < ts - every:
+                out[s] = ts
+        return out
+
+    async def _validate_into(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
+        v = self.validator
+        check = v.check(env)
+        if check.verdict is Verdict.UNKNOWN:
+            async with self.pool.acquire() as conn:
+                stored = await self.sql.load_pid(conn, self.name, env.slice, env.persistence_id)
+            if stored is not None:
+                v.learn(env.slice, env.persistence_id, *stored)
+                check = v.check(env)
+            else:
+                await self._replay_unknown(env, accepted)
+                return
+        if check.verdict is Verdict.DUPLICATE:
+            self.stats.duplicates += 1
+            return
+        if check.verdict is Verdict.GAP:
+            await self._replay(env.persistence_id, check.gap_from, env.seq_nr - 1, accepted)
+        accepted.append(self._loaded(env))
+        v.record(env)
+
+    def _loaded(self, env: EventEnvelope) -> EventEnvelope:
+        return env  # envelopes of the slice query carry their payload in horizon mode
+
+    async def _replay(self, pid: str, first: int, last: int, accepted: list[EventEnvelope]) -> None:
+        """Fill a gap by persistence id; fail loudly if the journal lacks the events."""
+        got = [e async for e in self.journal.current_events_by_persistence_id(pid, first, last)]
+        if [e.seq_nr for e in got] != list(range(first, last + 1)):
+            raise EventsMissing(pid, first, last, f"needed by projection {self.name!r} (have {len(got)})")
+        log.info("%s: replayed %s #%d..%d to fill a gap", self.name, pid, first, last)
+        self.stats.replayed += len(got)
+        for e in got:
+            accepted.append(e)
+            self.validator.record(e)
+
+    async def _replay_unknown(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
+        """A pid with no stored offset: its earlier events not covered by the slice offset first."""
+        v = self.validator
+        earlier = [
+            e
+            async for e in self.journal.current_events_by_persistence_id(env.persistence_id, 1, env.seq_nr - 1)
+            if not v.covered_by_slice(e.slice, e.db_timestamp, e.persistence_id, e.seq_nr)
+        ]
+        for e in earlier:
+            accepted.append(e)
+            v.record(e)
+        self.stats.replayed += len(earlier)
+        accepted.append(env)
+        v.record(env)
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def _offset_rows(self, hb_slices: dict[int, datetime]) -> list[OffsetRow]:
+        rows = [OffsetRow(s, pid, n, ts) for pid, (s, n, ts) in self.validator.pending.items()]
+        rows += [OffsetRow(s, HEARTBEAT_PID, 0, ts) for s, ts in hb_slices.items()]
+        return rows
+
+    async def _commit(self, accepted: Sequence[EventEnvelope], hb_slices: dict[int, datetime]) -> None:
+        rows = self._offset_rows(hb_slices)
+        touched = {r.slice: self.epochs[r.slice] for r in rows}
+
+        async def body(conn: Any) -> None:
+            if accepted and self.mode == "grouped":
+                await self.handler(conn, accepted)
+            elif accepted:
+                for env in accepted:
+                    await self.handler(conn, env)
+            await self.sql.save_offsets(conn, self.name, self.key, rows)
+
+        try:
+            await self._retrying(body, transactional=True, fence=touched)
+        except BaseException:
+            self.validator.rollback()
+            raise
+        self.validator.commit(hb_slices)
+        newest = max((e.db_timestamp for e in accepted), default=None)
+        self.stats.committed(len(accepted), newest)
+
+    async def _maybe_flush(self, *, force: bool) -> None:
+        hb = getattr(self, "_pending_hb", {})
+        due = self._unflushed >= self.s.at_least_once_every or (
+            time.monotonic() - self._last_flush >= self.s.at_least_once_interval
+        )
+        if not (force or due) or not (self.validator.pending or hb):
+            return
+        rows = self._offset_rows(hb)
+        touched = {r.slice: self.epochs[r.slice] for r in rows}
+
+        async def body(conn: Any) -> None:
+            await self.sql.save_offsets(conn, self.name, self.key, rows)
+
+        newest = max((ts for _, _, ts in self.validator.pending.values()), default=None)
+        try:
+            await self._retrying(body, transactional=True, fence=touched)
+        except BaseException:
+            self.validator.rollback()
+            raise
+        self.validator.commit(hb)
+        self._pending_hb = {}
+        self.stats.committed(self._unflushed, newest)
+        self._unflushed = 0
+        self._last_flush = time.monotonic()
+
+    async def _retrying(
+        self, body: Callable[[Any], Awaitable[Any]], *, transactional: bool, fence: dict[int, int] | None = None
+    ) -> None:
+        s = self.s
+        backoff = s.handler_backoff
+        for attempt in range(1, s.handler_attempts + 1):
+            try:
+                if not transactional:
+                    await body(None)
+                    return
+                async with self.pool.acquire() as conn, conn.transaction():
+                    if fence:
+                        lost = await self.sql.fence(conn, self.name, self.owner, fence)
+                        if lost:
+                            raise LeaseLost(f"{self.name}: slices {lost[:5]}... are no longer ours")
+                    await body(conn)
+                return
+            except (LeaseLost, EventsMissing, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                self.stats.retries += 1
+                if attempt >= s.handler_attempts:
+                    raise HandlerFailed(
+                        f"projection {self.name!r} slices {self.key}: batch failed {attempt} times, "
+                        f"last error: {type(e).__name__}: {e}"
+                    ) from e
+                log.warning(
+                    "%s %s: batch failed (attempt %d/%d), rolled back, retrying in %.2fs: %s: %s",
+                    self.name, self.key, attempt, s.handler_attempts, backoff, type(e).__name__, e,
+                )  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), backoff)
+                if self._stopping.is_set():
+                    raise LeaseLost(f"{self.name} {self.key}: stopping during retries (batch rolled back)") from e
+                backoff = min(backoff * 2, s.handler_max_backoff)

@@ -1,0 +1,31 @@
+"""Counters a worker keeps for its progress display and for ``projections status``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+
+@dataclass
+class Stats:
+    events: int = 0
+    """Envelopes handled and committed."""
+    duplicates: int = 0
+    """Envelopes skipped as already processed."""
+    replayed: int = 0
+    """Envelopes fetched by persistence id to fill a gap."""
+    retries: int = 0
+    batches: int = 0
+    last_event_timestamp: datetime | None = None
+    last_commit: float = field(default_factory=time.monotonic)
+    lag_seconds: float = 0.0
+    """Wall time between an event's db_timestamp and the commit of its offset (last batch)."""
+
+    def committed(self, n: int, newest: datetime | None) -> None:
+        self.events += n
+        self.batches += 1
+        self.last_commit = time.monotonic()
+        if newest is not None:
+            self.last_event_timestamp = newest
+            self.lag_seconds = max(0.0, (datetime.now(UTC) - newest).total_seconds())

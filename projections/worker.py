@@ -1,0 +1,228 @@
+"""A projection worker: slice leases through Postgres, one RangeProcessor per owned range.
+
+Every ``lease_renew_interval`` the worker heartbeats its membership row, renews its leases, and
+rebalances: live workers sorted by id split the slices into contiguous chunks; a worker stops
+(and commits) the processors of slices it should give away before releasing their leases, and
+takes free or expired leases of its own chunk. A dead worker's leases expire after
+``lease_ttl`` and its chunk goes to the others, which resume from the stored offsets. Safety does
+not depend on timing: every offset transaction checks the lease epoch under a row lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from journal.errors import EventsMissing, HandlerFailed, LeaseLost
+from journal.ids import NUMBER_OF_SLICES
+from journal.postgres.dsn import asyncpg_dsn
+from journal.settings import JournalSettings
+
+from .handlers import Mode, validate_mode
+from .postgres_store import ProjectionSql
+from .runner import EventSource, RangeProcessor
+from .stats import Stats
+
+log = logging.getLogger("projections.worker")
+
+
+def chunk(index: int, count: int, slices: int = NUMBER_OF_SLICES) -> range:
+    """The contiguous slices of worker ``index`` among ``count`` (any count, not only divisors)."""
+    return range(index * slices // count, (index + 1) * slices // count)
+
+
+def runs(slices: set[int]) -> list[tuple[int, int]]:
+    """Contiguous runs ``(lo, hi)`` of a set of slices."""
+    out: list[tuple[int, int]] = []
+    for s in sorted(slices):
+        if out and out[-1][1] == s - 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
+
+
+def parse_key(key: str) -> range:
+    lo, _, hi = key.partition("-")
+    return range(int(lo), int(hi) + 1)
+
+
+class Worker:
+    """Runs one projection's share of slices until :meth:`stop` (or a fatal handler error)."""
+
+    def __init__(
+        self,
+        journal: EventSource,
+        settings: JournalSettings,
+        name: str,
+        entity_type: str,
+        handler: Callable[..., Awaitable[None]],
+        mode: str = "grouped",
+        *,
+        worker_id: str | None = None,
+    ) -> None:
+        self.journal = journal
+        self.settings = settings
+        self.ps = settings.projection
+        self.name = name
+        self.entity_type = entity_type
+        self.handler = handler
+        self.mode: Mode = validate_mode(mode)
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.sql = ProjectionSql(settings.schema)
+        self.stats = Stats()
+        self.error: str | None = None
+        self.epochs: dict[int, int] = {}
+        self.processors: dict[tuple[int, int], tuple[RangeProcessor, asyncio.Task[None]]] = {}
+        self._stop = asyncio.Event()
+        self._pool: asyncpg.Pool | None = None
+        self._ttl = timedelta(seconds=self.ps.lease_ttl)
+        self.state = "running"
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def owned(self) -> list[tuple[int, int]]:
+        return sorted(self.processors)
+
+    async def run(self) -> None:
+        """Work until stopped; raise HandlerFailed / EventsMissing when the projection must stop."""
+        dsn = self.settings.connection.dsn
+        if dsn is None:
+            raise RuntimeError("Worker needs settings with a DSN (open the journal first)")
+        self._pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=8)
+        try:
+            async with self._pool.acquire() as conn:
+                await self.sql.ensure_leases(conn, self.name, NUMBER_OF_SLICES)
+            last_prune = 0.0
+            loop = asyncio.get_running_loop()
+            while not self._stop.is_set() and self.error is None:
+                try:
+                    await self._tick()
+                    if loop.time() - last_prune > self.ps.offset_prune_interval and self.epochs:
+                        last_prune = loop.time()
+                        async with self._pool.acquire() as conn:
+                            await self.sql.prune(
+                                conn, self.name, sorted(self.epochs),
+                                timedelta(seconds=self.ps.offset_delete_after),
+                            )  # fmt: skip
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+                    log.warning("%s: lease round failed (will retry): %s", self.worker_id, e)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.ps.lease_renew_interval)
+        finally:
+            await self._shutdown()
+        if self.error is not None:
+            raise HandlerFailed(self.error)
+
+    async def _tick(self) -> None:
+        pool = self._pool
+        assert pool is not None
+        self._reap()
+        if self.error is not None:
+            return
+        async with pool.acquire() as conn:
+            await self.sql.heartbeat_worker(
+                conn, self.name, self.worker_id, socket.gethostname(), os.getpid(), self._ttl,
+                "running", self.stats.events, None,
+            )  # fmt: skip
+            workers = await self.sql.live_workers(conn, self.name)
+            held = await self.sql.renew_leases(conn, self.name, self.worker_id, self._ttl)
+            paused = await self.sql.paused_keys(conn, self.name)
+        desired = set(chunk(workers.index(self.worker_id), len(workers))) if self.worker_id in workers else set()
+        # slices lost (taken over after an expiry) or to give away: stop their processors first
+        lost = {s for s, e in self.epochs.items() if held.get(s) != e}
+        give = set(held) - desired
+        if lost or give:
+            await self._stop_processors(lost | give)
+        if give:
+            async with pool.acquire() as conn:
+                await self.sql.release_leases(conn, self.name, self.worker_id, sorted(give))
+            for s in give:
+                held.pop(s, None)
+        want = sorted(desired - set(held))
+        if want:
+            async with pool.acquire() as conn:
+                held.update(await self.sql.acquire_leases(conn, self.name, self.worker_id, want, self._ttl))
+        self.epochs = held
+        paused_slices: set[int] = set()
+        for key in paused:
+            with contextlib.suppress(ValueError):
+                paused_slices.update(parse_key(key))
+        active = runs(set(held) - paused_slices)
+        for r in [r for r in self.processors if r not in active]:
+            await self._stop_processors(set(range(r[0], r[1] + 1)))
+        for lo, hi in active:
+            if (lo, hi) not in self.processors:
+                self._start(lo, hi)
+
+    def _start(self, lo: int, hi: int) -> None:
+        assert self._pool is not None
+        proc = RangeProcessor(
+            journal=self.journal, pool=self._pool, sql=self.sql, settings=self.ps, name=self.name,
+            entity_type=self.entity_type, lo=lo, hi=hi, owner=self.worker_id,
+            epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
+            mode=self.mode, stats=self.stats,
+        )  # fmt: skip
+        task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
+        self.processors[(lo, hi)] = (proc, task)
+        log.info("%s: processing slices %d-%d", self.worker_id, lo, hi)
+
+    def _reap(self) -> None:
+        """Forget finished processors; a fatal error stops the worker."""
+        for key, (_, task) in list(self.processors.items()):
+            if not task.done():
+                continue
+            del self.processors[key]
+            exc = task.exception() if not task.cancelled() else None
+            if isinstance(exc, HandlerFailed | EventsMissing):
+                self.error = str(exc)
+                log.error("%s: projection stopped: %s", self.worker_id, exc)
+            elif isinstance(exc, LeaseLost):
+                log.info("%s: %s", self.worker_id, exc)
+            elif exc is not None:
+                log.warning("%s: slices %s failed, restarting: %r", self.worker_id, key, exc)
+
+    async def _stop_processors(self, slices: set[int]) -> None:
+        victims = [k for k in self.processors if any(s in slices for s in range(k[0], k[1] + 1))]
+        for k in victims:
+            self.processors[k][0].stop()
+        for k in victims:
+            _, task = self.processors[k]
+            with contextlib.suppress(Exception):
+                await task
+        self._reap()
+
+    async def _shutdown(self) -> None:
+        await self._stop_processors(set(range(NUMBER_OF_SLICES)))
+        pool = self._pool
+        if pool is None:
+            return
+        try:
+            async with pool.acquire() as conn:
+                await self.sql.release_leases(conn, self.name, self.worker_id, None)
+                self.state = "failed" if self.error else "stopped"
+                await self.sql.heartbeat_worker(
+                    conn, self.name, self.worker_id, socket.gethostname(), os.getpid(), timedelta(0),
+                    self.state, self.stats.events, self.error,
+                )  # fmt: skip
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            log.warning("%s: could not release leases (they expire in %ss): %s", self.worker_id, self.ps.lease_ttl, e)
+        finally:
+            self._pool = None
+            await pool.close()
+
+
+async def run_workers(workers: list[Worker], on_tick: Callable[[], Any] | None = None) -> None:
+    """Run several workers of one process together (``--workers K``)."""
+    await asyncio.gather(*(w.run() for w in workers))

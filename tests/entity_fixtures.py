@@ -1,0 +1,79 @@
+"""Entities used by the entity tests (importable by subprocesses too)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from journal import Entity, after_persist
+
+
+class Counter(Entity[list[Any]]):
+    """State: the list of applied events. Commands are tuples."""
+
+    entity_type = "counter"
+    log: list[str] = []  # shared trace of handler calls, per test
+
+    def initial_state(self) -> list[Any]:
+        return []
+
+    async def on_command(self, command: Any) -> Any:
+        kind = command[0]
+        if kind == "add":
+            self.persist(command[1], on_persisted=lambda env: Counter.log.append(f"cb {env.seq_nr}"))
+            return after_persist(lambda: list(self.state))
+        if kind == "add_all":
+            self.persist_all(list(command[1]))
+            return after_persist(lambda: len(self.state))
+        if kind == "read":
+            return list(self.state)
+        if kind == "seen_then_add":  # reply with the state the handler saw
+            seen = len(self.state)
+            self.persist(command[1])
+            return seen
+        if kind == "slow_add":
+            await asyncio.sleep(command[2])
+            self.persist(command[1])
+            return len(self.state)
+        if kind == "fail":
+            self.persist("never")
+            raise ValueError("refused")
+        if kind == "snapshot":
+            self.persist(command[1])
+            self.save_snapshot()
+            return None
+        if kind == "route":
+            self.persist(command[1], destinations=command[2])
+            return None
+        if kind == "unserializable":
+            self.persist(object())
+            return None
+        raise ValueError(f"unknown {command!r}")
+
+    def on_event(self, state: list[Any], event: Any) -> list[Any]:
+        Counter.log.append(f"event {event}")
+        if event == "poison":
+            raise RuntimeError("cannot apply poison")
+        if event == "persist_in_handler":
+            self.persist("nested")
+        return [*state, event]
+
+
+class LazyCounter(Counter):
+    entity_type = "lazy"
+    state_sync = False
+
+
+class SnapCounter(Counter):
+    entity_type = "snap"
+    snapshot_every = 3
+
+    def restore_snapshot(self, snapshot: Any) -> list[Any]:
+        if snapshot == ["bad"]:
+            raise ValueError("cannot restore")
+        return list(snapshot)
+
+
+class SkipCounter(Counter):
+    entity_type = "skip"
+    replay_from_seq_nr = 3

@@ -1,0 +1,80 @@
+"""Offset store, leases and management against a real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+from conftest import truncate_all
+
+from journal.errors import ProjectionError
+from projections import management
+from projections.postgres_store import OffsetRow, ProjectionSql
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SQL = ProjectionSql("public")
+
+
+@pytest.fixture
+async def conn(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    await truncate_all(dsn)
+    c = await asyncpg.connect(dsn)
+    yield c
+    await c.close()
+
+
+async def test_save_load_and_prune_keeps_latest_row_per_slice(conn: asyncpg.Connection) -> None:
+    rows = [OffsetRow(1, "a", 1, T0), OffsetRow(1, "b", 3, T0 + timedelta(days=2)), OffsetRow(2, "c", 9, T0)]
+    await SQL.save_offsets(conn, "p", "0-1023", rows)
+    await SQL.save_offsets(conn, "p", "0-1023", rows)  # a repeat is ignored
+    loaded = await SQL.load_offsets(conn, "p", [1, 2, 3], timedelta(minutes=5))
+    assert loaded[1][0] == T0 + timedelta(days=2) and [r[0] for r in loaded[1][1]] == ["b"]
+    assert loaded[2][1] == [("c", 9, T0)] and 3 not in loaded
+    assert await SQL.load_pid(conn, "p", 1, "a") == (1, T0)
+    deleted = await SQL.prune(conn, "p", [1, 2], timedelta(days=1))
+    assert deleted == 1  # "a" is 2 days behind slice 1's latest; slice 2's only row stays
+    assert await SQL.load_pid(conn, "p", 1, "a") is None
+    assert await SQL.load_pid(conn, "p", 2, "c") == (9, T0)
+    # heartbeat rows: only the newest per slice is kept
+    await SQL.save_offsets(conn, "p", "k", [OffsetRow(2, "", 0, T0 + timedelta(hours=1))])
+    await SQL.save_offsets(conn, "p", "k", [OffsetRow(2, "", 0, T0 + timedelta(hours=2))])
+    n = await conn.fetchval("SELECT count(*) FROM projection_timestamp_offset_store WHERE persistence_id = ''")
+    assert n == 1
+
+
+async def test_leases_fence_and_takeover(conn: asyncpg.Connection) -> None:
+    ttl = timedelta(seconds=30)
+    await SQL.ensure_leases(conn, "p", 1024)
+    a = await SQL.acquire_leases(conn, "p", "A", [0, 1, 2], ttl)
+    assert sorted(a) == [0, 1, 2]
+    assert await SQL.acquire_leases(conn, "p", "B", [1, 2, 3], ttl) == {3: 1}  # 1, 2 are A's
+    async with conn.transaction():
+        assert await SQL.fence(conn, "p", "A", a) == []
+    # A's leases expire; B takes slice 1 over: A's next transaction is fenced out
+    await conn.execute("UPDATE projection_slice_lease SET expires_at = now() - interval '1s' WHERE slice = 1")
+    b = await SQL.acquire_leases(conn, "p", "B", [1], ttl)
+    assert b == {1: a[1] + 1}
+    async with conn.transaction():
+        assert await SQL.fence(conn, "p", "A", a) == [1]
+    assert sorted(await SQL.renew_leases(conn, "p", "A", ttl)) == [0, 2]
+    await SQL.release_leases(conn, "p", "A", None)
+    assert await SQL.renew_leases(conn, "p", "A", ttl) == {}
+
+
+async def test_pause_resume_reset_clear(conn: asyncpg.Connection) -> None:
+    await SQL.save_offsets(conn, "p", "k", [OffsetRow(5, "a", 2, T0)])
+    await management.set_paused(conn, SQL, "p", 0, 511, True)
+    assert await SQL.paused_keys(conn, "p") == ["0-511"]
+    await SQL.heartbeat_worker(conn, "p", "w1", "h", 1, timedelta(seconds=30), "running", 0, None)
+    with pytest.raises(ProjectionError):
+        await management.reset(conn, SQL, "p", 0, 1023, T0)  # 512-1023 are not paused
+    await management.reset(conn, SQL, "p", 0, 511, T0 + timedelta(hours=1))
+    loaded = await SQL.load_offsets(conn, "p", [5], timedelta(minutes=5))
+    assert loaded[5][0] == T0 + timedelta(hours=1) and loaded[5][1] == [("", 0, T0 + timedelta(hours=1))]
+    assert await management.clear(conn, SQL, "p", 0, 511) == 512
+    st = await management.status(conn, SQL, "p")
+    assert st.ranges[0].paused and st.ranges[0].offset is None
+    await management.set_paused(conn, SQL, "p", 100, 100, False)
+    assert await SQL.paused_keys(conn, "p") == []
