@@ -103,9 +103,7 @@ def test_predicates_quote_values_and_window() -> None:
         journal_predicates("acct", 2, t0, t0)
 
 
-async def test_reader_partitions_read_every_row_once(
-    journal: Journal, spark: Any, source: Any
-) -> None:
+async def test_reader_partitions_read_every_row_once(journal: Journal, spark: Any, source: Any) -> None:
     from pyspark.sql import functions as F
 
     expected = await _fill(journal)
@@ -126,18 +124,13 @@ async def test_reader_partitions_read_every_row_once(
         assert r.p * 128 <= r.lo <= r.hi < (r.p + 1) * 128
 
 
-async def test_reader_pushes_column_projection_and_time_window(
-    journal: Journal, spark: Any, source: Any
-) -> None:
+async def test_reader_pushes_column_projection_and_time_window(journal: Journal, spark: Any, source: Any) -> None:
     await _fill(journal, n_pids=10, per_pid=2)
     df = read_journal(spark, source, "acct", partitions=2, columns=["persistence_id", "seq_nr"])
     plan = df._jdf.queryExecution().executedPlan().toString()
     assert "ReadSchema: struct<persistence_id:string,seq_nr:bigint>" in plan
     assert df.columns == ["persistence_id", "seq_nr"]
-    ts = sorted(
-        r.db_timestamp
-        for r in read_journal(spark, source, "acct", columns=["db_timestamp"]).collect()
-    )
+    ts = sorted(r.db_timestamp for r in read_journal(spark, source, "acct", columns=["db_timestamp"]).collect())
     cut = ts[len(ts) // 2].replace(tzinfo=UTC)
     before = read_journal(spark, source, "acct", to_timestamp=cut).count()
     after = read_journal(spark, source, "acct", from_timestamp=cut).count()
@@ -146,9 +139,7 @@ async def test_reader_pushes_column_projection_and_time_window(
         read_journal(spark, source, "acct", columns=["nope"])
 
 
-async def test_decoding_typed_columns_tags_and_metadata(
-    journal: Journal, spark: Any, source: Any
-) -> None:
+async def test_decoding_typed_columns_tags_and_metadata(journal: Journal, spark: Any, source: Any) -> None:
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     await journal.persist(
@@ -183,11 +174,7 @@ async def test_decoding_typed_columns_tags_and_metadata(
 
     inferred = decode_events(raw)
     fields = dict(inferred.select("event.*").dtypes)
-    assert (
-        fields["amount"] == "bigint"
-        and fields["currency"] == "string"
-        and fields["reason"] == "string"
-    )
+    assert fields["amount"] == "bigint" and fields["currency"] == "string" and fields["reason"] == "string"
     assert {r.event.currency for r in inferred.collect() if r.event is not None} == {
         "EUR",
         None,
@@ -210,26 +197,16 @@ async def test_writer_replace_merge_idempotent_and_failure_leaves_target(
 
     await _fill(journal, n_pids=12, per_pid=2)
     events = decode_events(read_journal(spark, source, "acct", partitions=4))
-    model = events.groupBy("persistence_id").agg(
-        F.sum("event.amount").alias("total"), F.count("*").alias("n")
-    )
+    model = events.groupBy("persistence_id").agg(F.sum("event.amount").alias("total"), F.count("*").alias("n"))
     for _ in range(2):  # twice: same result
-        res = await write_read_model(
-            model, source, "spark_totals", key=["persistence_id"], batch_size=5
-        )
+        res = await write_read_model(model, source, "spark_totals", key=["persistence_id"], batch_size=5)
         assert res.rows == 12
-    rows = await _table(
-        dsn, "SELECT persistence_id, total, n FROM spark_totals ORDER BY persistence_id"
-    )
+    rows = await _table(dsn, "SELECT persistence_id, total, n FROM spark_totals ORDER BY persistence_id")
     assert len(rows) == 12 and rows[0] == ("acct|0", 1, 2)
 
-    one = spark.createDataFrame(
-        [("acct|0", 999, 1), ("new|1", 1, 1)], "persistence_id string, total long, n long"
-    )
+    one = spark.createDataFrame([("acct|0", 999, 1), ("new|1", 1, 1)], "persistence_id string, total long, n long")
     await write_read_model(one, source, "spark_totals", key=["persistence_id"], mode="merge")
-    rows2 = dict(
-        (r[0], r[1]) for r in await _table(dsn, "SELECT persistence_id, total FROM spark_totals")
-    )
+    rows2 = dict((r[0], r[1]) for r in await _table(dsn, "SELECT persistence_id, total FROM spark_totals"))
     assert len(rows2) == 13 and rows2["acct|0"] == 999 and rows2["new|1"] == 1
 
     @F.udf("long")
@@ -237,19 +214,9 @@ async def test_writer_replace_merge_idempotent_and_failure_leaves_target(
         raise RuntimeError("job failed half-way")
 
     with pytest.raises(Exception, match="job failed half-way"):
-        await write_read_model(
-            model.withColumn("total", boom("total")), source, "spark_totals", key=["persistence_id"]
-        )
-    assert (
-        dict(
-            (r[0], r[1])
-            for r in await _table(dsn, "SELECT persistence_id, total FROM spark_totals")
-        )
-        == rows2
-    )
-    left = await _table(
-        dsn, "SELECT tablename FROM pg_tables WHERE tablename LIKE '\\_spark\\_staging%'"
-    )
+        await write_read_model(model.withColumn("total", boom("total")), source, "spark_totals", key=["persistence_id"])
+    assert dict((r[0], r[1]) for r in await _table(dsn, "SELECT persistence_id, total FROM spark_totals")) == rows2
+    left = await _table(dsn, "SELECT tablename FROM pg_tables WHERE tablename LIKE '\\_spark\\_staging%'")
     assert left == []
 
 
@@ -257,17 +224,11 @@ async def test_export_parquet_partitioned_by_slice_range(
     journal: Journal, spark: Any, source: Any, tmp_path: Path
 ) -> None:
     expected = await _fill(journal, n_pids=40, per_pid=2)
-    out = export_parquet(
-        read_journal(spark, source, "acct", partitions=4), tmp_path / "out", partitions=4
-    )
+    out = export_parquet(read_journal(spark, source, "acct", partitions=4), tmp_path / "out", partitions=4)
     dirs = sorted(p.name for p in out.iterdir() if p.is_dir())
-    wanted = {
-        f"slice_range={lo:04d}-{hi:04d}"
-        for lo, hi in [(0, 255), (256, 511), (512, 767), (768, 1023)]
-    }
+    wanted = {f"slice_range={lo:04d}-{hi:04d}" for lo, hi in [(0, 255), (256, 511), (512, 767), (768, 1023)]}
     present = {
-        f"slice_range={(slice_for(p) // 256) * 256:04d}-{(slice_for(p) // 256) * 256 + 255:04d}"
-        for p in expected
+        f"slice_range={(slice_for(p) // 256) * 256:04d}-{(slice_for(p) // 256) * 256 + 255:04d}" for p in expected
     }
     assert set(dirs) == present and present <= wanted
     back = spark.read.parquet(str(out))
@@ -277,20 +238,14 @@ async def test_export_parquet_partitioned_by_slice_range(
         assert lo <= slice_for(r.persistence_id) <= lo + 255
     with pytest.raises(ValueError, match="not empty"):
         export_parquet(read_journal(spark, source, "acct"), out)
-    by_date = export_parquet(
-        read_journal(spark, source, "acct"), tmp_path / "d", partition_by="date"
-    )
+    by_date = export_parquet(read_journal(spark, source, "acct"), tmp_path / "d", partition_by="date")
     today = datetime.now(UTC).date().isoformat()
-    assert any(
-        p.name in (f"date={today}",) or p.name.startswith("date=") for p in by_date.iterdir()
-    )
+    assert any(p.name in (f"date={today}",) or p.name.startswith("date=") for p in by_date.iterdir())
 
 
 def test_missing_driver_and_java_errors_say_what_to_install(tmp_path: Path) -> None:
     with pytest.raises(SparkSetupError) as e:
-        find_jdbc_driver(
-            SparkSettings(), candidates=[str(tmp_path / "none.jar")], probe_maven=False
-        )
+        find_jdbc_driver(SparkSettings(), candidates=[str(tmp_path / "none.jar")], probe_maven=False)
     msg = str(e.value)
     assert "no PostgreSQL JDBC driver found" in msg
     assert "apt-get install libpostgresql-jdbc-java" in msg and "JOURNAL_SPARK_JDBC_JAR" in msg
@@ -304,3 +259,136 @@ def test_missing_driver_and_java_errors_say_what_to_install(tmp_path: Path) -> N
         find_java({"PATH": str(tmp_path)})
     with pytest.raises(SparkSetupError, match="Unix socket"):
         jdbc_source("postgresql://postgres:@/postgres?host=/tmp/x", local=False)
+
+
+# -- backfill with hand-over to the online projection ------------------------------------------
+
+TOTALS_DDL = "CREATE TABLE IF NOT EXISTS {t} (persistence_id text PRIMARY KEY, total bigint, n bigint)"
+
+
+def _online_handler(table: str) -> Any:
+    async def handler(conn: Any, envelopes: Any) -> None:
+        await conn.execute(TOTALS_DDL.format(t=table))
+        for env in envelopes:
+            await conn.execute(
+                f"INSERT INTO {table} (persistence_id, total, n) VALUES ($1, $2, 1) "
+                f"ON CONFLICT (persistence_id) DO UPDATE SET total = {table}.total + EXCLUDED.total, "
+                f"n = {table}.n + 1",
+                env.persistence_id,
+                env.event["amount"],
+            )
+
+    return handler
+
+
+def totals_job(events: Any) -> Any:
+    """The Spark twin of the online handler (used by the test and by the CLI example)."""
+    from pyspark.sql import functions as F
+
+    from projections.spark.backfill import ReadModel
+
+    frame = events.groupBy("persistence_id").agg(
+        F.sum("event.amount").cast("long").alias("total"), F.count("*").alias("n")
+    )
+    return ReadModel(frame=frame, table="bf_totals", key=["persistence_id"])
+
+
+async def _run_until(
+    journal: Journal, settings: JournalSettings, name: str, table: str, dsn: str, want: dict[str, tuple[int, int]]
+) -> dict[str, tuple[int, int]]:
+    import asyncio
+
+    from projections import Worker
+
+    w = Worker(journal, journal.settings, name, "acct", _online_handler(table), "grouped")
+    task = asyncio.create_task(w.run())
+    got: dict[str, tuple[int, int]] = {}
+    deadline = asyncio.get_running_loop().time() + 60
+    try:
+        while asyncio.get_running_loop().time() < deadline and not task.done():
+            try:
+                got = {r[0]: (r[1], r[2]) for r in await _table(dsn, f"SELECT persistence_id, total, n FROM {table}")}
+            except asyncpg.UndefinedTableError:
+                got = {}
+            if got == want:
+                break
+            await asyncio.sleep(0.1)  # polling a condition with a deadline
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, 30)
+    return got
+
+
+async def test_backfill_hands_over_to_online_projection(
+    journal: Journal, settings: JournalSettings, spark: Any, source: Any, dsn: str
+) -> None:
+    from projections.spark.backfill import backfill
+
+    expected: dict[str, tuple[int, int]] = {}
+
+    async def write(pid: str, amounts: list[int]) -> None:
+        await journal.persist(pid, [{"amount": a, "currency": "EUR"} for a in amounts])
+        t, n = expected.get(pid, (0, 0))
+        expected[pid] = (t + sum(amounts), n + len(amounts))
+
+    for i in range(30):
+        await write(f"acct|{i}", [i, 1, 2])
+    res = await backfill(spark, journal, source, "bf", "acct", totals_job, partitions=4)
+    assert res.events == 90 and res.rows_written == 30 and res.table == "bf_totals"
+    after_backfill = {r[0]: (r[1], r[2]) for r in await _table(dsn, "SELECT persistence_id, total, n FROM bf_totals")}
+    assert after_backfill == expected
+    offsets = await _table(
+        dsn,
+        "SELECT count(*), min(timestamp_offset), max(timestamp_offset) "
+        "FROM projection_timestamp_offset_store WHERE projection_name = 'bf'",
+    )
+    assert offsets[0][0] == 1024 and offsets[0][1] == offsets[0][2] == res.cutoff
+
+    for i in range(20, 40):  # old pids continue, new pids start, all after the cut-off
+        await write(f"acct|{i}", [100 + i, 3])
+    online = await _run_until(journal, settings, "bf", "bf_totals", dsn, expected)
+    assert online == expected  # backfill + online continuation
+
+    reference = await _run_until(journal, settings, "ref", "ref_totals", dsn, expected)
+    assert reference == online  # == the online projection from the start
+
+
+async def test_interrupted_backfill_leaves_offsets_and_read_model(
+    journal: Journal, spark: Any, source: Any, dsn: str
+) -> None:
+    from pyspark.sql import functions as F
+
+    from projections.spark.backfill import ReadModel, backfill
+
+    await _fill(journal, n_pids=10, per_pid=2)
+    await backfill(
+        spark,
+        journal,
+        source,
+        "bf2",
+        "acct",
+        lambda ev: ReadModel(totals_job(ev).frame, "bf2_totals", ["persistence_id"]),
+    )
+    before_rows = await _table(dsn, "SELECT * FROM bf2_totals ORDER BY 1")
+    before_offsets = await _table(
+        dsn, "SELECT * FROM projection_timestamp_offset_store WHERE projection_name = 'bf2' ORDER BY slice"
+    )
+    await journal.persist("acct|late", [{"amount": 1, "currency": "EUR"}])
+
+    @F.udf("long")
+    def crash(x: int) -> int:
+        raise RuntimeError("killed half-way")
+
+    def failing(ev: Any) -> Any:
+        m = totals_job(ev)
+        return ReadModel(m.frame.withColumn("total", crash("total")), "bf2_totals", ["persistence_id"])
+
+    with pytest.raises(Exception, match="killed half-way"):
+        await backfill(spark, journal, source, "bf2", "acct", failing)
+    assert await _table(dsn, "SELECT * FROM bf2_totals ORDER BY 1") == before_rows
+    assert (
+        await _table(
+            dsn, "SELECT * FROM projection_timestamp_offset_store WHERE projection_name = 'bf2' ORDER BY slice"
+        )
+        == before_offsets
+    )

@@ -56,9 +56,7 @@ def tcp_bridge(socket_path: Path) -> int:
             async with server:
                 await server.serve_forever()
 
-        t = threading.Thread(
-            target=lambda: asyncio.run(serve()), name=f"pg-bridge-{socket_path}", daemon=True
-        )
+        t = threading.Thread(target=lambda: asyncio.run(serve()), name=f"pg-bridge-{socket_path}", daemon=True)
         t.start()
         started.wait(10)
         if not port_box:

@@ -48,9 +48,7 @@ def merge_schemas(schemas: Mapping[str, Any]) -> Any:
     return StructType(list(fields.values()))
 
 
-def infer_schema(
-    df: Any, column: str, *, sample: int = 1000, ser_id_column: str | None = None
-) -> Any:
+def infer_schema(df: Any, column: str, *, sample: int = 1000, ser_id_column: str | None = None) -> Any:
     """The JSON schema of up to ``sample`` payloads of ``column`` (an empty struct when none)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
@@ -58,11 +56,7 @@ def infer_schema(
     rows = df
     if ser_id_column is not None:
         rows = rows.where(F.col(ser_id_column) == JSON_SERIALIZER_ID)
-    texts = (
-        rows.where(F.col(column).isNotNull())
-        .select(F.col(column).cast("string").alias("j"))
-        .limit(sample)
-    )
+    texts = rows.where(F.col(column).isNotNull()).select(F.col(column).cast("string").alias("j")).limit(sample)
     collected = [r["j"] for r in texts.collect()]
     if not collected:
         return StructType([])
@@ -92,17 +86,13 @@ def decode_events(
     if missing:
         raise InvalidArgument(f"decode_events needs the journal columns {missing}")
     if schema is None:
-        event_schema = infer_schema(
-            df, "event_payload", sample=sample, ser_id_column="event_ser_id"
-        )
+        event_schema = infer_schema(df, "event_payload", sample=sample, ser_id_column="event_ser_id")
     elif isinstance(schema, Mapping):
         event_schema = merge_schemas(schema)
     else:
         event_schema = schema
     if metadata_schema is None:
-        metadata_schema = infer_schema(
-            df, "meta_payload", sample=sample, ser_id_column="meta_ser_id"
-        )
+        metadata_schema = infer_schema(df, "meta_payload", sample=sample, ser_id_column="meta_ser_id")
 
     def parsed(payload: str, ser_id: str, struct: Any) -> Any:
         return F.when(

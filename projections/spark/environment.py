@@ -118,9 +118,7 @@ def find_jdbc_driver(
     )
 
 
-def session_conf(
-    settings: SparkSettings, driver: JdbcDriver, master: str | None = None
-) -> dict[str, str]:
+def session_conf(settings: SparkSettings, driver: JdbcDriver, master: str | None = None) -> dict[str, str]:
     """The Spark configuration this library starts sessions with (small, UTC, driver on path)."""
     conf = {
         "spark.master": master or settings.master,
@@ -144,9 +142,7 @@ def spark_session(settings: SparkSettings, *, master: str | None = None) -> Any:
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:
-        raise SparkSetupError(
-            "Spark pipelines need the 'spark' extra: pip install 'slice-journal[spark]'"
-        ) from e
+        raise SparkSetupError("Spark pipelines need the 'spark' extra: pip install 'slice-journal[spark]'") from e
     find_java()
     driver = find_jdbc_driver(settings)
     builder = SparkSession.builder
@@ -156,8 +152,7 @@ def spark_session(settings: SparkSettings, *, master: str | None = None) -> Any:
         session = builder.getOrCreate()
     except Exception as e:
         raise SparkSetupError(
-            f"Spark failed to start (master {master or settings.master}, JDBC driver "
-            f"{driver.describe()}): {e}"
+            f"Spark failed to start (master {master or settings.master}, JDBC driver {driver.describe()}): {e}"
         ) from e
     session.sparkContext.setLogLevel("ERROR")
     return session

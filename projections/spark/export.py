@@ -46,9 +46,7 @@ def export_parquet(
         raise InvalidArgument(f"partitions must divide {NUMBER_OF_SLICES}, got {partitions!r}")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise InvalidArgument(
-            f"{out} exists and is not empty: choose another --out or pass --overwrite"
-        )
+        raise InvalidArgument(f"{out} exists and is not empty: choose another --out or pass --overwrite")
     if partition_by == "slice_range":
         if "slice" not in df.columns:
             raise InvalidArgument("partitioning by slice range needs the 'slice' column")
@@ -57,7 +55,5 @@ def export_parquet(
         if "db_timestamp" not in df.columns:
             raise InvalidArgument("partitioning by date needs the 'db_timestamp' column")
         df = df.withColumn("date", F.to_date(F.col("db_timestamp")))
-    df.write.mode("overwrite" if overwrite else "errorifexists").partitionBy(partition_by).parquet(
-        str(out)
-    )
+    df.write.mode("overwrite" if overwrite else "errorifexists").partitionBy(partition_by).parquet(str(out))
     return out

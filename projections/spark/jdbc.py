@@ -61,9 +61,7 @@ def jdbc_source(dsn: str, schema: str = "public", *, local: bool = True) -> Jdbc
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     host = parts.hostname or query.get("host", "")
     port = parts.port or int(query.get("port", "5432"))
-    database = (
-        unquote(parts.path.lstrip("/")) or query.get("dbname", "") or (parts.username or "postgres")
-    )
+    database = unquote(parts.path.lstrip("/")) or query.get("dbname", "") or (parts.username or "postgres")
     props = {"driver": DRIVER_CLASS}
     user = unquote(parts.username) if parts.username else query.get("user")
     if user:

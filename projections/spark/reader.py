@@ -52,13 +52,9 @@ def journal_predicates(
     """
     validate_entity_type(entity_type)
     if from_timestamp is not None and to_timestamp is not None and from_timestamp >= to_timestamp:
-        raise InvalidArgument(
-            f"empty time window: from {from_timestamp} is not before to {to_timestamp}"
-        )
+        raise InvalidArgument(f"empty time window: from {from_timestamp} is not before to {to_timestamp}")
     return [
-        slice_predicate(
-            entity_type, lo, hi, from_timestamp, to_timestamp, include_deleted=include_deleted
-        )
+        slice_predicate(entity_type, lo, hi, from_timestamp, to_timestamp, include_deleted=include_deleted)
         for lo, hi in slice_ranges(partitions)
     ]
 
@@ -91,9 +87,7 @@ def read_journal(
     wanted = list(columns) if columns is not None else list(JOURNAL_COLUMNS)
     unknown = [c for c in wanted if c not in JOURNAL_COLUMNS]
     if unknown or not wanted:
-        raise InvalidArgument(
-            f"unknown journal columns {unknown}: choose from {list(JOURNAL_COLUMNS)}"
-        )
+        raise InvalidArgument(f"unknown journal columns {unknown}: choose from {list(JOURNAL_COLUMNS)}")
     df = spark.read.jdbc(
         url=source.url,
         table=source.table("event_journal"),

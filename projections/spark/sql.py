@@ -63,9 +63,7 @@ def qualified(schema: str, table: str) -> str:
     return f"{ident(schema, 'schema')}.{ident(table, 'table')}"
 
 
-def replace_from_staging(
-    schema: str, target: str, staging: str, columns: Sequence[str]
-) -> list[str]:
+def replace_from_staging(schema: str, target: str, staging: str, columns: Sequence[str]) -> list[str]:
     """Statements that make ``target`` hold exactly the staging rows (run in one transaction)."""
     cols = ", ".join(ident(c, "column") for c in columns)
     t, s = qualified(schema, target), qualified(schema, staging)
@@ -76,18 +74,12 @@ def replace_from_staging(
     ]
 
 
-def merge_from_staging(
-    schema: str, target: str, staging: str, columns: Sequence[str], key: Sequence[str]
-) -> list[str]:
+def merge_from_staging(schema: str, target: str, staging: str, columns: Sequence[str], key: Sequence[str]) -> list[str]:
     """Statements that upsert the staging rows into ``target`` by ``key`` (one transaction)."""
     cols = ", ".join(ident(c, "column") for c in columns)
     keys = ", ".join(ident(c, "column") for c in key)
     rest = [c for c in columns if c not in key]
-    action = (
-        "DO UPDATE SET " + ", ".join(f"{ident(c)} = EXCLUDED.{ident(c)}" for c in rest)
-        if rest
-        else "DO NOTHING"
-    )
+    action = "DO UPDATE SET " + ", ".join(f"{ident(c)} = EXCLUDED.{ident(c)}" for c in rest) if rest else "DO NOTHING"
     t, s = qualified(schema, target), qualified(schema, staging)
     return [f"INSERT INTO {t} ({cols}) SELECT {cols} FROM {s} ON CONFLICT ({keys}) {action}"]
 

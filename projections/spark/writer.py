@@ -44,9 +44,7 @@ def _check(table: str, key: Sequence[str], mode: str, columns: Sequence[str]) ->
         validate_identifier(c, "column")
     missing = [k for k in key if k not in columns]
     if missing:
-        raise InvalidArgument(
-            f"key columns {missing} are not columns of the read model {list(columns)}"
-        )
+        raise InvalidArgument(f"key columns {missing} are not columns of the read model {list(columns)}")
     if mode == "merge" and not key:
         raise InvalidArgument("mode 'merge' needs key columns")
 
@@ -82,11 +80,7 @@ async def swap_from_staging(
         try:
             async with conn.transaction():
                 await conn.execute(sql.create_like(source.schema, table, staging, key))
-                rows = int(
-                    await conn.fetchval(
-                        f"SELECT count(*) FROM {sql.qualified(source.schema, staging)}"
-                    )
-                )
+                rows = int(await conn.fetchval(f"SELECT count(*) FROM {sql.qualified(source.schema, staging)}"))
                 stmts = (
                     sql.replace_from_staging(source.schema, table, staging, columns)
                     if mode == "replace"
@@ -130,9 +124,7 @@ async def write_read_model(
     except BaseException:
         await _drop(source, staging)
         raise
-    rows = await swap_from_staging(
-        source, table, staging, columns, key=key, mode=mode, in_transaction=in_transaction
-    )
+    rows = await swap_from_staging(source, table, staging, columns, key=key, mode=mode, in_transaction=in_transaction)
     return WriteResult(table=table, rows=rows, mode=mode)
 
 
