@@ -26,11 +26,12 @@ from .errors import (
     SequenceConflict,
     SerializationError,
     SparkSetupError,
+    TagEventsMissing,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
-from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset
+from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset, TimeUUIDOffset
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings
 from .snapshots import Snapshot
@@ -63,6 +64,8 @@ __all__ = [
     "SerializerRegistry",
     "Snapshot",
     "SparkSetupError",
+    "TagEventsMissing",
+    "TimeUUIDOffset",
     "TimestampOffset",
     "UnsupportedOperation",
     "after_persist",

@@ -81,6 +81,22 @@ class EventsMissing(JournalError):
         super().__init__(msg)
 
 
+class TagEventsMissing(EventsMissing):
+    """An events-by-tag query found a gap in a pid's tag numbering that did not fill in time.
+
+    ``from_seq_nr``/``to_seq_nr`` are the missing *tag_pid_sequence_nr* range of ``tag``.
+    """
+
+    def __init__(self, persistence_id: str, tag: str, from_nr: int, to_nr: int, detail: str = "") -> None:
+        self.tag = tag
+        EventsMissing.__init__(self, persistence_id, from_nr, to_nr, detail)
+        self.args = (
+            f"tagged events of {persistence_id!r} under tag {tag!r} with tag_pid_sequence_nr "
+            f"{from_nr}..{to_nr} are missing" + (f": {detail}" if detail else ""),
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 class ProjectionError(JournalError):
     """A projection cannot go on (see the subclasses)."""
 
@@ -151,5 +167,6 @@ __all__ = [
     "SequenceConflict",
     "SerializationError",
     "SparkSetupError",
+    "TagEventsMissing",
     "UnsupportedOperation",
 ]

@@ -92,6 +92,46 @@ class QuerySettings:
     """Live queries on quiet ranges advance their offset at least this often (seconds)."""
 
 
+TagBucketSize = Literal["Day", "Hour", "Minute"]
+
+
+@dataclass(frozen=True)
+class TagSettings:
+    """Events by tag (defaults from the reference's events-by-tag settings)."""
+
+    bucket_size: TagBucketSize = "Hour"
+    """Day | Hour | Minute. Cannot change once tagged data exists (refused at open)."""
+    first_time_bucket: str = "20151120T00:00"
+    """UTC start of queries without an offset; set it to your first deployment day."""
+    max_message_batch_size: int = 150
+    """Tag writer: rows per batch (one (tag, bucket) partition per batch)."""
+    flush_interval: float = 0.0
+    """Tag writer: seconds a row may wait for a fuller batch (0: write when none in flight)."""
+    tag_write_timeout: float = 4.0
+    """A persist waits this long for its tag rows, then fails (recovery resends them)."""
+    max_buffered_events: int = 10_000
+    """Tag writer: rows buffered per tag before ``persist`` waits (back-pressure)."""
+    retry_initial_backoff: float = 0.1
+    """Tag writer: first retry delay after a failed write (doubles up to the max)."""
+    retry_max_backoff: float = 2.0
+    eventual_consistency_delay: float = 5.0
+    """Queries read up to now minus this (seconds); below 2 s is discouraged."""
+    gap_timeout: float = 10.0
+    """Seconds a query searches for missing events before failing with TagEventsMissing."""
+    new_persistence_id_scan_timeout: float = 0.0
+    """Seconds to search for earlier events of a pid first seen at a number above 1 (0: accept)."""
+    offset_scanning_period: float = 0.2
+    """Starting in the current bucket: scan this far ahead to learn each pid's lowest number."""
+    back_track_interval: float = 1.0
+    """Live queries rescan behind their position this often (seconds)..."""
+    back_track_period: float = 5.0
+    """...over this many seconds, to pick up events that arrived late."""
+    max_missing_to_search: int = 5000
+    """A gap larger than this fails at once."""
+    query_refresh_interval: float = 3.0
+    """Seconds between polls of an idle live events-by-tag query."""
+
+
 @dataclass(frozen=True)
 class SparkSettings:
     """Spark pipelines (``projections.spark``): where Spark runs and how it talks JDBC."""
@@ -183,6 +223,7 @@ class JournalSettings:
     query: QuerySettings = field(default_factory=QuerySettings)
     retry: RetrySettings = field(default_factory=RetrySettings)
     spark: SparkSettings = field(default_factory=SparkSettings)
+    tags: TagSettings = field(default_factory=TagSettings)
     projection: ProjectionSettings = field(default_factory=ProjectionSettings)
     entities: EntitySettings = field(default_factory=EntitySettings)
 
@@ -220,6 +261,17 @@ class JournalSettings:
         _non_negative(self.entities, "snapshot_every", "replay_retry_delay")
         if self.query.mode not in get_args(QueryMode):
             raise ConfigurationError(f"query mode must be one of {get_args(QueryMode)}, got {self.query.mode!r}")
+        t = self.tags
+        if t.bucket_size not in get_args(TagBucketSize):
+            raise ConfigurationError(f"tags bucket_size must be one of Day, Hour, Minute; got {t.bucket_size!r}")
+        _positive(t, "max_message_batch_size", "tag_write_timeout", "max_buffered_events", "retry_initial_backoff",
+                  "retry_max_backoff", "gap_timeout", "max_missing_to_search", "query_refresh_interval",
+                  "back_track_interval")
+        _non_negative(t, "flush_interval", "eventual_consistency_delay", "new_persistence_id_scan_timeout",
+                      "offset_scanning_period", "back_track_period")
+        from .tags.buckets import parse_first_bucket
+
+        parse_first_bucket(t.first_time_bucket, t.bucket_size)
 
     @property
     def schema(self) -> str:
@@ -266,6 +318,7 @@ _GROUPS: dict[str, type] = {
     "query": QuerySettings,
     "retry": RetrySettings,
     "spark": SparkSettings,
+    "tags": TagSettings,
     "projection": ProjectionSettings,
     "entities": EntitySettings,
 }

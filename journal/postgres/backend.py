@@ -16,10 +16,13 @@ from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
 from ..serialization import Serialized
 from ..settings import JournalSettings
+from ..tags.buckets import bucket_millis
 from .dsn import asyncpg_dsn
 from .errors import backoff_delays, is_transient, with_retries
 from .slice_reader import PostgresSliceReader
 from .statements import Statements
+from .tag_statements import TagStatements
+from .tag_store import PostgresTagStore
 
 log = logging.getLogger("journal.postgres")
 
@@ -60,6 +63,17 @@ class PostgresBackend:
         self._pool: asyncpg.Pool | None = None
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
+        self.tag_sql = TagStatements(settings.schema)
+        self._insert_tagged = self.sql.insert_events_tagged(
+            on_conflict_do_nothing=False, notify=settings.write.notify,
+            tag_rows=self.tag_sql.insert_from_events("src", "$9", "$14", ""),
+        )  # fmt: skip
+        self._insert_tagged_probe = self.sql.insert_events_tagged(
+            on_conflict_do_nothing=True, notify=settings.write.notify,
+            tag_rows=self.tag_sql.insert_from_events("src", "$9", "$14", "ON CONFLICT DO NOTHING"),
+        )  # fmt: skip
+        self._bucket_millis = bucket_millis(settings.tags.bucket_size)
+        self._tag_store: PostgresTagStore | None = None
         # Slice queries (SliceQueryBackend): composed, delegated below.
         self.slices = PostgresSliceReader(lambda: self.pool, self.dsn, settings, row_to_event)
         self.read_slice_page = self.slices.read_slice_page
@@ -92,6 +106,20 @@ class PostgresBackend:
                 f"no event_journal table in schema {self.settings.schema!r}: run `journal migrate` "
                 "(or `alembic upgrade head`) against this database first"
             )
+        await self.tag_store().ensure_bucket_size(self.settings.tags.bucket_size)
+
+    def tag_store(self) -> PostgresTagStore:
+        """The tag view store (events by tag and the tag writer run over it)."""
+        if self._tag_store is None:
+            self._tag_store = PostgresTagStore(self)
+        return self._tag_store
+
+    def _statement(self, batch: Sequence[WriteRequest], *, probe: bool) -> tuple[str, tuple[Any, ...]]:
+        """The untagged statement (fast path, unchanged) or the one that also writes tag rows."""
+        params = self._params(batch)
+        if any(r.tags for r in batch):
+            return (self._insert_tagged_probe if probe else self._insert_tagged), (*params, self._bucket_millis)
+        return (self._insert_probe if probe else self._insert), params
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -192,7 +220,7 @@ class PostgresBackend:
         A failure before the statement was sent is retried; a failure after it was sent is
         resolved by :meth:`_resolve_unknown` (the rows are there, or they are not).
         """
-        params = self._params(batch)
+        stmt, params = self._statement(batch, probe=False)
         for attempt, delay in enumerate([*backoff_delays(self.settings.retry), None]):
             try:
                 conn = await self.pool.acquire()
@@ -204,7 +232,7 @@ class PostgresBackend:
                 await asyncio.sleep(delay)
                 continue
             try:
-                return _by_pid(await conn.fetch(self._insert, *params))
+                return _by_pid(await conn.fetch(stmt, *params))
             except Exception as e:
                 if not is_transient(e):
                     raise
@@ -222,7 +250,8 @@ class PostgresBackend:
                 tr = conn.transaction()
                 await tr.start()
                 try:
-                    return _by_pid(await conn.fetch(self._insert_probe, *self._params(batch)))
+                    stmt, params = self._statement(batch, probe=True)
+                    return _by_pid(await conn.fetch(stmt, *params))
                 finally:
                     await tr.rollback()
 
