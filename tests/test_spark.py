@@ -392,3 +392,45 @@ async def test_interrupted_backfill_leaves_offsets_and_read_model(
         )
         == before_offsets
     )
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def test_cli_export_backfill_and_unknown_entity_type(
+    dsn: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from conftest import truncate_all
+    from typer.testing import CliRunner
+
+    from journal import open_journal
+    from projections.cli import app
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # for examples.spark_totals
+
+    async def seed() -> None:
+        await truncate_all(dsn)
+        async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as j:
+            for i in range(8):
+                await j.persist(f"acct|c{i}", [{"amount": i}, {"amount": 1}])
+
+    asyncio.run(seed())
+    runner = CliRunner()
+    common = ["--dsn", dsn, "--master", "local[2]", "--partitions", "4"]
+    r = runner.invoke(app, ["spark-export", "--entity-type", "nope", "--out", str(tmp_path / "x"), *common])
+    assert r.exit_code != 0 and "unknown entity type 'nope'" in str(r.exception) and "acct (16)" in str(r.exception)
+
+    r = runner.invoke(app, ["spark-export", "--entity-type", "acct", "--out", str(tmp_path / "e"), *common])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert "exported 16 events of acct in 4 partitions" in r.output
+    assert all(p.name.startswith("slice_range=") for p in (tmp_path / "e").iterdir() if p.is_dir())
+
+    r = runner.invoke(
+        app, ["spark-backfill", "totals", "--entity-type", "acct", "--job", "examples.spark_totals:job", *common]
+    )
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert "16 events read in 4 partitions, 8 rows written to totals" in r.output
+    rows = asyncio.run(_table(dsn, "SELECT sum(total), sum(n) FROM totals"))
+    assert rows == [(sum(range(8)) + 8, 16)]

@@ -5,6 +5,7 @@ Importing this package does not import pyspark; the functions do, when called.
 
 from journal.errors import SparkSetupError
 
+from .backfill import BackfillResult, ProjectionBusy, ReadModel, backfill
 from .decode import decode_events, infer_schema, merge_schemas
 from .environment import JdbcDriver, find_java, find_jdbc_driver, spark_session
 from .export import export_parquet
@@ -14,10 +15,14 @@ from .writer import WriteResult, drop_staging_tables, write_read_model
 
 __all__ = [
     "JOURNAL_COLUMNS",
+    "BackfillResult",
     "JdbcDriver",
     "JdbcSource",
+    "ProjectionBusy",
+    "ReadModel",
     "SparkSetupError",
     "WriteResult",
+    "backfill",
     "decode_events",
     "drop_staging_tables",
     "export_parquet",

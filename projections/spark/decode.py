@@ -95,6 +95,8 @@ def decode_events(
         metadata_schema = infer_schema(df, "meta_payload", sample=sample, ser_id_column="meta_ser_id")
 
     def parsed(payload: str, ser_id: str, struct: Any) -> Any:
+        if not struct.fields:  # nothing to decode (no JSON payloads): a null column, not struct<>
+            return F.lit(None).cast("string")
         return F.when(
             F.col(ser_id) == JSON_SERIALIZER_ID,
             F.from_json(F.col(payload).cast("string"), struct, {"mode": "PERMISSIVE"}),
