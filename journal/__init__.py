@@ -26,6 +26,7 @@ from .errors import (
     SequenceConflict,
     SerializationError,
     SparkSetupError,
+    StorageError,
     TagEventsMissing,
     UnsupportedOperation,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "SerializerRegistry",
     "Snapshot",
     "SparkSetupError",
+    "StorageError",
     "TagEventsMissing",
     "TimeUUIDOffset",
     "TimestampOffset",

@@ -60,6 +60,10 @@ class JournalUnavailable(JournalError):
         super().__init__(message)
 
 
+class StorageError(JournalError):
+    """The database rejected an operation for a reason other than a conflict or an outage."""
+
+
 class UnsupportedOperation(JournalError):
     """The backend cannot serve this operation (for example slice queries on Cassandra)."""
 
@@ -167,6 +171,7 @@ __all__ = [
     "SequenceConflict",
     "SerializationError",
     "SparkSetupError",
+    "StorageError",
     "TagEventsMissing",
     "UnsupportedOperation",
 ]

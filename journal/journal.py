@@ -14,7 +14,7 @@ from typing import Any
 
 from .backend import Backend, SliceQueryBackend, SnapshotRow, StoredEvent, WriteRequest
 from .envelope import EventEnvelope
-from .errors import ConfigurationError, InvalidArgument, UnsupportedOperation
+from .errors import ConfigurationError, InvalidArgument, SerializationError, UnsupportedOperation
 from .group_commit import GroupCommit
 from .ids import (
     entity_type_of,
@@ -136,6 +136,9 @@ class Journal:
         ser = self.serializers
         serialized = tuple(ser.serialize(e, what=f"event {i} of {pid!r}") for i, e in enumerate(events))
         meta = ser.serialize(metadata, what="metadata") if metadata is not None else None
+        for s in (*serialized, *((meta,) if meta else ())):
+            if len(s.manifest) > 255:
+                raise SerializationError(f"serializer manifest longer than 255 characters: {s.manifest[:40]!r}...")
         return WriteRequest(
             persistence_id=pid,
             entity_type=entity_type_of(pid),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -13,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
-from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
+from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import Serialized
 from ..settings import JournalSettings
 from ..tags.buckets import bucket_millis
@@ -61,6 +62,7 @@ class PostgresBackend:
         self.sql = Statements(settings.schema)
         self.writer_id = settings.write.writer_id or str(uuid.uuid4())
         self._pool: asyncpg.Pool | None = None
+        self._write_pool: asyncpg.Pool | None = None
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
         self.tag_sql = TagStatements(settings.schema)
@@ -99,6 +101,15 @@ class PostgresBackend:
             )
 
         self._pool = await with_retries("connect", self.settings.retry, connect)
+        n = self.settings.write.max_in_flight
+
+        async def connect_writers() -> asyncpg.Pool:
+            # Group-commit connections hold no session state, so release skips the reset round trip.
+            return await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=n, timeout=c.connect_timeout, reset=_no_reset
+            )
+
+        self._write_pool = await with_retries("connect", self.settings.retry, connect_writers)
         table = await self._pool.fetchval("SELECT to_regclass($1)", f'"{self.settings.schema}".event_journal')
         if table is None:
             await self.close()
@@ -122,6 +133,9 @@ class PostgresBackend:
         return (self._insert_probe if probe else self._insert), params
 
     async def close(self) -> None:
+        if self._write_pool is not None:
+            await self._write_pool.close()
+            self._write_pool = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -131,6 +145,12 @@ class PostgresBackend:
         if self._pool is None:
             raise JournalUnavailable("the journal is not open")
         return self._pool
+
+    @property
+    def write_pool(self) -> asyncpg.Pool:
+        if self._write_pool is None:
+            raise JournalUnavailable("the journal is not open")
+        return self._write_pool
 
     async def _fetch(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
         async def op() -> list[asyncpg.Record]:
@@ -195,7 +215,13 @@ class PostgresBackend:
             batch = [requests[i] for i in pending]
             try:
                 written = await self._insert_batch(batch)
-            except asyncpg.exceptions.UniqueViolationError:
+            except asyncpg.exceptions.PostgresError as e:
+                if not isinstance(e, asyncpg.exceptions.UniqueViolationError):
+                    # Some call poisons the statement: write each call alone so only it fails.
+                    for i, res in zip(pending, await self._write_each(batch, e), strict=True):
+                        results[i] = res
+                    pending = []
+                    continue
                 probed = await self._probe_batch(batch)
                 failed = {i for i in pending if not _complete(requests[i], probed)}
                 for i in failed:
@@ -214,6 +240,26 @@ class PostgresBackend:
             results[i] = _conflict(requests[i], "kept conflicting")
         return [results[i] for i in range(len(requests))]
 
+    async def _release(self, conn: asyncpg.pool.PoolConnectionProxy, *, broken: bool = False) -> None:
+        """Give a connection back; one in an unknown state is closed, never handed out again."""
+        if broken:
+            with contextlib.suppress(Exception):
+                conn.terminate()
+        try:
+            await self.write_pool.release(conn)
+        except Exception as e:
+            log.debug("dropping a connection that failed on release: %s", e)
+            with contextlib.suppress(Exception):
+                conn.terminate()
+
+    async def _write_each(self, batch: Sequence[WriteRequest], cause: Exception) -> list[WriteResult | Exception]:
+        if len(batch) == 1:
+            return [StorageError(f"write of {batch[0].persistence_id!r} failed: {cause}")]
+        out: list[WriteResult | Exception] = []
+        for r in batch:
+            out.extend(await self.write_batch([r]))
+        return out
+
     async def _insert_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
         """The atomic autocommit insert, with the database's outcome made known.
 
@@ -223,7 +269,7 @@ class PostgresBackend:
         stmt, params = self._statement(batch, probe=False)
         for attempt, delay in enumerate([*backoff_delays(self.settings.retry), None]):
             try:
-                conn = await self.pool.acquire()
+                conn = await self.write_pool.acquire()
             except Exception as e:
                 if not is_transient(e):
                     raise
@@ -232,14 +278,16 @@ class PostgresBackend:
                 await asyncio.sleep(delay)
                 continue
             try:
-                return _by_pid(await conn.fetch(stmt, *params))
+                rows = await conn.fetch(stmt, *params)
             except Exception as e:
                 if not is_transient(e):
+                    await self._release(conn)
                     raise
+                await self._release(conn, broken=True)
                 log.warning("write interrupted (%s), resolving its outcome (attempt %d)", e, attempt + 1)
                 return await self._resolve_unknown(batch)
-            finally:
-                await self.pool.release(conn)
+            await self._release(conn)  # the write is done, whatever happens to the connection now
+            return _by_pid(rows)
         raise AssertionError("unreachable")
 
     async def _probe_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
@@ -385,6 +433,10 @@ class PostgresBackend:
             except asyncpg.exceptions.UndefinedTableError:
                 rev = None
         return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
+
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """Write connections never change session state; an open transaction is rolled back by asyncpg."""
 
 
 _Written = tuple[int, int, datetime]
