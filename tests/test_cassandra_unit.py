@@ -35,7 +35,9 @@ REFERENCE_COLUMNS = {
     "tag_views": "tag_name text, persistence_id text, sequence_nr bigint, timebucket bigint, timestamp timeuuid, "
     "tag_pid_sequence_nr bigint, writer_uuid text, ser_id int, ser_manifest text, event_manifest text, event blob, "
     "meta_ser_id int, meta_ser_manifest text, meta blob",
-    "tag_write_progress": "persistence_id text, tag text, sequence_nr bigint, tag_pid_sequence_nr bigint, offset timeuuid",
+    "tag_write_progress": (
+        "persistence_id text, tag text, sequence_nr bigint, tag_pid_sequence_nr bigint, offset timeuuid"
+    ),
     "metadata": "persistence_id text PRIMARY KEY, deleted_to bigint, properties map<text, text>",
     "all_persistence_ids": "persistence_id text PRIMARY KEY",
 }
