@@ -98,3 +98,15 @@ def test_cli_prints_the_schema() -> None:
     out = CliRunner().invoke(app, ["cassandra-schema", "--keyspace", "demo"])
     assert out.exit_code == 0, out.output
     assert "CREATE TABLE IF NOT EXISTS demo.tag_views" in out.output
+
+
+def test_timeuuid_bounds_are_cassandras_minimum() -> None:
+    """Cassandra compares clock-sequence and node bytes signed: 0x80.. is the least, as the driver's
+    min_uuid_from_time makes it; a bound with 0x00 bytes would cut rows at the bucket's first tick."""
+    util = pytest.importorskip("cassandra.util")
+    from journal.cassandra.tag_store import lower_bound, upper_bound
+    from journal.tags.timeuuid import GREGORIAN_OFFSET
+
+    ms = 1_700_000_000_000
+    assert lower_bound(ms) == util.min_uuid_from_time(ms / 1000)
+    assert upper_bound(ms * 10_000 + GREGORIAN_OFFSET) == util.min_uuid_from_time(ms / 1000)
