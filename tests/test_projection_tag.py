@@ -146,3 +146,27 @@ def test_cli_requires_exactly_one_source() -> None:
     assert r.exit_code == 2 and "exactly one of --entity-type and --tag" in r.output
     r = CliRunner().invoke(app, ["run", "p", "--handler", "x:y", "--tag", "a", "--entity-type", "E"])
     assert r.exit_code == 2
+
+
+async def test_two_workers_share_one_tag_lease_exactly_once_across_handover(tj: Journal, dsn: str) -> None:
+    ws = [TagWorker(tj, tj.settings, "shared", "blue", grouped, "grouped") for _ in range(2)]
+    tasks = [asyncio.create_task(w.run()) for w in ws]
+    conn = await asyncpg.connect(dsn)
+    try:
+        n = await write(tj, range(4))
+
+        async def done() -> bool:
+            for t in tasks:
+                if t.done():
+                    t.result()
+            return bool(await conn.fetchval("SELECT count(*) FROM tag_proj_out") >= n)
+
+        await wait_until(done, 20, f"{n} projected events")
+    finally:
+        await conn.close()
+        for w in ws:
+            w.stop()
+        await asyncio.gather(*tasks)
+    # one lease: at any time one worker processes the tag (a rebalance may hand it over once)
+    assert sum(w.stats.events for w in ws) == n
+    assert len(await outputs(dsn)) == n
