@@ -20,8 +20,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from journal import Entity, EntityRegistry, JournalSettings, open_journal
+from journal import Entity, EntityRegistry, EventEnvelope, Journal, JournalSettings, open_journal
+from journal.entities import Processor, WriterHandler
 from journal.postgres.migrations import upgrade
+from projections import Worker
 
 
 class Acc(Entity[int]):
@@ -76,12 +78,36 @@ async def bench(dsn: str, entities: int, per: int) -> None:
                 )  # fmt: skip
                 sample = await reg.ask(cls, ids[0], 0)
                 assert sample == per, sample
+        processed = await processor_rate(j, settings, total)
     on, off = results[None], results[False]
     print()
     print(f"journal group-commit write rate (ceiling): {ceiling:>9,.0f} writes/s")
     print(f"entities stateSync=True : {on:>9,.0f} commands/s  ratio {on / ceiling:.2f}")
     print(f"entities stateSync=False: {off:>9,.0f} commands/s  ratio {off / ceiling:.2f}")
+    print(f"processor (1 output/event, runner)  : {processed:>9,.0f} source events/s  ratio {processed / ceiling:.2f}")
     print(f"load average: {os.getloadavg()}")
+
+
+async def processor_rate(j: Journal, settings: JournalSettings, total: int) -> float:
+    """A Processor on the projection runner copying the stateSync=True entities' events."""
+
+    def copy(env: EventEnvelope) -> list[Any]:
+        return [env.event]
+
+    p = Processor(j, "bench-copy", "benchout", copy, batch_size=1000)
+    worker = Worker(j, settings, "bench-copy", "bench", WriterHandler(p), "grouped")
+    t0 = time.perf_counter()
+    task = asyncio.create_task(worker.run())
+    while p.written < total:
+        if task.done():
+            await task
+            raise RuntimeError("processor stopped early")
+        await asyncio.sleep(0.05)
+    dt = time.perf_counter() - t0
+    worker.stop()
+    await task
+    print(f"{'Processor on the runner: source events':<44} {total:>7} in {dt:6.2f}s = {total / dt:>9,.0f}/s")
+    return total / dt
 
 
 def with_db(dsn: str, db: str) -> str:

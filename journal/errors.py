@@ -16,6 +16,11 @@ class ConfigurationError(JournalError, ValueError):
     """A setting, DSN or identifier from configuration is invalid."""
 
 
+class SparkSetupError(ConfigurationError):
+    """Spark cannot run here: Java, the PostgreSQL JDBC driver or a TCP route to the database
+    is missing. The message says what to install or configure."""
+
+
 class InvalidArgument(JournalError, ValueError):
     """Bad input to a public call, raised before any I/O."""
 
@@ -165,6 +170,7 @@ __all__ = [
     "RecoveryFailed",
     "SequenceConflict",
     "SerializationError",
+    "SparkSetupError",
     "StorageError",
     "TagEventsMissing",
     "UnsupportedOperation",

@@ -134,6 +134,28 @@ class TagSettings:
 
 
 @dataclass(frozen=True)
+class SparkSettings:
+    """Spark pipelines (``projections.spark``): where Spark runs and how it talks JDBC."""
+
+    master: str = "local[*]"
+    """Spark master URL; ``local[*]`` runs in this process with one thread per core."""
+    jdbc_jar: str | None = None
+    """Path of the PostgreSQL JDBC driver jar; None: look in well-known system locations."""
+    jdbc_package: str = "org.postgresql:postgresql:42.7.4"
+    """Maven coordinates Spark resolves when no jar is found (needs access to Maven Central)."""
+    partitions: int = 8
+    """Spark partitions of a journal read, one slice range each (must divide 1024)."""
+    fetch_size: int = 10_000
+    """JDBC rows per round trip when reading."""
+    batch_size: int = 10_000
+    """JDBC rows per batched INSERT when writing a read model."""
+    driver_memory: str = "1g"
+    """``spark.driver.memory`` of a session this library starts."""
+    shuffle_partitions: int = 8
+    """``spark.sql.shuffle.partitions`` of a session this library starts (small data, small machine)."""
+
+
+@dataclass(frozen=True)
 class ProjectionSettings:
     """Projection workers (offset store, batching, retries, slice leases)."""
 
@@ -201,6 +223,7 @@ class JournalSettings:
     write: WriteSettings = field(default_factory=WriteSettings)
     query: QuerySettings = field(default_factory=QuerySettings)
     retry: RetrySettings = field(default_factory=RetrySettings)
+    spark: SparkSettings = field(default_factory=SparkSettings)
     tags: TagSettings = field(default_factory=TagSettings)
     projection: ProjectionSettings = field(default_factory=ProjectionSettings)
     entities: EntitySettings = field(default_factory=EntitySettings)
@@ -218,6 +241,11 @@ class JournalSettings:
         _non_negative(
             self.query, "behind_current_time", "backtracking_window", "backtracking_behind_current_time"
         )
+        _positive(self.spark, "partitions", "fetch_size", "batch_size", "shuffle_partitions")
+        if 1024 % self.spark.partitions:
+            raise ConfigurationError(
+                f"spark partitions must divide 1024, got {self.spark.partitions}"
+            )
         p = self.projection
         _positive(
             p, "offset_time_window", "offset_delete_after", "offset_prune_interval",
@@ -291,6 +319,7 @@ _GROUPS: dict[str, type] = {
     "write": WriteSettings,
     "query": QuerySettings,
     "retry": RetrySettings,
+    "spark": SparkSettings,
     "tags": TagSettings,
     "projection": ProjectionSettings,
     "entities": EntitySettings,

@@ -1,84 +1,103 @@
-"""Processor: consume a source entity type, write 0..n events per source event to a target pid.
+"""Processor: a :class:`Writer` whose database is a target journal (Eventuate's processor).
 
-Built on the by-persistence-id queries (the projection runner and slice queries were not on main
-when this was written). Exactly-once output: the processor's progress (source pid -> last
-processed seq_nr) is stored in the *metadata of the same persist call* as its output, with
-``expected_seq_nr``, so output and progress commit together or not at all; a crash between
-reading and writing re-reads the same source events and writes their output once. ``process``
-must be deterministic (an event it maps to no output is simply re-evaluated after a crash).
+It consumes a source entity type through the projection runner (slice leases, offsets) and
+writes the 0..n events ``process(envelope)`` returns for each source event. Output of source pid
+``<type>|<id>`` goes to target pid ``<target_type>|<id>``, in source order. Idempotency without a
+shared transaction (the journal writes through its own group-commit connections): every output
+row carries ``{"processor": id, "source_seq_nr": n}`` in its metadata, written in the same atomic
+``persist`` call, with ``expected_seq_nr`` = the target pid's highest as last read. So the
+progress is stored in the target journal, atomically with the output; ``read`` recovers it from
+the last target row; a re-delivered source event at or below it is dropped; a write racing
+another writer of the same target pid fails with ``SequenceConflict`` (nothing written) and the
+batch is retried after re-reading. ``process`` must be deterministic: a source event mapped to no
+output leaves no trace and is simply evaluated again after a crash.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..envelope import EventEnvelope
-from ..ids import persistence_id_of, slice_for
+from ..ids import persistence_id_of, validate_entity_type
 from ..journal import Journal
+from .writer import Writer
 
-PROGRESS_KEY = "processor_progress"
+PROGRESS_KEY = "source_seq_nr"
 
 
-class Processor:
-    """``await Processor(...).run_once()`` processes everything stored now; call it in a loop to follow."""
+def entity_id(persistence_id: str) -> str:
+    """The part of a pid after its entity type (the whole pid when it has none)."""
+    _, sep, rest = persistence_id.partition("|")
+    return rest if sep else persistence_id
+
+
+class Processor(Writer):
+    """Run it as ``Worker(source, settings, processor_id, entity_type, WriterHandler(p), "grouped")``."""
 
     def __init__(
         self,
-        source: Journal,
         target: Journal,
         processor_id: str,
-        entity_type: str,
+        target_entity_type: str,
         process: Callable[[EventEnvelope], Sequence[Any]],
         *,
-        slice_range: tuple[int, int] = (0, 1023),
         batch_size: int = 100,
     ) -> None:
-        self.source, self.target = source, target
-        self.target_pid = persistence_id_of("processor", processor_id)
-        self.entity_type = entity_type
+        self.target = target
+        self.processor_id = processor_id
+        self.target_entity_type = validate_entity_type(target_entity_type)
         self.process = process
-        self.slice_range = slice_range
         self.batch_size = batch_size
-        self.progress: dict[str, int] = {}
-        self._target_seq: int | None = None
-        self._outputs: list[Any] = []
-        self.before_write: Callable[[], None] = lambda: None  # test hook (crash injection)
+        self.written = 0
+        """Output events written by this instance."""
+        self._target_seq: dict[str, int] = {}
+        self.before_write: Callable[[], None] = lambda: None  # test hooks (crash injection)
+        self.after_write: Callable[[], None] = lambda: None
 
-    async def load_progress(self) -> dict[str, int]:
-        """The progress stored with the processor's last write (empty when it never wrote)."""
-        highest = await self.target.highest_seq_nr(self.target_pid)
-        self._target_seq = highest
-        self.progress = {}
-        if highest:
-            async for env in self.target.current_events_by_persistence_id(self.target_pid, highest, highest):
-                meta = env.metadata if isinstance(env.metadata, dict) else {}
-                self.progress = {k: int(v) for k, v in meta.get(PROGRESS_KEY, {}).items()}
-        return dict(self.progress)
+    def target_pid(self, source_pid: str) -> str:
+        return persistence_id_of(self.target_entity_type, entity_id(source_pid))
 
-    async def run_once(self) -> int:
-        """Process all source events stored now; return how many output events were written."""
-        if self._target_seq is None:
-            await self.load_progress()
-        written = 0
-        lo, hi = self.slice_range
-        async for pid in self.source.current_persistence_ids(self.entity_type):
-            if not lo <= slice_for(pid) <= hi:
-                continue
-            async for env in self.source.current_events_by_persistence_id(pid, self.progress.get(pid, 0) + 1):
-                self._outputs.extend(self.process(env))
-                self.progress[pid] = env.seq_nr
-                if len(self._outputs) >= self.batch_size:
-                    written += await self._flush()
-        return written + await self._flush()
-
-    async def _flush(self) -> int:
-        if not self._outputs:
+    async def _read_one(self, source_pid: str) -> int:
+        tpid = self.target_pid(source_pid)
+        highest = await self.target.highest_seq_nr(tpid)
+        self._target_seq[source_pid] = highest
+        if not highest:
             return 0
-        outs, self._outputs = self._outputs, []
+        env = await self.target.load_envelope(tpid, highest)
+        meta = env.metadata if env is not None and isinstance(env.metadata, dict) else {}
+        return int(meta.get(PROGRESS_KEY, 0))
+
+    async def read(self, persistence_ids: Sequence[str]) -> Mapping[str, int]:
+        done = await asyncio.gather(*(self._read_one(p) for p in persistence_ids))
+        return dict(zip(persistence_ids, done, strict=True))
+
+    async def write(self, events: Sequence[EventEnvelope], progress: Mapping[str, int]) -> None:
+        outputs: dict[str, list[Any]] = {}
+        for env in events:
+            outputs.setdefault(env.persistence_id, []).extend(self.process(env))
+        todo = {pid: outs for pid, outs in outputs.items() if outs}
+        if not todo:
+            return
         self.before_write()
-        envs = await self.target.persist(
-            self.target_pid, outs, expected_seq_nr=self._target_seq, metadata={PROGRESS_KEY: dict(self.progress)}
+        results = await asyncio.gather(
+            *(self._persist(pid, outs, progress[pid]) for pid, outs in todo.items()), return_exceptions=True
         )
-        self._target_seq = envs[-1].seq_nr
-        return len(envs)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        self.after_write()
+
+    async def _persist(self, source_pid: str, outs: list[Any], source_seq_nr: int) -> None:
+        meta = {"processor": self.processor_id, PROGRESS_KEY: source_seq_nr}
+        expected = self._target_seq.get(source_pid)
+        if expected is None:
+            raise RuntimeError(f"processor {self.processor_id!r}: write for {source_pid!r} before read()")
+        try:
+            envs = await self.target.persist(self.target_pid(source_pid), outs, expected_seq_nr=expected, metadata=meta)
+        except BaseException:
+            self._target_seq.pop(source_pid, None)
+            raise
+        self._target_seq[source_pid] = envs[-1].seq_nr
+        self.written += len(envs)
