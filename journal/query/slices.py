@@ -46,9 +46,17 @@ class SliceQueries:
         self.serializers = serializers
         self.horizon = Horizon(backend)
         self.hub = NotificationHub(backend)
+        self.closed = False
 
     async def close(self) -> None:
+        """Stop the listener; live queries still running end with JournalUnavailable."""
+        self.closed = True
+        self.hub.wake_all()
         await self.hub.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise JournalUnavailable("the journal was closed")
 
     async def bound(self, mode: QueryMode, fresh_after: float | None = None) -> datetime:
         """A safe upper bound (exclusive) for a data query run after this call returns."""
@@ -162,6 +170,7 @@ class SliceQueries:
         failures = 0
         try:
             while True:
+                self._check_open()
                 sub.wake.clear()
                 try:
                     bound = await self.bound(mode, fresh_after=loop.time())
@@ -266,6 +275,7 @@ class SliceQueries:
         page = self.q.buffer_size
         try:
             while True:
+                self._check_open()
                 sub.wake.clear()
                 try:
                     rows: list[StoredEvent] = await read_events(pid, nxt, MAX_SEQ_NR, page)
