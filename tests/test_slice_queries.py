@@ -12,9 +12,9 @@ from slice_helpers import Consumer, LateWriter, collect, request, wait_for
 
 from journal import (
     InvalidArgument,
-    JournalUnavailable,
     Journal,
     JournalSettings,
+    JournalUnavailable,
     NoOffset,
     OffsetError,
     Sequence,
