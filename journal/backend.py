@@ -7,7 +7,7 @@ validation and (de)serialization above it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -111,3 +111,72 @@ class Backend(Protocol):
     async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None: ...
 
     async def delete_snapshot(self, persistence_id: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WriterInProgress:
+    """A transaction holding the write lock on event_journal when the horizon was read.
+
+    ``xact_start`` is None when the reader cannot see it (another role without
+    pg_read_all_stats) or for a prepared transaction.
+    """
+
+    vxid: str
+    pid: int | None
+    xact_start: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class HorizonReading:
+    """The database clock, read first, then the writers in progress after it."""
+
+    now: datetime
+    writers: tuple[WriterInProgress, ...] = ()
+    prepared: int = 0
+
+
+class Listening(Protocol):
+    """A running notification listener; ``close`` stops it."""
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class SliceQueryBackend(Protocol):
+    """Storage operations of the slice queries (PostgreSQL; not Cassandra, which has tags)."""
+
+    async def read_slice_page(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        from_timestamp: datetime,
+        seen: Mapping[str, int],
+        to_timestamp: datetime,
+        limit: int,
+        *,
+        with_payload: bool = True,
+    ) -> list[StoredEvent]:
+        """Events of the range in ``[from, to)`` ordered by (db_timestamp, seq_nr, pid), at most
+        ``limit``, skipping those at exactly ``from`` that ``seen`` covers."""
+        ...
+
+    async def next_slice_timestamp(
+        self, entity_type: str, min_slice: int, max_slice: int, from_timestamp: datetime, to_timestamp: datetime
+    ) -> datetime | None:
+        """The smallest db_timestamp of the range in ``[from, to)``, or None."""
+        ...
+
+    async def horizon_reading(self) -> HorizonReading: ...
+
+    async def db_now(self) -> datetime: ...
+
+    async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None: ...
+
+    async def load_event(self, persistence_id: str, seq_nr: int) -> StoredEvent | None: ...
+
+    async def listen(self, on_notify: Callable[[str], None], on_reconnect: Callable[[], None]) -> Listening:
+        """Start one listener connection for journal notifications (payload
+        ``"<slice // 64>:<entity_type>"``); reconnects with backoff and calls ``on_reconnect``
+        after each (re)connection, since notifications sent meanwhile are lost."""
+        ...

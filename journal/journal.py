@@ -11,9 +11,9 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from .backend import Backend, SnapshotRow, StoredEvent, WriteRequest
+from .backend import Backend, SliceQueryBackend, SnapshotRow, StoredEvent, WriteRequest
 from .envelope import EventEnvelope
-from .errors import ConfigurationError, InvalidArgument
+from .errors import ConfigurationError, InvalidArgument, UnsupportedOperation
 from .group_commit import GroupCommit
 from .ids import (
     entity_type_of,
@@ -23,9 +23,12 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
+from .offsets import NoOffset, TimestampOffset
 from .offsets import Sequence as SeqOffset
+from .query.slices import SliceQueries
+from .query.validation import check_slice_query
 from .serialization import Serialized, SerializerRegistry
-from .settings import JournalSettings
+from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
 
 log = logging.getLogger("journal")
@@ -53,12 +56,15 @@ class Journal:
             max_in_flight=w.max_in_flight,
             max_batch_wait=w.max_batch_wait,
         )
+        self._slices: SliceQueries | None = None
 
     @property
     def writer_id(self) -> str:
         return self.backend.writer_id
 
     async def close(self) -> None:
+        if self._slices is not None:
+            await self._slices.close()
         await self._group_commit.close()
         await self.backend.close()
 
@@ -207,6 +213,95 @@ class Journal:
             writer=r.writer,
             has_payload=r.payload is not None,
         )
+
+    # -- slice queries (logic in journal.query) ------------------------------------------------
+
+    def _slice_queries(self, what: str) -> SliceQueries:
+        if self._slices is None:
+            if not isinstance(self.backend, SliceQueryBackend):
+                raise UnsupportedOperation(
+                    f"{what} is not supported on this backend: use events_by_tag"
+                )
+            self._slices = SliceQueries(self.backend, self.settings, self.serializers)
+        return self._slices
+
+    def current_events_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+    ) -> AsyncIterator[EventEnvelope]:
+        """Events of ``entity_type`` in slices ``[min_slice, max_slice]`` committed when the query
+        started, ordered by (db_timestamp, seq_nr), paged by ``buffer_size``; ends when caught up.
+
+        ``offset``: resume after a delivered envelope's ``TimestampOffset`` (events at its exact
+        timestamp listed in ``seen`` are skipped). Each envelope's ``offset`` is where to resume.
+        ``mode``: "horizon" (default) or "backtracking" (see README, "Slice queries").
+
+        Raises (at call time, before any I/O): InvalidArgument for a bad entity type, slice range
+        or mode; OffsetError for an offset of another kind; UnsupportedOperation on backends
+        without slice queries.
+        """
+        start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self.settings.query.mode)
+        return self._slice_queries("current_events_by_slices").current(entity_type, min_slice, max_slice, start, m)
+
+    def events_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+        heartbeats: bool = False,
+    ) -> AsyncIterator[EventEnvelope]:
+        """The live version of :meth:`current_events_by_slices`: never ends.
+
+        Woken at once by the write path's notifications, polling as the safety net. With
+        ``heartbeats=True``, a quiet range yields envelopes with ``source="heartbeat"``,
+        ``persistence_id=""``, ``seq_nr=0``, ``event=None`` and ``offset=TimestampOffset(T)``:
+        every event of the range below T has been delivered. Survives connection loss (resumes
+        from the last delivered offset). Raises like :meth:`current_events_by_slices`.
+        """
+        start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self.settings.query.mode)
+        return self._slice_queries("events_by_slices").live(
+            entity_type, min_slice, max_slice, start, m, heartbeats
+        )
+
+    async def horizon(self, entity_type: str | None = None) -> datetime:
+        """A database timestamp below which no uncommitted event can still land (any entity
+        type: ``entity_type`` is accepted for symmetry and validated). Every event with a
+        db_timestamp below it is committed and visible to any query started afterwards."""
+        if entity_type is not None:
+            validate_entity_type(entity_type)
+        return await self._slice_queries("horizon").horizon.bound()
+
+    def events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1) -> AsyncIterator[EventEnvelope]:
+        """Live events of one pid from ``from_seq_nr`` on (offset: ``Sequence(seq_nr)``); never ends."""
+        validate_persistence_id(persistence_id)
+        validate_seq_nr("from_seq_nr", from_seq_nr, minimum=1)
+        return self._slice_queries("events_by_persistence_id").events_by_persistence_id(
+            self.backend.read_events, persistence_id, from_seq_nr
+        )
+
+    async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        """The db_timestamp of one event, or None when it is not stored."""
+        validate_persistence_id(persistence_id)
+        validate_seq_nr("seq_nr", seq_nr, minimum=1)
+        return await self._slice_queries("timestamp_of").backend.timestamp_of(persistence_id, seq_nr)
+
+    async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | None:
+        """One event with its payload (offset: its own TimestampOffset), or None."""
+        validate_persistence_id(persistence_id)
+        validate_seq_nr("seq_nr", seq_nr, minimum=1)
+        sq = self._slice_queries("load_envelope")
+        r = await sq.backend.load_event(persistence_id, seq_nr)
+        if r is None:
+            return None
+        return sq.envelope(r, TimestampOffset(r.db_timestamp, {r.persistence_id: r.seq_nr}))
 
     # -- snapshots ---------------------------------------------------------------------------
 

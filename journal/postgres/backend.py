@@ -18,6 +18,7 @@ from ..serialization import Serialized
 from ..settings import JournalSettings
 from .dsn import asyncpg_dsn
 from .errors import backoff_delays, is_transient, with_retries
+from .slice_reader import PostgresSliceReader
 from .statements import Statements
 
 log = logging.getLogger("journal.postgres")
@@ -59,6 +60,15 @@ class PostgresBackend:
         self._pool: asyncpg.Pool | None = None
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
+        # Slice queries (SliceQueryBackend): composed, delegated below.
+        self.slices = PostgresSliceReader(lambda: self.pool, self.dsn, settings, row_to_event)
+        self.read_slice_page = self.slices.read_slice_page
+        self.next_slice_timestamp = self.slices.next_slice_timestamp
+        self.horizon_reading = self.slices.horizon_reading
+        self.db_now = self.slices.db_now
+        self.timestamp_of = self.slices.timestamp_of
+        self.load_event = self.slices.load_event
+        self.listen = self.slices.listen
 
     # -- lifecycle ---------------------------------------------------------------------------
 

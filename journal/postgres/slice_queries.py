@@ -1,0 +1,109 @@
+"""SQL of the slice queries (events by slices, the horizon, the next-timestamp probe).
+
+Built once per schema, like :mod:`journal.postgres.statements`. Identifiers come from validated
+configuration; values are always parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..settings import validate_identifier
+
+_PAYLOAD_COLUMNS = (
+    "persistence_id, entity_type, slice, seq_nr, db_timestamp, event_ser_id, "
+    "event_ser_manifest, event_payload, writer, tags, meta_ser_id, meta_ser_manifest, "
+    "meta_payload, deleted"
+)
+_NO_PAYLOAD_COLUMNS = (
+    "persistence_id, entity_type, slice, seq_nr, db_timestamp, event_ser_id, "
+    "event_ser_manifest, NULL::bytea AS event_payload, writer, tags, meta_ser_id, "
+    "meta_ser_manifest, meta_payload, deleted"
+)
+
+
+@dataclass(frozen=True)
+class SliceStatements:
+    schema: str
+
+    def __post_init__(self) -> None:
+        validate_identifier(self.schema, "schema")
+
+    @property
+    def ej(self) -> str:
+        return f'"{self.schema}".event_journal'
+
+    @property
+    def table_name(self) -> str:
+        """The table name as a regclass literal (a parameter, resolved by the server)."""
+        return f'"{self.schema}".event_journal'
+
+    def page(self, *, with_payload: bool) -> str:
+        """One page of a slice range in ``[$4, $5)``, ordered by (db_timestamp, seq_nr, pid).
+
+        Rows at exactly ``$4`` already delivered (``$6``/``$7``: parallel arrays of pid and the
+        highest seq_nr seen at that timestamp) are skipped in SQL, so a page always progresses
+        even when more than a page of events share one timestamp. The time range is bounded on
+        both sides, so the scan of event_journal_slice_idx stays short far from the tail.
+        """
+        cols = _PAYLOAD_COLUMNS if with_payload else _NO_PAYLOAD_COLUMNS
+        return (
+            f"SELECT {cols} FROM {self.ej} "
+            "WHERE entity_type = $1 AND slice BETWEEN $2 AND $3 "
+            "AND db_timestamp >= $4 AND db_timestamp < $5 AND deleted = false "
+            "AND NOT (db_timestamp = $4 AND EXISTS (SELECT 1 FROM unnest($6::text[], $7::bigint[]) "
+            "AS s(pid, seq) WHERE s.pid = persistence_id AND s.seq >= seq_nr)) "
+            "ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $8"
+        )
+
+    @property
+    def next_timestamp(self) -> str:
+        """The smallest db_timestamp in ``[$4, $5)`` of the range: one index probe per slice.
+
+        Used to jump over empty stretches of time without scanning them.
+        """
+        return (
+            "SELECT min(t.db_timestamp) FROM generate_series($2::int, $3::int) AS s(slice) "
+            "CROSS JOIN LATERAL ("
+            f"SELECT e.db_timestamp FROM {self.ej} e WHERE e.slice = s.slice "
+            "AND e.entity_type = $1 AND e.db_timestamp >= $4 AND e.db_timestamp < $5 "
+            "AND e.deleted = false ORDER BY e.db_timestamp LIMIT 1) AS t"
+        )
+
+    @property
+    def horizon(self) -> str:
+        """The database clock, then the in-progress writers of event_journal.
+
+        The clock (``now``) is read first (a materialized CTE; the lateral join that reads
+        pg_locks depends on it, so it runs after). Writers are transactions holding a granted
+        RowExclusiveLock on event_journal in this database, other than this session; their
+        ``xact_start`` comes from pg_stat_activity (NULL when not visible to this role, or for
+        prepared transactions, whose locks have no pid). ``$1``: the table, as regclass text.
+        """
+        return (
+            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now) "
+            "SELECT c.now, w.vxid, w.pid, w.xact_start, "
+            "(SELECT count(*) FROM pg_prepared_xacts) AS prepared "
+            "FROM c LEFT JOIN LATERAL ("
+            "SELECT l.virtualtransaction AS vxid, l.pid, a.xact_start "
+            "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE c.now IS NOT NULL AND l.locktype = 'relation' "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND l.relation = $1::regclass AND l.mode = 'RowExclusiveLock' AND l.granted "
+            "AND l.pid IS DISTINCT FROM pg_backend_pid()) AS w ON true"
+        )
+
+    @property
+    def db_now(self) -> str:
+        return "SELECT clock_timestamp()"
+
+    @property
+    def timestamp_of(self) -> str:
+        return f"SELECT db_timestamp FROM {self.ej} WHERE persistence_id = $1 AND seq_nr = $2"
+
+    @property
+    def load_event(self) -> str:
+        return (
+            f"SELECT {_PAYLOAD_COLUMNS} FROM {self.ej} "
+            "WHERE persistence_id = $1 AND seq_nr = $2 AND deleted = false"
+        )

@@ -1,0 +1,1 @@
+"""Query algorithms over the backend seam: slice queries, the horizon, live notifications."""

@@ -1,0 +1,129 @@
+"""Backtracking mode (the reference's way): a payload-free re-read of a window behind the live
+position, for databases where a safe horizon cannot be derived (clock skew, foreign writers).
+
+The live query stays ``behind_current_time`` behind the database's now; backtracking re-reads
+``[live - backtracking_window, min(live, now - backtracking_behind_current_time))`` when the live
+query was idle 5 times in a row, after 3 x buffer_size live rows, or when the live position ran
+half a window ahead of the backtracking position (the reference's triggers). Each pid's highest
+delivered seq_nr (kept for the window) tells new events from ones already delivered, so the
+query itself delivers each event once; events found only by backtracking get their payload
+loaded before delivery. Limit: an event committed later than ``backtracking_behind_current_time``
+after its timestamp is missed; after a restart from a saved offset, backtracking re-reads the
+window behind it and may deliver events again (the projection's offset store drops them).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from ..backend import StoredEvent
+from ..envelope import EventEnvelope
+from ..offsets import EPOCH, TimestampOffset
+from ..settings import QuerySettings
+from .slice_query import PageRequest, SliceQueryState
+
+IDLE_TRIGGER = 5
+ROWS_TRIGGER_PAGES = 3
+
+
+class BacktrackingState:
+    def __init__(self, offset: TimestampOffset | None, q: QuerySettings) -> None:
+        self.q = q
+        self.window = timedelta(seconds=q.backtracking_window)
+        self.behind = timedelta(seconds=q.backtracking_behind_current_time)
+        self.pager: SliceQueryState | None = None
+        self.active = False
+        self.upper: datetime = EPOCH
+        self.idle = 0
+        self.live_rows = 0
+        self.delivered: dict[str, tuple[int, datetime]] = {}
+        if offset is not None:
+            for pid, seq in offset.seen.items():
+                self.delivered[pid] = (seq, offset.timestamp)
+        self.rounds = 0
+
+    # -- dedup -------------------------------------------------------------------------------
+
+    def is_new(self, r: StoredEvent) -> bool:
+        got = self.delivered.get(r.persistence_id)
+        return got is None or r.seq_nr > got[0]
+
+    def mark(self, r: StoredEvent) -> None:
+        got = self.delivered.get(r.persistence_id)
+        if got is None or r.seq_nr > got[0]:
+            self.delivered[r.persistence_id] = (r.seq_nr, r.db_timestamp)
+
+    def first_delivery(self, env: EventEnvelope) -> bool:
+        """For a live envelope: True when new (and record it); False for a duplicate."""
+        self.live_rows += 1
+        got = self.delivered.get(env.persistence_id)
+        if got is not None and env.seq_nr <= got[0]:
+            return False
+        self.delivered[env.persistence_id] = (env.seq_nr, env.db_timestamp)
+        return True
+
+    # -- rounds ------------------------------------------------------------------------------
+
+    def _triggered(self, live: SliceQueryState) -> bool:
+        if live.caught_up and live.last_count == 0:
+            self.idle += 1
+        else:
+            self.idle = 0
+        live_ts = live.safe_timestamp
+        pos = self.pager.safe_timestamp if self.pager is not None else None
+        return (
+            self.idle >= IDLE_TRIGGER
+            or self.live_rows >= ROWS_TRIGGER_PAGES * self.q.buffer_size
+            or (pos is not None and live_ts - pos >= self.window / 2)
+        )
+
+    def request(self, live: SliceQueryState, now: datetime) -> PageRequest | None:
+        """The next payload-free page of the current round, or None (no round, or it ended)."""
+        if not self.active:
+            if not self._triggered(live):
+                return None
+            live_ts = live.offset.timestamp if live.offset is not None else live.floor
+            self.upper = min(live_ts, now - self.behind)
+            lower = live_ts - self.window
+            if self.pager is None:
+                self.pager = SliceQueryState(None, self.q.buffer_size)
+            self.pager.floor = max(self.pager.floor, lower)
+            self.active = True
+            self.rounds += 1
+            self._prune(lower)
+        assert self.pager is not None
+        req = self.pager.request(self.upper)
+        if req is None:
+            self._end_round()
+        return req
+
+    def accept(self, req: PageRequest, rows: list[StoredEvent]) -> None:
+        assert self.pager is not None
+        for r in rows:
+            self.pager.offset_for(r)
+        self.pager.accept(req, rows, self.upper)
+        self.pager.needs_probe = False  # empty windows grow quickly; no probe needed
+        if self.pager.caught_up:
+            self._end_round()
+
+    def _end_round(self) -> None:
+        self.active = False
+        self.idle = 0
+        self.live_rows = 0
+
+    def offset_for(self, r: StoredEvent) -> TimestampOffset:
+        return TimestampOffset(r.db_timestamp, {r.persistence_id: r.seq_nr})
+
+    def next_poll_delay(self, delay: float) -> float:
+        return 0.0 if self.active else delay
+
+    def safe_timestamp(self, live_floor: datetime) -> datetime | None:
+        """For heartbeats: below this every event was seen by backtracking or the live query."""
+        if self.pager is None:
+            return None
+        return min(live_floor, self.pager.safe_timestamp)
+
+    def _prune(self, lower: datetime) -> None:
+        old = [pid for pid, (_, ts) in self.delivered.items() if ts < lower]
+        for pid in old:
+            del self.delivered[pid]

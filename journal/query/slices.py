@@ -1,0 +1,287 @@
+"""The thin async loops that drive the slice query state machines over a SliceQueryBackend.
+
+``current`` reads up to a bound fixed at its start and ends; ``live`` never ends: it catches up to
+a fresh bound, then waits for a notification, a poll interval (adaptive), or a heartbeat tick.
+Transient failures are retried with backoff and the query resumes from its last delivered offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta
+
+from ..backend import SliceQueryBackend, StoredEvent
+from ..envelope import EventEnvelope
+from ..errors import JournalUnavailable
+from ..ids import entity_type_of, slice_for
+from ..offsets import Sequence as SeqOffset
+from ..offsets import TimestampOffset
+from ..serialization import SerializerRegistry
+from ..settings import JournalSettings, QueryMode
+from .backtracking import BacktrackingState
+from .horizon import Horizon
+from .notifications import NotificationHub, Subscription
+from .slice_query import SliceQueryState, poll_delay
+
+log = logging.getLogger("journal.query.slices")
+
+MAX_SEQ_NR = 2**63 - 1
+
+
+class SliceQueries:
+    """Slice queries of one journal: shares one horizon and one notification listener."""
+
+    def __init__(
+        self,
+        backend: SliceQueryBackend,
+        settings: JournalSettings,
+        serializers: SerializerRegistry,
+    ) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.q = settings.query
+        self.serializers = serializers
+        self.horizon = Horizon(backend)
+        self.hub = NotificationHub(backend)
+
+    async def close(self) -> None:
+        await self.hub.close()
+
+    async def bound(self, mode: QueryMode, fresh_after: float | None = None) -> datetime:
+        """A safe upper bound (exclusive) for a data query run after this call returns."""
+        if mode == "horizon":
+            return await self.horizon.bound(fresh_after)
+        now = await self.backend.db_now()
+        return now - timedelta(seconds=self.q.behind_current_time)
+
+    # -- envelopes ---------------------------------------------------------------------------
+
+    def envelope(
+        self, r: StoredEvent, offset: TimestampOffset | SeqOffset, source: str = "query"
+    ) -> EventEnvelope:
+        ser = self.serializers
+        event = (
+            ser.deserialize(
+                r.ser_id, r.ser_manifest, r.payload, what=f"{r.persistence_id}#{r.seq_nr}"
+            )
+            if r.payload is not None
+            else None
+        )
+        meta = (
+            ser.deserialize(r.meta.ser_id, r.meta.manifest, r.meta.payload, what="metadata")
+            if r.meta is not None
+            else None
+        )
+        return EventEnvelope(
+            persistence_id=r.persistence_id,
+            entity_type=r.entity_type,
+            slice=r.slice,
+            seq_nr=r.seq_nr,
+            db_timestamp=r.db_timestamp,
+            event=event,
+            offset=offset,
+            tags=r.tags,
+            metadata=meta,
+            writer=r.writer,
+            has_payload=r.payload is not None,
+            source=source,
+        )
+
+    @staticmethod
+    def heartbeat(entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:
+        return EventEnvelope(
+            persistence_id="",
+            entity_type=entity_type,
+            slice=min_slice,
+            seq_nr=0,
+            db_timestamp=offset.timestamp,
+            event=None,
+            offset=offset,
+            has_payload=False,
+            source="heartbeat",
+        )
+
+    # -- the loops ---------------------------------------------------------------------------
+
+    async def _catch_up(
+        self, state: SliceQueryState, bound: datetime, et: str, lo: int, hi: int
+    ) -> AsyncIterator[EventEnvelope]:
+        """Read pages until everything below ``bound`` is delivered."""
+        b = self.backend
+        while True:
+            req = state.request(bound)
+            if req is None:
+                return
+            rows = await b.read_slice_page(
+                et, lo, hi, req.from_timestamp, req.seen, req.to_timestamp, req.limit
+            )
+            for r in rows:
+                yield self.envelope(r, state.offset_for(r))
+            state.accept(req, rows, bound)
+            if state.needs_probe:
+                found = await b.next_slice_timestamp(et, lo, hi, state.probe_from, bound)
+                state.skip_to(found if found is not None else bound)
+            if state.caught_up:
+                return
+
+    async def current(
+        self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode
+    ) -> AsyncIterator[EventEnvelope]:
+        bound = await self.bound(mode)
+        state = SliceQueryState(offset, self.q.buffer_size)
+        async for env in self._catch_up(state, bound, et, lo, hi):
+            yield env
+
+    async def live(
+        self,
+        et: str,
+        lo: int,
+        hi: int,
+        offset: TimestampOffset | None,
+        mode: QueryMode,
+        heartbeats: bool,
+    ) -> AsyncIterator[EventEnvelope]:
+        loop = asyncio.get_running_loop()
+        q = self.q
+        sub = await self.hub.subscribe(et, lo, hi)
+        state = SliceQueryState(offset, q.buffer_size)
+        bt = BacktrackingState(offset, q) if mode == "backtracking" else None
+        last_emit = loop.time()
+        last_heartbeat: TimestampOffset | None = None
+        failures = 0
+        try:
+            while True:
+                sub.wake.clear()
+                try:
+                    bound = await self.bound(mode, fresh_after=loop.time())
+                    async for env in self._catch_up(state, bound, et, lo, hi):
+                        if bt is not None and not bt.first_delivery(env):
+                            continue
+                        yield env
+                        last_emit = loop.time()
+                    if bt is not None:
+                        async for env in self._backtrack(bt, state, et, lo, hi):
+                            yield env
+                            last_emit = loop.time()
+                    failures = 0
+                except JournalUnavailable as e:
+                    delay = min(
+                        self.settings.retry.max_backoff,
+                        self.settings.retry.initial_backoff * 2**failures,
+                    )
+                    failures += 1
+                    log.warning(
+                        "live slice query %s %d-%d: %s; retrying in %.2fs", et, lo, hi, e, delay
+                    )
+                    await asyncio.sleep(delay)
+                    continue
+                if heartbeats:
+                    hb = self._heartbeat_offset(state, bt)
+                    if (
+                        hb is not None
+                        and hb != last_heartbeat
+                        and loop.time() - last_emit >= q.heartbeat_interval
+                    ):
+                        last_heartbeat = hb
+                        last_emit = loop.time()
+                        yield self.heartbeat(et, lo, hb)
+                delay = (
+                    poll_delay(state.last_count, q.buffer_size, q.refresh_interval)
+                    if state.caught_up
+                    else 0.0
+                )
+                if heartbeats:
+                    delay = min(delay, q.heartbeat_interval)
+                if bt is not None:
+                    delay = min(delay, bt.next_poll_delay(delay))
+                if delay > 0:
+                    await _wait(sub, delay)
+        finally:
+            sub.close()
+
+    def _heartbeat_offset(
+        self, state: SliceQueryState, bt: BacktrackingState | None
+    ) -> TimestampOffset | None:
+        hb = state.heartbeat_offset()
+        if hb is None or bt is None:
+            return hb
+        safe = bt.safe_timestamp(hb.timestamp)
+        last = state.offset.timestamp if state.offset is not None else None
+        if safe is None or (last is not None and safe <= last):
+            return None
+        return TimestampOffset(safe)
+
+    async def _backtrack(
+        self, bt: BacktrackingState, state: SliceQueryState, et: str, lo: int, hi: int
+    ) -> AsyncIterator[EventEnvelope]:
+        """Re-read the window behind the live position without payloads; deliver what is new."""
+        b = self.backend
+        now = await b.db_now()
+        while True:
+            req = bt.request(state, now)
+            if req is None:
+                return
+            rows = await b.read_slice_page(
+                et,
+                lo,
+                hi,
+                req.from_timestamp,
+                req.seen,
+                req.to_timestamp,
+                req.limit,
+                with_payload=False,
+            )
+            for r in rows:
+                if not bt.is_new(r):
+                    continue
+                full = await b.load_event(r.persistence_id, r.seq_nr)
+                if full is None:  # deleted meanwhile
+                    bt.mark(r)
+                    continue
+                bt.mark(r)
+                yield self.envelope(full, bt.offset_for(r), source="backtracking")
+            bt.accept(req, rows)
+
+    async def events_by_persistence_id(
+        self,
+        read_events: Callable[[str, int, int, int], Awaitable[list[StoredEvent]]],
+        pid: str,
+        from_seq_nr: int,
+    ) -> AsyncIterator[EventEnvelope]:
+        """Live events of one pid: pages by seq_nr, woken by the pid's slice notifications."""
+        sub = await self.hub.subscribe(entity_type_of(pid), slice_for(pid), slice_for(pid))
+        nxt = from_seq_nr
+        failures = 0
+        page = self.q.buffer_size
+        try:
+            while True:
+                sub.wake.clear()
+                try:
+                    rows: list[StoredEvent] = await read_events(pid, nxt, MAX_SEQ_NR, page)
+                    failures = 0
+                except JournalUnavailable as e:
+                    delay = min(
+                        self.settings.retry.max_backoff,
+                        self.settings.retry.initial_backoff * 2**failures,
+                    )
+                    failures += 1
+                    log.warning("live events of %s: %s; retrying in %.2fs", pid, e, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                for r in rows:
+                    yield self.envelope(r, SeqOffset(r.seq_nr))
+                    nxt = r.seq_nr + 1
+                if len(rows) < page:
+                    await _wait(sub, poll_delay(len(rows), page, self.q.refresh_interval) or 0.0)
+        finally:
+            sub.close()
+
+
+async def _wait(sub: Subscription, delay: float) -> None:
+    if delay <= 0:
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(sub.wake.wait(), timeout=delay)

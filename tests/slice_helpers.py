@@ -1,0 +1,99 @@
+"""Helpers of the slice query tests: late writers that follow the journal's own write rule."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
+
+import asyncpg
+
+from journal import EventEnvelope, Journal
+from journal.backend import WriteRequest
+from journal.ids import entity_type_of, slice_for
+from journal.postgres.backend import PostgresBackend
+from journal.postgres.dsn import asyncpg_dsn
+
+T = TypeVar("T")
+
+
+def request(journal: Journal, pid: str, events: Sequence[Any]) -> WriteRequest:
+    ser = journal.serializers
+    return WriteRequest(
+        persistence_id=pid,
+        entity_type=entity_type_of(pid),
+        slice=slice_for(pid),
+        expected_seq_nr=None,
+        events=tuple(ser.serialize(e) for e in events),
+    )
+
+
+class LateWriter:
+    """An explicit transaction running the journal's own insert statement, committed later."""
+
+    def __init__(self, journal: Journal, dsn: str) -> None:
+        backend = journal.backend
+        assert isinstance(backend, PostgresBackend)
+        self.backend = backend
+        self.dsn = asyncpg_dsn(dsn)
+        self.conn: asyncpg.Connection | None = None
+        self.tr: Any = None
+
+    async def begin_and_write(self, requests: Sequence[WriteRequest]) -> list[asyncpg.Record]:
+        self.conn = await asyncpg.connect(self.dsn)
+        self.tr = self.conn.transaction()
+        await self.tr.start()
+        # The backend's own statement and parameters (not a copy of the SQL).
+        return await self.conn.fetch(self.backend._insert, *self.backend._params(requests))
+
+    async def commit(self) -> None:
+        assert self.conn is not None
+        await self.tr.commit()
+        await self.conn.close()
+
+    async def rollback(self) -> None:
+        assert self.conn is not None
+        await self.tr.rollback()
+        await self.conn.close()
+
+
+async def collect(it: AsyncIterator[EventEnvelope]) -> list[EventEnvelope]:
+    return [e async for e in it]
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Consumer:
+    """Runs a live iterator in a task and records what it delivers."""
+
+    def __init__(self, it: AsyncIterator[EventEnvelope]) -> None:
+        self.it = it
+        self.got: list[EventEnvelope] = []
+        self.arrived: list[float] = []
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async for e in self.it:
+            self.got.append(e)
+            self.arrived.append(time.monotonic())
+
+    @property
+    def events(self) -> list[EventEnvelope]:
+        return [e for e in self.got if e.source != "heartbeat"]
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            pass
+        aclose = getattr(self.it, "aclose", None)
+        if aclose is not None:
+            await aclose()
