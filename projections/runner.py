@@ -169,7 +169,14 @@ class RangeProcessor:
                 heartbeat = env.offset.timestamp
                 continue
             await self._validate_into(env, accepted)
-        hb_slices = self._heartbeat_slices(heartbeat) if heartbeat is not None else {}
+        # Delivery is ordered by db_timestamp over the whole range: once this batch commits, every
+        # event of the range before its last envelope's timestamp is processed, so idle slices of
+        # the range may advance their stored offset to it (keeps restarts and rebalances short).
+        delivered = [e.db_timestamp for e in batch if e.source != "heartbeat"]
+        upto = max([heartbeat] if heartbeat is not None else [], default=None) or (
+            max(delivered) if delivered else None
+        )
+        hb_slices = self._heartbeat_slices(upto) if upto is not None else {}
         if self.mode == "at-least-once":
             for env in accepted:
 
