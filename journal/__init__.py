@@ -25,11 +25,14 @@ from .errors import (
     RecoveryFailed,
     SequenceConflict,
     SerializationError,
+    SparkSetupError,
+    StorageError,
+    TagEventsMissing,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
-from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset
+from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset, TimeUUIDOffset
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings
 from .snapshots import Snapshot
@@ -61,6 +64,10 @@ __all__ = [
     "Serializer",
     "SerializerRegistry",
     "Snapshot",
+    "SparkSetupError",
+    "StorageError",
+    "TagEventsMissing",
+    "TimeUUIDOffset",
     "TimestampOffset",
     "UnsupportedOperation",
     "after_persist",

@@ -16,6 +16,11 @@ class ConfigurationError(JournalError, ValueError):
     """A setting, DSN or identifier from configuration is invalid."""
 
 
+class SparkSetupError(ConfigurationError):
+    """Spark cannot run here: Java, the PostgreSQL JDBC driver or a TCP route to the database
+    is missing. The message says what to install or configure."""
+
+
 class InvalidArgument(JournalError, ValueError):
     """Bad input to a public call, raised before any I/O."""
 
@@ -55,6 +60,10 @@ class JournalUnavailable(JournalError):
         super().__init__(message)
 
 
+class StorageError(JournalError):
+    """The database rejected an operation for a reason other than a conflict or an outage."""
+
+
 class UnsupportedOperation(JournalError):
     """The backend cannot serve this operation (for example slice queries on Cassandra)."""
 
@@ -76,6 +85,22 @@ class EventsMissing(JournalError):
         super().__init__(msg)
 
 
+class TagEventsMissing(EventsMissing):
+    """An events-by-tag query found a gap in a pid's tag numbering that did not fill in time.
+
+    ``from_seq_nr``/``to_seq_nr`` are the missing *tag_pid_sequence_nr* range of ``tag``.
+    """
+
+    def __init__(self, persistence_id: str, tag: str, from_nr: int, to_nr: int, detail: str = "") -> None:
+        self.tag = tag
+        EventsMissing.__init__(self, persistence_id, from_nr, to_nr, detail)
+        self.args = (
+            f"tagged events of {persistence_id!r} under tag {tag!r} with tag_pid_sequence_nr "
+            f"{from_nr}..{to_nr} are missing" + (f": {detail}" if detail else ""),
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 class ProjectionError(JournalError):
     """A projection cannot go on (see the subclasses)."""
 
@@ -145,5 +170,8 @@ __all__ = [
     "RecoveryFailed",
     "SequenceConflict",
     "SerializationError",
+    "SparkSetupError",
+    "StorageError",
+    "TagEventsMissing",
     "UnsupportedOperation",
 ]

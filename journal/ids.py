@@ -7,6 +7,7 @@ lets a Python service and a JVM service share one journal.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from .errors import InvalidArgument
@@ -25,12 +26,17 @@ def java_string_hash(s: str) -> int:
     return h - 0x100000000 if h & 0x80000000 else h
 
 
+@functools.lru_cache(maxsize=65536)
+def _slice_1024(persistence_id: str) -> int:
+    return abs(java_string_hash(persistence_id)) % NUMBER_OF_SLICES
+
+
 def slice_for(persistence_id: str, number_of_slices: int = NUMBER_OF_SLICES) -> int:
     """The slice (0..1023) of a persistence id, equal to the JVM's ``Persistence.sliceForPersistenceId``."""
-    h = java_string_hash(persistence_id)
+    if number_of_slices == NUMBER_OF_SLICES:
+        return _slice_1024(persistence_id)
     # Java's % truncates towards zero (sign of the dividend), Python's floors: use math on abs.
-    rem = abs(h) % number_of_slices
-    return rem
+    return abs(java_string_hash(persistence_id)) % number_of_slices
 
 
 def entity_type_of(persistence_id: str) -> str:
@@ -104,6 +110,8 @@ MAX_TAG_LENGTH = 255
 
 def validate_tags(tags: object) -> tuple[str, ...]:
     """Tags are non-empty strings without NUL, at most 255 characters; duplicates are dropped."""
+    if tags == ():
+        return ()
     if isinstance(tags, str):
         raise InvalidArgument("tags must be a collection of strings, not a single string")
     if not isinstance(tags, Iterable):

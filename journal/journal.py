@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -13,7 +14,7 @@ from typing import Any
 
 from .backend import Backend, SliceQueryBackend, SnapshotRow, StoredEvent, WriteRequest
 from .envelope import EventEnvelope
-from .errors import ConfigurationError, InvalidArgument, UnsupportedOperation
+from .errors import ConfigurationError, InvalidArgument, SerializationError, UnsupportedOperation
 from .group_commit import GroupCommit
 from .ids import (
     entity_type_of,
@@ -23,7 +24,7 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
-from .offsets import NoOffset, TimestampOffset
+from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import Sequence as SeqOffset
 from .query.slices import SliceQueries
 from .query.validation import check_slice_query
@@ -135,6 +136,9 @@ class Journal:
         ser = self.serializers
         serialized = tuple(ser.serialize(e, what=f"event {i} of {pid!r}") for i, e in enumerate(events))
         meta = ser.serialize(metadata, what="metadata") if metadata is not None else None
+        for s in (*serialized, *((meta,) if meta else ())):
+            if len(s.manifest) > 255:
+                raise SerializationError(f"serializer manifest longer than 255 characters: {s.manifest[:40]!r}...")
         return WriteRequest(
             persistence_id=pid,
             entity_type=entity_type_of(pid),
@@ -213,6 +217,31 @@ class Journal:
             writer=r.writer,
             has_payload=r.payload is not None,
         )
+
+    # -- events by tag -----------------------------------------------------------------------
+
+    def current_events_by_tag(
+        self, tag: str, offset: Offset | uuid.UUID | None = None
+    ) -> AsyncIterator[EventEnvelope]:
+        """Events tagged ``tag`` after ``offset`` (a :class:`TimeUUIDOffset`, exclusive; None: from
+        ``tags.first_time_bucket``) up to now minus ``tags.eventual_consistency_delay``, then end.
+
+        Each pid's events come in order, exactly once; offsets are TimeUUIDs.
+
+        Raises:
+            InvalidArgument: empty or too long tag; OffsetError: an offset of another kind.
+            TagEventsMissing: a pid's tag numbering has a gap that did not fill in ``gap_timeout``.
+        """
+        from .tags.api import envelopes, tag_query
+
+        return envelopes(tag_query(self.backend, self.settings, tag, offset, live=False), self.serializers)
+
+    def events_by_tag(self, tag: str, offset: Offset | uuid.UUID | None = None) -> AsyncIterator[EventEnvelope]:
+        """Like :meth:`current_events_by_tag`, but live: never ends, polls every
+        ``tags.query_refresh_interval`` and back-tracks for late rows."""
+        from .tags.api import envelopes, tag_query
+
+        return envelopes(tag_query(self.backend, self.settings, tag, offset, live=True), self.serializers)
 
     # -- slice queries (logic in journal.query) ------------------------------------------------
 

@@ -8,6 +8,7 @@ skipped on resume. ``Sequence`` is a plain per-pid sequence number offset. ``NoO
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,6 +70,34 @@ class TimestampOffset:
         return cls(datetime.fromisoformat(ts), {str(k): int(v) for k, v in seen.items()})
 
 
+@dataclass(frozen=True, slots=True)
+class TimeUUIDOffset:
+    """Events-by-tag offset: the time-based (v1) UUID of the last delivered event (exclusive)."""
+
+    value: uuid.UUID
+
+    def __post_init__(self) -> None:
+        v = self.value
+        if isinstance(v, str):
+            try:
+                v = uuid.UUID(v)
+            except ValueError:
+                raise OffsetError(f"not a UUID: {self.value!r}") from None
+            object.__setattr__(self, "value", v)
+        if not isinstance(v, uuid.UUID) or v.version != 1:
+            raise OffsetError(f"TimeUUIDOffset needs a time-based (version 1) UUID, got {self.value!r}")
+
+    def to_json(self) -> dict[str, object]:
+        return {"timeuuid": str(self.value)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> TimeUUIDOffset:
+        v = data.get("timeuuid")
+        if not isinstance(v, str):
+            raise OffsetError(f"not a TimeUUIDOffset: {data!r}")
+        return cls(uuid.UUID(v))
+
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-Offset = NoOffset | Sequence | TimestampOffset
+Offset = NoOffset | Sequence | TimestampOffset | TimeUUIDOffset

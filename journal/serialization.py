@@ -88,9 +88,10 @@ class JsonSerializer:
             self._types[name] = lambda data: cls(**data)
 
     def manifest(self, value: Any) -> str:
-        if isinstance(value, dict | list | str | int | float | bool) or value is None:
+        t = type(value)
+        if t in _PLAIN or value is None or isinstance(value, dict | list | str | int | float):
             return ""
-        return _type_name(type(value))
+        return _type_name(t)
 
     def to_bytes(self, value: Any) -> bytes:
         return json.dumps(value, default=_to_jsonable, separators=(",", ":")).encode()
@@ -100,6 +101,9 @@ class JsonSerializer:
         if manifest and manifest in self._types:
             return self._types[manifest](data)
         return data
+
+
+_PLAIN = frozenset({dict, list, str, int, float, bool})
 
 
 def _type_name(cls: type) -> str:
@@ -113,6 +117,7 @@ class SerializerRegistry:
         self.json = JsonSerializer()
         self._by_id: dict[int, Serializer] = {}
         self._by_type: dict[type, Serializer] = {}
+        self._resolved: dict[type, Serializer] = {}
         self.register(BytesSerializer(), (bytes, bytearray, memoryview))
         self.register(self.json, ())
 
@@ -129,17 +134,19 @@ class SerializerRegistry:
         self._by_id[ident] = serializer
         for t in types if isinstance(types, tuple) else (types,):
             self._by_type[t] = serializer
+        self._resolved.clear()
 
     def register_type(self, cls: type, manifest: str | None = None) -> None:
         """Shortcut: read JSON rows of ``cls`` back as ``cls`` instances."""
         self.json.register_type(cls, manifest)
 
     def _for_value(self, value: Any) -> Serializer:
-        for klass in type(value).__mro__:
-            s = self._by_type.get(klass)
-            if s is not None:
-                return s
-        return self.json
+        t = type(value)
+        s = self._by_type.get(t) or self._resolved.get(t)
+        if s is None:
+            s = next((self._by_type[k] for k in t.__mro__ if k in self._by_type), self.json)
+            self._resolved[t] = s
+        return s
 
     def serialize(self, value: Any, *, what: str = "event") -> Serialized:
         """Serialize or raise :class:`SerializationError` naming the value's type."""

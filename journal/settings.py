@@ -92,6 +92,68 @@ class QuerySettings:
     """Live queries on quiet ranges advance their offset at least this often (seconds)."""
 
 
+TagBucketSize = Literal["Day", "Hour", "Minute"]
+
+
+@dataclass(frozen=True)
+class TagSettings:
+    """Events by tag (defaults from the reference's events-by-tag settings)."""
+
+    bucket_size: TagBucketSize = "Hour"
+    """Day | Hour | Minute. Cannot change once tagged data exists (refused at open)."""
+    first_time_bucket: str = "20151120T00:00"
+    """UTC start of queries without an offset; set it to your first deployment day."""
+    max_message_batch_size: int = 150
+    """Tag writer: rows per batch (one (tag, bucket) partition per batch)."""
+    flush_interval: float = 0.0
+    """Tag writer: seconds a row may wait for a fuller batch (0: write when none in flight)."""
+    tag_write_timeout: float = 4.0
+    """A persist waits this long for its tag rows, then fails (recovery resends them)."""
+    max_buffered_events: int = 10_000
+    """Tag writer: rows buffered per tag before ``persist`` waits (back-pressure)."""
+    retry_initial_backoff: float = 0.1
+    """Tag writer: first retry delay after a failed write (doubles up to the max)."""
+    retry_max_backoff: float = 2.0
+    eventual_consistency_delay: float = 5.0
+    """Queries read up to now minus this (seconds); below 2 s is discouraged."""
+    gap_timeout: float = 10.0
+    """Seconds a query searches for missing events before failing with TagEventsMissing."""
+    new_persistence_id_scan_timeout: float = 0.0
+    """Seconds to search for earlier events of a pid first seen at a number above 1 (0: accept)."""
+    offset_scanning_period: float = 0.2
+    """Starting in the current bucket: scan this far ahead to learn each pid's lowest number."""
+    back_track_interval: float = 1.0
+    """Live queries rescan behind their position this often (seconds)..."""
+    back_track_period: float = 5.0
+    """...over this many seconds, to pick up events that arrived late."""
+    max_missing_to_search: int = 5000
+    """A gap larger than this fails at once."""
+    query_refresh_interval: float = 3.0
+    """Seconds between polls of an idle live events-by-tag query."""
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """Spark pipelines (``projections.spark``): where Spark runs and how it talks JDBC."""
+
+    master: str = "local[*]"
+    """Spark master URL; ``local[*]`` runs in this process with one thread per core."""
+    jdbc_jar: str | None = None
+    """Path of the PostgreSQL JDBC driver jar; None: look in well-known system locations."""
+    jdbc_package: str = "org.postgresql:postgresql:42.7.4"
+    """Maven coordinates Spark resolves when no jar is found (needs access to Maven Central)."""
+    partitions: int = 8
+    """Spark partitions of a journal read, one slice range each (must divide 1024)."""
+    fetch_size: int = 10_000
+    """JDBC rows per round trip when reading."""
+    batch_size: int = 10_000
+    """JDBC rows per batched INSERT when writing a read model."""
+    driver_memory: str = "1g"
+    """``spark.driver.memory`` of a session this library starts."""
+    shuffle_partitions: int = 8
+    """``spark.sql.shuffle.partitions`` of a session this library starts (small data, small machine)."""
+
+
 @dataclass(frozen=True)
 class ProjectionSettings:
     """Projection workers (offset store, batching, retries, slice leases)."""
@@ -160,6 +222,8 @@ class JournalSettings:
     write: WriteSettings = field(default_factory=WriteSettings)
     query: QuerySettings = field(default_factory=QuerySettings)
     retry: RetrySettings = field(default_factory=RetrySettings)
+    spark: SparkSettings = field(default_factory=SparkSettings)
+    tags: TagSettings = field(default_factory=TagSettings)
     projection: ProjectionSettings = field(default_factory=ProjectionSettings)
     entities: EntitySettings = field(default_factory=EntitySettings)
 
@@ -175,6 +239,11 @@ class JournalSettings:
         _non_negative(
             self.query, "behind_current_time", "backtracking_window", "backtracking_behind_current_time"
         )
+        _positive(self.spark, "partitions", "fetch_size", "batch_size", "shuffle_partitions")
+        if 1024 % self.spark.partitions:
+            raise ConfigurationError(
+                f"spark partitions must divide 1024, got {self.spark.partitions}"
+            )
         p = self.projection
         _positive(
             p, "offset_time_window", "offset_delete_after", "offset_prune_interval",
@@ -192,6 +261,17 @@ class JournalSettings:
         _non_negative(self.entities, "snapshot_every", "replay_retry_delay")
         if self.query.mode not in get_args(QueryMode):
             raise ConfigurationError(f"query mode must be one of {get_args(QueryMode)}, got {self.query.mode!r}")
+        t = self.tags
+        if t.bucket_size not in get_args(TagBucketSize):
+            raise ConfigurationError(f"tags bucket_size must be one of Day, Hour, Minute; got {t.bucket_size!r}")
+        _positive(t, "max_message_batch_size", "tag_write_timeout", "max_buffered_events", "retry_initial_backoff",
+                  "retry_max_backoff", "gap_timeout", "max_missing_to_search", "query_refresh_interval",
+                  "back_track_interval")
+        _non_negative(t, "flush_interval", "eventual_consistency_delay", "new_persistence_id_scan_timeout",
+                      "offset_scanning_period", "back_track_period")
+        from .tags.buckets import parse_first_bucket
+
+        parse_first_bucket(t.first_time_bucket, t.bucket_size)
 
     @property
     def schema(self) -> str:
@@ -237,6 +317,8 @@ _GROUPS: dict[str, type] = {
     "write": WriteSettings,
     "query": QuerySettings,
     "retry": RetrySettings,
+    "spark": SparkSettings,
+    "tags": TagSettings,
     "projection": ProjectionSettings,
     "entities": EntitySettings,
 }

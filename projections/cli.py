@@ -246,6 +246,9 @@ def clear(
     typer.echo(f"cleared {n} offset rows of {name} slices {lo}-{hi}")
 
 
+from .spark import cli as _spark_cli  # noqa: E402,F401  (registers spark-backfill, spark-export)
+
+
 def main() -> None:
     from journal.errors import JournalError
 

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
+from slice_helpers import Consumer, LateWriter, collect, request, wait_for
 
 from journal import (
     InvalidArgument,
@@ -22,8 +23,6 @@ from journal import (
 )
 from journal.ids import slice_for
 from journal.postgres.slice_queries import SliceStatements
-
-from slice_helpers import Consumer, LateWriter, collect, request, wait_for
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+from . import cassandra as _cassandra  # noqa: E402,F401
 from . import demo as _demo  # noqa: E402,F401
 from . import migrate as _migrate  # noqa: E402,F401  (registers commands)
 

@@ -1,13 +1,15 @@
 """Event-sourced entities on the journal (the Eventuate programming model).
 
 See README, "Entities": :class:`Entity`, :class:`EntityRegistry`, routing helpers, the
-circuit breaker; writers and processors in :mod:`journal.entities.writers`.
+circuit breaker; writers and processors on the projection runner.
 """
 
 from .circuit_breaker import BreakerState, CircuitBreaker
 from .entity import AfterPersist, Entity, after_persist
+from .processor import Processor
 from .registry import EntityRegistry
 from .routing import destinations_of, routed_to
+from .writer import Writer, WriterHandler, processed_up_to
 
 __all__ = [
     "AfterPersist",
@@ -15,7 +17,11 @@ __all__ = [
     "CircuitBreaker",
     "Entity",
     "EntityRegistry",
+    "Processor",
+    "Writer",
+    "WriterHandler",
     "after_persist",
     "destinations_of",
+    "processed_up_to",
     "routed_to",
 ]

@@ -255,7 +255,10 @@ class EntityCell:
             return
         except JournalUnavailable as e:
             self._breaker.record_failure()
-            log.warning("write of %s failed (%s): resolving its outcome", self.persistence_id, e)
+            if not e.outcome_unknown:  # known not written: report at once
+                self._fail(batch, e)
+                return
+            log.warning("write of %s interrupted (%s): resolving its outcome", self.persistence_id, e)
             try:
                 envs = await self._resolve(expected, len(events))
             except SequenceConflict as c:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -13,13 +14,16 @@ from typing import Any
 import asyncpg
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
-from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
+from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import Serialized
 from ..settings import JournalSettings
+from ..tags.buckets import bucket_millis
 from .dsn import asyncpg_dsn
 from .errors import backoff_delays, is_transient, with_retries
 from .slice_reader import PostgresSliceReader
 from .statements import Statements
+from .tag_statements import TagStatements
+from .tag_store import PostgresTagStore
 
 log = logging.getLogger("journal.postgres")
 
@@ -58,8 +62,20 @@ class PostgresBackend:
         self.sql = Statements(settings.schema)
         self.writer_id = settings.write.writer_id or str(uuid.uuid4())
         self._pool: asyncpg.Pool | None = None
+        self._write_pool: asyncpg.Pool | None = None
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
+        self.tag_sql = TagStatements(settings.schema)
+        self._insert_tagged = self.sql.insert_events_tagged(
+            on_conflict_do_nothing=False, notify=settings.write.notify,
+            tag_rows=self.tag_sql.insert_from_events("src", "$9", "$14", ""),
+        )  # fmt: skip
+        self._insert_tagged_probe = self.sql.insert_events_tagged(
+            on_conflict_do_nothing=True, notify=settings.write.notify,
+            tag_rows=self.tag_sql.insert_from_events("src", "$9", "$14", "ON CONFLICT DO NOTHING"),
+        )  # fmt: skip
+        self._bucket_millis = bucket_millis(settings.tags.bucket_size)
+        self._tag_store: PostgresTagStore | None = None
         # Slice queries (SliceQueryBackend): composed, delegated below.
         self.slices = PostgresSliceReader(lambda: self.pool, self.dsn, settings, row_to_event)
         self.read_slice_page = self.slices.read_slice_page
@@ -85,6 +101,15 @@ class PostgresBackend:
             )
 
         self._pool = await with_retries("connect", self.settings.retry, connect)
+        n = self.settings.write.max_in_flight
+
+        async def connect_writers() -> asyncpg.Pool:
+            # Group-commit connections hold no session state, so release skips the reset round trip.
+            return await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=n, timeout=c.connect_timeout, reset=_no_reset
+            )
+
+        self._write_pool = await with_retries("connect", self.settings.retry, connect_writers)
         table = await self._pool.fetchval("SELECT to_regclass($1)", f'"{self.settings.schema}".event_journal')
         if table is None:
             await self.close()
@@ -92,8 +117,25 @@ class PostgresBackend:
                 f"no event_journal table in schema {self.settings.schema!r}: run `journal migrate` "
                 "(or `alembic upgrade head`) against this database first"
             )
+        await self.tag_store().ensure_bucket_size(self.settings.tags.bucket_size)
+
+    def tag_store(self) -> PostgresTagStore:
+        """The tag view store (events by tag and the tag writer run over it)."""
+        if self._tag_store is None:
+            self._tag_store = PostgresTagStore(self)
+        return self._tag_store
+
+    def _statement(self, batch: Sequence[WriteRequest], *, probe: bool) -> tuple[str, tuple[Any, ...]]:
+        """The untagged statement (fast path, unchanged) or the one that also writes tag rows."""
+        params = self._params(batch)
+        if any(r.tags for r in batch):
+            return (self._insert_tagged_probe if probe else self._insert_tagged), (*params, self._bucket_millis)
+        return (self._insert_probe if probe else self._insert), params
 
     async def close(self) -> None:
+        if self._write_pool is not None:
+            await self._write_pool.close()
+            self._write_pool = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -103,6 +145,12 @@ class PostgresBackend:
         if self._pool is None:
             raise JournalUnavailable("the journal is not open")
         return self._pool
+
+    @property
+    def write_pool(self) -> asyncpg.Pool:
+        if self._write_pool is None:
+            raise JournalUnavailable("the journal is not open")
+        return self._write_pool
 
     async def _fetch(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
         async def op() -> list[asyncpg.Record]:
@@ -167,7 +215,13 @@ class PostgresBackend:
             batch = [requests[i] for i in pending]
             try:
                 written = await self._insert_batch(batch)
-            except asyncpg.exceptions.UniqueViolationError:
+            except asyncpg.exceptions.PostgresError as e:
+                if not isinstance(e, asyncpg.exceptions.UniqueViolationError):
+                    # Some call poisons the statement: write each call alone so only it fails.
+                    for i, res in zip(pending, await self._write_each(batch, e), strict=True):
+                        results[i] = res
+                    pending = []
+                    continue
                 probed = await self._probe_batch(batch)
                 failed = {i for i in pending if not _complete(requests[i], probed)}
                 for i in failed:
@@ -186,16 +240,36 @@ class PostgresBackend:
             results[i] = _conflict(requests[i], "kept conflicting")
         return [results[i] for i in range(len(requests))]
 
+    async def _release(self, conn: asyncpg.pool.PoolConnectionProxy, *, broken: bool = False) -> None:
+        """Give a connection back; one in an unknown state is closed, never handed out again."""
+        if broken:
+            with contextlib.suppress(Exception):
+                conn.terminate()
+        try:
+            await self.write_pool.release(conn)
+        except Exception as e:
+            log.debug("dropping a connection that failed on release: %s", e)
+            with contextlib.suppress(Exception):
+                conn.terminate()
+
+    async def _write_each(self, batch: Sequence[WriteRequest], cause: Exception) -> list[WriteResult | Exception]:
+        if len(batch) == 1:
+            return [StorageError(f"write of {batch[0].persistence_id!r} failed: {cause}")]
+        out: list[WriteResult | Exception] = []
+        for r in batch:
+            out.extend(await self.write_batch([r]))
+        return out
+
     async def _insert_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
         """The atomic autocommit insert, with the database's outcome made known.
 
         A failure before the statement was sent is retried; a failure after it was sent is
         resolved by :meth:`_resolve_unknown` (the rows are there, or they are not).
         """
-        params = self._params(batch)
+        stmt, params = self._statement(batch, probe=False)
         for attempt, delay in enumerate([*backoff_delays(self.settings.retry), None]):
             try:
-                conn = await self.pool.acquire()
+                conn = await self.write_pool.acquire()
             except Exception as e:
                 if not is_transient(e):
                     raise
@@ -204,14 +278,16 @@ class PostgresBackend:
                 await asyncio.sleep(delay)
                 continue
             try:
-                return _by_pid(await conn.fetch(self._insert, *params))
+                rows = await conn.fetch(stmt, *params)
             except Exception as e:
                 if not is_transient(e):
+                    await self._release(conn)
                     raise
+                await self._release(conn, broken=True)
                 log.warning("write interrupted (%s), resolving its outcome (attempt %d)", e, attempt + 1)
                 return await self._resolve_unknown(batch)
-            finally:
-                await self.pool.release(conn)
+            await self._release(conn)  # the write is done, whatever happens to the connection now
+            return _by_pid(rows)
         raise AssertionError("unreachable")
 
     async def _probe_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
@@ -222,7 +298,8 @@ class PostgresBackend:
                 tr = conn.transaction()
                 await tr.start()
                 try:
-                    return _by_pid(await conn.fetch(self._insert_probe, *self._params(batch)))
+                    stmt, params = self._statement(batch, probe=True)
+                    return _by_pid(await conn.fetch(stmt, *params))
                 finally:
                     await tr.rollback()
 
@@ -356,6 +433,10 @@ class PostgresBackend:
             except asyncpg.exceptions.UndefinedTableError:
                 rev = None
         return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
+
+
+async def _no_reset(conn: asyncpg.Connection) -> None:
+    """Write connections never change session state; an open transaction is rolled back by asyncpg."""
 
 
 _Written = tuple[int, int, datetime]

@@ -29,7 +29,8 @@ def is_transient(exc: BaseException) -> bool:
         asyncpg.exceptions.ConnectionDoesNotExistError
         | asyncpg.exceptions.InterfaceError
         | asyncpg.exceptions.CannotConnectNowError
-        | asyncpg.exceptions.ConnectionFailureError,
+        | asyncpg.exceptions.ConnectionFailureError
+        | asyncpg.exceptions.InternalClientError,  # protocol state broken by a lost connection
     ):
         return not isinstance(exc, asyncpg.exceptions.InterfaceWarning)
     sqlstate = getattr(exc, "sqlstate", None)

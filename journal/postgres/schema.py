@@ -22,7 +22,7 @@ from sqlalchemy import (
     Text,
     false,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP
+from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP, UUID
 
 metadata = MetaData()
 
@@ -71,6 +71,62 @@ snapshot = Table(
     Index("snapshot_slice_idx", "slice", "entity_type", "db_timestamp"),
 )
 
+# -- events by tag (issue 7) ------------------------------------------------------------------
+# The reference's Cassandra tag tables, plus ``uuid_time``: PostgreSQL compares uuids bytewise,
+# not by time, so rows are ordered by (uuid_time, timestamp). Tag rows of the journal's own
+# writes are inserted by the events statement itself (same transaction).
+
+tag_views = Table(
+    "tag_views",
+    metadata,
+    Column("tag_name", String(255), nullable=False),
+    Column("timebucket", BigInteger, nullable=False),
+    Column("timestamp", UUID(as_uuid=True), nullable=False),
+    Column("uuid_time", BigInteger, nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("tag_pid_sequence_nr", BigInteger, nullable=False),
+    Column("sequence_nr", BigInteger, nullable=False),
+    Column("writer_uuid", String(255), nullable=False),
+    Column("ser_id", Integer, nullable=False),
+    Column("ser_manifest", String(255), nullable=False),
+    Column("event_manifest", String(255)),
+    Column("event", LargeBinary, nullable=False),
+    Column("meta_ser_id", Integer),
+    Column("meta_ser_manifest", String(255)),
+    Column("meta", LargeBinary),
+    PrimaryKeyConstraint(
+        "tag_name", "timebucket", "uuid_time", "timestamp", "persistence_id", "tag_pid_sequence_nr",
+        name="tag_views_pkey",
+    ),
+    Index("tag_views_pid_idx", "tag_name", "persistence_id", "tag_pid_sequence_nr", unique=True),
+)
+
+tag_write_progress = Table(
+    "tag_write_progress",
+    metadata,
+    Column("persistence_id", String(255), nullable=False),
+    Column("tag", String(255), nullable=False),
+    Column("sequence_nr", BigInteger, nullable=False),
+    Column("tag_pid_sequence_nr", BigInteger, nullable=False),
+    Column("offset", UUID(as_uuid=True), nullable=False),
+    PrimaryKeyConstraint("persistence_id", "tag", name="tag_write_progress_pkey"),
+)
+
+tag_scanning = Table(
+    "tag_scanning",
+    metadata,
+    Column("persistence_id", String(255), nullable=False),
+    Column("sequence_nr", BigInteger, nullable=False),
+    PrimaryKeyConstraint("persistence_id", name="tag_scanning_pkey"),
+)
+
+tag_view_settings = Table(
+    "tag_view_settings",
+    metadata,
+    Column("name", String(64), nullable=False),
+    Column("value", Text, nullable=False),
+    PrimaryKeyConstraint("name", name="tag_view_settings_pkey"),
+)
 # -- projections (issue 4) ---------------------------------------------------------------------
 
 projection_timestamp_offset_store = Table(

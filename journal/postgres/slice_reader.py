@@ -46,15 +46,23 @@ class PostgresSliceReader:
 
     async def _fetch(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
         async def op() -> list[asyncpg.Record]:
-            return await self._pool().fetch(query, *args)
+            try:
+                async with self._pool().acquire() as conn:
+                    try:
+                        return await conn.fetch(query, *args)
+                    except asyncpg.exceptions.InternalClientError:
+                        conn.terminate()
+                        raise
+            except asyncpg.exceptions.InternalClientError as e:
+                # A pooled connection left in a bad state by a killed backend: it is dropped;
+                # retry on another one.
+                raise ConnectionError(f"connection in a bad state: {e}") from e
 
         return await with_retries(what, self._settings.retry, op)
 
     async def _fetchval(self, what: str, query: str, *args: Any) -> Any:
-        async def op() -> Any:
-            return await self._pool().fetchval(query, *args)
-
-        return await with_retries(what, self._settings.retry, op)
+        rows = await self._fetch(what, query, *args)
+        return rows[0][0] if rows else None
 
     async def read_slice_page(
         self,

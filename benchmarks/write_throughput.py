@@ -1,0 +1,117 @@
+"""Write throughput: the journal's group commit vs raw asyncpg, measured in the same run.
+
+(a) many entities persisting concurrently (one event per call, expected_seq_nr known) vs a raw
+    multi-row INSERT (unnest, 1000 rows per statement) of the same rows;
+(b) one entity persisting one event at a time vs a raw single-row autocommit INSERT.
+
+    python benchmarks/write_throughput.py [--events 200000] [--entities 1000] [--single 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+
+import asyncpg
+
+from journal import JournalSettings, open_journal, slice_for
+
+try:
+    from benchmarks._common import fresh_database, header, report
+except ImportError:  # run as a script from benchmarks/
+    from _common import fresh_database, header, report  # type: ignore[no-redef]
+
+RAW_BATCH = 1000
+RAW_INSERT = """
+INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,
+  event_ser_manifest, event_payload, writer)
+SELECT s, 'bench', p, n, now(), 1, '', b, $5
+FROM unnest($1::int[], $2::text[], $3::bigint[], $4::bytea[]) AS t(s, p, n, b)"""
+RAW_SINGLE = """
+INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,
+  event_ser_manifest, event_payload, writer) VALUES ($1, 'bench', $2, $3, now(), 1, '', $4, $5)"""
+
+
+def payload(i: int) -> dict[str, object]:
+    return {"item": f"sku-{i % 977}", "qty": i % 7 + 1, "price": 1999}
+
+
+async def raw_batched(dsn: str, entities: int, per_entity: int) -> float:
+    conn = await asyncpg.connect(dsn)
+    writer = str(uuid.uuid4())
+    rows = [
+        (slice_for(f"raw|{e}"), f"raw|{e}", n, json.dumps(payload(n)).encode())
+        for n in range(1, per_entity + 1)
+        for e in range(entities)
+    ]
+    start = time.perf_counter()
+    for i in range(0, len(rows), RAW_BATCH):
+        chunk = rows[i : i + RAW_BATCH]
+        await conn.execute(RAW_INSERT, *(list(c) for c in zip(*chunk, strict=True)), writer)
+    elapsed = time.perf_counter() - start
+    await conn.close()
+    return len(rows) / elapsed
+
+
+async def journal_concurrent(dsn: str, entities: int, per_entity: int) -> tuple[float, int]:
+    settings = JournalSettings.load(env={}, dsn=dsn)
+    async with open_journal(dsn, settings=settings) as j:
+
+        async def entity(e: int) -> None:
+            pid = f"bench|{e}"
+            for n in range(per_entity):
+                await j.persist(pid, [payload(n)], expected_seq_nr=n)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(entity(e) for e in range(entities)))
+        elapsed = time.perf_counter() - start
+        return entities * per_entity / elapsed, j._group_commit.batches_written
+
+
+async def raw_single(dsn: str, n: int, pid: str = "rawone|1") -> float:
+    conn = await asyncpg.connect(dsn)
+    writer = str(uuid.uuid4())
+    sl = slice_for(pid)
+    stmt = await conn.prepare(RAW_SINGLE)
+    start = time.perf_counter()
+    for i in range(1, n + 1):
+        await stmt.fetch(sl, pid, i, json.dumps(payload(i)).encode(), writer)
+    elapsed = time.perf_counter() - start
+    await conn.close()
+    return n / elapsed
+
+
+async def journal_single(dsn: str, n: int, pid: str = "one|1") -> float:
+    async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as j:
+        start = time.perf_counter()
+        for i in range(n):
+            await j.persist(pid, [payload(i)], expected_seq_nr=i)
+        return n / (time.perf_counter() - start)
+
+
+async def run(dsn: str, args: argparse.Namespace) -> None:
+    per_entity = max(1, args.events // args.entities)
+    header("write_throughput")
+    # warm up both paths (connections, plans, caches)
+    await raw_single(dsn, 200, "warm|raw")
+    await journal_single(dsn, 200, "warm|journal")
+    raw_a = await raw_batched(dsn, args.entities, per_entity)
+    ours_a, batches = await journal_concurrent(dsn, args.entities, per_entity)
+    report(f"(a) {args.entities} entities concurrently", ours_a, raw_a, target=0.75)
+    print(f"    {args.entities * per_entity} events in {batches} group-commit batches")
+    raw_b = await raw_single(dsn, args.single)
+    ours_b = await journal_single(dsn, args.single)
+    report("(b) one entity, one event per call", ours_b, raw_b, target=0.85)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--events", type=int, default=200_000)
+    p.add_argument("--entities", type=int, default=1000)
+    p.add_argument("--single", type=int, default=3000)
+    args = p.parse_args()
+    with fresh_database() as dsn:
+        asyncio.run(run(dsn, args))

@@ -1,0 +1,267 @@
+"""Journal storage on Cassandra (DataStax cassandra-driver), composed, not derived from Postgres.
+
+The driver is callback based: :func:`_run` bridges ``execute_async`` to asyncio futures. Every
+statement is prepared once with QUORUM. Messages of one call go in one unlogged batch to one
+(persistence_id, partition_nr) partition; tag rows go through the tag writers (one per tag).
+Single writer per pid is assumed (as in the reference): the stored highest number is checked
+before writing, not atomically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
+from ..serialization import Serialized
+from ..settings import JournalSettings
+from ..tags.buckets import bucket_of
+from ..tags.store import TaggedEvent
+from ..tags.timeuuid import datetime_of, new_timeuuid
+from ..tags.writer import TagWriters
+from .cql import TARGET_PARTITION_SIZE, atomic_partition, partition_nr, statements, validate_keyspace
+from .tag_store import CassandraTagStore
+
+
+def parse_target(target: str) -> tuple[list[str], int, str]:
+    """``cassandra://host1,host2[:port]/keyspace`` -> (contact points, port, keyspace)."""
+    parts = urlsplit(target)
+    if parts.scheme != "cassandra" or not parts.netloc:
+        raise ConfigurationError(f"expected cassandra://host1,host2/keyspace, got {target!r}")
+    port = 9042
+    hosts = []
+    for h in parts.netloc.split(","):
+        host, _, p = h.partition(":")
+        if p:
+            port = int(p)
+        hosts.append(host)
+    keyspace = validate_keyspace(parts.path.strip("/") or "akka")
+    return hosts, port, keyspace
+
+
+async def _run(session: Any, stmt: Any, params: Sequence[Any] | None = None) -> list[Any]:
+    """execute_async -> asyncio: the driver's callbacks resolve a future on our loop."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[list[Any]] = loop.create_future()
+    rf = session.execute_async(stmt, params)
+
+    def settle(result: list[Any] | None, exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(_map(exc))
+        else:
+            fut.set_result(result or [])
+
+    def ok(rows: Any) -> None:
+        loop.call_soon_threadsafe(settle, list(rows or []), None)
+
+    def err(exc: BaseException) -> None:
+        loop.call_soon_threadsafe(settle, None, exc)
+
+    rf.add_callbacks(ok, err)
+    return await fut
+
+
+def _map(exc: BaseException) -> BaseException:
+    """Driver errors into the library's tree (one place)."""
+    name = type(exc).__name__
+    if name in {"NoHostAvailable", "OperationTimedOut", "Unavailable", "ReadTimeout", "WriteTimeout"}:
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=name == "WriteTimeout")
+    return exc
+
+
+class CassandraBackend:
+    name = "cassandra"
+
+    def __init__(self, contact_points: list[str], port: int, keyspace: str, settings: JournalSettings) -> None:
+        self.contact_points, self.port, self.keyspace = contact_points, port, keyspace
+        self.settings = settings
+        self.writer_id = settings.write.writer_id or str(uuid.uuid4())
+        self.target_partition_size = TARGET_PARTITION_SIZE
+        self.cql = statements(keyspace)
+        self.session: Any = None
+        self._cluster: Any = None
+        self.prepared: dict[str, Any] = {}
+        self._tag_store = CassandraTagStore(self)
+        self.tag_writers = TagWriters(self._tag_store, settings.tags)
+
+    async def start(self) -> None:
+        from cassandra import ConsistencyLevel
+        from cassandra.cluster import Cluster
+
+        self._cluster = Cluster(self.contact_points, port=self.port)
+        try:
+            self.session = await asyncio.to_thread(self._cluster.connect)
+            for name, text in self.cql.items():
+                stmt = await asyncio.to_thread(self.session.prepare, text)
+                stmt.consistency_level = ConsistencyLevel.QUORUM
+                self.prepared[name] = stmt
+        except Exception as e:
+            await self.close()
+            raise _map(e) from e
+        await self._tag_store.ensure_bucket_size(self.settings.tags.bucket_size)
+
+    async def close(self) -> None:
+        await self.tag_writers.close()
+        if self._cluster is not None:
+            await asyncio.to_thread(self._cluster.shutdown)
+            self._cluster = None
+
+    def tag_store(self) -> CassandraTagStore:
+        return self._tag_store
+
+    async def run(self, name: str, *params: Any) -> list[Any]:
+        return await _run(self.session, self.prepared[name], params)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+        results = await asyncio.gather(*(self._write_one(r) for r in requests), return_exceptions=True)
+        return [r if isinstance(r, WriteResult | Exception) else JournalUnavailable(str(r)) for r in results]
+
+    async def _write_one(self, r: WriteRequest) -> WriteResult:
+        from cassandra.query import BatchStatement, BatchType
+
+        pid = r.persistence_id
+        if r.tags:
+            await self.tag_writers.ensure_recovered(pid)
+        highest = await self.highest_seq_nr(pid)
+        if r.expected_seq_nr is not None and r.expected_seq_nr != highest:
+            raise SequenceConflict(pid, r.expected_seq_nr, "expected_seq_nr is not the stored highest sequence number")
+        first = highest + 1
+        part = atomic_partition(first, self.target_partition_size)
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        from cassandra import ConsistencyLevel
+
+        batch.consistency_level = ConsistencyLevel.QUORUM
+        tagged: list[TaggedEvent] = []
+        m = r.metadata
+        stamps = []
+        for i, ev in enumerate(r.events):
+            u = new_timeuuid()
+            stamps.append(u)
+            seq = first + i
+            batch.add(self.prepared["insert_message"], (
+                pid, part, seq, u, str(bucket_of(u, self.settings.tags.bucket_size)), self.writer_id,
+                ev.ser_id, ev.manifest, ev.payload, m.ser_id if m else None, m.manifest if m else None,
+                m.payload if m else None, set(r.tags) or None,
+            ))  # fmt: skip
+            if r.tags:
+                tagged.append(TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, m))
+        await _run(self.session, batch)
+        if first == 1:
+            await self.run("insert_persistence_id", pid)
+        if tagged:
+            await self.tag_writers.write(tagged)
+        return WriteResult(first, datetime_of(stamps[0]))
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def _deleted_to(self, pid: str) -> int:
+        rows = await self.run("read_deleted_to", pid)
+        return int(rows[0].deleted_to or 0) if rows else 0
+
+    async def highest_seq_nr(self, persistence_id: str) -> int:
+        highest = 0
+        p = 0
+        while True:
+            rows = await self.run("highest_in_partition", persistence_id, p)
+            if not rows:
+                # an atomic write may run past the target size: look one partition further
+                if p > partition_nr(max(highest, 1), self.target_partition_size):
+                    break
+            else:
+                highest = max(highest, int(rows[0].sequence_nr))
+            p += 1
+        return max(highest, await self._deleted_to(persistence_id))
+
+    async def read_events(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> list[StoredEvent]:
+        return [_event(x) for x in await self.read_rows(persistence_id, from_seq_nr, to_seq_nr, limit)]
+
+    async def read_rows(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> list[Any]:
+        """Raw messages rows (with their timeuuid), partition after partition."""
+        lo = max(from_seq_nr, await self._deleted_to(persistence_id) + 1)
+        out: list[Any] = []
+        p = partition_nr(max(lo, 1), self.target_partition_size)
+        empty = 0
+        while len(out) < limit and lo <= to_seq_nr and empty < 2:
+            rows = await self.run("read_messages", persistence_id, p, lo, to_seq_nr, limit - len(out))
+            empty = 0 if rows else empty + 1
+            out.extend(rows)
+            if rows:
+                lo = int(out[-1].sequence_nr) + 1
+            p += 1
+        return out
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None:
+        upto = min(to_seq_nr, await self.highest_seq_nr(persistence_id))
+        if upto <= 0:
+            return
+        await self.run("write_deleted_to", upto, persistence_id)
+        for p in range(partition_nr(upto, self.target_partition_size) + 1):
+            await self.run("delete_messages", persistence_id, p, upto)
+
+    async def persistence_ids(self, entity_type: str | None, after: str | None, limit: int) -> list[str]:
+        """A full scan of all_persistence_ids, sorted here (fine for tools, not a hot path)."""
+        rows = await self.run("all_persistence_ids")
+        ids = sorted(
+            r.persistence_id for r in rows
+            if (after is None or r.persistence_id > after)
+            and (entity_type is None or (r.persistence_id.split("|", 1)[0] == entity_type and "|" in r.persistence_id))
+        )  # fmt: skip
+        return ids[:limit]
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    async def save_snapshot(self, row: SnapshotRow) -> None:
+        m = row.meta
+        await self.run("delete_snapshots", row.persistence_id)
+        await self.run(
+            "insert_snapshot", row.persistence_id, row.seq_nr, row.write_timestamp, row.state.ser_id,
+            row.state.manifest, row.state.payload, m.ser_id if m else None, m.manifest if m else None,
+            m.payload if m else None,
+        )  # fmt: skip
+
+    async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None:
+        from ..ids import entity_type_of, slice_for
+
+        rows = await self.run("load_snapshot", persistence_id)
+        if not rows:
+            return None
+        r = rows[0]
+        meta = Serialized(r.meta_ser_id, r.meta_ser_manifest or "", bytes(r.meta or b"")) if r.meta_ser_id is not None else None
+        return SnapshotRow(
+            persistence_id=persistence_id, entity_type=entity_type_of(persistence_id),
+            slice=slice_for(persistence_id), seq_nr=r.sequence_nr, write_timestamp=r.timestamp or int(time.time() * 1000),
+            state=Serialized(r.ser_id, r.ser_manifest, bytes(r.snapshot_data)), meta=meta,
+        )  # fmt: skip
+
+    async def delete_snapshot(self, persistence_id: str) -> None:
+        await self.run("delete_snapshots", persistence_id)
+
+
+def _event(x: Any) -> StoredEvent:
+    from ..ids import entity_type_of, slice_for
+
+    meta = Serialized(x.meta_ser_id, x.meta_ser_manifest or "", bytes(x.meta or b"")) if x.meta_ser_id is not None else None
+    return StoredEvent(
+        persistence_id=x.persistence_id, entity_type=entity_type_of(x.persistence_id),
+        slice=slice_for(x.persistence_id), seq_nr=x.sequence_nr, db_timestamp=datetime_of(x.timestamp),
+        ser_id=x.ser_id, ser_manifest=x.ser_manifest, payload=bytes(x.event), writer=x.writer_uuid,
+        tags=tuple(sorted(x.tags or ())), meta=meta,
+    )  # fmt: skip
+
+
+async def open_cassandra_backend(target: str, settings: JournalSettings) -> CassandraBackend:
+    """Connect to ``cassandra://host1,host2[:port]/keyspace`` (keyspace and tables must exist:
+    ``journal cassandra-schema --create`` makes them for development)."""
+    hosts, port, keyspace = parse_target(target)
+    backend = CassandraBackend(hosts, port, keyspace, settings)
+    await backend.start()
+    return backend

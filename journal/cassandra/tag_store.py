@@ -1,0 +1,101 @@
+"""The tag view store on Cassandra (tag_views, tag_write_progress, tag_scanning)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigurationError
+from ..serialization import Serialized
+from ..tags.store import TaggedEvent, TagProgress, TagRow
+from ..tags.timeuuid import GREGORIAN_OFFSET, min_timeuuid
+
+if TYPE_CHECKING:
+    from .backend import CassandraBackend
+
+SETTINGS_PID = "__slice_journal_settings__"
+"""The bucket size is kept in ``metadata.properties`` of this reserved row (reference tables only)."""
+
+
+def _meta(x: Any) -> Serialized | None:
+    return Serialized(x.meta_ser_id, x.meta_ser_manifest or "", bytes(x.meta or b"")) if x.meta_ser_id is not None else None
+
+
+def upper_bound(before_ticks: int) -> uuid.UUID:
+    """A TimeUUID bound whose time is ``before_ticks`` (exclusive upper bound of a read)."""
+    return min_timeuuid((before_ticks - GREGORIAN_OFFSET) // 10_000) if (before_ticks - GREGORIAN_OFFSET) % 10_000 == 0 \
+        else uuid.UUID(fields=(before_ticks & 0xFFFFFFFF, (before_ticks >> 32) & 0xFFFF,
+                               ((before_ticks >> 48) & 0x0FFF) | 0x1000, 0x80, 0, 0))  # fmt: skip
+
+
+class CassandraTagStore:
+    def __init__(self, backend: CassandraBackend) -> None:
+        self.b = backend
+
+    async def write_tag_rows(self, rows: Sequence[TagRow]) -> None:
+        """One unlogged batch per (tag, bucket) partition: an idempotent upsert."""
+        from cassandra import ConsistencyLevel
+        from cassandra.query import BatchStatement, BatchType
+
+        from .backend import _run
+
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+        batch.consistency_level = ConsistencyLevel.QUORUM
+        for r in rows:
+            m = r.meta
+            batch.add(self.b.prepared["insert_tag_view"], (
+                r.tag, r.timebucket, r.timeuuid, r.persistence_id, r.tag_pid_seq_nr, r.seq_nr, r.writer,
+                r.event.ser_id, r.event.manifest, r.event.payload, m.ser_id if m else None,
+                m.manifest if m else None, m.payload if m else None,
+            ))  # fmt: skip
+        await _run(self.b.session, batch)
+
+    async def write_progress(self, progress: Sequence[TagProgress]) -> None:
+        for p in progress:
+            await self.b.run("write_progress", p.persistence_id, p.tag, p.seq_nr, p.tag_pid_seq_nr, p.offset)
+
+    async def read_progress(self, persistence_id: str) -> dict[str, TagProgress]:
+        rows = await self.b.run("read_progress", persistence_id)
+        return {r.tag: TagProgress(r.persistence_id, r.tag, r.sequence_nr, r.tag_pid_sequence_nr, r.offset) for r in rows}
+
+    async def read_scanning(self, persistence_id: str) -> int:
+        rows = await self.b.run("read_scanning", persistence_id)
+        return int(rows[0].sequence_nr) if rows else 0
+
+    async def write_scanning(self, persistence_id: str, seq_nr: int) -> None:
+        await self.b.run("write_scanning", persistence_id, seq_nr)
+
+    async def tagged_events(self, persistence_id: str, from_seq_nr: int, limit: int) -> list[TaggedEvent]:
+        rows = await self.b.read_rows(persistence_id, from_seq_nr, 2**63 - 1, limit)
+        return [
+            TaggedEvent(x.persistence_id, x.sequence_nr, x.timestamp, tuple(sorted(x.tags or ())),
+                        Serialized(x.ser_id, x.ser_manifest, bytes(x.event)), x.writer_uuid, _meta(x))
+            for x in rows
+        ]  # fmt: skip
+
+    async def read_tag_rows(
+        self, tag: str, bucket: int, after: uuid.UUID | None, before_ticks: int, limit: int
+    ) -> list[TagRow]:
+        lower = after if after is not None else min_timeuuid(bucket)
+        rows = await self.b.run("read_tag_views", tag, bucket, lower, upper_bound(before_ticks), limit)
+        return [
+            TagRow(r.tag_name, r.timebucket, r.timestamp, r.persistence_id, r.tag_pid_sequence_nr, r.sequence_nr,
+                   r.writer_uuid, Serialized(r.ser_id, r.ser_manifest, bytes(r.event)), _meta(r))
+            for r in rows
+        ]  # fmt: skip
+
+    async def next_bucket(self, tag: str, from_bucket: int, to_bucket: int) -> int | None:
+        """Cassandra cannot list a tag's buckets: every bucket is read (set first_time_bucket)."""
+        return from_bucket
+
+    async def ensure_bucket_size(self, size: str) -> None:
+        rows = await self.b.run("read_properties", SETTINGS_PID)
+        stored = (rows[0].properties or {}).get("tag_bucket_size") if rows else None
+        if stored == size:
+            return
+        if stored is not None and await self.b.run("any_tag_view"):
+            raise ConfigurationError(
+                f"tag bucket size is {stored!r} in this keyspace and tagged data exists; it cannot change to {size!r}"
+            )
+        await self.b.run("write_property", "tag_bucket_size", size, SETTINGS_PID)

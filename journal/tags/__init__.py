@@ -1,0 +1,1 @@
+"""Events by tag: time buckets, TimeUUIDs, the tag writer and the events-by-tag query."""

@@ -1,0 +1,193 @@
+"""The events-by-tag query over a :class:`TagStore` (one algorithm for every backend).
+
+Reads (tag, bucket) partitions in TimeUUID order from the start offset, bucket after bucket, up
+to ``now - eventual_consistency_delay``; checks each pid's ``tag_pid_seq_nr`` with
+:class:`PidTracker`; on a gap holds the row and searches the bucket (and the previous one) for
+the missing rows, re-querying until ``gap_timeout``, then fails with :class:`TagEventsMissing`
+naming the pid, the tag and the missing range. A live query also back-tracks: every
+``back_track_interval`` it rescans ``back_track_period`` behind its position for rows that
+arrived late. Starting in the current bucket it first scans ``offset_scanning_period`` ahead to
+learn each pid's lowest number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from ..errors import TagEventsMissing
+from ..settings import TagSettings
+from .buckets import bucket_end, bucket_of, bucket_of_millis, parse_first_bucket, previous_bucket
+from .gaps import PidTracker, Verdict
+from .store import TagRow, TagStore
+from .timeuuid import ticks, ticks_of_micros, unix_millis
+
+SEARCH_POLL = 0.25
+"""Seconds between re-queries while searching for missing rows."""
+
+
+class TagQuery:
+    def __init__(
+        self,
+        store: TagStore,
+        tag: str,
+        settings: TagSettings,
+        *,
+        after: uuid.UUID | None,
+        live: bool,
+        page_size: int = 1000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.tag = tag
+        self.s = settings
+        self.after = after
+        self.live = live
+        self.page = page_size
+        self.clock = clock
+        size = settings.bucket_size
+        now_ms = int(clock() * 1000)
+        start_ms = unix_millis(after) if after is not None else parse_first_bucket(settings.first_time_bucket, size)
+        self.bucket = bucket_of_millis(start_ms, size)
+        self.started_in_current = after is not None and self.bucket >= bucket_of_millis(now_ms, size)
+        self.tracker = PidTracker(
+            accept_unknown=not self.started_in_current or settings.new_persistence_id_scan_timeout == 0
+        )
+        self.fixed_upper_ms = None if live else now_ms - int(settings.eventual_consistency_delay * 1000)
+        self.position: uuid.UUID | None = after
+        self.delivered = 0
+
+    def _upper_ms(self) -> int:
+        if self.fixed_upper_ms is not None:
+            return self.fixed_upper_ms
+        return int((self.clock() - self.s.eventual_consistency_delay) * 1000)
+
+    async def rows(self) -> AsyncIterator[TagRow]:
+        """The tag's rows in delivery order (a live query never ends)."""
+        size = self.s.bucket_size
+        if self.started_in_current and self.after is not None:
+            await self._scan_start(self.after)
+        after_in_bucket = self.after
+        last_backtrack = time.monotonic()
+        while True:
+            upper_ms = self._upper_ms()
+            if self.bucket >= upper_ms:
+                if not self.live:
+                    return
+                await asyncio.sleep(self.s.query_refresh_interval)
+                continue
+            rows = await self.store.read_tag_rows(
+                self.tag, self.bucket, after_in_bucket, ticks_of_micros(upper_ms * 1000), self.page
+            )
+            for row in rows:
+                async for r in self._handle(row):
+                    yield r
+                after_in_bucket = row.timeuuid
+                self.position = row.timeuuid
+            if len(rows) == self.page:
+                continue
+            if bucket_end(self.bucket, size) <= upper_ms:
+                last = bucket_of_millis(upper_ms, size)
+                nb = await self.store.next_bucket(self.tag, bucket_end(self.bucket, size), last)
+                self.bucket = last if nb is None else nb
+                after_in_bucket = None
+                continue
+            if not self.live:
+                return
+            if time.monotonic() - last_backtrack >= self.s.back_track_interval:
+                last_backtrack = time.monotonic()
+                async for r in self._back_track():
+                    yield r
+            await asyncio.sleep(self.s.query_refresh_interval)
+
+    async def _handle(self, row: TagRow) -> AsyncIterator[TagRow]:
+        verdict = self.tracker.classify(row.persistence_id, row.tag_pid_seq_nr)
+        if verdict is Verdict.DUPLICATE:
+            return
+        if verdict is Verdict.DELIVER:
+            self.tracker.delivered(row.persistence_id, row.tag_pid_seq_nr)
+            self.delivered += 1
+            yield row
+            return
+        async for r in self._search(row, unknown=verdict is Verdict.UNKNOWN_PID):
+            yield r
+
+    async def _search(self, held: TagRow, *, unknown: bool) -> AsyncIterator[TagRow]:
+        """Hold ``held``; find the pid's missing rows before it, or fail after the timeout."""
+        pid = held.persistence_id
+        lo, hi = self.tracker.missing(pid, held.tag_pid_seq_nr)
+        if hi - lo + 1 > self.s.max_missing_to_search:
+            raise TagEventsMissing(pid, self.tag, lo, hi, "more missing than max_missing_to_search")
+        timeout = self.s.new_persistence_id_scan_timeout if unknown else self.s.gap_timeout
+        deadline = time.monotonic() + timeout
+        size = self.s.bucket_size
+        while True:
+            found: dict[int, TagRow] = {}
+            for b in (previous_bucket(held.timebucket, size), held.timebucket):
+                after: uuid.UUID | None = None
+                while True:
+                    rows = await self.store.read_tag_rows(self.tag, b, after, ticks(held.timeuuid), self.page)
+                    for r in rows:
+                        if r.persistence_id == pid and lo <= r.tag_pid_seq_nr <= hi:
+                            found[r.tag_pid_seq_nr] = r
+                    if len(rows) < self.page:
+                        break
+                    after = rows[-1].timeuuid
+            n = lo
+            while n in found:
+                yield found[n]
+                self.tracker.delivered(pid, n)
+                self.delivered += 1
+                n += 1
+            lo = n
+            if lo > hi:
+                break
+            if time.monotonic() >= deadline:
+                if unknown:
+                    break  # a pid first seen mid-stream: accept it after the scan timeout
+                raise TagEventsMissing(
+                    pid, self.tag, lo, hi, f"not found within gap_timeout={self.s.gap_timeout}s"
+                )
+            await asyncio.sleep(min(SEARCH_POLL, max(0.0, deadline - time.monotonic())))
+        self.tracker.delivered(pid, held.tag_pid_seq_nr)
+        self.delivered += 1
+        yield held
+
+    async def _scan_start(self, after: uuid.UUID) -> None:
+        """Learn each pid's lowest number just after the start offset (seeding the tracker)."""
+        end_ticks = ticks(after) + int(self.s.offset_scanning_period * 10_000_000)
+        lowest: dict[str, int] = {}
+        cursor: uuid.UUID | None = after
+        while True:
+            rows = await self.store.read_tag_rows(self.tag, self.bucket, cursor, end_ticks, self.page)
+            for r in rows:
+                lowest[r.persistence_id] = min(lowest.get(r.persistence_id, r.tag_pid_seq_nr), r.tag_pid_seq_nr)
+            if len(rows) < self.page:
+                break
+            cursor = rows[-1].timeuuid
+        for pid, n in lowest.items():
+            self.tracker.seed(pid, n)
+
+    async def _back_track(self) -> AsyncIterator[TagRow]:
+        """Rescan behind the position for rows that committed late (their pid ran ahead or is new)."""
+        if self.position is None:
+            return
+        size = self.s.bucket_size
+        pos_ms = unix_millis(self.position)
+        lower_ms = pos_ms - int(self.s.back_track_period * 1000)
+        b = bucket_of_millis(lower_ms, size)
+        end = ticks(self.position) + 1
+        while b <= bucket_of(self.position, size):
+            cursor: uuid.UUID | None = None
+            while True:
+                rows = await self.store.read_tag_rows(self.tag, b, cursor, end, self.page)
+                for r in rows:
+                    if unix_millis(r.timeuuid) >= lower_ms:
+                        async for x in self._handle(r):
+                            yield x
+                if len(rows) < self.page:
+                    break
+                cursor = rows[-1].timeuuid
+            b = bucket_end(b, size)

@@ -1,0 +1,38 @@
+"""Spark pipelines over the journal (the ``spark`` extra): read by slice range, decode, write back.
+
+Importing this package does not import pyspark; the functions do, when called.
+"""
+
+from journal.errors import SparkSetupError
+
+from .backfill import BackfillResult, ProjectionBusy, ReadModel, backfill
+from .decode import decode_events, infer_schema, merge_schemas
+from .environment import JdbcDriver, find_java, find_jdbc_driver, spark_session
+from .export import export_parquet
+from .jdbc import JdbcSource, jdbc_source
+from .reader import JOURNAL_COLUMNS, journal_predicates, read_journal
+from .writer import WriteResult, drop_staging_tables, write_read_model
+
+__all__ = [
+    "JOURNAL_COLUMNS",
+    "BackfillResult",
+    "JdbcDriver",
+    "JdbcSource",
+    "ProjectionBusy",
+    "ReadModel",
+    "SparkSetupError",
+    "WriteResult",
+    "backfill",
+    "decode_events",
+    "drop_staging_tables",
+    "export_parquet",
+    "find_java",
+    "find_jdbc_driver",
+    "infer_schema",
+    "jdbc_source",
+    "journal_predicates",
+    "merge_schemas",
+    "read_journal",
+    "spark_session",
+    "write_read_model",
+]

@@ -1,0 +1,137 @@
+"""``projections spark-backfill`` and ``projections spark-export`` (registered on the app).
+
+Importing this module does not import pyspark: the commands do, when they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..cli import DataDirOption, DsnOption, SchemaOption, app
+
+EntityTypeOption = Annotated[str, typer.Option("--entity-type", help="Entity type whose events are read.")]
+PartitionsOption = Annotated[
+    int | None, typer.Option("--partitions", help="Spark partitions = slice ranges (divides 1024; default 8).")
+]
+MasterOption = Annotated[
+    str | None, typer.Option("--master", help="Spark master (default local[*]; e.g. spark://host:7077).")
+]
+
+
+def _prepare(dsn: str | None, schema: str | None, data_dir: Path | None, master: str | None, **over: Any) -> Any:
+    """Settings, target DSN and JDBC source; the JDBC source needs a TCP route for a cluster."""
+    from journal.cli.common import settings_from, target_dsn
+
+    from .jdbc import jdbc_source
+
+    settings = settings_from(schema, data_dir, master=master, **over)
+    target, _embedded = target_dsn(dsn, settings)
+    settings = settings.with_dsn(target)
+    local = settings.spark.master.startswith("local")
+    return settings, jdbc_source(target, settings.schema, local=local)
+
+
+async def _check_entity_type(journal: Any, entity_type: str) -> int:
+    """The number of events of ``entity_type``; an unknown type is an error naming the known ones."""
+    from journal.errors import InvalidArgument
+    from journal.ids import validate_entity_type
+
+    validate_entity_type(entity_type)
+    counts: dict[str, int] = (await journal.backend.info())["events"]
+    if entity_type not in counts:
+        known = ", ".join(f"{t or '(none)'} ({n})" for t, n in sorted(counts.items())) or "none: the journal is empty"
+        raise InvalidArgument(f"unknown entity type {entity_type!r}: the journal has {known}")
+    return counts[entity_type]
+
+
+def _say(msg: str) -> None:
+    typer.echo(msg, err=not sys.stdout.isatty())
+
+
+@app.command("spark-backfill")
+def spark_backfill(
+    name: Annotated[str, typer.Argument(help="Projection name (the one `projections run` uses).")],
+    entity_type: EntityTypeOption,
+    job: Annotated[str, typer.Option("--job", help="package.module:function(events) -> ReadModel | DataFrame.")],
+    table: Annotated[str | None, typer.Option("--table", help="Target table when the job returns a DataFrame.")] = None,
+    key: Annotated[list[str] | None, typer.Option("--key", help="Primary key column (repeatable).")] = None,
+    partitions: PartitionsOption = None,
+    master: MasterOption = None,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Compute a read model with Spark up to the journal's horizon, write it, and store the
+    projection's offsets there so `projections run NAME` continues from exactly that point."""
+    from journal.journal import open_journal
+
+    from .backfill import backfill, load_job
+    from .environment import spark_session
+
+    fn = load_job(job)
+    settings, source = _prepare(dsn, schema, data_dir, master, partitions=partitions)
+    sp = settings.spark
+
+    async def go() -> Any:
+        async with open_journal(settings.connection.dsn, settings=settings) as j:
+            await _check_entity_type(j, entity_type)
+            spark = spark_session(sp)
+            return await backfill(
+                spark, j, source, name, entity_type, fn, table=table, key=tuple(key or ()),
+                partitions=sp.partitions, fetch_size=sp.fetch_size, batch_size=sp.batch_size,
+            )  # fmt: skip
+
+    r = asyncio.run(go())
+    _say(
+        f"backfill {r.name}: {r.events} events read in {r.partitions} partitions, {r.rows_written} rows "
+        f"written to {r.table}, offsets at {r.cutoff.isoformat()}, {r.seconds:.1f} s"
+    )
+    _say(f"continue with: projections run {r.name} --entity-type {entity_type} --handler <module:handler>")
+
+
+@app.command("spark-export")
+def spark_export(
+    entity_type: EntityTypeOption,
+    out: Annotated[Path, typer.Option("--out", help="Output directory (Parquet).")],
+    by: Annotated[str, typer.Option("--by", help="Partition the files by slice_range or date.")] = "slice_range",
+    decode: Annotated[bool, typer.Option("--decode/--raw", help="Decode JSON payloads into columns.")] = True,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing output directory.")] = False,
+    partitions: PartitionsOption = None,
+    master: MasterOption = None,
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Write the events of an entity type to Parquet, partitioned by slice range (or date)."""
+    from journal.journal import open_journal
+
+    from .decode import decode_events
+    from .environment import spark_session
+    from .export import export_parquet
+    from .reader import read_journal
+
+    settings, source = _prepare(dsn, schema, data_dir, master, partitions=partitions)
+    sp = settings.spark
+
+    async def check() -> int:
+        async with open_journal(settings.connection.dsn, settings=settings) as j:
+            return await _check_entity_type(j, entity_type)
+
+    asyncio.run(check())
+    started = time.monotonic()
+    spark = spark_session(sp)
+    df = read_journal(spark, source, entity_type, partitions=sp.partitions, fetch_size=sp.fetch_size)
+    if decode:
+        df = decode_events(df)
+    export_parquet(df, out, partition_by=by, partitions=sp.partitions, overwrite=overwrite)  # type: ignore[arg-type]
+    rows = spark.read.parquet(str(out)).count()
+    _say(
+        f"exported {rows} events of {entity_type} in {sp.partitions} partitions to {out} "
+        f"(by {by}), {time.monotonic() - started:.1f} s"
+    )

@@ -1,0 +1,52 @@
+"""Subprocess: run the doubling processor on the projection runner until it is caught up.
+
+argv: dsn, crash mode ("none", "before": SIGKILL right before its first write, "after": SIGKILL
+right after its first write, before the runner commits offsets). Prints the events it wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+from journal import EventEnvelope, JournalSettings, open_journal
+from journal.entities import Processor, WriterHandler, processed_up_to
+from projections import Worker
+
+
+def double(env: EventEnvelope) -> list[object]:
+    return [{"src": env.persistence_id, "seq": env.seq_nr}] * 2
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def main(dsn: str, crash: str) -> None:
+    settings = JournalSettings.load(
+        env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, handler_backoff=0.02, group_size=50
+    )
+    async with open_journal(dsn, settings=settings) as j:
+        p = Processor(j, "doubler", "doubled", double, batch_size=5)
+        if crash == "before":
+            p.before_write = die
+        elif crash == "after":
+            p.after_write = die
+        worker = Worker(j, settings, "doubler", "src", WriterHandler(p), "grouped")
+        task = asyncio.create_task(worker.run())
+        targets = {pid: await j.highest_seq_nr(pid) async for pid in j.current_persistence_ids("src")}
+        deadline = time.monotonic() + 30
+        while not await processed_up_to(settings, "doubler", targets):
+            if task.done() or time.monotonic() > deadline:
+                raise SystemExit(f"processor did not catch up: {task}")
+            await asyncio.sleep(0.05)
+        worker.stop()
+        await task
+        print(p.written, flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))

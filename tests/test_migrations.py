@@ -1,0 +1,128 @@
+"""Alembic: head matches the MetaData, up/down/offline work, the version table has its own name."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, inspect
+
+from journal.postgres.dsn import sqlalchemy_url
+from journal.postgres.migrations import downgrade, head_revision, offline_sql, upgrade
+from journal.postgres.schema import VERSION_TABLE, metadata
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def empty_db(server_dsn: str) -> Iterator[str]:
+    name = f"sjmig_{uuid.uuid4().hex[:10]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(server_dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield urlunsplit(urlsplit(server_dsn)._replace(path="/" + name))
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _diff(dsn: str, schema: str) -> list[object]:
+    engine = create_engine(sqlalchemy_url(dsn), connect_args={"options": f"-csearch_path={schema}"})
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(
+                conn, opts={"compare_type": True, "compare_server_default": True, "version_table": VERSION_TABLE}
+            )
+            return list(compare_metadata(ctx, metadata))
+    finally:
+        engine.dispose()
+
+
+def _tables(dsn: str, schema: str) -> set[str]:
+    engine = create_engine(sqlalchemy_url(dsn))
+    try:
+        return set(inspect(engine).get_table_names(schema=schema))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("schema", ["public", "journal_events"])
+def test_head_matches_metadata_and_downgrade_works(empty_db: str, schema: str) -> None:
+    upgrade(empty_db, schema)
+    assert _diff(empty_db, schema) == []
+    tables = _tables(empty_db, schema)
+    assert {"event_journal", "snapshot", VERSION_TABLE} <= tables
+    assert "alembic_version" not in tables  # an application's own Alembic table stays untouched
+    downgrade(empty_db, schema, "base")
+    assert _tables(empty_db, schema) == {VERSION_TABLE}
+    upgrade(empty_db, schema)  # and up again
+    assert _diff(empty_db, schema) == []
+
+
+def test_slice_index_matches_the_reference(empty_db: str) -> None:
+    upgrade(empty_db)
+    engine = create_engine(sqlalchemy_url(empty_db))
+    try:
+        idx = {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("event_journal")}
+        pk = inspect(engine).get_pk_constraint("event_journal")["constrained_columns"]
+    finally:
+        engine.dispose()
+    assert idx["event_journal_slice_idx"] == ["slice", "entity_type", "db_timestamp", "seq_nr"]
+    assert pk == ["persistence_id", "seq_nr"]
+
+
+def test_offline_sql_for_a_dba() -> None:
+    sql = offline_sql("journal_events")
+    assert 'CREATE SCHEMA IF NOT EXISTS "journal_events"' in sql
+    assert "CREATE TABLE event_journal" in sql
+    assert "CREATE INDEX event_journal_slice_idx" in sql
+    assert VERSION_TABLE in sql
+
+
+def test_alembic_cli_from_the_repository_root(empty_db: str) -> None:
+    env = {**os.environ, "JOURNAL_DSN": empty_db}
+    alembic = [sys.executable, "-m", "alembic"]
+    subprocess.run([*alembic, "upgrade", "head"], cwd=ROOT, env=env, check=True, capture_output=True)
+    out = subprocess.run([*alembic, "current"], cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+    assert head_revision() in out.stdout
+    out = subprocess.run(
+        [*alembic, "-x", f"dsn={empty_db}", "upgrade", "head", "--sql"],
+        cwd=ROOT, env={**os.environ, "JOURNAL_DSN": ""}, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "CREATE TABLE event_journal" in out.stdout
+    subprocess.run([*alembic, "downgrade", "base"], cwd=ROOT, env=env, check=True, capture_output=True)
+    assert "event_journal" not in _tables(empty_db, "public")
+
+
+def test_journal_migrate_and_info_cli(empty_db: str, tmp_path: Path) -> None:
+    journal_cli = [sys.executable, "-c", "from journal.cli import main; main()"]
+    out = subprocess.run(
+        [*journal_cli, "migrate", "--dsn", empty_db, "--schema", "svc"],
+        check=True, capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert f"to {head_revision()}" in out.stdout
+    out = subprocess.run(
+        [*journal_cli, "info", "--dsn", empty_db, "--schema", "svc"],
+        check=True, capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert f"revision {head_revision()}" in out.stdout and "events:          0" in out.stdout
+    bad = subprocess.run([*journal_cli, "info", "--dsn", empty_db, "--schema", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "run `journal migrate`" in bad.stderr
+    bad = subprocess.run([*journal_cli, "migrate", "--schema", "bad-name", "--sql"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "not a valid identifier" in bad.stderr
