@@ -29,7 +29,7 @@ def spawn_worker(dsn: str, name: str, entity_type: str, handler: str = "projecti
     )  # fmt: skip
 
 
-async def wait_until(cond: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
+async def wait_until(cond: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:  # noqa: ASYNC109
     deadline = time.monotonic() + timeout
     while True:
         value = await cond()

@@ -54,7 +54,7 @@ async def exactly_once(conn: Any, env: EventEnvelope) -> None:
     await conn.execute("INSERT INTO t_seen VALUES ($1, $2)", env.persistence_id, env.seq_nr)
 
 
-async def run_until(worker: Worker, cond: Any, timeout: float = 20) -> None:
+async def run_until(worker: Worker, cond: Any, timeout: float = 20) -> None:  # noqa: ASYNC109
     task = asyncio.create_task(worker.run())
     try:
         await wait_until(cond, timeout, "the projection")
@@ -94,7 +94,9 @@ async def _eq(conn: asyncpg.Connection, n: int) -> bool:
     return await count(conn) == n
 
 
-async def test_handler_errors_roll_back_and_retry(journal: Journal, conn: asyncpg.Connection, fast: JournalSettings) -> None:
+async def test_handler_errors_roll_back_and_retry(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
+) -> None:
     total = await write(journal, "R", 10, 3)
     failures = {"left": 2}
 
@@ -136,8 +138,10 @@ async def _gap_setup(journal: Journal, conn: asyncpg.Connection, name: str) -> t
     return pid, envs
 
 
-async def test_gap_is_replayed_by_persistence_id(journal: Journal, conn: asyncpg.Connection, fast: JournalSettings) -> None:
-    pid, _ = await _gap_setup(journal, conn, "p-gap")
+async def test_gap_is_replayed_by_persistence_id(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
+) -> None:
+    await _gap_setup(journal, conn, "p-gap")
     w = Worker(journal, fast, "p-gap", "G", grouped, "grouped")
     await run_until(w, lambda: _eq(conn, 7))
     seqs = [r[0] for r in await conn.fetch("SELECT seq FROM t_seen ORDER BY seq")]
