@@ -88,6 +88,12 @@ def run(
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop_all)
+
+            def dump_tasks() -> None:  # diagnostics: kill -USR1 <pid> prints every task's stack
+                for t in asyncio.all_tasks():
+                    t.print_stack(file=sys.stderr)
+
+            loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
             tasks = [asyncio.create_task(w.run()) for w in ws]
             reporter = asyncio.create_task(_report(ws, show))
             results = await asyncio.gather(*tasks, return_exceptions=True)

@@ -44,6 +44,11 @@ class EventSource(Protocol):
 _END = object()
 
 
+def _consume(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("reader ended with %r", task.exception())
+
+
 class RangeProcessor:
     """Processes slices ``lo..hi`` while it holds their leases at ``epochs``."""
 
@@ -111,9 +116,10 @@ class RangeProcessor:
             if self.mode == "at-least-once" and self.validator.pending:
                 await self._maybe_flush(force=True)
         finally:
+            # never let a reader that is slow to unwind (a query being cancelled) hold up the
+            # hand-over of these slices: it finishes in the background
+            reader.add_done_callback(_consume)
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
 
     async def _read(self, offset: TimestampOffset | None, queue: asyncio.Queue[Any]) -> None:
         try:

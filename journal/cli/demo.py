@@ -28,7 +28,7 @@ def demo(
     duration: Annotated[float, typer.Option(min=5, help="Seconds of write load.")] = 40.0,
     workers: Annotated[int, typer.Option(min=1, help="Projection worker processes at the start.")] = 2,
     scale_to: Annotated[int, typer.Option(min=1, help="Worker processes after the rescale.")] = 4,
-    rate: Annotated[float, typer.Option(min=10, help="Target events written per second.")] = 1500.0,
+    rate: Annotated[float, typer.Option(min=10, help="Target events written per second.")] = 1000.0,
     writers: Annotated[int, typer.Option(min=1, help="Concurrent writer tasks.")] = 50,
 ) -> None:
     """Write, project across processes (kill one, restart, rescale), verify: exit 1 on any loss or double."""
