@@ -194,7 +194,8 @@ def status(
         for c in ("worker", "state", "live", "events", "error"):
             w.add_column(c)
         for row in st.workers:
-            w.add_row(row["worker_id"], row["state"], str(row["live"]), str(row["events"]), row["error"] or "")
+            state = "dead (lease expired)" if row["state"] == "running" and not row["live"] else row["state"]
+            w.add_row(row["worker_id"], state, str(row["live"]), str(row["events"]), row["error"] or "")
         console.print(w)
 
 

@@ -112,6 +112,7 @@ class Worker:
                     if loop.time() - last_prune > self.ps.offset_prune_interval and self.epochs:
                         last_prune = loop.time()
                         async with self._pool.acquire() as conn:
+                            await self.sql.forget_dead_workers(conn, self.name, timedelta(hours=1))
                             await self.sql.prune(
                                 conn, self.name, sorted(self.epochs),
                                 timedelta(seconds=self.ps.offset_delete_after),
