@@ -49,6 +49,16 @@ class TimestampOffset:
         object.__setattr__(self, "timestamp", self.timestamp.astimezone(UTC))
         object.__setattr__(self, "seen", MappingProxyType(dict(self.seen)))
 
+    @classmethod
+    def trusted(cls, timestamp: datetime, seen: Mapping[str, int]) -> TimestampOffset:
+        """Hot-path constructor for values already valid: a UTC datetime and a ``seen`` mapping
+        the caller never mutates afterwards (used by the slice queries, once per event)."""
+        o = object.__new__(cls)
+        object.__setattr__(o, "timestamp", timestamp)
+        object.__setattr__(o, "seen", MappingProxyType(seen))
+        object.__setattr__(o, "read_timestamp", None)
+        return o
+
     def is_after(self, timestamp: datetime, persistence_id: str, seq_nr: int) -> bool:
         """True if an event at (timestamp, pid, seq_nr) lies after this offset (not yet delivered)."""
         if timestamp > self.timestamp:

@@ -97,7 +97,7 @@ class JsonSerializer:
         return json.dumps(value, default=_to_jsonable, separators=(",", ":")).encode()
 
     def from_bytes(self, payload: bytes, manifest: str) -> Any:
-        data = json.loads(payload)
+        data = json.loads(payload.decode())  # UTF-8 as written: skips json's encoding detection
         if manifest and manifest in self._types:
             return self._types[manifest](data)
         return data

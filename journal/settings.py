@@ -130,6 +130,8 @@ class TagSettings:
     """A gap larger than this fails at once."""
     query_refresh_interval: float = 3.0
     """Seconds between polls of an idle live events-by-tag query."""
+    query_page_size: int = 5000
+    """Tag rows fetched per round trip by events-by-tag (catch-up is bound by round trips)."""
 
 
 @dataclass(frozen=True)

@@ -55,10 +55,13 @@ def _range(slices: str) -> tuple[int, int]:
 @app.command()
 def run(
     name: Annotated[str, typer.Argument(help="Projection name (offsets and leases are kept under it).")],
-    entity_type: Annotated[str, typer.Option("--entity-type", help="Entity type whose events are projected.")],
     handler: Annotated[str, typer.Option("--handler", help="The handler, as package.module:callable.")],
     mode: Annotated[str, typer.Option("--mode", help="exactly-once | grouped | at-least-once")] = "grouped",
     workers: Annotated[int, typer.Option("--workers", min=1, help="Workers in this process.")] = 1,
+    entity_type: Annotated[
+        str | None, typer.Option("--entity-type", help="Entity type whose events are projected (slices).")
+    ] = None,
+    tag: Annotated[str | None, typer.Option("--tag", help="Project the events of this tag instead.")] = None,
     dsn: DsnOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
@@ -69,8 +72,12 @@ def run(
     from journal.journal import open_journal
 
     from .handlers import load_handler, validate_mode
+    from .tag_runner import TagWorker
     from .worker import Worker
 
+    if (entity_type is None) == (tag is None):
+        typer.secho("error: give exactly one of --entity-type and --tag", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2)
     settings = _settings(schema, data_dir)
     fn = load_handler(handler)
     validate_mode(mode)
@@ -79,7 +86,12 @@ def run(
 
     async def go() -> int:
         async with open_journal(dsn, settings=settings) as j:
-            ws = [Worker(j, j.settings, name, entity_type, fn, mode) for _ in range(workers)]  # type: ignore[arg-type]
+            ws: list[Worker] = [
+                TagWorker(j, j.settings, name, tag, fn, mode)
+                if tag is not None
+                else Worker(j, j.settings, name, entity_type or "", fn, mode)  # type: ignore[arg-type]
+                for _ in range(workers)
+            ]
             loop = asyncio.get_running_loop()
 
             def stop_all() -> None:

@@ -59,6 +59,9 @@ def parse_key(key: str) -> range:
 class Worker:
     """Runs one projection's share of slices until :meth:`stop` (or a fatal handler error)."""
 
+    slice_count: int = NUMBER_OF_SLICES
+    """Lease rows of the projection (a tag projection has one: see projections.tag_runner)."""
+
     def __init__(
         self,
         journal: EventSource,
@@ -103,7 +106,7 @@ class Worker:
         self._pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=8)
         try:
             async with self._pool.acquire() as conn:
-                await self.sql.ensure_leases(conn, self.name, NUMBER_OF_SLICES)
+                await self.sql.ensure_leases(conn, self.name, self.slice_count)
             last_prune = 0.0
             loop = asyncio.get_running_loop()
             while not self._stop.is_set() and self.error is None:
@@ -140,7 +143,9 @@ class Worker:
             workers = await self.sql.live_workers(conn, self.name)
             held = await self.sql.renew_leases(conn, self.name, self.worker_id, self._ttl)
             paused = await self.sql.paused_keys(conn, self.name)
-        desired = set(chunk(workers.index(self.worker_id), len(workers))) if self.worker_id in workers else set()
+        desired: set[int] = set()
+        if self.worker_id in workers:
+            desired = set(chunk(workers.index(self.worker_id), len(workers), self.slice_count))
         # slices lost (taken over after an expiry) or to give away: stop their processors first
         lost = {s for s, e in self.epochs.items() if held.get(s) != e}
         give = set(held) - desired

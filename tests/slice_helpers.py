@@ -62,7 +62,7 @@ async def collect(it: AsyncIterator[EventEnvelope]) -> list[EventEnvelope]:
     return [e async for e in it]
 
 
-async def wait_for(cond: Callable[[], bool], timeout: float, what: str = "condition") -> None:
+async def wait_for(cond: Callable[[], bool], timeout: float, what: str = "condition") -> None:  # noqa: ASYNC109
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:

@@ -35,7 +35,9 @@ REFERENCE_COLUMNS = {
     "tag_views": "tag_name text, persistence_id text, sequence_nr bigint, timebucket bigint, timestamp timeuuid, "
     "tag_pid_sequence_nr bigint, writer_uuid text, ser_id int, ser_manifest text, event_manifest text, event blob, "
     "meta_ser_id int, meta_ser_manifest text, meta blob",
-    "tag_write_progress": "persistence_id text, tag text, sequence_nr bigint, tag_pid_sequence_nr bigint, offset timeuuid",
+    "tag_write_progress": (
+        "persistence_id text, tag text, sequence_nr bigint, tag_pid_sequence_nr bigint, offset timeuuid"
+    ),
     "metadata": "persistence_id text PRIMARY KEY, deleted_to bigint, properties map<text, text>",
     "all_persistence_ids": "persistence_id text PRIMARY KEY",
 }
@@ -96,3 +98,15 @@ def test_cli_prints_the_schema() -> None:
     out = CliRunner().invoke(app, ["cassandra-schema", "--keyspace", "demo"])
     assert out.exit_code == 0, out.output
     assert "CREATE TABLE IF NOT EXISTS demo.tag_views" in out.output
+
+
+def test_timeuuid_bounds_are_cassandras_minimum() -> None:
+    """Cassandra compares clock-sequence and node bytes signed: 0x80.. is the least, as the driver's
+    min_uuid_from_time makes it; a bound with 0x00 bytes would cut rows at the bucket's first tick."""
+    util = pytest.importorskip("cassandra.util")
+    from journal.cassandra.tag_store import lower_bound, upper_bound
+    from journal.tags.timeuuid import GREGORIAN_OFFSET
+
+    ms = 1_700_000_000_000
+    assert lower_bound(ms) == util.min_uuid_from_time(ms / 1000)
+    assert upper_bound(ms * 10_000 + GREGORIAN_OFFSET) == util.min_uuid_from_time(ms / 1000)

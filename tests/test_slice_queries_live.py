@@ -31,7 +31,7 @@ async def _adversarial(dsn: str, mode: QueryMode, seed: int) -> None:
     rnd = random.Random(seed)
     settings = JournalSettings.load(
         env={}, dsn=dsn, buffer_size=50, refresh_interval=0.5, backtracking_window=30.0,
-        backtracking_behind_current_time=3.0, mode=mode,
+        backtracking_behind_current_time=6.0, mode=mode,
     )  # fmt: skip
     async with open_journal(dsn, settings=settings) as j:
         consumers = [Consumer(j.events_by_slices("adv", lo, hi)) for lo, hi in slice_ranges(4)]
@@ -39,6 +39,7 @@ async def _adversarial(dsn: str, mode: QueryMode, seed: int) -> None:
         aborted: set[tuple[str, int]] = set()
         stop = time.monotonic() + WRITE_SECONDS
         late_count = {"late": 0, "aborted": 0}
+        lateness: dict[tuple[str, int], float] = {}
 
         async def normal(w: int) -> None:
             n = 0
@@ -56,6 +57,7 @@ async def _adversarial(dsn: str, mode: QueryMode, seed: int) -> None:
                 lw = LateWriter(j, dsn)
                 rows = await lw.begin_and_write([request(j, p, ["x"] * rnd.randint(1, 4)) for p in pids])
                 keys = {(r["persistence_id"], r["first_seq_nr"] + i) for r in rows for i in range(r["n"])}
+                ts = rows[0]["db_timestamp"].timestamp()
                 await asyncio.sleep(rnd.uniform(0.05, 2.0))  # others begin, write and commit meanwhile
                 if rnd.random() < 0.2:
                     await lw.rollback()
@@ -64,6 +66,8 @@ async def _adversarial(dsn: str, mode: QueryMode, seed: int) -> None:
                 else:
                     await lw.commit()
                     committed.update(keys)
+                    for k in keys:
+                        lateness[k] = time.time() - ts
                     late_count["late"] += 1
                 n += 1
 
@@ -74,7 +78,15 @@ async def _adversarial(dsn: str, mode: QueryMode, seed: int) -> None:
             return {(e.persistence_id, e.seq_nr) for c in consumers for e in c.events}
 
         try:
-            await wait_for(lambda: delivered() >= committed, 30, f"all committed events ({mode})")
+            try:
+                await wait_for(lambda: delivered() >= committed, 30, f"all committed events ({mode})")
+            except AssertionError:
+                missing = committed - delivered()
+                late = sorted(lateness.get(k, 0.0) for k in missing)
+                raise AssertionError(
+                    f"{len(missing)} of {len(committed)} missing ({mode}); commit lateness of the "
+                    f"missing ones: {late[:5]}..{late[-5:]}; max overall {max(lateness.values()):.2f}s"
+                ) from None
             await asyncio.sleep(0.5)  # anything extra (duplicates, aborted) would show by now
         finally:
             for c in consumers:

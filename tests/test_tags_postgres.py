@@ -146,7 +146,9 @@ async def test_writers_across_bucket_boundaries_minute_bucket(dsn: str) -> None:
     spread over several Minute buckets: each delivered once per tag, in order per pid."""
     await truncate_all(dsn)
     start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
-    s = tag_settings(dsn, bucket_size="Minute", first_time_bucket=start.strftime("%Y%m%dT%H:%M"), max_message_batch_size=7)
+    s = tag_settings(
+        dsn, bucket_size="Minute", first_time_bucket=start.strftime("%Y%m%dT%H:%M"), max_message_batch_size=7
+    )
     async with open_journal(dsn, settings=s) as j:
         store = store_of(j)
         writers = TagWriters(store, s.tags)
@@ -356,7 +358,8 @@ async def test_back_pressure_bounded_buffer(tj: Journal, dsn: str) -> None:
         nonlocal added
         for seq in range(1, 21):
             ts = base + timedelta(milliseconds=seq)
-            await w.add(TaggedEvent("P|1", seq, timeuuid_for_event(ts, "P|1", seq), ("p",), Serialized(1, "", b"1"), "w"))
+            u = timeuuid_for_event(ts, "P|1", seq)
+            await w.add(TaggedEvent("P|1", seq, u, ("p",), Serialized(1, "", b"1"), "w"))
             added += 1
 
     task = asyncio.create_task(produce())

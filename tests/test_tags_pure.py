@@ -110,7 +110,8 @@ def test_batches_bounded_never_span_buckets_numbering_per_pid(
         assert len({r.timebucket for r in batch}) == 1
         progress = state.completed()
         assert {p.persistence_id: p.tag_pid_seq_nr for p in progress} == {
-            pid: max(r.tag_pid_seq_nr for r in batch if r.persistence_id == pid) for pid in {r.persistence_id for r in batch}
+            pid: max(r.tag_pid_seq_nr for r in batch if r.persistence_id == pid)
+            for pid in {r.persistence_id for r in batch}
         }
         written.extend(batch)
     assert len(written) == len(items)

@@ -45,24 +45,41 @@ def parse_target(target: str) -> tuple[list[str], int, str]:
 
 
 async def _run(session: Any, stmt: Any, params: Sequence[Any] | None = None) -> list[Any]:
-    """execute_async -> asyncio: the driver's callbacks resolve a future on our loop."""
+    """execute_async -> asyncio, every page of the result.
+
+    The driver calls ``add_callbacks``' callback on its own event thread with ONE page of rows
+    (5000 by default); when ``has_more_pages`` is set, ``start_fetching_next_page()`` fetches the
+    next one and the same callbacks run again. Results settle on our loop through
+    ``call_soon_threadsafe`` (a loop closed meanwhile is ignored: nobody awaits any more).
+    """
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[list[Any]] = loop.create_future()
+    rows: list[Any] = []
     rf = session.execute_async(stmt, params)
 
-    def settle(result: list[Any] | None, exc: BaseException | None) -> None:
-        if fut.done():
+    def settle(exc: BaseException | None) -> None:
+        if fut.done():  # cancelled by the awaiting side
             return
         if exc is not None:
             fut.set_exception(_map(exc))
         else:
-            fut.set_result(result or [])
+            fut.set_result(rows)
 
-    def ok(rows: Any) -> None:
-        loop.call_soon_threadsafe(settle, list(rows or []), None)
+    def to_loop(exc: BaseException | None) -> None:
+        try:
+            loop.call_soon_threadsafe(settle, exc)
+        except RuntimeError:  # the loop is closed
+            pass
+
+    def ok(page: Any) -> None:
+        rows.extend(page or ())
+        if rf.has_more_pages and not fut.done():
+            rf.start_fetching_next_page()
+        else:
+            to_loop(None)
 
     def err(exc: BaseException) -> None:
-        loop.call_soon_threadsafe(settle, None, exc)
+        to_loop(exc)
 
     rf.add_callbacks(ok, err)
     return await fut
@@ -168,18 +185,20 @@ class CassandraBackend:
         return int(rows[0].deleted_to or 0) if rows else 0
 
     async def highest_seq_nr(self, persistence_id: str) -> int:
-        highest = 0
-        p = 0
+        """Partitions below the one holding ``deleted_to + 1`` may be deleted (empty), so the scan
+        starts there; it stops at the first empty partition past the highest number's partition
+        (an atomic write may run past its partition's target size, one partition on)."""
+        deleted_to = await self._deleted_to(persistence_id)
+        highest = deleted_to
+        p = partition_nr(deleted_to + 1, self.target_partition_size)
         while True:
             rows = await self.run("highest_in_partition", persistence_id, p)
-            if not rows:
-                # an atomic write may run past the target size: look one partition further
-                if p > partition_nr(max(highest, 1), self.target_partition_size):
-                    break
-            else:
+            if rows:
                 highest = max(highest, int(rows[0].sequence_nr))
+            elif p > partition_nr(max(highest, 1), self.target_partition_size):
+                break
             p += 1
-        return max(highest, await self._deleted_to(persistence_id))
+        return highest
 
     async def read_events(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> list[StoredEvent]:
         return [_event(x) for x in await self.read_rows(persistence_id, from_seq_nr, to_seq_nr, limit)]
@@ -235,10 +254,10 @@ class CassandraBackend:
         if not rows:
             return None
         r = rows[0]
-        meta = Serialized(r.meta_ser_id, r.meta_ser_manifest or "", bytes(r.meta or b"")) if r.meta_ser_id is not None else None
+        meta = _meta(r)
         return SnapshotRow(
-            persistence_id=persistence_id, entity_type=entity_type_of(persistence_id),
-            slice=slice_for(persistence_id), seq_nr=r.sequence_nr, write_timestamp=r.timestamp or int(time.time() * 1000),
+            persistence_id=persistence_id, entity_type=entity_type_of(persistence_id), slice=slice_for(persistence_id),
+            seq_nr=r.sequence_nr, write_timestamp=r.timestamp or int(time.time() * 1000),
             state=Serialized(r.ser_id, r.ser_manifest, bytes(r.snapshot_data)), meta=meta,
         )  # fmt: skip
 
@@ -246,10 +265,16 @@ class CassandraBackend:
         await self.run("delete_snapshots", persistence_id)
 
 
+def _meta(x: Any) -> Serialized | None:
+    if x.meta_ser_id is None:
+        return None
+    return Serialized(x.meta_ser_id, x.meta_ser_manifest or "", bytes(x.meta or b""))
+
+
 def _event(x: Any) -> StoredEvent:
     from ..ids import entity_type_of, slice_for
 
-    meta = Serialized(x.meta_ser_id, x.meta_ser_manifest or "", bytes(x.meta or b"")) if x.meta_ser_id is not None else None
+    meta = _meta(x)
     return StoredEvent(
         persistence_id=x.persistence_id, entity_type=entity_type_of(x.persistence_id),
         slice=slice_for(x.persistence_id), seq_nr=x.sequence_nr, db_timestamp=datetime_of(x.timestamp),

@@ -20,7 +20,9 @@ _KEYSPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 
 def validate_keyspace(name: str) -> str:
     if not _KEYSPACE.match(name or ""):
-        raise ConfigurationError(f"keyspace {name!r} is not a valid Cassandra identifier (letters, digits, '_', max 48)")
+        raise ConfigurationError(
+            f"keyspace {name!r} is not a valid Cassandra identifier (letters, digits, '_', max 48)"
+        )
     return name
 
 

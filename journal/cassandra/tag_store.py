@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigurationError
 from ..serialization import Serialized
 from ..tags.store import TaggedEvent, TagProgress, TagRow
-from ..tags.timeuuid import GREGORIAN_OFFSET, min_timeuuid
+from ..tags.timeuuid import GREGORIAN_OFFSET
 
 if TYPE_CHECKING:
     from .backend import CassandraBackend
@@ -19,14 +19,29 @@ SETTINGS_PID = "__slice_journal_settings__"
 
 
 def _meta(x: Any) -> Serialized | None:
-    return Serialized(x.meta_ser_id, x.meta_ser_manifest or "", bytes(x.meta or b"")) if x.meta_ser_id is not None else None
+    if x.meta_ser_id is None:
+        return None
+    return Serialized(x.meta_ser_id, x.meta_ser_manifest or "", bytes(x.meta or b""))
+
+
+def _bound(t: int) -> uuid.UUID:
+    """The lowest TimeUUID at 100-ns time ``t`` *as Cassandra compares them*: time first, then the
+    clock-sequence and node bytes as signed bytes, so 0x80 in every byte is the least (the
+    driver's ``cassandra.util.min_uuid_from_time`` and CQL ``minTimeuuid`` use the same bytes).
+    ``timestamp > _bound(t)`` therefore keeps every real row at time ``t`` and ``timestamp <
+    _bound(t)`` keeps only rows strictly before ``t``."""
+    return uuid.UUID(fields=(t & 0xFFFFFFFF, (t >> 32) & 0xFFFF, ((t >> 48) & 0x0FFF) | 0x1000, 0x80, 0x80,
+                             0x808080808080))  # fmt: skip
+
+
+def lower_bound(bucket_millis: int) -> uuid.UUID:
+    """Exclusive lower bound that keeps every row of a bucket starting at ``bucket_millis``."""
+    return _bound(bucket_millis * 10_000 + GREGORIAN_OFFSET)
 
 
 def upper_bound(before_ticks: int) -> uuid.UUID:
-    """A TimeUUID bound whose time is ``before_ticks`` (exclusive upper bound of a read)."""
-    return min_timeuuid((before_ticks - GREGORIAN_OFFSET) // 10_000) if (before_ticks - GREGORIAN_OFFSET) % 10_000 == 0 \
-        else uuid.UUID(fields=(before_ticks & 0xFFFFFFFF, (before_ticks >> 32) & 0xFFFF,
-                               ((before_ticks >> 48) & 0x0FFF) | 0x1000, 0x80, 0, 0))  # fmt: skip
+    """Exclusive upper bound: rows whose time is strictly below ``before_ticks``."""
+    return _bound(before_ticks)
 
 
 class CassandraTagStore:
@@ -57,7 +72,9 @@ class CassandraTagStore:
 
     async def read_progress(self, persistence_id: str) -> dict[str, TagProgress]:
         rows = await self.b.run("read_progress", persistence_id)
-        return {r.tag: TagProgress(r.persistence_id, r.tag, r.sequence_nr, r.tag_pid_sequence_nr, r.offset) for r in rows}
+        return {
+            r.tag: TagProgress(r.persistence_id, r.tag, r.sequence_nr, r.tag_pid_sequence_nr, r.offset) for r in rows
+        }
 
     async def read_scanning(self, persistence_id: str) -> int:
         rows = await self.b.run("read_scanning", persistence_id)
@@ -77,7 +94,7 @@ class CassandraTagStore:
     async def read_tag_rows(
         self, tag: str, bucket: int, after: uuid.UUID | None, before_ticks: int, limit: int
     ) -> list[TagRow]:
-        lower = after if after is not None else min_timeuuid(bucket)
+        lower = after if after is not None else lower_bound(bucket)
         rows = await self.b.run("read_tag_views", tag, bucket, lower, upper_bound(before_ticks), limit)
         return [
             TagRow(r.tag_name, r.timebucket, r.timestamp, r.persistence_id, r.tag_pid_sequence_nr, r.sequence_nr,

@@ -187,3 +187,19 @@ projection_worker = Table(
     PrimaryKeyConstraint("projection_name", "worker_id", name="projection_worker_pkey"),
 )
 """Live workers (membership for rebalancing) and their last state and error (for status)."""
+
+projection_tag_offset_store = Table(
+    "projection_tag_offset_store",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("tag", String(255), nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("seq_nr", BigInteger, nullable=False),
+    Column("tag_offset", UUID(as_uuid=True), nullable=False),
+    Column("offset_time", BigInteger, nullable=False),
+    Column("timestamp_consumed", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("projection_name", "tag", "persistence_id", name="projection_tag_offset_store_pkey"),
+)
+"""Offsets of projections over a tag (issue 7): per pid its latest processed seq_nr and TimeUUID
+offset. The query resumes after the greatest offset (``offset_time``, then the uuid bytes: the
+order of tag_views); ``seq_nr`` drops what a re-read delivers twice."""

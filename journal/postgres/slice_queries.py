@@ -39,21 +39,24 @@ class SliceStatements:
         return f'"{self.schema}".event_journal'
 
     def page(self, *, with_payload: bool) -> str:
-        """One page of a slice range in ``[$4, $5)``, ordered by (db_timestamp, seq_nr, pid).
+        """One page of a slice range in ``[$3, $4)``, ordered by (db_timestamp, seq_nr, pid).
 
-        Rows at exactly ``$4`` already delivered (``$6``/``$7``: parallel arrays of pid and the
-        highest seq_nr seen at that timestamp) are skipped in SQL, so a page always progresses
-        even when more than a page of events share one timestamp. The time range is bounded on
-        both sides, so the scan of event_journal_slice_idx stays short far from the tail.
+        ``$2`` lists the slices: ``slice = ANY(...)`` makes one index descent per slice on
+        (slice, entity_type, db_timestamp), where ``BETWEEN`` would walk every index entry of the
+        whole slice range (the reference's known "BETWEEN vs IN" slowness). Rows at exactly
+        ``$3`` already delivered (``$5``/``$6``: parallel arrays of pid and the highest seq_nr
+        seen at that timestamp) are skipped in SQL, so a page always progresses even when more
+        than a page of events share one timestamp. The time range is bounded on both sides, so
+        the scan stays short far from the tail.
         """
         cols = _PAYLOAD_COLUMNS if with_payload else _NO_PAYLOAD_COLUMNS
         return (
             f"SELECT {cols} FROM {self.ej} "
-            "WHERE entity_type = $1 AND slice BETWEEN $2 AND $3 "
-            "AND db_timestamp >= $4 AND db_timestamp < $5 AND deleted = false "
-            "AND NOT (db_timestamp = $4 AND EXISTS (SELECT 1 FROM unnest($6::text[], $7::bigint[]) "
+            "WHERE entity_type = $1 AND slice = ANY($2::int[]) "
+            "AND db_timestamp >= $3 AND db_timestamp < $4 AND deleted = false "
+            "AND NOT (db_timestamp = $3 AND EXISTS (SELECT 1 FROM unnest($5::text[], $6::bigint[]) "
             "AS s(pid, seq) WHERE s.pid = persistence_id AND s.seq >= seq_nr)) "
-            "ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $8"
+            "ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $7"
         )
 
     @property

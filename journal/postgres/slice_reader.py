@@ -39,10 +39,18 @@ class PostgresSliceReader:
         self._settings = settings
         self._row = row_to_event
         self.sql = SliceStatements(settings.schema)
+        self._slice_lists: dict[tuple[int, int], list[int]] = {}
         self._page = {
             True: self.sql.page(with_payload=True),
             False: self.sql.page(with_payload=False),
         }
+
+    def _slices(self, lo: int, hi: int) -> list[int]:
+        key = (lo, hi)
+        got = self._slice_lists.get(key)
+        if got is None:
+            got = self._slice_lists[key] = list(range(lo, hi + 1))
+        return got
 
     async def _fetch(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
         async def op() -> list[asyncpg.Record]:
@@ -79,7 +87,7 @@ class PostgresSliceReader:
         rows = await self._fetch(
             "slice page",
             self._page[with_payload],
-            entity_type, min_slice, max_slice, from_timestamp, to_timestamp,
+            entity_type, self._slices(min_slice, max_slice), from_timestamp, to_timestamp,
             list(seen.keys()), list(seen.values()), limit,
         )  # fmt: skip
         row = self._row

@@ -65,7 +65,9 @@ class PostgresTagStore:
     async def read_progress(self, persistence_id: str) -> dict[str, TagProgress]:
         rows = await self._run("read tag progress", lambda conn: conn.fetch(self.sql.read_progress, persistence_id))
         return {
-            r["tag"]: TagProgress(r["persistence_id"], r["tag"], r["sequence_nr"], r["tag_pid_sequence_nr"], r["offset"])
+            r["tag"]: TagProgress(
+                r["persistence_id"], r["tag"], r["sequence_nr"], r["tag_pid_sequence_nr"], r["offset"]
+            )
             for r in rows
         }
 
@@ -101,20 +103,14 @@ class PostgresTagStore:
         rows = await self._run(
             "read tag rows", lambda conn: conn.fetch(self.sql.read_rows, tag, bucket, a_t, a_u, before_ticks, limit)
         )
+        # positional access (the column order of TAG_ROW_COLUMNS): this is the catch-up hot loop
         return [
             TagRow(
-                tag=r["tag_name"],
-                timebucket=r["timebucket"],
-                timeuuid=r["timestamp"],
-                persistence_id=r["persistence_id"],
-                tag_pid_seq_nr=r["tag_pid_sequence_nr"],
-                seq_nr=r["sequence_nr"],
-                writer=r["writer_uuid"],
-                event=Serialized(r["ser_id"], r["ser_manifest"], bytes(r["event"])),
-                meta=_meta(r["meta_ser_id"], r["meta_ser_manifest"], r["meta"]),
+                r[0], r[1], r[2], r[4], r[5], r[6], r[7], Serialized(r[8], r[9], r[10]),
+                None if r[11] is None else Serialized(r[11], r[12] or "", r[13] or b""),
             )
             for r in rows
-        ]
+        ]  # fmt: skip
 
     async def next_bucket(self, tag: str, from_bucket: int, to_bucket: int) -> int | None:
         v = await self._run(

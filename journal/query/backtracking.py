@@ -82,7 +82,9 @@ class BacktrackingState:
         if not self.active:
             if not self._triggered(live):
                 return None
-            live_ts = live.offset.timestamp if live.offset is not None else live.floor
+            # The live query's read position (not just its last event): a late event above
+            # the last delivered one but below where the live query already read must be covered.
+            live_ts = live.safe_timestamp
             self.upper = min(live_ts, now - self.behind)
             lower = live_ts - self.window
             if self.pager is None:

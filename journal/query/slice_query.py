@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
 from ..backend import StoredEvent
@@ -46,7 +46,6 @@ class SliceQueryState:
         self.probe_from = self.floor
         self.caught_up = False
         self.last_count = 0
-        self._seen: dict[str, int] = dict(offset.seen) if offset is not None else {}
 
     def start(self) -> tuple[datetime, Mapping[str, int]]:
         o = self.offset
@@ -67,11 +66,15 @@ class SliceQueryState:
     def offset_for(self, row: StoredEvent) -> TimestampOffset:
         """Advance the delivered offset past ``row`` (rows must come in query order)."""
         o = self.offset
-        if o is not None and row.db_timestamp == o.timestamp:
-            self._seen[row.persistence_id] = row.seq_nr
+        ts = row.db_timestamp
+        if ts.tzinfo is not UTC:
+            ts = ts.astimezone(UTC)
+        if o is not None and ts == o.timestamp:
+            seen = dict(o.seen)
+            seen[row.persistence_id] = row.seq_nr
         else:
-            self._seen = {row.persistence_id: row.seq_nr}
-        new = TimestampOffset(row.db_timestamp, self._seen)
+            seen = {row.persistence_id: row.seq_nr}
+        new = TimestampOffset.trusted(ts, seen)
         self.offset = new
         return new
 

@@ -24,7 +24,7 @@ from ..settings import JournalSettings, QueryMode
 from .backtracking import BacktrackingState
 from .horizon import Horizon
 from .notifications import NotificationHub, Subscription
-from .slice_query import SliceQueryState, poll_delay
+from .slice_query import PageRequest, SliceQueryState, poll_delay
 
 log = logging.getLogger("journal.query.slices")
 
@@ -109,23 +109,46 @@ class SliceQueries:
     async def _catch_up(
         self, state: SliceQueryState, bound: datetime, et: str, lo: int, hi: int
     ) -> AsyncIterator[EventEnvelope]:
-        """Read pages until everything below ``bound`` is delivered."""
+        """Read pages until everything below ``bound`` is delivered.
+
+        The next page is fetched while the current one is handed out (the state knows where the
+        next page starts once the current page's offsets are computed), so the database and the
+        decoding overlap. A failed fetch surfaces only after the previous page was delivered.
+        """
         b = self.backend
-        while True:
-            req = state.request(bound)
-            if req is None:
-                return
-            rows = await b.read_slice_page(
-                et, lo, hi, req.from_timestamp, req.seen, req.to_timestamp, req.limit
+
+        def read(req: PageRequest) -> asyncio.Task[list[StoredEvent]]:
+            t = asyncio.ensure_future(
+                b.read_slice_page(
+                    et, lo, hi, req.from_timestamp, req.seen, req.to_timestamp, req.limit
+                )
             )
-            for r in rows:
-                yield self.envelope(r, state.offset_for(r))
-            state.accept(req, rows, bound)
-            if state.needs_probe:
-                found = await b.next_slice_timestamp(et, lo, hi, state.probe_from, bound)
-                state.skip_to(found if found is not None else bound)
-            if state.caught_up:
-                return
+            t.add_done_callback(_retrieve)
+            return t
+
+        req = state.request(bound)
+        if req is None:
+            return
+        pending: asyncio.Task[list[StoredEvent]] | None = read(req)
+        try:
+            while pending is not None:
+                rows = await pending
+                pending = None
+                offsets = [state.offset_for(r) for r in rows]
+                state.accept(req, rows, bound)
+                if state.needs_probe:
+                    found = await b.next_slice_timestamp(et, lo, hi, state.probe_from, bound)
+                    state.skip_to(found if found is not None else bound)
+                nxt = None if state.caught_up else state.request(bound)
+                if nxt is not None:
+                    pending = read(nxt)
+                    req = nxt
+                envelope = self.envelope
+                for r, o in zip(rows, offsets, strict=True):
+                    yield envelope(r, o)
+        finally:
+            if pending is not None:
+                pending.cancel()
 
     async def current(
         self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode
@@ -278,6 +301,11 @@ class SliceQueries:
                     await _wait(sub, poll_delay(len(rows), page, self.q.refresh_interval) or 0.0)
         finally:
             sub.close()
+
+
+def _retrieve(t: asyncio.Task[list[StoredEvent]]) -> None:
+    if not t.cancelled():
+        t.exception()  # an abandoned prefetch's error is not an unhandled one
 
 
 async def _wait(sub: Subscription, delay: float) -> None:

@@ -28,18 +28,26 @@ def start_after(offset: Offset | uuid.UUID | None) -> uuid.UUID | None:
     raise OffsetError(f"events by tag take a TimeUUIDOffset (or None), got {type(offset).__name__}")
 
 
-def envelope(row: TagRow, serializers: SerializerRegistry) -> EventEnvelope:
-    what = f"{row.persistence_id}#{row.seq_nr}"
-    event = serializers.deserialize(row.event.ser_id, row.event.manifest, row.event.payload, what=what)
+def envelope(
+    row: TagRow, serializers: SerializerRegistry, pids: dict[str, tuple[str, int]] | None = None
+) -> EventEnvelope:
+    """``pids`` caches (entity type, slice) per pid across the rows of one query."""
+    pid = row.persistence_id
+    known = pids.get(pid) if pids is not None else None
+    if known is None:
+        known = (entity_type_of(pid), slice_for(pid))
+        if pids is not None:
+            pids[pid] = known
+    event = serializers.deserialize(row.event.ser_id, row.event.manifest, row.event.payload, what=pid)
     meta = (
         serializers.deserialize(row.meta.ser_id, row.meta.manifest, row.meta.payload, what="metadata")
         if row.meta is not None
         else None
     )
     return EventEnvelope(
-        persistence_id=row.persistence_id,
-        entity_type=entity_type_of(row.persistence_id),
-        slice=slice_for(row.persistence_id),
+        persistence_id=pid,
+        entity_type=known[0],
+        slice=known[1],
         seq_nr=row.seq_nr,
         db_timestamp=datetime_of(row.timeuuid),
         event=event,
@@ -59,10 +67,11 @@ def tag_query(
     if not isinstance(backend, HasTagStore):
         raise UnsupportedOperation(f"events by tag are not supported on the {backend.name} backend")
     return TagQuery(
-        backend.tag_store(), clean, settings.tags, after=after, live=live, page_size=settings.query.buffer_size
+        backend.tag_store(), clean, settings.tags, after=after, live=live, page_size=settings.tags.query_page_size
     )
 
 
 async def envelopes(query: TagQuery, serializers: SerializerRegistry) -> AsyncIterator[EventEnvelope]:
+    pids: dict[str, tuple[str, int]] = {}
     async for row in query.rows():
-        yield envelope(row, serializers)
+        yield envelope(row, serializers, pids)

@@ -81,11 +81,22 @@ class TagQuery:
             rows = await self.store.read_tag_rows(
                 self.tag, self.bucket, after_in_bucket, ticks_of_micros(upper_ms * 1000), self.page
             )
+            expected = self.tracker.expected
+            accept_unknown = self.tracker.accept_unknown
             for row in rows:
-                async for r in self._handle(row):
-                    yield r
-                after_in_bucket = row.timeuuid
-                self.position = row.timeuuid
+                # the common case inline (next number of a known pid, or a pid's first row);
+                # anything else goes through the tracker's full classification and gap search
+                pid, n = row.persistence_id, row.tag_pid_seq_nr
+                last = expected.get(pid)
+                if (last is not None and n == last + 1) or (last is None and (n == 1 or accept_unknown)):
+                    expected[pid] = n
+                    self.delivered += 1
+                    yield row
+                else:
+                    async for r in self._handle(row):
+                        yield r
+            if rows:
+                after_in_bucket = self.position = rows[-1].timeuuid
             if len(rows) == self.page:
                 continue
             if bucket_end(self.bucket, size) <= upper_ms:

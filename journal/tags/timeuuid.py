@@ -94,7 +94,10 @@ def unix_millis(u: uuid.UUID) -> int:
 def datetime_of(u: uuid.UUID) -> datetime:
     """The UTC time of a v1 UUID, to the microsecond."""
     micros = (ticks(u) - GREGORIAN_OFFSET) // 10
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    return _EPOCH + timedelta(microseconds=micros)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def min_timeuuid(unix_ms: int) -> uuid.UUID:

@@ -198,7 +198,9 @@ class TagWriter:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("tag %r: write of %d rows failed (retrying in %.2fs): %s", self.state.tag, len(batch), backoff, e)
+                log.warning(
+                    "tag %r: write of %d rows failed (retrying in %.2fs): %s", self.state.tag, len(batch), backoff, e
+                )
                 async with self._wake:
                     self.state.failed()
                 await asyncio.sleep(backoff)

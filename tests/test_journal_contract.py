@@ -1,0 +1,164 @@
+"""The journal contract: behaviour every backend must have, one suite run against each.
+
+Always against PostgreSQL; against Cassandra when ``CASSANDRA_CONTACT_POINTS`` is set
+(``docker compose up -d --wait`` starts one), skipped with that reason otherwise. Never mocked.
+Core's own tests go deeper on PostgreSQL; a few cases here overlap them on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from conftest import truncate_all
+
+from journal import Journal, JournalSettings, SequenceConflict, UnsupportedOperation, open_journal
+
+CASSANDRA = os.environ.get("CASSANDRA_CONTACT_POINTS")
+FAST: dict[str, Any] = dict(eventual_consistency_delay=0.0, query_refresh_interval=0.05)
+
+BACKENDS = [
+    pytest.param("postgres", id="postgres"),
+    pytest.param(
+        "cassandra",
+        id="cassandra",
+        marks=[
+            pytest.mark.cassandra,
+            pytest.mark.skipif(
+                not CASSANDRA,
+                reason="no Cassandra: set CASSANDRA_CONTACT_POINTS (docker compose up -d --wait cassandra) to run",
+            ),
+        ],
+    ),
+]
+
+
+async def _cassandra_journal() -> AsyncIterator[Journal]:
+    from cassandra.cluster import Cluster
+
+    from journal.cassandra.cql import schema_statements
+
+    assert CASSANDRA is not None
+    ks = f"sj_{uuid.uuid4().hex[:10]}"
+    cluster = Cluster(CASSANDRA.split(","))
+    session = await asyncio.to_thread(cluster.connect)
+    try:
+        for s in schema_statements(ks):
+            await asyncio.to_thread(session.execute, s)
+        async with open_journal(f"cassandra://{CASSANDRA}/{ks}", settings=JournalSettings.load(env={}, **FAST)) as j:
+            yield j
+    finally:
+        await asyncio.to_thread(session.execute, f"DROP KEYSPACE IF EXISTS {ks}")
+        await asyncio.to_thread(cluster.shutdown)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """"cassandra", or the DSN of the session's PostgreSQL database (resolved outside the loop)."""
+    return "cassandra" if request.param == "cassandra" else str(request.getfixturevalue("dsn"))
+
+
+@pytest.fixture
+async def j(backend: str) -> AsyncIterator[Journal]:
+    if backend == "cassandra":
+        async for cj in _cassandra_journal():
+            yield cj
+        return
+    await truncate_all(backend)
+    async with open_journal(backend, settings=JournalSettings.load(env={}, dsn=backend, **FAST)) as pj:
+        yield pj
+
+
+async def events(j: Journal, pid: str) -> list[Any]:
+    return [e.event async for e in j.current_events_by_persistence_id(pid)]
+
+
+async def test_persist_replay_round_trip(j: Journal) -> None:
+    envs = await j.persist("Acc|1", [{"n": 1}, "two", [3]], tags=["t"], metadata={"m": 1})
+    assert [e.seq_nr for e in envs] == [1, 2, 3]
+    got = [e async for e in j.current_events_by_persistence_id("Acc|1")]
+    assert [e.event for e in got] == [{"n": 1}, "two", [3]]
+    assert [e.seq_nr for e in got] == [1, 2, 3] and {e.entity_type for e in got} == {"Acc"}
+    assert got[0].metadata == {"m": 1} and got[0].tags == ("t",)
+    assert [e.seq_nr async for e in j.current_events_by_persistence_id("Acc|1", 2, 2)] == [2]
+
+
+async def test_multi_event_persist_is_atomic_and_conflicts_write_nothing(j: Journal) -> None:
+    await j.persist("Acc|2", [1, 2])
+    with pytest.raises(SequenceConflict):
+        await j.persist("Acc|2", [3, 4, 5], expected_seq_nr=1)  # the stored highest is 2
+    assert await events(j, "Acc|2") == [1, 2]
+    envs = await j.persist("Acc|2", [3, 4, 5], expected_seq_nr=2)
+    assert [e.seq_nr for e in envs] == [3, 4, 5]
+    assert await events(j, "Acc|2") == [1, 2, 3, 4, 5]
+
+
+async def test_highest_seq_nr(j: Journal) -> None:
+    assert await j.highest_seq_nr("Acc|none") == 0
+    await j.persist("Acc|3", list(range(7)))
+    await j.persist("Acc|3", [7])
+    assert await j.highest_seq_nr("Acc|3") == 8
+
+
+async def test_delete_events_to_keeps_the_highest(j: Journal) -> None:
+    await j.persist("Del|1", list(range(10)))
+    await j.delete_events_to("Del|1", 4)
+    assert await events(j, "Del|1") == list(range(4, 10))
+    assert await j.highest_seq_nr("Del|1") == 10
+    await j.delete_events_to("Del|1", 100)  # beyond the highest: clamps
+    assert await events(j, "Del|1") == []
+    assert await j.highest_seq_nr("Del|1") == 10
+    envs = await j.persist("Del|1", ["after"], expected_seq_nr=10)
+    assert envs[0].seq_nr == 11 and await events(j, "Del|1") == ["after"]
+
+
+async def test_persistence_ids(j: Journal) -> None:
+    for i in range(6):
+        await j.persist(f"a|{i:02}", [i])
+    await j.persist("b|00", [0])
+    await j.persist("a|00", ["again"])
+    every = [p async for p in j.current_persistence_ids()]
+    assert every == sorted(every) and len(every) == 7
+    assert [p async for p in j.current_persistence_ids("b")] == ["b|00"]
+
+
+async def test_snapshots_save_replace_load_delete(j: Journal) -> None:
+    assert await j.load_snapshot("S|1") is None
+    await j.save_snapshot("S|1", 5, {"v": 1}, metadata={"x": 1})
+    snap = await j.load_snapshot("S|1")
+    assert snap is not None and snap.seq_nr == 5 and snap.state == {"v": 1} and snap.metadata == {"x": 1}
+    await j.save_snapshot("S|1", 9, {"v": 2})
+    snap = await j.load_snapshot("S|1")
+    assert snap is not None and snap.seq_nr == 9 and snap.state == {"v": 2} and snap.metadata is None
+    await j.delete_snapshot("S|1")
+    assert await j.load_snapshot("S|1") is None
+
+
+async def test_events_by_tag_exactly_once_in_order_per_pid(j: Journal) -> None:
+    async def writer(pid: str) -> None:
+        for i in range(6):
+            await j.persist(pid, [i], tags=["t"] if i % 2 == 0 else ["u"])
+
+    await asyncio.gather(*(writer(f"T|{k}") for k in range(4)))
+    got = [(e.persistence_id, e.seq_nr, e.event) async for e in j.current_events_by_tag("t")]
+    assert len(got) == len(set(got)) == 12
+    for k in range(4):
+        assert [(s, ev) for p, s, ev in got if p == f"T|{k}"] == [(1, 0), (3, 2), (5, 4)]
+    # resuming after an offset delivers exactly the rest
+    envs = [e async for e in j.current_events_by_tag("t")]
+    rest = [(e.persistence_id, e.seq_nr) async for e in j.current_events_by_tag("t", envs[4].offset)]
+    assert rest == [(e.persistence_id, e.seq_nr) for e in envs[5:]]
+
+
+async def test_slice_queries_on_cassandra_raise_unsupported(j: Journal) -> None:
+    if j.backend.name != "cassandra":
+        assert [e async for e in j.current_events_by_slices("A", 0, 1023)] == []
+        return
+    with pytest.raises(UnsupportedOperation, match="use events_by_tag"):
+        j.current_events_by_slices("A", 0, 1023)
+    with pytest.raises(UnsupportedOperation, match="use events_by_tag"):
+        j.events_by_slices("A", 0, 1023)
