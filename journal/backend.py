@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from .serialization import Serialized
 
 
-@dataclass(frozen=True, slots=True)
-class WriteRequest:
+class WriteRequest(NamedTuple):
     """One ``persist`` call: all its events are written atomically, consecutively numbered.
 
     ``expected_seq_nr`` is the highest sequence number the caller believes is stored; None asks
@@ -32,16 +31,14 @@ class WriteRequest:
     metadata: Serialized | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class WriteResult:
+class WriteResult(NamedTuple):
     """Where a request landed: its first sequence number and the shared db_timestamp."""
 
     first_seq_nr: int
     db_timestamp: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
+class StoredEvent(NamedTuple):
     """One event row as stored. ``payload`` is None for payload-free (backtracking) reads."""
 
     persistence_id: str

@@ -86,6 +86,7 @@ class GroupCommit:
         self._max_batch_wait = max_batch_wait
         self._running: set[asyncio.Task[None]] = set()
         self._scheduled = False
+        self._direct = 0
         self._closed = False
         self.batches_written = 0
         self.calls_written = 0
@@ -93,6 +94,8 @@ class GroupCommit:
     async def submit(self, request: WriteRequest) -> WriteResult:
         if self._closed:
             raise JournalUnavailable("the journal is closed")
+        if not self._running and not self._direct and not self._planner.queue:
+            return await self._write_now(request)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[WriteResult] = loop.create_future()
         self._planner.queue.append(Pending(request, fut))
@@ -104,9 +107,27 @@ class GroupCommit:
                 loop.call_soon(self._pump)
         return await fut
 
+    async def _write_now(self, request: WriteRequest) -> WriteResult:
+        """Idle fast path: nothing queued or in flight, so write at once in the caller's task."""
+        pid = request.persistence_id
+        self._direct += 1
+        self._planner.in_flight_pids.add(pid)
+        try:
+            (result,) = await self._write_batch([request])
+        finally:
+            self._direct -= 1
+            self._planner.in_flight_pids.discard(pid)
+            if self._planner.queue:
+                self._pump()
+        self.batches_written += 1
+        self.calls_written += 1
+        if isinstance(result, Exception):
+            raise result
+        return result
+
     def _pump(self) -> None:
         self._scheduled = False
-        while len(self._running) < self._max_in_flight:
+        while len(self._running) + self._direct < self._max_in_flight:
             batch = self._planner.next_batch()
             if not batch:
                 return
@@ -142,8 +163,11 @@ class GroupCommit:
     async def close(self) -> None:
         """Refuse new calls, then write everything already queued or in flight."""
         self._closed = True
-        while self._running or self._planner.queue:
+        while self._running or self._planner.queue or self._direct:
             self._pump()
             if not self._running:
-                break
+                if not self._direct:
+                    break
+                await asyncio.sleep(0.001)  # a caller's own write is finishing; it pumps the queue after
+                continue
             await asyncio.gather(*list(self._running), return_exceptions=True)

@@ -122,32 +122,27 @@ class Journal:
         self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
     ) -> WriteRequest:
         validate_persistence_id(pid)
-        if not isinstance(events, list | tuple):
-            raise InvalidArgument(
-                f"events must be a list or tuple of events, got {type(events).__name__}"
-            )
+        if type(events) is not list and not isinstance(events, list | tuple):
+            raise InvalidArgument(f"events must be a list or tuple of events, got {type(events).__name__}")
         if not events:
             raise InvalidArgument(f"persist({pid!r}) needs at least one event")
         if len(events) > MAX_EVENTS_PER_CALL:
             raise InvalidArgument(f"at most {MAX_EVENTS_PER_CALL} events per call, got {len(events)}")
         if expected is not None:
             validate_seq_nr("expected_seq_nr", expected)
-        clean_tags = validate_tags(tags)
-        ser = self.serializers
-        serialized = tuple(ser.serialize(e, what=f"event {i} of {pid!r}") for i, e in enumerate(events))
-        meta = ser.serialize(metadata, what="metadata") if metadata is not None else None
-        for s in (*serialized, *((meta,) if meta else ())):
+        clean_tags = validate_tags(tags) if tags else ()
+        serialize = self.serializers.serialize
+        try:
+            serialized = [serialize(e) for e in events]
+        except SerializationError:
+            for i, e in enumerate(events):  # say which event failed
+                serialize(e, what=f"event {i} of {pid!r}")
+            raise
+        meta = serialize(metadata, what="metadata") if metadata is not None else None
+        for s in serialized if meta is None else (*serialized, meta):
             if len(s.manifest) > 255:
                 raise SerializationError(f"serializer manifest longer than 255 characters: {s.manifest[:40]!r}...")
-        return WriteRequest(
-            persistence_id=pid,
-            entity_type=entity_type_of(pid),
-            slice=slice_for(pid),
-            expected_seq_nr=expected,
-            events=serialized,
-            tags=clean_tags,
-            metadata=meta,
-        )
+        return WriteRequest(pid, entity_type_of(pid), slice_for(pid), expected, serialized, clean_tags, meta)
 
     # -- reading by persistence id -----------------------------------------------------------
 

@@ -9,9 +9,10 @@ serializer for your own types with :meth:`SerializerRegistry.register`.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import orjson
 
 from .errors import ConfigurationError, SerializationError
 
@@ -19,8 +20,7 @@ BYTES_SERIALIZER_ID = 0
 JSON_SERIALIZER_ID = 1
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Serialized:
+class Serialized(NamedTuple):
     """A serialized payload and how to read it back."""
 
     ser_id: int
@@ -59,6 +59,8 @@ class BytesSerializer:
 def _to_jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
+    if isinstance(value, tuple | set | frozenset):
+        return list(value)
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json")
@@ -94,10 +96,10 @@ class JsonSerializer:
         return _type_name(t)
 
     def to_bytes(self, value: Any) -> bytes:
-        return json.dumps(value, default=_to_jsonable, separators=(",", ":")).encode()
+        return orjson.dumps(value, default=_to_jsonable, option=orjson.OPT_NON_STR_KEYS)
 
     def from_bytes(self, payload: bytes, manifest: str) -> Any:
-        data = json.loads(payload.decode())  # UTF-8 as written: skips json's encoding detection
+        data = orjson.loads(payload)
         if manifest and manifest in self._types:
             return self._types[manifest](data)
         return data

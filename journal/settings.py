@@ -43,7 +43,8 @@ class ConnectionSettings:
     """Schema that holds the journal tables (validated identifier)."""
     data_dir: Path = field(default_factory=_default_data_dir)
     """Data directory of the embedded PostgreSQL (used only without a DSN)."""
-    pool_min_size: int = 2
+    pool_min_size: int = 0
+    """Idle connections are kept for reuse anyway; 0 avoids background reconnect loops during outages."""
     pool_max_size: int = 10
     connect_timeout: float = 10.0
     """Seconds to wait for a connection."""
@@ -231,7 +232,8 @@ class JournalSettings:
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
-        _positive(self.connection, "pool_min_size", "pool_max_size", "connect_timeout")
+        _positive(self.connection, "pool_max_size", "connect_timeout")
+        _non_negative(self.connection, "pool_min_size")
         if self.connection.pool_min_size > self.connection.pool_max_size:
             raise ConfigurationError("pool_min_size must not exceed pool_max_size")
         _positive(self.write, "max_batch_events", "max_in_flight")

@@ -158,7 +158,8 @@ async def test_slice_page_uses_the_slice_index(journal: Journal, dsn: str) -> No
         now = await conn.fetchval("SELECT now()")
         sql = SliceStatements("public").page(with_payload=True)
         plan = await conn.fetch(
-            "EXPLAIN " + sql, "ix", list(range(256)), now - timedelta(seconds=20), now - timedelta(seconds=19), [], [], 1000
+            "EXPLAIN " + sql,
+            "ix", list(range(256)), now - timedelta(seconds=20), now - timedelta(seconds=19), [], [], 1000,
         )
         text = "\n".join(r[0] for r in plan)
         assert "event_journal_slice_idx" in text, text

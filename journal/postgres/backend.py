@@ -106,11 +106,15 @@ class PostgresBackend:
         async def connect_writers() -> asyncpg.Pool:
             # Group-commit connections hold no session state, so release skips the reset round trip.
             return await asyncpg.create_pool(
-                self.dsn, min_size=1, max_size=n, timeout=c.connect_timeout, reset=_no_reset
+                self.dsn, min_size=0, max_size=n, timeout=c.connect_timeout, reset=_no_reset
             )
 
         self._write_pool = await with_retries("connect", self.settings.retry, connect_writers)
-        table = await self._pool.fetchval("SELECT to_regclass($1)", f'"{self.settings.schema}".event_journal')
+        try:
+            table = await self._fetchval("connect", "SELECT to_regclass($1)", f'"{self.settings.schema}".event_journal')
+        except BaseException:
+            await self.close()
+            raise
         if table is None:
             await self.close()
             raise ConfigurationError(
@@ -167,38 +171,41 @@ class PostgresBackend:
     # -- writes ------------------------------------------------------------------------------
 
     def _params(self, requests: Sequence[WriteRequest]) -> tuple[Any, ...]:
-        pids: list[str] = []
-        types: list[str] = []
-        slices: list[int] = []
-        ordinals: list[int] = []
-        bases: list[int | None] = []
-        ser_ids: list[int] = []
-        manifests: list[str] = []
-        payloads: list[bytes] = []
+        """Parallel per-event arrays for the insert statement.
+
+        Arrays that would hold only NULLs (tags, metadata: the common case) are sent empty:
+        a multi-argument unnest pads them with NULLs, and asyncpg skips encoding every element.
+        """
+        rows = [(r, i, ev) for r in requests for i, ev in enumerate(r.events, 1)]
+        any_tags = any(r.tags for r in requests)
+        any_meta = any(r.metadata is not None for r in requests)
         tags: list[str | None] = []
         meta_ids: list[int | None] = []
         meta_manifests: list[str | None] = []
         meta_payloads: list[bytes | None] = []
-        for r in requests:
-            tag_json = json.dumps(list(r.tags)) if r.tags else None
-            m = r.metadata
-            for i, ev in enumerate(r.events, 1):
-                pids.append(r.persistence_id)
-                types.append(r.entity_type)
-                slices.append(r.slice)
-                ordinals.append(i)
-                bases.append(r.expected_seq_nr)
-                ser_ids.append(ev.ser_id)
-                manifests.append(ev.manifest)
-                payloads.append(ev.payload)
-                tags.append(tag_json)
-                meta_ids.append(m.ser_id if m else None)
-                meta_manifests.append(m.manifest if m else None)
-                meta_payloads.append(m.payload if m else None)
+        if any_tags:
+            tag_json = {id(r): json.dumps(list(r.tags)) if r.tags else None for r in requests}
+            tags = [tag_json[id(r)] for r, _, _ in rows]
+        if any_meta:
+            metas = [r.metadata for r, _, _ in rows]
+            meta_ids = [m.ser_id if m else None for m in metas]
+            meta_manifests = [m.manifest if m else None for m in metas]
+            meta_payloads = [m.payload if m else None for m in metas]
         return (
-            pids, types, slices, ordinals, bases, ser_ids, manifests, payloads,
-            self.writer_id, tags, meta_ids, meta_manifests, meta_payloads,
-        )  # fmt: skip
+            [r.persistence_id for r, _, _ in rows],
+            [r.entity_type for r, _, _ in rows],
+            [r.slice for r, _, _ in rows],
+            [i for _, i, _ in rows],
+            [r.expected_seq_nr for r, _, _ in rows],
+            [ev.ser_id for _, _, ev in rows],
+            [ev.manifest for _, _, ev in rows],
+            [ev.payload for _, _, ev in rows],
+            self.writer_id,
+            tags,
+            meta_ids,
+            meta_manifests,
+            meta_payloads,
+        )
 
     async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
         """One multi-row statement for the whole batch; conflicts isolate the failing calls.
@@ -286,6 +293,9 @@ class PostgresBackend:
                 await self._release(conn, broken=True)
                 log.warning("write interrupted (%s), resolving its outcome (attempt %d)", e, attempt + 1)
                 return await self._resolve_unknown(batch)
+            except BaseException:  # cancelled mid-statement: the connection's state is unknown
+                await self._release(conn, broken=True)
+                raise
             await self._release(conn)  # the write is done, whatever happens to the connection now
             return _by_pid(rows)
         raise AssertionError("unreachable")

@@ -1,0 +1,43 @@
+"""The README's commands and examples are the ones that work."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import truncate_all
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _first_block() -> list[str]:
+    block = re.search(r"```bash\n(.*?)```", README, re.S)
+    assert block, "README must open with a bash block"
+    return [line for line in block.group(1).splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_opens_with_the_demo_and_the_test_command() -> None:
+    demo, tests = _first_block()[:2]
+    assert demo.endswith("journal demo") and "python3 -m venv .venv" in demo
+    assert "pytest" in tests and "python3 -m venv .venv" in tests
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert tests in ci.splitlines(), ".ci/run must run exactly the README's test command"
+
+
+def test_the_journal_example_runs(dsn: str) -> None:
+    asyncio.run(truncate_all(dsn))
+    section = README.split("## The journal", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code
+    env = {**os.environ, "JOURNAL_DSN": dsn}
+    out = subprocess.run(
+        [sys.executable, "-c", code.group(1)], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("2 ")
+    assert lines[1:] == ["1 {'added': 'apple'}", "2 {'added': 'pear'}", "3 {'removed': 'pear'}"]
