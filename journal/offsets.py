@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any
 
 from .errors import OffsetError
 
@@ -54,9 +55,9 @@ class TimestampOffset:
         """Hot-path constructor for values already valid: a UTC datetime and a ``seen`` mapping
         the caller never mutates afterwards (used by the slice queries, once per event)."""
         o = object.__new__(cls)
-        object.__setattr__(o, "timestamp", timestamp)
-        object.__setattr__(o, "seen", MappingProxyType(seen))
-        object.__setattr__(o, "read_timestamp", None)
+        _SET_TIMESTAMP(o, timestamp)
+        _SET_SEEN(o, MappingProxyType(seen))
+        _SET_READ_TIMESTAMP(o, None)
         return o
 
     def is_after(self, timestamp: datetime, persistence_id: str, seq_nr: int) -> bool:
@@ -107,6 +108,12 @@ class TimeUUIDOffset:
             raise OffsetError(f"not a TimeUUIDOffset: {data!r}")
         return cls(uuid.UUID(v))
 
+
+# Slot setters of the frozen dataclass, for TimestampOffset.trusted (bypasses the frozen check).
+_SLOTS: dict[str, Any] = dict(vars(TimestampOffset))
+_SET_TIMESTAMP = _SLOTS["timestamp"].__set__
+_SET_SEEN = _SLOTS["seen"].__set__
+_SET_READ_TIMESTAMP = _SLOTS["read_timestamp"].__set__
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

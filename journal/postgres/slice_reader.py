@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 
 from ..backend import HorizonReading, StoredEvent, WriterInProgress
+from ..serialization import Serialized
 from ..settings import JournalSettings
 from .errors import backoff_delays, is_transient, with_retries
 from .slice_queries import SliceStatements
@@ -90,8 +91,7 @@ class PostgresSliceReader:
             entity_type, self._slices(min_slice, max_slice), from_timestamp, to_timestamp,
             list(seen.keys()), list(seen.values()), limit,
         )  # fmt: skip
-        row = self._row
-        return [row(r, with_payload=with_payload) for r in rows]
+        return [_stored(r) for r in rows]
 
     async def next_slice_timestamp(
         self,
@@ -138,6 +138,18 @@ class PostgresSliceReader:
         listener = _Listener(self._dsn, self._settings, on_notify, on_reconnect)
         listener.start()
         return listener
+
+
+def _stored(r: asyncpg.Record) -> StoredEvent:
+    """A page row (columns of ``slice_queries._PAYLOAD_COLUMNS``, by position) as a StoredEvent;
+    the payload is None for payload-free pages."""
+    meta = None
+    if r[10] is not None:
+        meta = Serialized(r[10], r[11] or "", r[12] or b"")
+    tags = r[9]
+    return StoredEvent(
+        r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], tuple(tags) if tags else (), meta, r[13]
+    )
 
 
 class _Listener:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 
 from ..backend import SliceQueryBackend, StoredEvent
 from ..envelope import EventEnvelope
-from ..errors import JournalUnavailable
+from ..errors import JournalUnavailable, SerializationError
 from ..ids import entity_type_of, slice_for
 from ..offsets import Sequence as SeqOffset
 from ..offsets import TimestampOffset
@@ -62,33 +62,18 @@ class SliceQueries:
     def envelope(
         self, r: StoredEvent, offset: TimestampOffset | SeqOffset, source: str = "query"
     ) -> EventEnvelope:
-        ser = self.serializers
-        event = (
-            ser.deserialize(
-                r.ser_id, r.ser_manifest, r.payload, what=f"{r.persistence_id}#{r.seq_nr}"
-            )
-            if r.payload is not None
-            else None
-        )
-        meta = (
-            ser.deserialize(r.meta.ser_id, r.meta.manifest, r.meta.payload, what="metadata")
-            if r.meta is not None
-            else None
-        )
+        """One envelope (the hot path: positional construction, no per-row string building)."""
+        deserialize = self.serializers.deserialize
+        try:
+            event = deserialize(r.ser_id, r.ser_manifest, r.payload) if r.payload is not None else None
+            m = r.meta
+            meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None else None
+        except SerializationError as e:
+            raise SerializationError(f"{r.persistence_id}#{r.seq_nr}: {e}") from e
         return EventEnvelope(
-            persistence_id=r.persistence_id,
-            entity_type=r.entity_type,
-            slice=r.slice,
-            seq_nr=r.seq_nr,
-            db_timestamp=r.db_timestamp,
-            event=event,
-            offset=offset,
-            tags=r.tags,
-            metadata=meta,
-            writer=r.writer,
-            has_payload=r.payload is not None,
-            source=source,
-        )
+            r.persistence_id, r.entity_type, r.slice, r.seq_nr, r.db_timestamp, event, offset,
+            r.tags, meta, r.writer, r.payload is not None, source,
+        )  # fmt: skip
 
     @staticmethod
     def heartbeat(entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:

@@ -55,14 +55,15 @@ class TagQuery:
         self.tracker = PidTracker(
             accept_unknown=not self.started_in_current or settings.new_persistence_id_scan_timeout == 0
         )
-        self.fixed_upper_ms = None if live else now_ms - int(settings.eventual_consistency_delay * 1000)
+        # exclusive bound in whole milliseconds: +1 so the current millisecond is read too
+        self.fixed_upper_ms = None if live else now_ms - int(settings.eventual_consistency_delay * 1000) + 1
         self.position: uuid.UUID | None = after
         self.delivered = 0
 
     def _upper_ms(self) -> int:
         if self.fixed_upper_ms is not None:
             return self.fixed_upper_ms
-        return int((self.clock() - self.s.eventual_consistency_delay) * 1000)
+        return int((self.clock() - self.s.eventual_consistency_delay) * 1000) + 1
 
     async def rows(self) -> AsyncIterator[TagRow]:
         """The tag's rows in delivery order (a live query never ends)."""
