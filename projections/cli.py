@@ -100,6 +100,12 @@ def run(
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop_all)
+
+            def dump_tasks() -> None:  # diagnostics: kill -USR1 <pid> prints every task's stack
+                for t in asyncio.all_tasks():
+                    t.print_stack(file=sys.stderr)
+
+            loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
             tasks = [asyncio.create_task(w.run()) for w in ws]
             reporter = asyncio.create_task(_report(ws, show))
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -200,7 +206,8 @@ def status(
         for c in ("worker", "state", "live", "events", "error"):
             w.add_column(c)
         for row in st.workers:
-            w.add_row(row["worker_id"], row["state"], str(row["live"]), str(row["events"]), row["error"] or "")
+            state = "dead (lease expired)" if row["state"] == "running" and not row["live"] else row["state"]
+            w.add_row(row["worker_id"], state, str(row["live"]), str(row["events"]), row["error"] or "")
         console.print(w)
 
 

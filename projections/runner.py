@@ -44,6 +44,11 @@ class EventSource(Protocol):
 _END = object()
 
 
+def _consume(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("reader ended with %r", task.exception())
+
+
 class RangeProcessor:
     """Processes slices ``lo..hi`` while it holds their leases at ``epochs``."""
 
@@ -111,9 +116,10 @@ class RangeProcessor:
             if self.mode == "at-least-once" and self.validator.pending:
                 await self._maybe_flush(force=True)
         finally:
+            # never let a reader that is slow to unwind (a query being cancelled) hold up the
+            # hand-over of these slices: it finishes in the background
+            reader.add_done_callback(_consume)
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
 
     async def _read(self, offset: TimestampOffset | None, queue: asyncio.Queue[Any]) -> None:
         try:
@@ -169,7 +175,14 @@ class RangeProcessor:
                 heartbeat = env.offset.timestamp
                 continue
             await self._validate_into(env, accepted)
-        hb_slices = self._heartbeat_slices(heartbeat) if heartbeat is not None else {}
+        # Delivery is ordered by db_timestamp over the whole range: once this batch commits, every
+        # event of the range before its last envelope's timestamp is processed, so idle slices of
+        # the range may advance their stored offset to it (keeps restarts and rebalances short).
+        delivered = [e.db_timestamp for e in batch if e.source != "heartbeat"]
+        upto = max([heartbeat] if heartbeat is not None else [], default=None) or (
+            max(delivered) if delivered else None
+        )
+        hb_slices = self._heartbeat_slices(upto) if upto is not None else {}
         if self.mode == "at-least-once":
             for env in accepted:
 

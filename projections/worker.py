@@ -115,6 +115,7 @@ class Worker:
                     if loop.time() - last_prune > self.ps.offset_prune_interval and self.epochs:
                         last_prune = loop.time()
                         async with self._pool.acquire() as conn:
+                            await self.sql.forget_dead_workers(conn, self.name, timedelta(hours=1))
                             await self.sql.prune(
                                 conn, self.name, sorted(self.epochs),
                                 timedelta(seconds=self.ps.offset_delete_after),
@@ -202,10 +203,20 @@ class Worker:
         victims = [k for k in self.processors if any(s in slices for s in range(k[0], k[1] + 1))]
         for k in victims:
             self.processors[k][0].stop()
+        tasks = {self.processors[k][1] for k in victims}
+        if tasks:
+            # a batch commits in well under this; a processor stuck beyond it is cancelled (its open
+            # transaction, if any, rolls back) so lease renewal and hand-over go on
+            _, late = await asyncio.wait(tasks, timeout=self.ps.lease_ttl / 2)
+            for t in late:
+                log.warning("%s: processor %s did not stop in time, cancelling it", self.worker_id, t.get_name())
+                t.cancel()
+            if late:
+                await asyncio.wait(late, timeout=2.0)
         for k in victims:
-            _, task = self.processors[k]
-            with contextlib.suppress(Exception):
-                await task
+            if self.processors[k][1].done():
+                continue
+            del self.processors[k]  # still unwinding: forgotten, its commits are fenced anyway
         self._reap()
 
     async def _shutdown(self) -> None:

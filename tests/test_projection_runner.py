@@ -1,0 +1,187 @@
+"""Projection workers in process: handler kinds, retries, failures, gap replay, pause/resume."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import asyncpg
+import pytest
+from projection_helpers import wait_until
+
+from journal import EventEnvelope, Journal, JournalSettings
+from journal.errors import HandlerFailed
+from journal.ids import slice_for
+from projections import Worker, management
+from projections.postgres_store import OffsetRow, ProjectionSql
+
+SQL = ProjectionSql("public")
+
+
+@pytest.fixture
+def fast(dsn: str) -> JournalSettings:
+    return JournalSettings.load(
+        env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, handler_backoff=0.02,
+        heartbeat_offset_interval=0.5, handler_attempts=3,
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def conn(journal: Journal, dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(dsn)
+    await c.execute("CREATE TABLE IF NOT EXISTS t_seen (pid TEXT, seq BIGINT)")
+    await c.execute("TRUNCATE t_seen")
+    yield c
+    await c.close()
+
+
+async def count(conn: asyncpg.Connection) -> int:
+    return int(await conn.fetchval("SELECT count(*) FROM t_seen"))
+
+
+async def write(journal: Journal, et: str, carts: int, per: int) -> int:
+    for r in range(per):
+        await asyncio.gather(*(journal.persist(f"{et}|c{i}", [{"n": r}]) for i in range(carts)))
+    return carts * per
+
+
+async def grouped(conn: Any, envs: Sequence[EventEnvelope]) -> None:
+    await conn.executemany("INSERT INTO t_seen VALUES ($1, $2)", [(e.persistence_id, e.seq_nr) for e in envs])
+
+
+async def exactly_once(conn: Any, env: EventEnvelope) -> None:
+    await conn.execute("INSERT INTO t_seen VALUES ($1, $2)", env.persistence_id, env.seq_nr)
+
+
+async def run_until(worker: Worker, cond: Any, timeout: float = 20) -> None:  # noqa: ASYNC109
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_until(cond, timeout, "the projection")
+    finally:
+        worker.stop()
+        await task
+
+
+async def no_duplicates(conn: asyncpg.Connection) -> None:
+    assert await conn.fetchval("SELECT count(*) - count(DISTINCT (pid, seq)) FROM t_seen") == 0
+
+
+@pytest.mark.parametrize("mode", ["grouped", "exactly-once", "at-least-once"])
+async def test_handler_kinds_project_every_event_once(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings, mode: str
+) -> None:
+    total = await write(journal, "K", 20, 5)
+    own = await asyncpg.connect(journal.settings.connection.dsn)
+    if mode == "at-least-once":
+
+        async def handler(env: EventEnvelope) -> None:
+            await own.execute("INSERT INTO t_seen VALUES ($1, $2)", env.persistence_id, env.seq_nr)
+    else:
+        handler = grouped if mode == "grouped" else exactly_once  # type: ignore[assignment]
+    w = Worker(journal, fast, f"p-{mode}", "K", handler, mode)
+    await run_until(w, lambda: _eq(conn, total))
+    await no_duplicates(conn)
+    # offsets were stored: a second run over the same name projects nothing again
+    more = await write(journal, "K", 3, 1)
+    w2 = Worker(journal, fast, f"p-{mode}", "K", handler, mode)
+    await run_until(w2, lambda: _eq(conn, total + more))
+    await no_duplicates(conn)
+    await own.close()
+
+
+async def _eq(conn: asyncpg.Connection, n: int) -> bool:
+    return await count(conn) == n
+
+
+async def test_handler_errors_roll_back_and_retry(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
+) -> None:
+    total = await write(journal, "R", 10, 3)
+    failures = {"left": 2}
+
+    async def flaky(c: Any, envs: Sequence[EventEnvelope]) -> None:
+        await grouped(c, envs)  # written, then rolled back by the failure
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise RuntimeError("read model unavailable")
+
+    w = Worker(journal, fast, "p-retry", "R", flaky, "grouped")
+    await run_until(w, lambda: _eq(conn, total))
+    await no_duplicates(conn)
+    assert w.stats.retries == 2 and failures["left"] == 0
+
+
+async def test_a_handler_that_keeps_failing_stops_the_projection_visibly(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
+) -> None:
+    await write(journal, "F", 3, 1)
+
+    async def broken(c: Any, envs: Sequence[EventEnvelope]) -> None:
+        raise ValueError("bad event shape")
+
+    w = Worker(journal, fast, "p-fail", "F", broken, "grouped")
+    with pytest.raises(HandlerFailed, match="bad event shape"):
+        await asyncio.wait_for(w.run(), 20)
+    st = await management.status(conn, SQL, "p-fail")
+    assert st.workers[0]["state"] == "failed" and "bad event shape" in st.workers[0]["error"]
+    assert await count(conn) == 0  # nothing skipped, nothing half-written
+
+
+async def _gap_setup(journal: Journal, conn: asyncpg.Connection, name: str) -> tuple[str, list[EventEnvelope]]:
+    pid = "G|one"
+    envs = [(await journal.persist(pid, [{"n": i}]))[0] for i in range(1, 11)]
+    ts = [e.db_timestamp for e in envs]
+    # store: pid done up to #3, every slice done up to event #7's timestamp: #4..#6 are a gap
+    rows = [OffsetRow(s, "", 0, ts[6]) for s in range(1024)] + [OffsetRow(slice_for(pid), pid, 3, ts[5])]
+    await SQL.save_offsets(conn, name, "0-1023", rows)
+    return pid, envs
+
+
+async def test_gap_is_replayed_by_persistence_id(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
+) -> None:
+    await _gap_setup(journal, conn, "p-gap")
+    w = Worker(journal, fast, "p-gap", "G", grouped, "grouped")
+    await run_until(w, lambda: _eq(conn, 7))
+    seqs = [r[0] for r in await conn.fetch("SELECT seq FROM t_seen ORDER BY seq")]
+    assert seqs == [4, 5, 6, 7, 8, 9, 10] and w.stats.replayed == 3
+
+
+async def test_gap_the_journal_cannot_fill_fails_loudly(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
+) -> None:
+    pid, _ = await _gap_setup(journal, conn, "p-gap2")
+    await journal.delete_events_to(pid, 5)
+    w = Worker(journal, fast, "p-gap2", "G", grouped, "grouped")
+    with pytest.raises(HandlerFailed, match=r"events 4\.\.6 of 'G\|one' are missing"):
+        await asyncio.wait_for(w.run(), 20)
+    assert await count(conn) == 0
+
+
+async def test_pause_resume_reset(journal: Journal, conn: asyncpg.Connection, fast: JournalSettings) -> None:
+    first = await write(journal, "P", 5, 2)
+    w = Worker(journal, fast, "p-pause", "P", grouped, "grouped")
+    task = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: _eq(conn, first), 20, "first events")
+        await management.set_paused(conn, SQL, "p-pause", 0, 1023, True)
+        await wait_until(lambda: _no_processors(w), 10, "the worker to pause")
+        more = await write(journal, "P", 5, 1)
+        await asyncio.sleep(fast.projection.lease_renew_interval * 3)  # paused: stays put
+        assert await count(conn) == first
+        await management.set_paused(conn, SQL, "p-pause", 0, 1023, False)
+        await wait_until(lambda: _eq(conn, first + more), 20, "resumed events")
+        # reset to the start (paused first): everything is projected again once
+        await management.set_paused(conn, SQL, "p-pause", 0, 1023, True)
+        await wait_until(lambda: _no_processors(w), 10, "the worker to pause")
+        await management.clear(conn, SQL, "p-pause", 0, 1023)
+        await management.set_paused(conn, SQL, "p-pause", 0, 1023, False)
+        await wait_until(lambda: _eq(conn, 2 * (first + more)), 20, "replayed events")
+    finally:
+        w.stop()
+        await task
+
+
+async def _no_processors(w: Worker) -> bool:
+    return not w.processors
