@@ -100,7 +100,7 @@ class SliceQueries:
     # -- the loops ---------------------------------------------------------------------------
 
     async def _catch_up(
-        self, state: SliceQueryState, bound: datetime, et: str, lo: int, hi: int
+        self, state: SliceQueryState, bound: datetime | QueryMode, et: str, lo: int, hi: int
     ) -> AsyncIterator[EventEnvelope]:
         """Read pages until everything below ``bound`` is delivered.
 
@@ -109,6 +109,8 @@ class SliceQueries:
         decoding overlap. A failed fetch surfaces only after the previous page was delivered.
         """
         b = self.backend
+        if not isinstance(bound, datetime):  # a mode: take the bound now (current queries)
+            bound = await self.bound(bound)
 
         def read(req: PageRequest) -> asyncio.Task[list[StoredEvent]]:
             t = asyncio.ensure_future(
@@ -137,19 +139,17 @@ class SliceQueries:
                     pending = read(nxt)
                     req = nxt
                 envelope = self.envelope
-                for r, o in zip(rows, offsets, strict=True):
-                    yield envelope(r, o)
+                for env in [envelope(r, o) for r, o in zip(rows, offsets, strict=True)]:
+                    yield env
         finally:
             if pending is not None:
                 pending.cancel()
 
-    async def current(
+    def current(
         self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode
     ) -> AsyncIterator[EventEnvelope]:
-        bound = await self.bound(mode)
-        state = SliceQueryState(offset, self.q.buffer_size)
-        async for env in self._catch_up(state, bound, et, lo, hi):
-            yield env
+        """Up to the bound taken when iteration starts, then end."""
+        return self._catch_up(SliceQueryState(offset, self.q.buffer_size), mode, et, lo, hi)
 
     async def live(
         self,
