@@ -80,6 +80,7 @@ class PostgresBackend:
         # Slice queries (SliceQueryBackend): composed, delegated below.
         self.slices = PostgresSliceReader(lambda: self.pool, self.dsn, settings, row_to_event)
         self.read_slice_page = self.slices.read_slice_page
+        self.read_slice_rows = self.slices.read_slice_rows
         self.next_slice_timestamp = self.slices.next_slice_timestamp
         self.horizon_reading = self.slices.horizon_reading
         self.db_now = self.slices.db_now
