@@ -79,8 +79,10 @@ async def main(n: int, entities: int, group_size: int, workers: int) -> None:
     print(f"load average: {os.getloadavg()}")
     print(f"raw asyncpg SELECT (ceiling):       {raw_rate:12,.0f} events/s")
     print(f"current_events_by_slices (0-1023):  {read_rate:12,.0f} events/s  ({read_rate / raw_rate:.2f} of raw)")
-    print(f"grouped exactly-once projection ({workers} workers): {proj_rate:12,.0f} events/s  ({proj_rate / read_rate:.2f} of the "
-          f"slice read rate, {proj_rate / raw_rate:.2f} of raw; duplicates {dup})")  # fmt: skip
+    print(
+        f"grouped exactly-once projection, {workers} worker(s): {proj_rate:12,.0f} events/s  "
+        f"({proj_rate / read_rate:.2f} of the slice read rate, {proj_rate / raw_rate:.2f} of raw; duplicates {dup})"
+    )
 
 
 if __name__ == "__main__":
