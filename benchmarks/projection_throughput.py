@@ -37,13 +37,14 @@ async def main(n: int, entities: int, group_size: int, workers: int) -> None:
     await conn.execute("TRUNCATE bench_projected")
     async with open_journal(dsn, settings=s) as j:
         t0 = time.perf_counter()
-        per_call, done = 50, 0
+        per_call, done = 500, 0
         while done < n:
             calls = [
                 j.persist(f"{et}|e{(done // per_call + k) % entities}", [{"v": i} for i in range(per_call)])
-                for k in range(min(200, (n - done) // per_call or 1))
+                for k in range(min(20, max(1, (n - done) // per_call)))
             ]
-            await asyncio.gather(*calls)
+            # bounded: a write that never returns is reported instead of hanging the benchmark
+            await asyncio.wait_for(asyncio.gather(*calls), 120)
             done += len(calls) * per_call
         n = done
         write_rate = n / (time.perf_counter() - t0)
