@@ -14,6 +14,7 @@ from journal import (
     InvalidArgument,
     Journal,
     JournalSettings,
+    JournalUnavailable,
     NoOffset,
     OffsetError,
     Sequence,
@@ -190,3 +191,14 @@ async def test_timestamp_of_load_envelope_and_live_by_pid(journal: Journal) -> N
     finally:
         await c.stop()
     assert slice_for("p|1") == env.slice
+
+
+async def test_live_query_ends_when_its_journal_closes(dsn: str, journal: Journal) -> None:
+    s = JournalSettings.load(env={}, dsn=dsn, refresh_interval=5.0)
+    async with open_journal(dsn, settings=s) as j:
+        it = j.events_by_slices("closing", 0, 1023)
+        task = asyncio.ensure_future(it.__anext__())
+        await asyncio.sleep(0.3)
+        assert not task.done()
+    with pytest.raises(JournalUnavailable):
+        await asyncio.wait_for(task, 3.0)

@@ -99,6 +99,12 @@ async def _adversarial(dsn: str, mode: QueryMode, seed: int) -> None:
             if mode == "horizon":
                 order = [(e.db_timestamp, e.seq_nr, e.persistence_id) for e in c.events]
                 assert order == sorted(order), "horizon mode delivers in offset order"
+        every = [e for c in consumers for e in c.events]
+        assert all(e.has_payload and e.event is not None for e in every)
+        if mode == "backtracking":  # late commits were found by backtracking, payload loaded
+            assert any(e.source == "backtracking" for e in every)
+        else:
+            assert all(e.source == "query" for e in every)
         got = delivered()
         assert got == committed
         assert not (got & aborted)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
@@ -24,6 +23,7 @@ from .slice_reader import PostgresSliceReader
 from .statements import Statements
 from .tag_statements import TagStatements
 from .tag_store import PostgresTagStore
+from .writer_connections import WriterConnections
 
 log = logging.getLogger("journal.postgres")
 
@@ -62,9 +62,10 @@ class PostgresBackend:
         self.sql = Statements(settings.schema)
         self.writer_id = settings.write.writer_id or str(uuid.uuid4())
         self._pool: asyncpg.Pool | None = None
-        self._write_pool: asyncpg.Pool | None = None
+        self._writers: WriterConnections | None = None
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
+        self._insert_one = self.sql.insert_one(notify=settings.write.notify)
         self.tag_sql = TagStatements(settings.schema)
         self._insert_tagged = self.sql.insert_events_tagged(
             on_conflict_do_nothing=False, notify=settings.write.notify,
@@ -101,15 +102,7 @@ class PostgresBackend:
             )
 
         self._pool = await with_retries("connect", self.settings.retry, connect)
-        n = self.settings.write.max_in_flight
-
-        async def connect_writers() -> asyncpg.Pool:
-            # Group-commit connections hold no session state, so release skips the reset round trip.
-            return await asyncpg.create_pool(
-                self.dsn, min_size=0, max_size=n, timeout=c.connect_timeout, reset=_no_reset
-            )
-
-        self._write_pool = await with_retries("connect", self.settings.retry, connect_writers)
+        self._writers = WriterConnections(self.dsn, c.connect_timeout)
         try:
             table = await self._fetchval("connect", "SELECT to_regclass($1)", f'"{self.settings.schema}".event_journal')
         except BaseException:
@@ -130,16 +123,22 @@ class PostgresBackend:
         return self._tag_store
 
     def _statement(self, batch: Sequence[WriteRequest], *, probe: bool) -> tuple[str, tuple[Any, ...]]:
-        """The untagged statement (fast path, unchanged) or the one that also writes tag rows."""
+        """The untagged statement (fast path), the one that also writes tag rows, or a lone event's."""
+        if not probe and len(batch) == 1 and len(batch[0].events) == 1 and not batch[0].tags:
+            r, ev, m = batch[0], batch[0].events[0], batch[0].metadata
+            return self._insert_one, (
+                r.slice, r.entity_type, r.persistence_id, r.expected_seq_nr, ev.ser_id, ev.manifest, ev.payload,
+                self.writer_id, m.ser_id if m else None, m.manifest if m else None, m.payload if m else None,
+            )  # fmt: skip
         params = self._params(batch)
         if any(r.tags for r in batch):
             return (self._insert_tagged_probe if probe else self._insert_tagged), (*params, self._bucket_millis)
         return (self._insert_probe if probe else self._insert), params
 
     async def close(self) -> None:
-        if self._write_pool is not None:
-            await self._write_pool.close()
-            self._write_pool = None
+        if self._writers is not None:
+            await self._writers.close()
+            self._writers = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -151,10 +150,10 @@ class PostgresBackend:
         return self._pool
 
     @property
-    def write_pool(self) -> asyncpg.Pool:
-        if self._write_pool is None:
+    def writers(self) -> WriterConnections:
+        if self._writers is None:
             raise JournalUnavailable("the journal is not open")
-        return self._write_pool
+        return self._writers
 
     async def _fetch(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
         async def op() -> list[asyncpg.Record]:
@@ -223,6 +222,10 @@ class PostgresBackend:
             try:
                 written = await self._insert_batch(batch)
             except asyncpg.exceptions.PostgresError as e:
+                if isinstance(e, asyncpg.exceptions.UniqueViolationError) and len(pending) == 1:
+                    results[pending[0]] = _conflict(batch[0], "another writer took these sequence numbers")
+                    pending = []
+                    continue
                 if not isinstance(e, asyncpg.exceptions.UniqueViolationError):
                     # Some call poisons the statement: write each call alone so only it fails.
                     for i, res in zip(pending, await self._write_each(batch, e), strict=True):
@@ -247,17 +250,9 @@ class PostgresBackend:
             results[i] = _conflict(requests[i], "kept conflicting")
         return [results[i] for i in range(len(requests))]
 
-    async def _release(self, conn: asyncpg.pool.PoolConnectionProxy, *, broken: bool = False) -> None:
-        """Give a connection back; one in an unknown state is closed, never handed out again."""
-        if broken:
-            with contextlib.suppress(Exception):
-                conn.terminate()
-        try:
-            await self.write_pool.release(conn)
-        except Exception as e:
-            log.debug("dropping a connection that failed on release: %s", e)
-            with contextlib.suppress(Exception):
-                conn.terminate()
+    def _release(self, conn: asyncpg.Connection, *, broken: bool = False) -> None:
+        """Give a write connection back; one in an unknown state is closed, never used again."""
+        self.writers.give_back(conn, broken=broken)
 
     async def _write_each(self, batch: Sequence[WriteRequest], cause: Exception) -> list[WriteResult | Exception]:
         if len(batch) == 1:
@@ -276,7 +271,7 @@ class PostgresBackend:
         stmt, params = self._statement(batch, probe=False)
         for attempt, delay in enumerate([*backoff_delays(self.settings.retry), None]):
             try:
-                conn = await self.write_pool.acquire()
+                conn = await self.writers.take()
             except Exception as e:
                 if not is_transient(e):
                     raise
@@ -288,15 +283,15 @@ class PostgresBackend:
                 rows = await conn.fetch(stmt, *params)
             except Exception as e:
                 if not is_transient(e):
-                    await self._release(conn)
+                    self._release(conn)
                     raise
-                await self._release(conn, broken=True)
+                self._release(conn, broken=True)
                 log.warning("write interrupted (%s), resolving its outcome (attempt %d)", e, attempt + 1)
                 return await self._resolve_unknown(batch)
             except BaseException:  # cancelled mid-statement: the connection's state is unknown
-                await self._release(conn, broken=True)
+                self._release(conn, broken=True)
                 raise
-            await self._release(conn)  # the write is done, whatever happens to the connection now
+            self._release(conn)  # the write is done, whatever happens to the connection now
             return _by_pid(rows)
         raise AssertionError("unreachable")
 
@@ -443,10 +438,6 @@ class PostgresBackend:
             except asyncpg.exceptions.UndefinedTableError:
                 rev = None
         return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
-
-
-async def _no_reset(conn: asyncpg.Connection) -> None:
-    """Write connections never change session state; an open transaction is rolled back by asyncpg."""
 
 
 _Written = tuple[int, int, datetime]

@@ -77,7 +77,10 @@ class NotificationHub:
                 sub.notify()
 
     def _on_reconnect(self) -> None:
-        for sub in self._subs:
+        self.wake_all()
+
+    def wake_all(self) -> None:
+        for sub in list(self._subs):
             sub.notify()
 
     async def close(self) -> None:

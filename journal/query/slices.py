@@ -46,9 +46,17 @@ class SliceQueries:
         self.serializers = serializers
         self.horizon = Horizon(backend)
         self.hub = NotificationHub(backend)
+        self.closed = False
 
     async def close(self) -> None:
+        """Stop the listener; live queries still running end with JournalUnavailable."""
+        self.closed = True
+        self.hub.wake_all()
         await self.hub.close()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise JournalUnavailable("the journal was closed")
 
     async def bound(self, mode: QueryMode, fresh_after: float | None = None) -> datetime:
         """A safe upper bound (exclusive) for a data query run after this call returns."""
@@ -92,7 +100,7 @@ class SliceQueries:
     # -- the loops ---------------------------------------------------------------------------
 
     async def _catch_up(
-        self, state: SliceQueryState, bound: datetime, et: str, lo: int, hi: int
+        self, state: SliceQueryState, bound: datetime | QueryMode, et: str, lo: int, hi: int
     ) -> AsyncIterator[EventEnvelope]:
         """Read pages until everything below ``bound`` is delivered.
 
@@ -101,6 +109,8 @@ class SliceQueries:
         decoding overlap. A failed fetch surfaces only after the previous page was delivered.
         """
         b = self.backend
+        if not isinstance(bound, datetime):  # a mode: take the bound now (current queries)
+            bound = await self.bound(bound)
 
         def read(req: PageRequest) -> asyncio.Task[list[StoredEvent]]:
             t = asyncio.ensure_future(
@@ -129,19 +139,17 @@ class SliceQueries:
                     pending = read(nxt)
                     req = nxt
                 envelope = self.envelope
-                for r, o in zip(rows, offsets, strict=True):
-                    yield envelope(r, o)
+                for env in [envelope(r, o) for r, o in zip(rows, offsets, strict=True)]:
+                    yield env
         finally:
             if pending is not None:
                 pending.cancel()
 
-    async def current(
+    def current(
         self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode
     ) -> AsyncIterator[EventEnvelope]:
-        bound = await self.bound(mode)
-        state = SliceQueryState(offset, self.q.buffer_size)
-        async for env in self._catch_up(state, bound, et, lo, hi):
-            yield env
+        """Up to the bound taken when iteration starts, then end."""
+        return self._catch_up(SliceQueryState(offset, self.q.buffer_size), mode, et, lo, hi)
 
     async def live(
         self,
@@ -162,6 +170,7 @@ class SliceQueries:
         failures = 0
         try:
             while True:
+                self._check_open()
                 sub.wake.clear()
                 try:
                     bound = await self.bound(mode, fresh_after=loop.time())
@@ -266,6 +275,7 @@ class SliceQueries:
         page = self.q.buffer_size
         try:
             while True:
+                self._check_open()
                 sub.wake.clear()
                 try:
                     rows: list[StoredEvent] = await read_events(pid, nxt, MAX_SEQ_NR, page)
