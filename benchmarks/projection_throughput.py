@@ -28,7 +28,7 @@ async def handler(conn: Any, envs: Sequence[EventEnvelope]) -> None:
     )
 
 
-async def main(n: int, entities: int, group_size: int) -> None:
+async def main(n: int, entities: int, group_size: int, workers: int) -> None:
     dsn = os.environ["JOURNAL_DSN"]
     et = f"Bench{uuid.uuid4().hex[:6]}"
     s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=10_000)
@@ -37,13 +37,14 @@ async def main(n: int, entities: int, group_size: int) -> None:
     await conn.execute("TRUNCATE bench_projected")
     async with open_journal(dsn, settings=s) as j:
         t0 = time.perf_counter()
-        per_call, done = 50, 0
+        per_call, done = 500, 0
         while done < n:
             calls = [
                 j.persist(f"{et}|e{(done // per_call + k) % entities}", [{"v": i} for i in range(per_call)])
-                for k in range(min(200, (n - done) // per_call or 1))
+                for k in range(min(20, max(1, (n - done) // per_call)))
             ]
-            await asyncio.gather(*calls)
+            # bounded: a write that never returns is reported instead of hanging the benchmark
+            await asyncio.wait_for(asyncio.gather(*calls), 120)
             done += len(calls) * per_call
         n = done
         write_rate = n / (time.perf_counter() - t0)
@@ -62,23 +63,27 @@ async def main(n: int, entities: int, group_size: int) -> None:
         raw_rate = len(rows) / (time.perf_counter() - t0)
         del rows
 
-        w = Worker(j, s, f"bench-{et}", et, handler, "grouped")
+        ws = [Worker(j, s, f"bench-{et}", et, handler, "grouped") for _ in range(workers)]
         t0 = time.perf_counter()
-        task = asyncio.create_task(w.run())
+        tasks = [asyncio.create_task(w.run()) for w in ws]
         while (await conn.fetchval("SELECT count(*) FROM bench_projected")) < n:
-            if task.done():
-                task.result()
+            for task in tasks:
+                if task.done():
+                    task.result()
             await asyncio.sleep(0.2)
         proj_rate = n / (time.perf_counter() - t0)
-        w.stop()
-        await task
+        for w in ws:
+            w.stop()
+        await asyncio.gather(*tasks)
         dup = await conn.fetchval("SELECT count(*) - count(DISTINCT (pid, seq)) FROM bench_projected")
     await conn.close()
     print(f"load average: {os.getloadavg()}")
     print(f"raw asyncpg SELECT (ceiling):       {raw_rate:12,.0f} events/s")
     print(f"current_events_by_slices (0-1023):  {read_rate:12,.0f} events/s  ({read_rate / raw_rate:.2f} of raw)")
-    print(f"grouped exactly-once projection:    {proj_rate:12,.0f} events/s  ({proj_rate / read_rate:.2f} of the "
-          f"slice read rate, {proj_rate / raw_rate:.2f} of raw; duplicates {dup})")  # fmt: skip
+    print(
+        f"grouped exactly-once projection, {workers} worker(s): {proj_rate:12,.0f} events/s  "
+        f"({proj_rate / read_rate:.2f} of the slice read rate, {proj_rate / raw_rate:.2f} of raw; duplicates {dup})"
+    )
 
 
 if __name__ == "__main__":
@@ -86,5 +91,6 @@ if __name__ == "__main__":
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--entities", type=int, default=10_000)
     ap.add_argument("--group-size", type=int, default=5000)
+    ap.add_argument("--workers", type=int, default=2, help="workers (slice ranges) in this process")
     a = ap.parse_args()
-    asyncio.run(main(a.events, a.entities, a.group_size))
+    asyncio.run(main(a.events, a.entities, a.group_size, a.workers))

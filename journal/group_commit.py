@@ -157,6 +157,11 @@ class GroupCommit:
                     p.future.set_result(res)
         finally:
             self._planner.done(batch)
+            # this task no longer occupies a slot: without this, the pump below could see every
+            # slot taken (by tasks that are finishing) and leave queued calls waiting forever
+            task = asyncio.current_task()
+            if task is not None:
+                self._running.discard(task)
             if self._planner.queue:
                 self._pump()
 
