@@ -151,7 +151,8 @@ class SliceQueries:
         self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode
     ) -> AsyncIterator[EventEnvelope]:
         """Up to the bound taken when iteration starts, then end."""
-        return self._catch_up(SliceQueryState(offset, self.q.buffer_size, self.q.catch_up_buffer_size), mode, et, lo, hi)
+        state = SliceQueryState(offset, self.q.buffer_size, self.q.catch_up_buffer_size)
+        return self._catch_up(state, mode, et, lo, hi)
 
     async def live(
         self,
