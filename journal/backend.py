@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from .serialization import Serialized
 
@@ -138,6 +138,14 @@ class Listening(Protocol):
     async def close(self) -> None: ...
 
 
+SLICE_ROW_COLUMNS = (
+    "persistence_id", "entity_type", "slice", "seq_nr", "db_timestamp", "event_ser_id",
+    "event_ser_manifest", "event_payload", "writer", "tags", "meta_ser_id", "meta_ser_manifest",
+    "meta_payload", "deleted",
+)  # fmt: skip
+"""Positions of the columns of :meth:`SliceQueryBackend.read_slice_rows` rows."""
+
+
 @runtime_checkable
 class SliceQueryBackend(Protocol):
     """Storage operations of the slice queries (PostgreSQL; not Cassandra, which has tags)."""
@@ -156,6 +164,22 @@ class SliceQueryBackend(Protocol):
     ) -> list[StoredEvent]:
         """Events of the range in ``[from, to)`` ordered by (db_timestamp, seq_nr, pid), at most
         ``limit``, skipping those at exactly ``from`` that ``seen`` covers."""
+        ...
+
+    async def read_slice_rows(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        from_timestamp: datetime,
+        seen: Mapping[str, int],
+        to_timestamp: datetime,
+        limit: int,
+        *,
+        with_payload: bool = True,
+    ) -> list[Any]:
+        """The same page as positional rows (the hot path of catch-up: no per-row object), in
+        the column order of :data:`SLICE_ROW_COLUMNS`."""
         ...
 
     async def next_slice_timestamp(

@@ -1,31 +1,186 @@
-"""The event envelope every query delivers."""
+"""The event envelope every query delivers.
+
+A hand-written slots class rather than a dataclass so the slice queries can build envelopes
+whose payload is decoded (and whose offset is computed) on first access: a catch-up over a large
+backlog spends most of its time there otherwise, often for envelopes a consumer skips. The public
+surface is a frozen dataclass's: same constructor, attributes, equality, hash and repr.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import FrozenInstanceError
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from .offsets import Offset
 
+_FIELDS = (
+    "persistence_id", "entity_type", "slice", "seq_nr", "db_timestamp", "event", "offset",
+    "tags", "metadata", "writer", "has_payload", "source",
+)  # fmt: skip
+_UNSET: Any = object()
 
-@dataclass(frozen=True, slots=True)
+
+class LazySource(Protocol):
+    """Where lazily built envelopes get their event and offset: one object per page, so no
+    per-envelope closure is built. Both must be pure (called at most once per envelope)."""
+
+    def event_at(self, index: int) -> Any: ...
+
+    def offset_at(self, index: int) -> Offset: ...
+
+
 class EventEnvelope:
-    """One stored event with everything a consumer needs.
+    """One stored event with everything a consumer needs. Immutable.
 
-    ``event`` is the deserialized payload. Envelopes found only by a payload-free query
-    (backtracking) carry ``event=None`` and ``has_payload=False`` until loaded.
+    ``event`` is the deserialized payload (decoded on first access when the query delivered it
+    lazily; a payload that cannot be read raises :class:`~journal.errors.SerializationError`
+    there). Envelopes found only by a payload-free query (backtracking) carry ``event=None`` and
+    ``has_payload=False`` until loaded.
     """
+
+    __slots__ = (
+        "_event", "_index", "_offset", "_src", "db_timestamp", "entity_type", "has_payload",
+        "metadata", "persistence_id", "seq_nr", "slice", "source", "tags", "writer",
+    )  # fmt: skip
+    __match_args__ = _FIELDS
 
     persistence_id: str
     entity_type: str
     slice: int
     seq_nr: int
     db_timestamp: datetime
-    event: Any
-    offset: Offset
-    tags: tuple[str, ...] = ()
-    metadata: Any = None
-    writer: str = ""
-    has_payload: bool = True
-    source: str = "query"
+    tags: tuple[str, ...]
+    metadata: Any
+    writer: str
+    has_payload: bool
+    source: str
+    _event: Any
+    _offset: Any
+    _src: LazySource | None
+    _index: int
+
+    def __init__(
+        self,
+        persistence_id: str,
+        entity_type: str,
+        slice: int,
+        seq_nr: int,
+        db_timestamp: datetime,
+        event: Any,
+        offset: Offset,
+        tags: tuple[str, ...] = (),
+        metadata: Any = None,
+        writer: str = "",
+        has_payload: bool = True,
+        source: str = "query",
+    ) -> None:
+        _INIT(self, persistence_id, entity_type, slice, seq_nr, db_timestamp, event, offset,
+              tags, metadata, writer, has_payload, source, None, 0)  # fmt: skip
+
+    @classmethod
+    def lazy(
+        cls,
+        persistence_id: str,
+        entity_type: str,
+        slice: int,
+        seq_nr: int,
+        db_timestamp: datetime,
+        src: LazySource,
+        index: int,
+        tags: tuple[str, ...],
+        metadata: Any,
+        writer: str,
+        has_payload: bool,
+        source: str,
+    ) -> EventEnvelope:
+        """Hot-path constructor: ``src.event_at(index)`` gives the event (when ``has_payload``,
+        else it is None) and ``src.offset_at(index)`` the offset, on first access."""
+        e = _NEW(cls)
+        _INIT(e, persistence_id, entity_type, slice, seq_nr, db_timestamp,
+              _UNSET if has_payload else None, _UNSET, tags, metadata, writer,
+              has_payload, source, src, index)  # fmt: skip
+        return e
+
+    @property
+    def event(self) -> Any:
+        v = self._event
+        if v is _UNSET:
+            src = self._src
+            assert src is not None
+            v = src.event_at(self._index)
+            _SET["_event"](self, v)
+            if self._offset is not _UNSET:
+                _SET["_src"](self, None)  # the page is no longer needed
+        return v
+
+    @property
+    def offset(self) -> Offset:
+        v = self._offset
+        if v is _UNSET:
+            src = self._src
+            assert src is not None
+            v = src.offset_at(self._index)
+            _SET["_offset"](self, v)
+            if self._event is not _UNSET:
+                _SET["_src"](self, None)
+        return v  # type: ignore[no-any-return]
+
+    def _values(self) -> tuple[Any, ...]:
+        return (
+            self.persistence_id, self.entity_type, self.slice, self.seq_nr, self.db_timestamp,
+            self.event, self.offset, self.tags, self.metadata, self.writer, self.has_payload,
+            self.source,
+        )  # fmt: skip
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, EventEnvelope)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        body = ", ".join(f"{n}={v!r}" for n, v in zip(_FIELDS, self._values(), strict=True))
+        return f"{type(self).__qualname__}({body})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self._values())
+
+    def __copy__(self) -> EventEnvelope:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> EventEnvelope:
+        import copy
+
+        return type(self)(*copy.deepcopy(self._values(), memo))
+
+
+_SET: dict[str, Callable[[EventEnvelope, Any], None]] = {
+    n: vars(EventEnvelope)[n].__set__ for n in EventEnvelope.__slots__
+}
+_NEW = object.__new__
+# The order of _INIT's arguments.
+_ORDER = (
+    "persistence_id", "entity_type", "slice", "seq_nr", "db_timestamp", "_event", "_offset",
+    "tags", "metadata", "writer", "has_payload", "source", "_src", "_index",
+)  # fmt: skip
+(_S0, _S1, _S2, _S3, _S4, _S5, _S6, _S7, _S8, _S9, _S10, _S11, _S12, _S13) = (_SET[n] for n in _ORDER)
+
+
+def _INIT(
+    e: EventEnvelope, a0: Any, a1: Any, a2: Any, a3: Any, a4: Any, a5: Any, a6: Any, a7: Any,
+    a8: Any, a9: Any, a10: Any, a11: Any, a12: Any, a13: Any,
+) -> None:  # fmt: skip
+    """Set all slots by their descriptors (the class forbids ``setattr``)."""
+    _S0(e, a0); _S1(e, a1); _S2(e, a2); _S3(e, a3); _S4(e, a4); _S5(e, a5); _S6(e, a6)  # noqa: E702
+    _S7(e, a7); _S8(e, a8); _S9(e, a9); _S10(e, a10); _S11(e, a11); _S12(e, a12); _S13(e, a13)  # noqa: E702

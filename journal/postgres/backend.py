@@ -80,6 +80,7 @@ class PostgresBackend:
         # Slice queries (SliceQueryBackend): composed, delegated below.
         self.slices = PostgresSliceReader(lambda: self.pool, self.dsn, settings, row_to_event)
         self.read_slice_page = self.slices.read_slice_page
+        self.read_slice_rows = self.slices.read_slice_rows
         self.next_slice_timestamp = self.slices.next_slice_timestamp
         self.horizon_reading = self.slices.horizon_reading
         self.db_now = self.slices.db_now
@@ -172,8 +173,9 @@ class PostgresBackend:
     def _params(self, requests: Sequence[WriteRequest]) -> tuple[Any, ...]:
         """Parallel per-event arrays for the insert statement.
 
-        Arrays that would hold only NULLs (tags, metadata: the common case) are sent empty:
-        a multi-argument unnest pads them with NULLs, and asyncpg skips encoding every element.
+        Arrays that would hold only NULLs, 1s or empty manifests (tags, metadata, ordinals of
+        one-event calls: the common case) are sent empty: a multi-argument unnest pads them with
+        NULLs, the statement reads those as the default, and asyncpg skips encoding every element.
         """
         rows = [(r, i, ev) for r in requests for i, ev in enumerate(r.events, 1)]
         any_tags = any(r.tags for r in requests)
@@ -194,10 +196,10 @@ class PostgresBackend:
             [r.persistence_id for r, _, _ in rows],
             [r.entity_type for r, _, _ in rows],
             [r.slice for r, _, _ in rows],
-            [i for _, i, _ in rows],
+            [i for _, i, _ in rows] if any(len(r.events) > 1 for r in requests) else [],
             [r.expected_seq_nr for r, _, _ in rows],
             [ev.ser_id for _, _, ev in rows],
-            [ev.manifest for _, _, ev in rows],
+            [ev.manifest for _, _, ev in rows] if any(ev.manifest for _, _, ev in rows) else [],
             [ev.payload for _, _, ev in rows],
             self.writer_id,
             tags,

@@ -85,13 +85,30 @@ class PostgresSliceReader:
         *,
         with_payload: bool = True,
     ) -> list[StoredEvent]:
-        rows = await self._fetch(
+        rows = await self.read_slice_rows(
+            entity_type, min_slice, max_slice, from_timestamp, seen, to_timestamp, limit,
+            with_payload=with_payload,
+        )  # fmt: skip
+        return [_stored(r) for r in rows]
+
+    async def read_slice_rows(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        from_timestamp: datetime,
+        seen: Mapping[str, int],
+        to_timestamp: datetime,
+        limit: int,
+        *,
+        with_payload: bool = True,
+    ) -> list[Any]:
+        return await self._fetch(
             "slice page",
             self._page[with_payload],
             entity_type, self._slices(min_slice, max_slice), from_timestamp, to_timestamp,
             list(seen.keys()), list(seen.values()), limit,
         )  # fmt: skip
-        return [_stored(r) for r in rows]
 
     async def next_slice_timestamp(
         self,

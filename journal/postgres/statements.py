@@ -38,67 +38,20 @@ class Statements:
     def channel(self) -> str:
         return notify_channel(self.schema)
 
-    def insert_events(self, *, on_conflict_do_nothing: bool, notify: bool) -> str:
-        """Group-commit insert of many calls in one statement.
+    def _event_rows(self) -> str:
+        """The rows a batch inserts, computed from the parameter arrays (shared by both inserts).
 
-        Parameters are parallel arrays, one element per event. Each row's db_timestamp is the
-        clock at execution (one reading per statement, taken after the table lock), kept
-        monotonic per pid with the reference's GREATEST rule; every event of one call gets the
-        same timestamp. A call whose ``base_seq_nr`` does not match the stored highest inserts
-        nothing (its rows are filtered out) and is reported as a conflict by the caller.
-        Returns one row per written call: pid, first seq_nr, row count, db_timestamp.
+        Parameters are parallel arrays, one element per event; the ordinal, manifest, tag and
+        metadata arrays may be sent empty when every element would be 1, '' or NULL (a multi-
+        argument unnest pads them with NULLs). Each row's db_timestamp is the clock at execution
+        (one reading per statement, taken after the table lock), kept monotonic per pid with the
+        reference's GREATEST rule; every event of one call gets the same timestamp. A call whose
+        ``base_seq_nr`` does not match the stored highest yields no rows (reported as a conflict).
         """
-        conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
-        notify_col = (
-            f", (SELECT count(pg_notify('{self.channel}', g)) FROM "
-            "(SELECT DISTINCT (slice / 64)::text || ':' || entity_type AS g FROM ins) n) AS notified"
-            if notify
-            else ""
-        )
         return f"""
-WITH ins AS (
-  INSERT INTO {self.ej} (slice, entity_type, persistence_id, seq_nr, db_timestamp,
-    event_ser_id, event_ser_manifest, event_payload, deleted, writer, tags,
-    meta_ser_id, meta_ser_manifest, meta_payload)
-  SELECT i.slice, i.entity_type, i.persistence_id, COALESCE(prev.seq_nr, 0) + i.ordinal,
-    GREATEST((SELECT clock_timestamp()), prev.db_timestamp + interval '1 microsecond'),
-    i.ser_id, i.ser_manifest, i.payload, false, $9,
-    CASE WHEN i.tags_json IS NULL THEN NULL
-         ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags_json::jsonb)) END,
-    i.meta_ser_id, i.meta_ser_manifest, i.meta_payload
-  FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::bigint[], $6::int[],
-              $7::text[], $8::bytea[], $10::text[], $11::int[], $12::text[], $13::bytea[])
-    AS i(persistence_id, entity_type, slice, ordinal, base_seq_nr, ser_id, ser_manifest,
-         payload, tags_json, meta_ser_id, meta_ser_manifest, meta_payload)
-  LEFT JOIN LATERAL (
-    SELECT e.seq_nr, e.db_timestamp FROM {self.ej} e
-    WHERE e.persistence_id = i.persistence_id ORDER BY e.seq_nr DESC LIMIT 1
-  ) prev ON true
-  WHERE i.base_seq_nr IS NULL OR i.base_seq_nr = COALESCE(prev.seq_nr, 0)
-  {conflict}
-  RETURNING persistence_id, seq_nr, db_timestamp, entity_type, slice
-)
-SELECT persistence_id, min(seq_nr) AS first_seq_nr, count(*) AS n, max(db_timestamp) AS db_timestamp
-  {notify_col}
-FROM ins GROUP BY persistence_id"""
-
-    def insert_events_tagged(self, *, on_conflict_do_nothing: bool, notify: bool, tag_rows: str) -> str:
-        """:meth:`insert_events` for batches with tags: the same event rows (from CTE ``src``) plus
-        a data-modifying CTE that inserts their tag rows in the same statement and transaction.
-        ``tag_rows`` is that CTE's body (``TagStatements.insert_from_events``). Only batches that
-        carry tags use it; the untagged statement is unchanged."""
-        conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
-        notify_col = (
-            f", (SELECT count(pg_notify('{self.channel}', g)) FROM "
-            "(SELECT DISTINCT (slice / 64)::text || ':' || entity_type AS g FROM ins) n) AS notified"
-            if notify
-            else ""
-        )
-        return f"""
-WITH src AS MATERIALIZED (
-  SELECT i.slice, i.entity_type, i.persistence_id, COALESCE(prev.seq_nr, 0) + i.ordinal AS seq_nr,
+  SELECT i.slice, i.entity_type, i.persistence_id, COALESCE(prev.seq_nr, 0) + COALESCE(i.ordinal, 1) AS seq_nr,
     GREATEST((SELECT clock_timestamp()), prev.db_timestamp + interval '1 microsecond') AS db_timestamp,
-    i.ser_id, i.ser_manifest, i.payload,
+    i.ser_id, COALESCE(i.ser_manifest, '') AS ser_manifest, i.payload,
     CASE WHEN i.tags_json IS NULL THEN NULL
          ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags_json::jsonb)) END AS tags,
     i.meta_ser_id, i.meta_ser_manifest, i.meta_payload
@@ -110,21 +63,49 @@ WITH src AS MATERIALIZED (
     SELECT e.seq_nr, e.db_timestamp FROM {self.ej} e
     WHERE e.persistence_id = i.persistence_id ORDER BY e.seq_nr DESC LIMIT 1
   ) prev ON true
-  WHERE i.base_seq_nr IS NULL OR i.base_seq_nr = COALESCE(prev.seq_nr, 0)
-), ins AS (
-  INSERT INTO {self.ej} (slice, entity_type, persistence_id, seq_nr, db_timestamp,
+  WHERE i.base_seq_nr IS NULL OR i.base_seq_nr = COALESCE(prev.seq_nr, 0)"""
+
+    def _insert_from(self, source: str, conflict: str) -> str:
+        return f"""INSERT INTO {self.ej} (slice, entity_type, persistence_id, seq_nr, db_timestamp,
     event_ser_id, event_ser_manifest, event_payload, deleted, writer, tags,
     meta_ser_id, meta_ser_manifest, meta_payload)
   SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, ser_id, ser_manifest, payload,
     false, $9, tags, meta_ser_id, meta_ser_manifest, meta_payload
-  FROM src
+  FROM {source}
   {conflict}
-  RETURNING persistence_id, seq_nr, db_timestamp, entity_type, slice
-), tv AS ({tag_rows}
-)
+  RETURNING persistence_id, seq_nr, db_timestamp, entity_type, slice"""
+
+    def _result(self, notify: bool) -> str:
+        notify_col = (
+            f", (SELECT count(pg_notify('{self.channel}', g)) FROM "
+            "(SELECT DISTINCT (slice / 64)::text || ':' || entity_type AS g FROM ins) n) AS notified"
+            if notify
+            else ""
+        )
+        return f"""
 SELECT persistence_id, min(seq_nr) AS first_seq_nr, count(*) AS n, max(db_timestamp) AS db_timestamp
   {notify_col}
 FROM ins GROUP BY persistence_id"""
+
+    def insert_events(self, *, on_conflict_do_nothing: bool, notify: bool) -> str:
+        """Group-commit insert of many calls in one statement (see :meth:`_event_rows`).
+
+        Returns one row per written call: pid, first seq_nr, row count, db_timestamp.
+        """
+        conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
+        rows = self._event_rows()
+        return f"WITH ins AS (\n  {self._insert_from(f'({rows}) src', conflict)}\n){self._result(notify)}"
+
+    def insert_events_tagged(self, *, on_conflict_do_nothing: bool, notify: bool, tag_rows: str) -> str:
+        """:meth:`insert_events` for batches with tags: the same event rows (from CTE ``src``) plus
+        a data-modifying CTE that inserts their tag rows in the same statement and transaction.
+        ``tag_rows`` is that CTE's body (``TagStatements.insert_from_events``). Only batches that
+        carry tags use it; the untagged statement is unchanged."""
+        conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
+        return (
+            f"WITH src AS MATERIALIZED ({self._event_rows()}\n), ins AS (\n  {self._insert_from('src', conflict)}\n"
+            f"), tv AS ({tag_rows}\n){self._result(notify)}"
+        )
 
     def insert_one(self, *, notify: bool) -> str:
         """The same write rule for the most common batch: one call of one untagged event.

@@ -80,10 +80,17 @@ class SliceQueryState:
 
     def accept(self, req: PageRequest, rows: list[StoredEvent], bound: datetime) -> None:
         """Record a page's outcome (after its rows went through ``offset_for``)."""
-        n = len(rows)
+        self.accept_page(req, len(rows), rows[-1].db_timestamp if rows else None, bound)
+
+    def accept_page(
+        self, req: PageRequest, n: int, last_timestamp: datetime | None, bound: datetime
+    ) -> None:
+        """Record a page of ``n`` rows whose last is at ``last_timestamp``, after ``offset``
+        was advanced past its last row."""
         self.last_count = n
         if n >= req.limit:
-            covered = rows[-1].db_timestamp - req.from_timestamp
+            assert last_timestamp is not None
+            covered = last_timestamp - req.from_timestamp
             self.span = _clamp(covered * 1.25)
             self.caught_up = False
             return

@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from ..backend import SliceQueryBackend, StoredEvent
 from ..envelope import EventEnvelope
@@ -112,9 +113,9 @@ class SliceQueries:
         if not isinstance(bound, datetime):  # a mode: take the bound now (current queries)
             bound = await self.bound(bound)
 
-        def read(req: PageRequest) -> asyncio.Task[list[StoredEvent]]:
+        def read(req: PageRequest) -> asyncio.Task[list[Any]]:
             t = asyncio.ensure_future(
-                b.read_slice_page(
+                b.read_slice_rows(
                     et, lo, hi, req.from_timestamp, req.seen, req.to_timestamp, req.limit
                 )
             )
@@ -124,13 +125,16 @@ class SliceQueries:
         req = state.request(bound)
         if req is None:
             return
-        pending: asyncio.Task[list[StoredEvent]] | None = read(req)
+        pending: asyncio.Task[list[Any]] | None = read(req)
+        lazy = EventEnvelope.lazy
         try:
             while pending is not None:
                 rows = await pending
                 pending = None
-                offsets = [state.offset_for(r) for r in rows]
-                state.accept(req, rows, bound)
+                page = _Page(rows, state.offset, self.serializers)
+                if rows:
+                    state.offset = page.offset_at(len(rows) - 1)
+                state.accept_page(req, len(rows), rows[-1][4] if rows else None, bound)
                 if state.needs_probe:
                     found = await b.next_slice_timestamp(et, lo, hi, state.probe_from, bound)
                     state.skip_to(found if found is not None else bound)
@@ -138,8 +142,14 @@ class SliceQueries:
                 if nxt is not None:
                     pending = read(nxt)
                     req = nxt
-                envelope = self.envelope
-                for env in [envelope(r, o) for r, o in zip(rows, offsets, strict=True)]:
+                meta = page.metadata
+                for env in [
+                    lazy(
+                        r[0], r[1], r[2], r[3], r[4], page, i, tuple(r[9]) if r[9] else (),
+                        None if r[10] is None else meta(r), r[8], r[7] is not None, "query",
+                    )
+                    for i, r in enumerate(rows)
+                ]:
                     yield env
         finally:
             if pending is not None:
@@ -298,7 +308,66 @@ class SliceQueries:
             sub.close()
 
 
-def _retrieve(t: asyncio.Task[list[StoredEvent]]) -> None:
+class _Page:
+    """One page of positional rows (``SLICE_ROW_COLUMNS``): decodes an envelope's event and
+    computes its offset when first asked (:class:`~journal.envelope.LazySource`).
+
+    An envelope's offset is its timestamp and the highest seq_nr per pid among the rows at that
+    timestamp up to it, plus ``base.seen`` (the offset before this page) when the page starts at
+    that timestamp: what ``SliceQueryState.offset_for`` gives row by row, computed only on demand.
+    """
+
+    __slots__ = ("_memo", "base", "rows", "serializers")
+
+    def __init__(
+        self, rows: list[Any], base: TimestampOffset | None, serializers: SerializerRegistry
+    ) -> None:
+        self.rows = rows
+        self.base = base
+        self.serializers = serializers
+        self._memo: tuple[int, TimestampOffset] | None = None
+
+    def event_at(self, i: int) -> Any:
+        r = self.rows[i]
+        try:
+            return self.serializers.deserialize(r[5], r[6], r[7])
+        except SerializationError as e:
+            raise SerializationError(f"{r[0]}#{r[3]}: {e}") from e
+
+    def metadata(self, r: Any) -> Any:
+        try:
+            return self.serializers.deserialize(r[10], r[11] or "", r[12] or b"", what="metadata")
+        except SerializationError as e:
+            raise SerializationError(f"{r[0]}#{r[3]}: {e}") from e
+
+    def offset_at(self, i: int) -> TimestampOffset:
+        rows = self.rows
+        r = rows[i]
+        ts = r[4]
+        if ts.tzinfo is not UTC:
+            ts = ts.astimezone(UTC)
+        memo = self._memo
+        seen: dict[str, int]
+        if memo is not None and memo[0] == i - 1 and memo[1].timestamp == ts:
+            seen = dict(memo[1].seen)  # consecutive access within one timestamp: no rescan
+            seen[r[0]] = r[3]
+        else:
+            seen = {r[0]: r[3]}
+            j = i - 1
+            while j >= 0 and rows[j][4] == ts:
+                seen.setdefault(rows[j][0], rows[j][3])  # later rows hold the higher seq_nr
+                j -= 1
+            base = self.base
+            if j < 0 and base is not None and base.timestamp == ts:
+                for pid, seq in base.seen.items():
+                    seen.setdefault(pid, seq)
+        o = TimestampOffset.trusted(ts, seen)
+        if i + 1 < len(rows) and rows[i + 1][4] == ts:
+            self._memo = (i, o)
+        return o
+
+
+def _retrieve(t: asyncio.Task[list[Any]]) -> None:
     if not t.cancelled():
         t.exception()  # an abandoned prefetch's error is not an unhandled one
 

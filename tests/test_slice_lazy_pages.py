@@ -1,0 +1,61 @@
+"""Lazily built envelopes of a catch-up page equal what the eager path gives, row by row."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from journal.backend import StoredEvent
+from journal.envelope import EventEnvelope
+from journal.errors import SerializationError
+from journal.offsets import TimestampOffset
+from journal.query.slice_query import SliceQueryState
+from journal.query.slices import _Page
+from journal.serialization import SerializerRegistry
+
+T0 = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def row(pid: str, seq: int, ms: int, payload: bytes = b'{"n": 1}') -> tuple[object, ...]:
+    ts = T0 + timedelta(milliseconds=ms)
+    return (pid, "e", 0, seq, ts, 1, "", payload, "w", None, None, None, None, False)
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 3)), min_size=1, max_size=30),
+       st.booleans(), st.permutations(range(30)))  # fmt: skip
+def test_lazy_offsets_equal_the_state_machine(
+    spec: list[tuple[str, int]], base_at_first: bool, order: list[int]
+) -> None:
+    seqs: dict[str, int] = {}
+    rows = []
+    for pid, ms in sorted(spec, key=lambda x: x[1]):
+        seqs[pid] = seqs.get(pid, 0) + 1
+        rows.append(row(pid, seqs[pid], ms))
+    rows.sort(key=lambda r: (r[4], r[3], r[0]))  # type: ignore[return-value]
+    base = TimestampOffset(rows[0][4], {"z": 7, "a": 0}) if base_at_first else None  # type: ignore[arg-type]
+    eager = SliceQueryState(base, 100)
+    expected = [eager.offset_for(StoredEvent(*r[:9])) for r in rows]  # type: ignore[arg-type]
+    page = _Page(list(rows), base, SerializerRegistry())
+    got: dict[int, TimestampOffset] = {}
+    for i in [i for i in order if i < len(rows)]:  # any access order, with repeats of the memo path
+        got[i] = page.offset_at(i)
+    for i in range(len(rows)):
+        got.setdefault(i, page.offset_at(i))
+        assert got[i] == expected[i]
+        assert page.offset_at(i) == expected[i]
+
+
+def test_lazy_envelope_decodes_on_access_and_compares_like_an_eager_one() -> None:
+    rows = [row("a", 1, 0), row("a", 2, 0, b"not json")]
+    page = _Page(rows, None, SerializerRegistry())
+    envs = [EventEnvelope.lazy(r[0], r[1], r[2], r[3], r[4], page, i, (), None, "w", True, "query")  # type: ignore[arg-type]
+            for i, r in enumerate(rows)]  # fmt: skip
+    eager = EventEnvelope("a", "e", 0, 1, rows[0][4], {"n": 1}, page.offset_at(0), writer="w")  # type: ignore[arg-type]
+    assert envs[0] == eager and repr(envs[0]) == repr(eager)
+    assert envs[0].event == {"n": 1} and envs[0].offset == TimestampOffset(T0, {"a": 1})
+    with pytest.raises(SerializationError, match="a#2"):
+        _ = envs[1].event
+    assert envs[1].offset == TimestampOffset(T0, {"a": 2})
