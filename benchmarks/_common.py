@@ -5,19 +5,15 @@ The server is ``JOURNAL_DSN`` when set, else an embedded PostgreSQL in a tempora
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import platform
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
-
-import asyncpg
 
 from journal.postgres.migrations import upgrade
+from journal.postgres.scratch import scratch_database
 
 
 @contextlib.contextmanager
@@ -30,22 +26,9 @@ def fresh_database() -> Iterator[str]:
 
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="sj-bench-"))
             server = start_embedded(Path(tmp) / "pgdata")
-        name = f"sjbench_{uuid.uuid4().hex[:10]}"
-
-        async def admin(sql: str) -> None:
-            conn = await asyncpg.connect(server)
-            try:
-                await conn.execute(sql)
-            finally:
-                await conn.close()
-
-        asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-        dsn = urlunsplit(urlsplit(server)._replace(path="/" + name))
-        try:
+        with scratch_database(server, "sjbench") as dsn:
             upgrade(dsn)
             yield dsn
-        finally:
-            asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def header(title: str) -> None:

@@ -10,21 +10,15 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from journal import Journal, JournalSettings, open_journal
 from journal.postgres.migrations import upgrade
-
-
-def _with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path="/" + database))
+from journal.postgres.scratch import scratch_database
 
 
 @pytest.fixture(scope="session")
@@ -43,22 +37,9 @@ def server_dsn() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def dsn(server_dsn: str) -> Iterator[str]:
     """A fresh database for this test session, migrated to head."""
-    name = f"sjtest_{uuid.uuid4().hex[:12]}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(server_dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    db = _with_database(server_dsn, name)
-    upgrade(db)
-    try:
+    with scratch_database(server_dsn, "sjtest") as db:
+        upgrade(db)
         yield db
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 async def truncate_all(dsn: str, schema: str = "public") -> None:

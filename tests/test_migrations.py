@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -20,26 +16,15 @@ from sqlalchemy import create_engine, inspect
 from journal.postgres.dsn import sqlalchemy_url
 from journal.postgres.migrations import downgrade, head_revision, offline_sql, upgrade
 from journal.postgres.schema import VERSION_TABLE, metadata
+from journal.postgres.scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def empty_db(server_dsn: str) -> Iterator[str]:
-    name = f"sjmig_{uuid.uuid4().hex[:10]}"
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(server_dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    try:
-        yield urlunsplit(urlsplit(server_dsn)._replace(path="/" + name))
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with scratch_database(server_dsn, "sjmig") as db:
+        yield db
 
 
 def _diff(dsn: str, schema: str) -> list[object]:
