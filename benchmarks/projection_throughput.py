@@ -1,7 +1,8 @@
 """Grouped exactly-once projection of N events into a table, beside the raw slice read rate
 (``current_events_by_slices`` over all slices) and a raw asyncpg SELECT, in the same run. Usage:
-    JOURNAL_DSN=postgresql://... python benchmarks/projection_throughput.py [--events N]
-(default 1,000,000; the database must be migrated: `journal migrate`). Prints events/s and ratios."""
+    [JOURNAL_DSN=postgresql://...] python benchmarks/projection_throughput.py [--events N] [--workers K]
+(default 1,000,000 events; a fresh database on JOURNAL_DSN's server, else an embedded server).
+Prints events/s and ratios."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ import asyncpg
 from journal import EventEnvelope, JournalSettings, open_journal
 from projections import Worker
 
+try:
+    from benchmarks._common import fresh_database
+except ImportError:  # run as a script from benchmarks/
+    from _common import fresh_database  # type: ignore[no-redef]
+
 
 async def handler(conn: Any, envs: Sequence[EventEnvelope]) -> None:
     await conn.execute(
@@ -28,8 +34,7 @@ async def handler(conn: Any, envs: Sequence[EventEnvelope]) -> None:
     )
 
 
-async def main(n: int, entities: int, group_size: int, workers: int) -> None:
-    dsn = os.environ["JOURNAL_DSN"]
+async def main(dsn: str, n: int, entities: int, group_size: int, workers: int) -> None:
     et = f"Bench{uuid.uuid4().hex[:6]}"
     s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=10_000)
     conn = await asyncpg.connect(dsn)
@@ -93,4 +98,5 @@ if __name__ == "__main__":
     ap.add_argument("--group-size", type=int, default=5000)
     ap.add_argument("--workers", type=int, default=2, help="workers (slice ranges) in this process")
     a = ap.parse_args()
-    asyncio.run(main(a.events, a.entities, a.group_size, a.workers))
+    with fresh_database() as dsn:
+        asyncio.run(main(dsn, a.events, a.entities, a.group_size, a.workers))

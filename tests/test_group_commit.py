@@ -48,3 +48,31 @@ async def test_cancelled_calls_are_dropped() -> None:
     p.future.cancel()
     planner.queue.extend([p, pending("b")])
     assert pids(planner.next_batch()) == ["b"]
+
+
+async def test_queued_calls_never_wait_forever_when_a_batch_finishes() -> None:
+    """Regression: a finishing batch must free its slot before it pumps the queue (max_in_flight=1)."""
+    from datetime import UTC, datetime
+
+    from journal.backend import WriteResult
+    from journal.group_commit import GroupCommit
+
+    now = datetime.now(UTC)
+    sizes: list[int] = []
+
+    async def write_batch(reqs: object) -> list[WriteResult | Exception]:
+        batch = list(reqs)  # type: ignore[call-overload]
+        sizes.append(len(batch))
+        await asyncio.sleep(0)  # yield, as a real write does
+        return [WriteResult(1, now) for _ in batch]
+
+    gc = GroupCommit(write_batch, max_batch_events=50, max_in_flight=1)
+
+    async def caller(i: int) -> None:
+        for k in range(5):
+            await gc.submit(WriteRequest(f"p|{i}", "p", 0, k, (EV,)))
+
+    await asyncio.wait_for(asyncio.gather(*(caller(i) for i in range(200))), timeout=20)
+    assert sum(sizes) == 1000
+    assert max(sizes) <= 50 and len(sizes) < 1000  # batched, and bounded
+    await gc.close()

@@ -53,6 +53,16 @@ async def test_sigkill_mid_batch_then_restart_and_lease_takeover(
     task = asyncio.create_task(load.run())
     procs: list[subprocess.Popen[bytes]] = [spawn_worker(dsn, name, et), spawn_worker(dsn, name, et)]
     try:
+        await _kill_and_takeover(journal, conn, dsn, name, et, load, task, procs)
+    finally:
+        stop(procs)
+
+
+async def _kill_and_takeover(
+    journal: Journal, conn: asyncpg.Connection, dsn: str, name: str, et: str, load: CartWorkload,
+    task: asyncio.Task[None], procs: list[subprocess.Popen[bytes]],
+) -> None:  # fmt: skip
+    try:
         await wait_until(lambda: _owned_by(conn, name, 2), 60, "two workers sharing the slices")
         await wait_until(lambda: _at_least(conn, 1000), 30, "projection under way")
         procs[0].send_signal(signal.SIGKILL)  # mid-batch: the batch in flight is rolled back by the server
@@ -65,10 +75,7 @@ async def test_sigkill_mid_batch_then_restart_and_lease_takeover(
     finally:
         load.stop()
         await task
-    try:
-        await assert_exact(journal, conn, et, load.written)
-    finally:
-        stop(procs)
+    await assert_exact(journal, conn, et, load.written)
 
 
 async def _owned_by(conn: asyncpg.Connection, name: str, n: int) -> bool:
@@ -82,6 +89,16 @@ async def test_live_rescale_1_4_8_2_under_write_load(journal: Journal, conn: asy
     task = asyncio.create_task(load.run())
     procs = [spawn_worker(dsn, name, et)]
     try:
+        await _rescale(journal, conn, name, et, dsn, load, task, procs)
+    finally:
+        stop(procs)
+
+
+async def _rescale(
+    journal: Journal, conn: asyncpg.Connection, name: str, et: str, dsn: str, load: CartWorkload,
+    task: asyncio.Task[None], procs: list[subprocess.Popen[bytes]],
+) -> None:  # fmt: skip
+    try:
         for target in (1, 4, 8, 2):
             live = [p for p in procs if p.poll() is None]
             for _ in range(target - len(live)):
@@ -94,7 +111,4 @@ async def test_live_rescale_1_4_8_2_under_write_load(journal: Journal, conn: asy
     finally:
         load.stop()
         await task
-    try:
-        await assert_exact(journal, conn, et, load.written)
-    finally:
-        stop(procs)
+    await assert_exact(journal, conn, et, load.written)

@@ -170,8 +170,8 @@ async def _demo(
         ("duplicates", f"{v.duplicates}"),
         ("missing", f"{v.missing}"),
         ("read model rows wrong", f"{v.view_mismatches} of {entities} carts"),
-        ("projection throughput", f"{v.distinct_projected / elapsed:,.0f} events/s over {elapsed:.1f}s "
-                                  f"(caught up {catch_up:.1f}s after writes stopped)"),
+        ("projection throughput", f"{v.distinct_projected / elapsed:,.0f} events/s over {elapsed:.1f}s, kept pace "
+                                  f"with the writes (caught up {catch_up:.1f}s after they stopped)"),
         ("live latency", f"p50 {v.latency_p50 * 1000:.0f} ms, p99 {v.latency_p99 * 1000:.0f} ms, "
                          f"max {v.latency_max:.1f} s (commit of event -> commit of read model)"),
         ("worker processes", f"{started} started ({n_workers} -> kill+restart -> {scale_to}); logs in {logdir}"),
