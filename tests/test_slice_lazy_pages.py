@@ -59,3 +59,35 @@ def test_lazy_envelope_decodes_on_access_and_compares_like_an_eager_one() -> Non
     with pytest.raises(SerializationError, match="a#2"):
         _ = envs[1].event
     assert envs[1].offset == TimestampOffset(T0, {"a": 2})
+
+
+def test_page_envelopes_read_the_row_and_look_like_eager_ones() -> None:
+    import copy
+
+    from journal.envelope import lazy_page_envelopes
+
+    rows = [row("a", 1, 0), (*row("b", 1, 0)[:7], None, "w2", ["t1"], None, None, None, False)]
+    page = _Page(rows, None, SerializerRegistry())
+    got = lazy_page_envelopes(rows, page, page.metadata)
+    eager = [
+        EventEnvelope("a", "e", 0, 1, T0, {"n": 1}, TimestampOffset(T0, {"a": 1}), writer="w"),
+        EventEnvelope("b", "e", 0, 1, T0, None, TimestampOffset(T0, {"a": 1, "b": 1}), ("t1",),
+                      writer="w2", has_payload=False),
+    ]  # fmt: skip
+    assert got == eager and eager == got
+    assert [repr(e) for e in got] == [repr(e) for e in eager]
+    b = got[1]
+    assert (b.persistence_id, b.seq_nr, b.db_timestamp, b.writer, b.has_payload, b.source, b.tags) == (
+        "b", 1, T0, "w2", False, "query", ("t1",)
+    )
+    for e in got:
+        assert copy.copy(e) == e
+        cls, values = e.__reduce__()  # pickling rebuilds a plain EventEnvelope
+        assert cls is EventEnvelope and cls(*values) == e
+        with pytest.raises(AttributeError):
+            e.seq_nr = 5  # type: ignore[misc]
+    match got[0]:
+        case EventEnvelope("a", "e", 0, 1, _, {"n": 1}):
+            pass
+        case _:
+            pytest.fail("positional match on a page envelope")
