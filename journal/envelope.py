@@ -184,3 +184,38 @@ def _INIT(
     """Set all slots by their descriptors (the class forbids ``setattr``)."""
     _S0(e, a0); _S1(e, a1); _S2(e, a2); _S3(e, a3); _S4(e, a4); _S5(e, a5); _S6(e, a6)  # noqa: E702
     _S7(e, a7); _S8(e, a8); _S9(e, a9); _S10(e, a10); _S11(e, a11); _S12(e, a12); _S13(e, a13)  # noqa: E702
+
+
+def lazy_page_envelopes(
+    rows: list[Any], src: LazySource, metadata: Callable[[Any], Any]
+) -> list[EventEnvelope]:
+    """The envelopes of one page of slice-query rows, built lazily in one loop (the catch-up hot
+    path: no per-row function call beyond the slot setters).
+
+    Rows are positional, laid out as the slice page query's columns
+    (``journal.postgres.slice_queries``): 0 persistence_id, 1 entity_type, 2 slice, 3 seq_nr,
+    4 db_timestamp, 7 event_payload, 8 writer, 9 tags, 10 meta_ser_id. ``src`` gives row i's
+    event and offset on first access (see :meth:`EventEnvelope.lazy`); ``metadata(row)`` decodes
+    a row's metadata (called only for rows that have some). Source is ``"query"``.
+    """
+    new, cls, unset = _NEW, EventEnvelope, _UNSET
+    s0, s1, s2, s3, s4, s5, s6 = _S0, _S1, _S2, _S3, _S4, _S5, _S6
+    s7, s8, s9, s10, s11, s12, s13 = _S7, _S8, _S9, _S10, _S11, _S12, _S13
+    out: list[EventEnvelope] = []
+    append = out.append
+    i = 0
+    for r in rows:
+        e = new(cls)
+        s0(e, r[0]); s1(e, r[1]); s2(e, r[2]); s3(e, r[3]); s4(e, r[4])  # noqa: E702
+        if r[7] is None:
+            s5(e, None); s10(e, False)  # noqa: E702
+        else:
+            s5(e, unset); s10(e, True)  # noqa: E702
+        s6(e, unset)
+        t = r[9]
+        s7(e, tuple(t) if t else ())
+        s8(e, None if r[10] is None else metadata(r))
+        s9(e, r[8]); s11(e, "query"); s12(e, src); s13(e, i)  # noqa: E702
+        append(e)
+        i += 1
+    return out

@@ -79,7 +79,10 @@ QueryMode = Literal["horizon", "backtracking"]
 @dataclass(frozen=True)
 class QuerySettings:
     buffer_size: int = 1000
-    """Rows per page (reference default 1000)."""
+    """Rows per page (reference default 1000); the page size at the live tail."""
+    catch_up_buffer_size: int = 10000
+    """Rows per page while a slice query is far behind its bound (its window ends before the
+    bound, or its last page was full): fewer round trips over a backlog. At least buffer_size."""
     refresh_interval: float = 3.0
     """Seconds between polls of an idle live query (reference 3 s)."""
     behind_current_time: float = 0.1
@@ -240,7 +243,7 @@ class JournalSettings:
         _positive(self.write, "max_batch_events", "max_in_flight")
         _non_negative(self.write, "max_batch_wait")
         _positive(self.retry, "attempts", "initial_backoff", "max_backoff")
-        _positive(self.query, "buffer_size", "refresh_interval", "heartbeat_interval")
+        _positive(self.query, "buffer_size", "catch_up_buffer_size", "refresh_interval", "heartbeat_interval")
         _non_negative(
             self.query, "behind_current_time", "backtracking_window", "backtracking_behind_current_time"
         )

@@ -28,8 +28,8 @@ from journal.postgres.slice_queries import SliceStatements
 
 @pytest.fixture
 async def small(journal: Journal, dsn: str) -> AsyncIterator[Journal]:
-    """A journal (over the emptied tables) with a page size of 10 and fast polling."""
-    s = JournalSettings.load(env={}, dsn=dsn, buffer_size=10, refresh_interval=0.2)
+    """A journal (over the emptied tables) with pages of 10 (25 far from the tail), fast polling."""
+    s = JournalSettings.load(env={}, dsn=dsn, buffer_size=10, catch_up_buffer_size=25, refresh_interval=0.2)
     async with open_journal(dsn, settings=s) as j:
         yield j
 

@@ -30,7 +30,7 @@ WRITE_SECONDS = 8.0
 async def _adversarial(dsn: str, mode: QueryMode, seed: int) -> None:
     rnd = random.Random(seed)
     settings = JournalSettings.load(
-        env={}, dsn=dsn, buffer_size=50, refresh_interval=0.5, backtracking_window=30.0,
+        env={}, dsn=dsn, buffer_size=50, catch_up_buffer_size=120, refresh_interval=0.5, backtracking_window=30.0,
         backtracking_behind_current_time=6.0, mode=mode,
     )  # fmt: skip
     async with open_journal(dsn, settings=settings) as j:
@@ -119,7 +119,10 @@ async def test_adversarial_commit_order(journal: Journal, dsn: str, mode: QueryM
 
 @pytest.fixture
 async def fast(journal: Journal, dsn: str) -> AsyncIterator[Journal]:
-    s = JournalSettings.load(env={}, dsn=dsn, buffer_size=20, refresh_interval=5.0, heartbeat_interval=0.2)
+    s = JournalSettings.load(
+        env={}, dsn=dsn, buffer_size=20, catch_up_buffer_size=50, refresh_interval=5.0,
+        heartbeat_interval=0.2,
+    )  # fmt: skip
     async with open_journal(dsn, settings=s) as j:
         yield j
 
@@ -175,7 +178,7 @@ async def _terminate_others(dsn: str) -> int:
 
 
 async def test_connection_loss_mid_stream_resumes_exactly(journal: Journal, dsn: str) -> None:
-    s = JournalSettings.load(env={}, dsn=dsn, buffer_size=10, refresh_interval=0.3)
+    s = JournalSettings.load(env={}, dsn=dsn, buffer_size=10, catch_up_buffer_size=25, refresh_interval=0.3)
     async with open_journal(dsn, settings=s) as reader, open_journal(dsn, settings=s) as writer:
         c = Consumer(reader.events_by_slices("loss", 0, 1023))
         done = asyncio.Event()

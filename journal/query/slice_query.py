@@ -1,7 +1,9 @@
 """The by-slice query as a plain state machine (no I/O): what to read next, what it delivered.
 
 The state is the last delivered offset (timestamp + ``seen`` at exactly that timestamp) and a
-``floor``: every event of the range below it has been delivered. Each step reads the range in
+``floor``: every event of the range below it has been delivered. Pages hold ``buffer_size`` rows
+at the tail and ``catch_up_size`` rows far from it (a window that ends before the bound, or after
+a full page), so a backlog costs fewer round trips while the live tail keeps small pages. Each step reads the range in
 ``[start, min(bound, start + span))`` where ``bound`` is safe (the horizon, or now minus
 behind-current-time in backtracking mode) and ``span`` adapts to the density of the data, so far
 from the tail a query scans about one page of the index instead of everything up to the tail
@@ -37,10 +39,14 @@ class SliceQueryState:
     """Paging over one slice range. Drive it: ``request(bound)`` -> read -> ``accept(...)``;
     when ``needs_probe``: probe ``[probe_from, bound)`` -> ``skip_to(found or bound)``."""
 
-    def __init__(self, offset: TimestampOffset | None, buffer_size: int) -> None:
+    def __init__(
+        self, offset: TimestampOffset | None, buffer_size: int, catch_up_size: int | None = None
+    ) -> None:
         self.offset = offset
         self.floor = offset.timestamp if offset is not None else EPOCH
         self.buffer_size = buffer_size
+        self.catch_up_size = max(buffer_size, catch_up_size or buffer_size)
+        self.behind = False  # the last page was full: a backlog is waiting
         self.span = INITIAL_SPAN
         self.needs_probe = False
         self.probe_from = self.floor
@@ -60,8 +66,10 @@ class SliceQueryState:
             self.caught_up = True
             self.last_count = 0
             return None
-        upper = min(bound, start + self.span) if bound - start > self.span else bound
-        return PageRequest(start, seen, upper, self.buffer_size)
+        if bound - start > self.span:  # far from the bound: a window of span, a catch-up page
+            return PageRequest(start, seen, start + self.span, self.catch_up_size)
+        limit = self.catch_up_size if self.behind else self.buffer_size
+        return PageRequest(start, seen, bound, limit)
 
     def offset_for(self, row: StoredEvent) -> TimestampOffset:
         """Advance the delivered offset past ``row`` (rows must come in query order)."""
@@ -88,6 +96,7 @@ class SliceQueryState:
         """Record a page of ``n`` rows whose last is at ``last_timestamp``, after ``offset``
         was advanced past its last row."""
         self.last_count = n
+        self.behind = n >= req.limit
         if n >= req.limit:
             assert last_timestamp is not None
             covered = last_timestamp - req.from_timestamp

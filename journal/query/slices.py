@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..backend import SliceQueryBackend, StoredEvent
-from ..envelope import EventEnvelope
+from ..envelope import EventEnvelope, lazy_page_envelopes
 from ..errors import JournalUnavailable, SerializationError
 from ..ids import entity_type_of, slice_for
 from ..offsets import Sequence as SeqOffset
@@ -126,7 +126,6 @@ class SliceQueries:
         if req is None:
             return
         pending: asyncio.Task[list[Any]] | None = read(req)
-        lazy = EventEnvelope.lazy
         try:
             while pending is not None:
                 rows = await pending
@@ -142,14 +141,7 @@ class SliceQueries:
                 if nxt is not None:
                     pending = read(nxt)
                     req = nxt
-                meta = page.metadata
-                for env in [
-                    lazy(
-                        r[0], r[1], r[2], r[3], r[4], page, i, tuple(r[9]) if r[9] else (),
-                        None if r[10] is None else meta(r), r[8], r[7] is not None, "query",
-                    )
-                    for i, r in enumerate(rows)
-                ]:
+                for env in lazy_page_envelopes(rows, page, page.metadata):
                     yield env
         finally:
             if pending is not None:
@@ -159,7 +151,8 @@ class SliceQueries:
         self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode
     ) -> AsyncIterator[EventEnvelope]:
         """Up to the bound taken when iteration starts, then end."""
-        return self._catch_up(SliceQueryState(offset, self.q.buffer_size), mode, et, lo, hi)
+        state = SliceQueryState(offset, self.q.buffer_size, self.q.catch_up_buffer_size)
+        return self._catch_up(state, mode, et, lo, hi)
 
     async def live(
         self,
@@ -173,7 +166,7 @@ class SliceQueries:
         loop = asyncio.get_running_loop()
         q = self.q
         sub = await self.hub.subscribe(et, lo, hi)
-        state = SliceQueryState(offset, q.buffer_size)
+        state = SliceQueryState(offset, q.buffer_size, q.catch_up_buffer_size)
         bt = BacktrackingState(offset, q) if mode == "backtracking" else None
         last_emit = loop.time()
         last_heartbeat: TimestampOffset | None = None
