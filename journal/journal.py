@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from .backend import Backend, SliceQueryBackend, SnapshotRow, StoredEvent, WriteRequest
+from .backend import Backend, SliceQueryBackend, SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from .envelope import EventEnvelope
 from .errors import ConfigurationError, InvalidArgument, SerializationError, UnsupportedOperation
 from .group_commit import GroupCommit
@@ -102,6 +102,38 @@ class Journal:
         """
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self._group_commit.submit(request)
+        return self._written(request, result, events, metadata)
+
+    async def persist_in(
+        self,
+        conn: Any,
+        persistence_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq_nr: int | None = None,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+    ) -> list[EventEnvelope]:
+        """:meth:`persist` inside the caller's own transaction on ``conn`` (an asyncpg connection).
+
+        The events commit or roll back with whatever else that transaction writes (an outbox, a
+        read model), with the same statement and timestamp rule as :meth:`persist` but no group
+        commit. While the transaction is open it holds back the slice queries' horizon, so keep
+        it short. PostgreSQL backend only.
+
+        Raises as :meth:`persist`; after a SequenceConflict caused by a concurrent writer the
+        transaction is aborted and must be rolled back.
+        """
+        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
+        write_on = getattr(self.backend, "write_on", None)
+        if write_on is None:
+            raise UnsupportedOperation(f"persist_in is not supported on the {self.backend.name} backend")
+        result = await write_on(conn, request)
+        return self._written(request, result, events, metadata)
+
+    def _written(
+        self, request: WriteRequest, result: WriteResult, events: Sequence[Any], metadata: Any
+    ) -> list[EventEnvelope]:
         return [
             EventEnvelope(
                 persistence_id=request.persistence_id,

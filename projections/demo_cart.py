@@ -141,8 +141,6 @@ class CartWorkload:
     async def _long_transactions(self, hold: float = 1.5) -> None:
         """A transaction that takes its db_timestamp now and commits ``hold`` seconds later:
         the case the slice query's horizon exists for (its events must not be skipped)."""
-        from journal.backend import WriteRequest
-        from journal.ids import entity_type_of, slice_for
         from journal.postgres.backend import PostgresBackend
 
         backend = self.journal.backend
@@ -155,13 +153,8 @@ class CartWorkload:
             pid = f"{self.entity_type}|long-{i}"
             i += 1
             ev = {"type": "ItemAdded", "item": f"sku-{rng.randrange(50)}", "qty": 1}
-            req = WriteRequest(
-                persistence_id=pid, entity_type=entity_type_of(pid), slice=slice_for(pid),
-                expected_seq_nr=None, events=(self.journal.serializers.serialize(ev),),
-            )  # fmt: skip
             async with backend.pool.acquire() as conn, conn.transaction():
-                # the backend's own insert statement and parameters (no copy of the journal's SQL)
-                await conn.fetch(backend._insert, *backend._params([req]))
+                await self.journal.persist_in(conn, pid, [ev])  # a transaction held open
                 await asyncio.sleep(hold)
             self.written += 1
             self.long_transactions += 1

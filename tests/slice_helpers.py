@@ -40,12 +40,19 @@ class LateWriter:
         self.conn: asyncpg.Connection | None = None
         self.tr: Any = None
 
-    async def begin_and_write(self, requests: Sequence[WriteRequest]) -> list[asyncpg.Record]:
+    async def begin_and_write(self, requests: Sequence[WriteRequest]) -> list[dict[str, Any]]:
         self.conn = await asyncpg.connect(self.dsn)
         self.tr = self.conn.transaction()
         await self.tr.start()
-        # The backend's own statement and parameters (not a copy of the SQL).
-        return await self.conn.fetch(self.backend._insert, *self.backend._params(requests))
+        # The backend's own statement (not a copy of the SQL), inside this open transaction.
+        out: list[dict[str, Any]] = []
+        for r in requests:
+            res = await self.backend.write_on(self.conn, r)
+            out.append(
+                {"persistence_id": r.persistence_id, "first_seq_nr": res.first_seq_nr,
+                 "n": len(r.events), "db_timestamp": res.db_timestamp}
+            )  # fmt: skip
+        return out
 
     async def commit(self) -> None:
         assert self.conn is not None

@@ -155,15 +155,34 @@ async def test_timestamp_comes_from_the_clock_not_the_transaction_start(dsn: str
     assert before.timestamp() - 1 <= envs[0].db_timestamp.timestamp() <= after.timestamp() + 1
     conn = await asyncpg.connect(dsn)
     try:
-        sql = journal.backend.sql.insert_events(on_conflict_do_nothing=False, notify=False)  # type: ignore[attr-defined]
-        params = journal.backend._params([journal._request("clock|2", ["y"], None, (), None)])  # type: ignore[attr-defined]
         async with conn.transaction():
             start = await conn.fetchval("SELECT transaction_timestamp()")
             await asyncio.sleep(0.3)
-            rows = await conn.fetch(sql, *params)
-        assert (rows[0]["db_timestamp"] - start).total_seconds() >= 0.3
+            envs = await journal.persist_in(conn, "clock|2", ["y"])
+        assert (envs[0].db_timestamp - start).total_seconds() >= 0.3
     finally:
         await conn.close()
+
+
+async def test_persist_in_the_callers_transaction(dsn: str, journal: Journal) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("CREATE TEMP TABLE outbox (msg text)")
+        async with conn.transaction():
+            envs = await journal.persist_in(conn, "tx|1", ["a", "b"], tags=["t"])
+            await conn.execute("INSERT INTO outbox VALUES ('sent a and b')")
+        assert [e.seq_nr for e in envs] == [1, 2]
+        tr = conn.transaction()
+        await tr.start()
+        await journal.persist_in(conn, "tx|1", ["c"], expected_seq_nr=2)
+        await tr.rollback()  # nothing of it stays
+        with pytest.raises(SequenceConflict):
+            async with conn.transaction():
+                await journal.persist_in(conn, "tx|1", ["x"], expected_seq_nr=5)
+        assert await conn.fetchval("SELECT count(*) FROM outbox") == 1
+    finally:
+        await conn.close()
+    assert await events_of(journal, "tx|1") == ["a", "b"]
 
 
 async def test_serialization_failure_writes_nothing(dsn: str, journal: Journal) -> None:

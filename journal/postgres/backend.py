@@ -256,6 +256,18 @@ class PostgresBackend:
         """Give a write connection back; one in an unknown state is closed, never used again."""
         self.writers.give_back(conn, broken=broken)
 
+    async def write_on(self, conn: asyncpg.Connection, request: WriteRequest) -> WriteResult:
+        """Write one request on the caller's connection (inside its transaction, if any)."""
+        stmt, params = self._statement([request], probe=False)
+        try:
+            rows = await conn.fetch(stmt, *params)
+        except asyncpg.exceptions.UniqueViolationError as e:
+            raise _conflict(request, "another writer took these sequence numbers") from e
+        got = _by_pid(rows).get(request.persistence_id)
+        if got is None or got[1] != len(request.events):
+            raise _conflict(request, "expected_seq_nr is not the stored highest sequence number")
+        return WriteResult(got[0], got[2])
+
     async def _write_each(self, batch: Sequence[WriteRequest], cause: Exception) -> list[WriteResult | Exception]:
         if len(batch) == 1:
             return [StorageError(f"write of {batch[0].persistence_id!r} failed: {cause}")]
