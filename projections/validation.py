@@ -43,14 +43,22 @@ class SliceState:
     """pid -> seq_nr of the events processed at exactly ``latest``."""
     pids: dict[str, tuple[int, datetime]] = field(default_factory=dict)
     """pid -> (latest processed seq_nr, its timestamp), within the time window."""
+    loaded: datetime | None = None
+    """``latest`` as loaded from the store (the offset this run resumed from)."""
+    seen_at_loaded: dict[str, int] = field(default_factory=dict)
 
-    def covers(self, ts: datetime, pid: str, seq_nr: int) -> bool:
-        """True when the slice offset says this event was already processed."""
-        if self.latest is None or ts > self.latest:
+    def covers(self, ts: datetime, pid: str, seq_nr: int, *, late: bool = False) -> bool:
+        """True when the slice offset says this event was already processed.
+
+        ``late``: the event was found by backtracking, so it may have committed after events
+        with later timestamps were processed in this run; only the offset resumed from covers it.
+        """
+        latest, seen_at = (self.loaded, self.seen_at_loaded) if late else (self.latest, self.seen_at_latest)
+        if latest is None or ts > latest:
             return False
-        if ts < self.latest:
+        if ts < latest:
             return True
-        seen = self.seen_at_latest.get(pid)
+        seen = seen_at.get(pid)
         return seen is not None and seq_nr <= seen
 
 
@@ -79,6 +87,7 @@ class Validator:
             st.pids[pid] = (seq_nr, ts)
             if latest is not None and ts == latest:
                 st.seen_at_latest[pid] = seq_nr
+        st.loaded, st.seen_at_loaded = latest, dict(st.seen_at_latest)
         self._size += len(st.pids) - len(self.slices.get(slice_, SliceState()).pids)
         self.slices[slice_] = st
 
@@ -111,7 +120,8 @@ class Validator:
                 return Check(Verdict.ACCEPT)
             return Check(Verdict.GAP, gap_from=known + 1)
         st = self.slices.get(env.slice)
-        if st is not None and st.covers(env.db_timestamp, env.persistence_id, env.seq_nr):
+        late = env.source == "backtracking"
+        if st is not None and st.covers(env.db_timestamp, env.persistence_id, env.seq_nr, late=late):
             return Check(Verdict.DUPLICATE)
         if env.seq_nr == 1:
             return Check(Verdict.ACCEPT)
