@@ -8,12 +8,14 @@ surface is a frozen dataclass's: same constructor, attributes, equality, hash an
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import FrozenInstanceError
 from datetime import datetime
 from typing import Any, Protocol
 
+from .ids import entity_type_of, slice_for
 from .offsets import Offset
+from .tags.timeuuid import datetime_of
 
 _FIELDS = (
     "persistence_id", "entity_type", "slice", "seq_nr", "db_timestamp", "event", "offset",
@@ -206,12 +208,35 @@ setattr(_RowEnvelope, "has_payload", property(lambda self: self._r[7] is not Non
 _SET_ROW: Callable[[EventEnvelope, Any], None] = vars(_RowEnvelope)["_r"].__set__
 
 
+class _TagRowEnvelope(_RowEnvelope):
+    """A lazy page envelope over a tag page row (``journal.tags.store.TagPageRow``): same
+    columns as a slice row for pid, seq_nr, payload, writer, tags and metadata; entity type and
+    slice come from the pid and the timestamp from the TimeUUID (column 1), when read."""
+
+    __slots__ = ()
+
+
+setattr(_TagRowEnvelope, "entity_type", property(lambda self: entity_type_of(self._r[0])))  # noqa: B010
+setattr(_TagRowEnvelope, "slice", property(lambda self: slice_for(self._r[0])))  # noqa: B010
+setattr(_TagRowEnvelope, "db_timestamp", property(lambda self: datetime_of(self._r[1])))  # noqa: B010
+
+
 def _public(e: EventEnvelope) -> type[EventEnvelope]:
-    return EventEnvelope if e.__class__ is _RowEnvelope else type(e)
+    return EventEnvelope if isinstance(e, _RowEnvelope) else type(e)
+
+
+def lazy_tag_page_envelopes(
+    rows: Sequence[Any], src: LazySource, metadata: Callable[[Any], Any]
+) -> list[EventEnvelope]:
+    """:func:`lazy_page_envelopes` for one page of tag rows (``journal.tags.store.TagPageRow``)."""
+    return lazy_page_envelopes(rows, src, metadata, _TagRowEnvelope)
 
 
 def lazy_page_envelopes(
-    rows: list[Any], src: LazySource, metadata: Callable[[Any], Any]
+    rows: Sequence[Any],
+    src: LazySource,
+    metadata: Callable[[Any], Any],
+    cls: type[_RowEnvelope] = _RowEnvelope,
 ) -> list[EventEnvelope]:
     """The envelopes of one page of slice-query rows, built lazily in one loop (the catch-up hot
     path: no per-row function call beyond the slot setters).
@@ -222,7 +247,7 @@ def lazy_page_envelopes(
     event and offset on first access (see :meth:`EventEnvelope.lazy`); ``metadata(row)`` decodes
     a row's metadata (called only for rows that have some). Source is ``"query"``.
     """
-    new, cls, unset, row = _NEW, _RowEnvelope, _UNSET, _SET_ROW
+    new, unset, row = _NEW, _UNSET, _SET_ROW
     s5, s6, s7, s8, s12, s13 = _S5, _S6, _S7, _S8, _S12, _S13
     out: list[EventEnvelope] = []
     append = out.append

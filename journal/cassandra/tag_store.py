@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..serialization import Serialized
-from ..tags.store import TaggedEvent, TagProgress, TagRow
+from ..tags.store import TaggedEvent, TagPageRow, TagProgress, TagRow, page_row
 from ..tags.timeuuid import GREGORIAN_OFFSET
 
 if TYPE_CHECKING:
@@ -93,12 +93,13 @@ class CassandraTagStore:
 
     async def read_tag_rows(
         self, tag: str, bucket: int, after: uuid.UUID | None, before_ticks: int, limit: int
-    ) -> list[TagRow]:
+    ) -> list[TagPageRow]:
         lower = after if after is not None else lower_bound(bucket)
         rows = await self.b.run("read_tag_views", tag, bucket, lower, upper_bound(before_ticks), limit)
         return [
-            TagRow(r.tag_name, r.timebucket, r.timestamp, r.persistence_id, r.tag_pid_sequence_nr, r.sequence_nr,
-                   r.writer_uuid, Serialized(r.ser_id, r.ser_manifest, bytes(r.event)), _meta(r))
+            page_row(TagRow(r.tag_name, r.timebucket, r.timestamp, r.persistence_id, r.tag_pid_sequence_nr,
+                            r.sequence_nr, r.writer_uuid, Serialized(r.ser_id, r.ser_manifest, bytes(r.event)),
+                            _meta(r)))
             for r in rows
         ]  # fmt: skip
 

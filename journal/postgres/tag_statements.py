@@ -28,6 +28,13 @@ TAG_ROW_COLUMNS = (
 )
 
 
+TAG_PAGE_COLUMNS = (
+    "persistence_id, timestamp, tag_pid_sequence_nr, sequence_nr, timebucket, ser_id, ser_manifest, "
+    "event, writer_uuid, ARRAY[tag_name], meta_ser_id, meta_ser_manifest, meta"
+)
+"""The columns of a tag page, in the layout of ``journal.tags.store.TagPageRow``."""
+
+
 @dataclass(frozen=True)
 class TagStatements:
     schema: str
@@ -87,7 +94,7 @@ class TagStatements:
     @property
     def read_rows(self) -> str:
         return (
-            f"SELECT {TAG_ROW_COLUMNS} FROM {self.tv} WHERE tag_name = $1 AND timebucket = $2 "
+            f"SELECT {TAG_PAGE_COLUMNS} FROM {self.tv} WHERE tag_name = $1 AND timebucket = $2 "
             "AND (uuid_time, timestamp) > ($3, $4) AND uuid_time < $5 "
             "ORDER BY uuid_time, timestamp LIMIT $6"
         )

@@ -15,7 +15,7 @@ import asyncpg
 
 from ..errors import ConfigurationError
 from ..serialization import Serialized
-from ..tags.store import TaggedEvent, TagProgress, TagRow
+from ..tags.store import TaggedEvent, TagPageRow, TagProgress, TagRow
 from ..tags.timeuuid import ticks, timeuuid_for_event
 from .errors import with_retries
 
@@ -98,19 +98,13 @@ class PostgresTagStore:
 
     async def read_tag_rows(
         self, tag: str, bucket: int, after: uuid.UUID | None, before_ticks: int, limit: int
-    ) -> list[TagRow]:
+    ) -> list[TagPageRow]:
         a_t, a_u = (ticks(after), after) if after is not None else (-1, _ZERO_UUID)
-        rows = await self._run(
+        # the records as they come (TAG_PAGE_COLUMNS is the TagPageRow layout): no object per row
+        rows: list[TagPageRow] = await self._run(
             "read tag rows", lambda conn: conn.fetch(self.sql.read_rows, tag, bucket, a_t, a_u, before_ticks, limit)
         )
-        # positional access (the column order of TAG_ROW_COLUMNS): this is the catch-up hot loop
-        return [
-            TagRow(
-                r[0], r[1], r[2], r[4], r[5], r[6], r[7], Serialized(r[8], r[9], r[10]),
-                None if r[11] is None else Serialized(r[11], r[12] or "", r[13] or b""),
-            )
-            for r in rows
-        ]  # fmt: skip
+        return rows
 
     async def next_bucket(self, tag: str, from_bucket: int, to_bucket: int) -> int | None:
         v = await self._run(

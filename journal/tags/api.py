@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from ..backend import Backend
-from ..envelope import EventEnvelope
+from ..envelope import EventEnvelope, lazy_tag_page_envelopes
 from ..errors import OffsetError, UnsupportedOperation
-from ..ids import entity_type_of, slice_for, validate_tags
+from ..ids import validate_tags
 from ..offsets import NoOffset, Offset, TimeUUIDOffset
 from ..serialization import SerializerRegistry
 from ..settings import JournalSettings
 from .query import TagQuery
-from .store import HasTagStore, TagRow
-from .timeuuid import datetime_of
+from .store import HasTagStore, TagPageRow
 
 
 def start_after(offset: Offset | uuid.UUID | None) -> uuid.UUID | None:
@@ -26,36 +26,6 @@ def start_after(offset: Offset | uuid.UUID | None) -> uuid.UUID | None:
     if isinstance(offset, uuid.UUID):
         return TimeUUIDOffset(offset).value
     raise OffsetError(f"events by tag take a TimeUUIDOffset (or None), got {type(offset).__name__}")
-
-
-def envelope(
-    row: TagRow, serializers: SerializerRegistry, pids: dict[str, tuple[str, int]] | None = None
-) -> EventEnvelope:
-    """``pids`` caches (entity type, slice) per pid across the rows of one query."""
-    pid = row.persistence_id
-    known = pids.get(pid) if pids is not None else None
-    if known is None:
-        known = (entity_type_of(pid), slice_for(pid))
-        if pids is not None:
-            pids[pid] = known
-    event = serializers.deserialize(row.event.ser_id, row.event.manifest, row.event.payload, what=pid)
-    meta = (
-        serializers.deserialize(row.meta.ser_id, row.meta.manifest, row.meta.payload, what="metadata")
-        if row.meta is not None
-        else None
-    )
-    return EventEnvelope(
-        persistence_id=pid,
-        entity_type=known[0],
-        slice=known[1],
-        seq_nr=row.seq_nr,
-        db_timestamp=datetime_of(row.timeuuid),
-        event=event,
-        offset=TimeUUIDOffset(row.timeuuid),
-        tags=(row.tag,),
-        metadata=meta,
-        writer=row.writer,
-    )
 
 
 def tag_query(
@@ -71,7 +41,31 @@ def tag_query(
     )
 
 
+class _TagPage:
+    """One run of tag page rows (:data:`~journal.tags.store.TagPageRow`): decodes an envelope's
+    event and builds its offset when first asked (:class:`~journal.envelope.LazySource`)."""
+
+    __slots__ = ("rows", "serializers")
+
+    def __init__(self, rows: Sequence[TagPageRow], serializers: SerializerRegistry) -> None:
+        self.rows = rows
+        self.serializers = serializers
+
+    def event_at(self, i: int) -> Any:
+        r = self.rows[i]
+        return self.serializers.deserialize(r[5], r[6], r[7], what=r[0])
+
+    def offset_at(self, i: int) -> TimeUUIDOffset:
+        return TimeUUIDOffset(self.rows[i][1])
+
+    def metadata(self, r: TagPageRow) -> Any:
+        return self.serializers.deserialize(r[10], r[11] or "", r[12] or b"", what="metadata")
+
+
 async def envelopes(query: TagQuery, serializers: SerializerRegistry) -> AsyncIterator[EventEnvelope]:
-    pids: dict[str, tuple[str, int]] = {}
-    async for row in query.rows():
-        yield envelope(row, serializers, pids)
+    """The query's rows as envelopes built lazily a run at a time (payload decoded, offset made
+    on first access): the catch-up hot path."""
+    async for rows in query.pages():
+        page = _TagPage(rows, serializers)
+        for env in lazy_tag_page_envelopes(rows, page, page.metadata):
+            yield env

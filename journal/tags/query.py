@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from ..errors import TagEventsMissing
 from ..settings import TagSettings
 from .buckets import bucket_end, bucket_of, bucket_of_millis, parse_first_bucket, previous_bucket
 from .gaps import PidTracker, Verdict
-from .store import TagRow, TagStore
+from .store import PID, TAG_PID_SEQ_NR, TIMEBUCKET, TIMEUUID, TagPageRow, TagRow, TagStore, row_of
 from .timeuuid import ticks, ticks_of_micros, unix_millis
 
 SEARCH_POLL = 0.25
@@ -67,86 +67,125 @@ class TagQuery:
 
     async def rows(self) -> AsyncIterator[TagRow]:
         """The tag's rows in delivery order (a live query never ends)."""
+        async for page in self.pages():
+            for p in page:
+                yield row_of(p)
+
+    def _read(self, bucket: int, after: uuid.UUID | None, upper_ms: int) -> asyncio.Task[Sequence[TagPageRow]]:
+        t = asyncio.ensure_future(
+            self.store.read_tag_rows(self.tag, bucket, after, ticks_of_micros(upper_ms * 1000), self.page)
+        )
+        t.add_done_callback(_retrieve)
+        return t
+
+    async def pages(self) -> AsyncIterator[Sequence[TagPageRow]]:
+        """The tag's rows in delivery order, a run of rows at a time (:data:`TagPageRow`; a live
+        query never ends). A full page's successor is fetched while the page is handed out."""
         size = self.s.bucket_size
         if self.started_in_current and self.after is not None:
             await self._scan_start(self.after)
         after_in_bucket = self.after
         last_backtrack = time.monotonic()
-        while True:
-            upper_ms = self._upper_ms()
-            if self.bucket >= upper_ms:
+        pending: tuple[asyncio.Task[Sequence[TagPageRow]], int] | None = None
+        try:
+            while True:
+                if pending is None:
+                    upper_ms = self._upper_ms()
+                    if self.bucket >= upper_ms:
+                        if not self.live:
+                            return
+                        await asyncio.sleep(self.s.query_refresh_interval)
+                        continue
+                    pending = (self._read(self.bucket, after_in_bucket, upper_ms), upper_ms)
+                task, upper_ms = pending
+                rows = await task
+                pending = None
+                if rows:
+                    after_in_bucket = self.position = rows[-1][TIMEUUID]
+                full = len(rows) == self.page
+                if full:  # same bucket, same bound: the rest of the page's range
+                    pending = (self._read(self.bucket, after_in_bucket, upper_ms), upper_ms)
+                async for run in self._deliver(rows):
+                    yield run
+                if full:
+                    continue
+                if bucket_end(self.bucket, size) <= upper_ms:
+                    last = bucket_of_millis(upper_ms, size)
+                    nb = await self.store.next_bucket(self.tag, bucket_end(self.bucket, size), last)
+                    self.bucket = last if nb is None else nb
+                    after_in_bucket = None
+                    continue
                 if not self.live:
                     return
+                if time.monotonic() - last_backtrack >= self.s.back_track_interval:
+                    last_backtrack = time.monotonic()
+                    async for r in self._back_track():
+                        yield [r]
                 await asyncio.sleep(self.s.query_refresh_interval)
-                continue
-            rows = await self.store.read_tag_rows(
-                self.tag, self.bucket, after_in_bucket, ticks_of_micros(upper_ms * 1000), self.page
-            )
-            expected = self.tracker.expected
-            accept_unknown = self.tracker.accept_unknown
-            for row in rows:
-                # the common case inline (next number of a known pid, or a pid's first row);
-                # anything else goes through the tracker's full classification and gap search
-                pid, n = row.persistence_id, row.tag_pid_seq_nr
-                last = expected.get(pid)
-                if (last is not None and n == last + 1) or (last is None and (n == 1 or accept_unknown)):
-                    expected[pid] = n
-                    self.delivered += 1
-                    yield row
-                else:
-                    async for r in self._handle(row):
-                        yield r
-            if rows:
-                after_in_bucket = self.position = rows[-1].timeuuid
-            if len(rows) == self.page:
-                continue
-            if bucket_end(self.bucket, size) <= upper_ms:
-                last = bucket_of_millis(upper_ms, size)
-                nb = await self.store.next_bucket(self.tag, bucket_end(self.bucket, size), last)
-                self.bucket = last if nb is None else nb
-                after_in_bucket = None
-                continue
-            if not self.live:
-                return
-            if time.monotonic() - last_backtrack >= self.s.back_track_interval:
-                last_backtrack = time.monotonic()
-                async for r in self._back_track():
-                    yield r
-            await asyncio.sleep(self.s.query_refresh_interval)
+        finally:
+            if pending is not None:
+                pending[0].cancel()
 
-    async def _handle(self, row: TagRow) -> AsyncIterator[TagRow]:
-        verdict = self.tracker.classify(row.persistence_id, row.tag_pid_seq_nr)
+    async def _deliver(self, rows: Sequence[TagPageRow]) -> AsyncIterator[Sequence[TagPageRow]]:
+        """Check a page's rows per pid; hand out the in-order runs whole (the common case: the
+        next number of a known pid, or a pid's first row), anything else through the tracker's
+        full classification and gap search."""
+        expected = self.tracker.expected
+        accept_unknown = self.tracker.accept_unknown
+        get = expected.get
+        start = 0
+        i = 0
+        for row in rows:
+            pid = row[0]
+            n = row[2]
+            last = get(pid)
+            if (last is not None and n == last + 1) or (last is None and (n == 1 or accept_unknown)):
+                expected[pid] = n
+            else:
+                if i > start:
+                    self.delivered += i - start
+                    yield rows[start:i]
+                async for r in self._handle(row):
+                    yield [r]
+                start = i + 1
+            i += 1
+        if i > start:
+            self.delivered += i - start
+            yield rows if start == 0 else rows[start:i]
+
+    async def _handle(self, row: TagPageRow) -> AsyncIterator[TagPageRow]:
+        verdict = self.tracker.classify(row[PID], row[TAG_PID_SEQ_NR])
         if verdict is Verdict.DUPLICATE:
             return
         if verdict is Verdict.DELIVER:
-            self.tracker.delivered(row.persistence_id, row.tag_pid_seq_nr)
+            self.tracker.delivered(row[PID], row[TAG_PID_SEQ_NR])
             self.delivered += 1
             yield row
             return
         async for r in self._search(row, unknown=verdict is Verdict.UNKNOWN_PID):
             yield r
 
-    async def _search(self, held: TagRow, *, unknown: bool) -> AsyncIterator[TagRow]:
+    async def _search(self, held: TagPageRow, *, unknown: bool) -> AsyncIterator[TagPageRow]:
         """Hold ``held``; find the pid's missing rows before it, or fail after the timeout."""
-        pid = held.persistence_id
-        lo, hi = self.tracker.missing(pid, held.tag_pid_seq_nr)
+        pid = held[PID]
+        lo, hi = self.tracker.missing(pid, held[TAG_PID_SEQ_NR])
         if hi - lo + 1 > self.s.max_missing_to_search:
             raise TagEventsMissing(pid, self.tag, lo, hi, "more missing than max_missing_to_search")
         timeout = self.s.new_persistence_id_scan_timeout if unknown else self.s.gap_timeout
         deadline = time.monotonic() + timeout
         size = self.s.bucket_size
         while True:
-            found: dict[int, TagRow] = {}
-            for b in (previous_bucket(held.timebucket, size), held.timebucket):
+            found: dict[int, TagPageRow] = {}
+            for b in (previous_bucket(held[TIMEBUCKET], size), held[TIMEBUCKET]):
                 after: uuid.UUID | None = None
                 while True:
-                    rows = await self.store.read_tag_rows(self.tag, b, after, ticks(held.timeuuid), self.page)
+                    rows = await self.store.read_tag_rows(self.tag, b, after, ticks(held[TIMEUUID]), self.page)
                     for r in rows:
-                        if r.persistence_id == pid and lo <= r.tag_pid_seq_nr <= hi:
-                            found[r.tag_pid_seq_nr] = r
+                        if r[PID] == pid and lo <= r[TAG_PID_SEQ_NR] <= hi:
+                            found[r[TAG_PID_SEQ_NR]] = r
                     if len(rows) < self.page:
                         break
-                    after = rows[-1].timeuuid
+                    after = rows[-1][TIMEUUID]
             n = lo
             while n in found:
                 yield found[n]
@@ -163,7 +202,7 @@ class TagQuery:
                     pid, self.tag, lo, hi, f"not found within gap_timeout={self.s.gap_timeout}s"
                 )
             await asyncio.sleep(min(SEARCH_POLL, max(0.0, deadline - time.monotonic())))
-        self.tracker.delivered(pid, held.tag_pid_seq_nr)
+        self.tracker.delivered(pid, held[TAG_PID_SEQ_NR])
         self.delivered += 1
         yield held
 
@@ -175,14 +214,14 @@ class TagQuery:
         while True:
             rows = await self.store.read_tag_rows(self.tag, self.bucket, cursor, end_ticks, self.page)
             for r in rows:
-                lowest[r.persistence_id] = min(lowest.get(r.persistence_id, r.tag_pid_seq_nr), r.tag_pid_seq_nr)
+                lowest[r[PID]] = min(lowest.get(r[PID], r[TAG_PID_SEQ_NR]), r[TAG_PID_SEQ_NR])
             if len(rows) < self.page:
                 break
-            cursor = rows[-1].timeuuid
+            cursor = rows[-1][TIMEUUID]
         for pid, n in lowest.items():
             self.tracker.seed(pid, n)
 
-    async def _back_track(self) -> AsyncIterator[TagRow]:
+    async def _back_track(self) -> AsyncIterator[TagPageRow]:
         """Rescan behind the position for rows that committed late (their pid ran ahead or is new)."""
         if self.position is None:
             return
@@ -196,10 +235,15 @@ class TagQuery:
             while True:
                 rows = await self.store.read_tag_rows(self.tag, b, cursor, end, self.page)
                 for r in rows:
-                    if unix_millis(r.timeuuid) >= lower_ms:
+                    if unix_millis(r[TIMEUUID]) >= lower_ms:
                         async for x in self._handle(r):
                             yield x
                 if len(rows) < self.page:
                     break
-                cursor = rows[-1].timeuuid
+                cursor = rows[-1][TIMEUUID]
             b = bucket_end(b, size)
+
+
+def _retrieve(t: asyncio.Task[Sequence[TagPageRow]]) -> None:
+    if not t.cancelled():
+        t.exception()  # an abandoned prefetch's error is not an unhandled one
