@@ -46,6 +46,12 @@ async def _kill_writers(dsn: str, stop: asyncio.Event) -> int:
 
 async def test_interrupted_writes_with_expected_seq_nr_are_resolved_exactly(dsn: str, journal: Journal) -> None:
     """Writers keep losing their connections mid-statement; every call ends known, none twice."""
+    setup = await asyncpg.connect(dsn)
+    await setup.execute(  # each insert stays active for a few ms, so the killer reliably meets some
+        """CREATE OR REPLACE FUNCTION flaky_slow() RETURNS trigger AS $$
+           BEGIN PERFORM pg_sleep(0.003); RETURN NEW; END $$ LANGUAGE plpgsql;
+           CREATE TRIGGER flaky_slow BEFORE INSERT ON event_journal FOR EACH STATEMENT EXECUTE FUNCTION flaky_slow();"""
+    )
     stop = asyncio.Event()
     killer = asyncio.create_task(_kill_writers(dsn, stop))
     outcomes: dict[str, int] = {}
@@ -67,6 +73,8 @@ async def test_interrupted_writes_with_expected_seq_nr_are_resolved_exactly(dsn:
     finally:
         stop.set()
         killed = await killer
+        await setup.execute("DROP TRIGGER IF EXISTS flaky_slow ON event_journal; DROP FUNCTION IF EXISTS flaky_slow()")
+        await setup.close()
     for pid, seq in outcomes.items():
         stored = [e.event async for e in journal.current_events_by_persistence_id(pid)]
         assert len(stored) == seq
@@ -111,3 +119,34 @@ async def test_embedded_postgres_is_created_and_migrated_on_first_use(tmp_path: 
     assert (tmp_path / "pgdata" / "PG_VERSION").exists()
     async with open_journal(settings=settings) as j:  # reused, data still there
         assert await j.highest_seq_nr("emb|1") == 1
+
+
+async def test_a_write_still_running_on_the_server_is_waited_for_not_resent(dsn: str, journal: Journal) -> None:
+    """The client loses its connection while the server is still executing the insert (which then
+    commits). Reading the rows at once would say "not written" and resend into a conflict; the
+    journal waits for the server process to finish, so the caller learns the write succeeded."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            """CREATE FUNCTION slow_insert2() RETURNS trigger AS $$
+               BEGIN IF NEW.persistence_id = 'late|1' THEN PERFORM pg_sleep(1); END IF; RETURN NEW; END $$
+               LANGUAGE plpgsql;
+               CREATE TRIGGER slow2 BEFORE INSERT ON event_journal FOR EACH ROW EXECUTE FUNCTION slow_insert2();"""
+        )
+        await journal.persist("late|1", ["first"])  # slow, but on an intact connection
+        task = asyncio.create_task(journal.persist("late|1", ["second"], expected_seq_nr=1))
+        app = journal.backend.writers.application_name  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10
+        while not await conn.fetchval(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'", app
+        ):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        for c in list(journal.backend.writers._all):  # type: ignore[attr-defined]
+            c.terminate()  # the client side goes away; the server keeps executing and commits
+        envs = await asyncio.wait_for(task, 30)
+        assert [e.seq_nr for e in envs] == [2]
+        assert [e.event async for e in journal.current_events_by_persistence_id("late|1")] == ["first", "second"]
+    finally:
+        await conn.execute("DROP TRIGGER IF EXISTS slow2 ON event_journal; DROP FUNCTION IF EXISTS slow_insert2()")
+        await conn.close()

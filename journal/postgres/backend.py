@@ -103,7 +103,7 @@ class PostgresBackend:
             )
 
         self._pool = await with_retries("connect", self.settings.retry, connect)
-        self._writers = WriterConnections(self.dsn, c.connect_timeout)
+        self._writers = WriterConnections(self.dsn, c.connect_timeout, f"slice-journal writer {self.writer_id}"[:63])
         try:
             table = await self._fetchval("connect", "SELECT to_regclass($1)", f'"{self.settings.schema}".event_journal')
         except BaseException:
@@ -208,12 +208,15 @@ class PostgresBackend:
             meta_payloads,
         )
 
-    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+    async def write_batch(
+        self, requests: Sequence[WriteRequest], *, interruptions: int = 0
+    ) -> list[WriteResult | Exception]:
         """One multi-row statement for the whole batch; conflicts isolate the failing calls.
 
         Fast path: a single autocommit INSERT (atomic). If it hits a unique violation, a probe
         run in a rolled-back transaction (ON CONFLICT DO NOTHING) finds which calls conflict;
-        those fail with SequenceConflict and the rest are written again.
+        those fail with SequenceConflict and the rest are written again. If the connection breaks
+        mid-statement, the calls found not written are sent again (a bounded number of times).
         """
         results: dict[int, WriteResult | Exception] = {}
         pending = list(range(len(requests)))
@@ -222,7 +225,7 @@ class PostgresBackend:
                 break
             batch = [requests[i] for i in pending]
             try:
-                written = await self._insert_batch(batch)
+                written, resend = await self._insert_batch(batch)
             except asyncpg.exceptions.PostgresError as e:
                 if isinstance(e, asyncpg.exceptions.UniqueViolationError) and len(pending) == 1:
                     results[pending[0]] = _conflict(batch[0], "another writer took these sequence numbers")
@@ -240,21 +243,31 @@ class PostgresBackend:
                     results[i] = _conflict(requests[i], "another writer took these sequence numbers")
                 pending = [i for i in pending if i not in failed]
                 continue
+            to_resend = {id(r) for r in resend}
+            retry = [i for i in pending if id(requests[i]) in to_resend]
             for i in pending:
                 r = requests[i]
                 got = written.get(r.persistence_id)
+                if id(r) in to_resend:
+                    continue
                 if got is not None and got[1] == len(r.events):
                     results[i] = WriteResult(got[0], got[2])
                 else:
                     results[i] = _conflict(r, "expected_seq_nr is not the stored highest sequence number")
+            if retry:
+                if interruptions + 1 >= self.settings.retry.attempts:
+                    for i in retry:
+                        results[i] = JournalUnavailable(
+                            f"write of {requests[i].persistence_id!r} was interrupted {interruptions + 1} times; "
+                            "it is known not to be stored"
+                        )
+                else:
+                    again = await self.write_batch([requests[i] for i in retry], interruptions=interruptions + 1)
+                    results.update(zip(retry, again, strict=True))
             pending = []
         for i in pending:
             results[i] = _conflict(requests[i], "kept conflicting")
         return [results[i] for i in range(len(requests))]
-
-    def _release(self, conn: asyncpg.Connection, *, broken: bool = False) -> None:
-        """Give a write connection back; one in an unknown state is closed, never used again."""
-        self.writers.give_back(conn, broken=broken)
 
     async def write_on(self, conn: asyncpg.Connection, request: WriteRequest) -> WriteResult:
         """Write one request on the caller's connection (inside its transaction, if any)."""
@@ -268,6 +281,10 @@ class PostgresBackend:
             raise _conflict(request, "expected_seq_nr is not the stored highest sequence number")
         return WriteResult(got[0], got[2])
 
+    def _release(self, conn: asyncpg.Connection, *, broken: bool = False) -> None:
+        """Give a write connection back; one in an unknown state is closed, never used again."""
+        self.writers.give_back(conn, broken=broken)
+
     async def _write_each(self, batch: Sequence[WriteRequest], cause: Exception) -> list[WriteResult | Exception]:
         if len(batch) == 1:
             return [StorageError(f"write of {batch[0].persistence_id!r} failed: {cause}")]
@@ -276,23 +293,27 @@ class PostgresBackend:
             out.extend(await self.write_batch([r]))
         return out
 
-    async def _insert_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
+    async def _insert_batch(self, batch: Sequence[WriteRequest]) -> tuple[dict[str, _Written], list[WriteRequest]]:
         """The atomic autocommit insert, with the database's outcome made known.
 
-        A failure before the statement was sent is retried; a failure after it was sent is
-        resolved by :meth:`_resolve_unknown` (the rows are there, or they are not).
+        A failure before the statement was sent is retried. After a failure once it was sent, the
+        server process is waited for (:meth:`_wait_until_settled`) and the rows are checked
+        (:meth:`_resolve_unknown`): returns the calls written, and those known not to be written.
         """
         stmt, params = self._statement(batch, probe=False)
-        for attempt, delay in enumerate([*backoff_delays(self.settings.retry), None]):
+        delays = iter(backoff_delays(self.settings.retry))
+        while True:
             try:
                 conn = await self.writers.take()
             except Exception as e:
+                delay = next(delays, None)
                 if not is_transient(e):
                     raise
                 if delay is None:
                     raise _unavailable("write", e) from e
                 await asyncio.sleep(delay)
                 continue
+            server_pid = conn.get_server_pid()
             try:
                 rows = await conn.fetch(stmt, *params)
             except Exception as e:
@@ -300,14 +321,14 @@ class PostgresBackend:
                     self._release(conn)
                     raise
                 self._release(conn, broken=True)
-                log.warning("write interrupted (%s), resolving its outcome (attempt %d)", e, attempt + 1)
+                log.warning("write interrupted (%s), resolving its outcome", e)
+                await self._wait_until_settled(server_pid)
                 return await self._resolve_unknown(batch)
             except BaseException:  # cancelled mid-statement: the connection's state is unknown
                 self._release(conn, broken=True)
                 raise
             self._release(conn)  # the write is done, whatever happens to the connection now
-            return _by_pid(rows)
-        raise AssertionError("unreachable")
+            return _by_pid(rows), []
 
     async def _probe_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
         """Which calls would be written in full? (ON CONFLICT DO NOTHING, always rolled back.)"""
@@ -324,13 +345,43 @@ class PostgresBackend:
 
         return await with_retries("write (conflict probe)", self.settings.retry, op)
 
-    async def _resolve_unknown(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
+    async def _wait_until_settled(self, server_pid: int, patience: float = 10.0) -> None:
+        """Wait until the interrupted statement's server process is no longer running it.
+
+        A client that lost its connection cannot tell whether the server is still executing the
+        statement; reading the rows before that ends could see "not written" for a write that
+        commits a moment later. Once the process is idle or gone its transaction is final. If it
+        is still busy after ``patience`` seconds it is terminated (only a process of this journal's
+        own write connections, found by application_name), which rolls the statement back; its row
+        leaves pg_stat_activity only after the abort.
+        """
+        app = self.writers.application_name
+
+        async def op() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + patience
+            async with self.pool.acquire() as c:
+                while await c.fetchval(self.sql.writer_busy, server_pid, app):
+                    if loop.time() > deadline:
+                        await c.fetchval(self.sql.terminate_writer, server_pid, app)
+                        deadline = loop.time() + patience
+                    await asyncio.sleep(0.01)
+
+        try:
+            await with_retries("settle an interrupted write", self.settings.retry, op)
+        except JournalUnavailable as e:
+            raise JournalUnavailable(str(e), outcome_unknown=True) from e
+
+    async def _resolve_unknown(
+        self, batch: Sequence[WriteRequest]
+    ) -> tuple[dict[str, _Written], list[WriteRequest]]:
         """The connection died mid-write. Find out, for each call, whether it committed.
 
         A call that gave ``expected_seq_nr`` can be checked exactly: its rows are there with
         our writer id and the same payloads (it committed), or no row is there (it did not: it is
         sent again), or another writer's rows are there (a conflict). Calls without it cannot be
         told apart from another writer's, so they fail with ``JournalUnavailable(outcome_unknown=True)``.
+        Returns the calls found written and those to send again.
         """
         out: dict[str, _Written] = {}
         resend: list[WriteRequest] = []
@@ -354,9 +405,7 @@ class PostgresBackend:
             elif not rows:
                 resend.append(r)
             # else: another writer's rows are there: the call is reported as a conflict
-        if resend:
-            out.update(await self._insert_batch(resend))
-        return out
+        return out, resend
 
     # -- reads -------------------------------------------------------------------------------
 

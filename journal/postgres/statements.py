@@ -132,6 +132,15 @@ WITH prev AS (
 )
 SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{notify_col} FROM ins"""
 
+    writer_busy = (
+        "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND application_name = $2 AND state = 'active'"
+    )
+    """Is this write connection's server process still executing a statement?"""
+
+    terminate_writer = (
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND application_name = $2"
+    )
+
     @property
     def written_check(self) -> str:
         """Rows of one pid in a seq_nr range written by a writer (resolving unknown outcomes)."""

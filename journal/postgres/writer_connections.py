@@ -14,9 +14,11 @@ import asyncpg
 
 
 class WriterConnections:
-    def __init__(self, dsn: str, connect_timeout: float) -> None:
+    def __init__(self, dsn: str, connect_timeout: float, application_name: str) -> None:
         self._dsn = dsn
         self._timeout = connect_timeout
+        self.application_name = application_name
+        """Set on every write connection, so an interrupted write's server process can be found."""
         self._free: deque[asyncpg.Connection] = deque()
         self._all: set[asyncpg.Connection] = set()
         self._closed = False
@@ -27,7 +29,9 @@ class WriterConnections:
             if not conn.is_closed():
                 return conn
             self._all.discard(conn)
-        conn = await asyncpg.connect(self._dsn, timeout=self._timeout)
+        conn = await asyncpg.connect(
+            self._dsn, timeout=self._timeout, server_settings={"application_name": self.application_name}
+        )
         self._all.add(conn)
         return conn
 
