@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
-from journal.settings import ProjectionSettings
+from journal.settings import ProjectionSettings, QueryMode
 
 from .handlers import Mode
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
@@ -68,6 +68,7 @@ class RangeProcessor:
         handler: Callable[..., Awaitable[None]],
         mode: Mode,
         stats: Stats,
+        query_mode: QueryMode = "horizon",
     ) -> None:
         self.journal = journal
         self.pool = pool
@@ -82,6 +83,7 @@ class RangeProcessor:
         self.handler = handler
         self.mode = mode
         self.stats = stats
+        self.query_mode = query_mode
         self.validator = Validator(timedelta(seconds=settings.offset_time_window))
         self._stopping = asyncio.Event()
         self._last_flush = time.monotonic()
@@ -175,13 +177,15 @@ class RangeProcessor:
                 heartbeat = env.offset.timestamp
                 continue
             await self._validate_into(env, accepted)
-        # Delivery is ordered by db_timestamp over the whole range: once this batch commits, every
-        # event of the range before its last envelope's timestamp is processed, so idle slices of
-        # the range may advance their stored offset to it (keeps restarts and rebalances short).
-        delivered = [e.db_timestamp for e in batch if e.source != "heartbeat"]
-        upto = max([heartbeat] if heartbeat is not None else [], default=None) or (
-            max(delivered) if delivered else None
-        )
+        # Idle slices of the range may advance their stored offset (keeps restarts and rebalances
+        # short) to a point below which every event of the range is delivered. The query's own
+        # heartbeat says so in both modes. A delivered event's timestamp says so only in horizon
+        # mode (delivery ordered by db_timestamp); in backtracking mode an older event may still
+        # commit late and be found by backtracking, and a heartbeat row above it would make a new
+        # owner resume past it (lost).
+        upto = heartbeat
+        if upto is None and self.query_mode == "horizon":
+            upto = max((e.db_timestamp for e in batch if e.source != "heartbeat"), default=None)
         hb_slices = self._heartbeat_slices(upto) if upto is not None else {}
         if self.mode == "at-least-once":
             for env in accepted:
@@ -242,12 +246,17 @@ class RangeProcessor:
             self.validator.record(e)
 
     async def _replay_unknown(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
-        """A pid with no stored offset: its earlier events not covered by the slice offset first."""
+        """A pid with no stored offset: its earlier events not covered by the slice offset first.
+
+        In backtracking mode an earlier event may have committed late, below offsets this run
+        already advanced past it: only the offset resumed from covers it (as in ``Validator.check``).
+        """
         v = self.validator
+        late = self.query_mode == "backtracking"
         earlier = [
             e
             async for e in self.journal.current_events_by_persistence_id(env.persistence_id, 1, env.seq_nr - 1)
-            if not v.covered_by_slice(e.slice, e.db_timestamp, e.persistence_id, e.seq_nr)
+            if not v.covered_by_slice(e.slice, e.db_timestamp, e.persistence_id, e.seq_nr, late=late)
         ]
         for e in earlier:
             accepted.append(e)

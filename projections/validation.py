@@ -127,9 +127,9 @@ class Validator:
             return Check(Verdict.ACCEPT)
         return Check(Verdict.UNKNOWN)
 
-    def covered_by_slice(self, slice_: int, ts: datetime, pid: str, seq_nr: int) -> bool:
+    def covered_by_slice(self, slice_: int, ts: datetime, pid: str, seq_nr: int, *, late: bool = False) -> bool:
         st = self.slices.get(slice_)
-        return st is not None and st.covers(ts, pid, seq_nr)
+        return st is not None and st.covers(ts, pid, seq_nr, late=late)
 
     def record(self, env: EventEnvelope) -> None:
         """Note an accepted envelope in the pending overlay (it is now ``known``)."""

@@ -25,7 +25,7 @@ import asyncpg
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.ids import NUMBER_OF_SLICES
 from journal.postgres.dsn import asyncpg_dsn
-from journal.settings import JournalSettings
+from journal.settings import JournalSettings, QueryMode
 
 from .handlers import Mode, validate_mode
 from .postgres_store import ProjectionSql
@@ -178,11 +178,17 @@ class Worker:
             journal=self.journal, pool=self._pool, sql=self.sql, settings=self.ps, name=self.name,
             entity_type=self.entity_type, lo=lo, hi=hi, owner=self.worker_id,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
-            mode=self.mode, stats=self.stats,
+            mode=self.mode, stats=self.stats, query_mode=self._query_mode(),
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
         self.processors[(lo, hi)] = (proc, task)
         log.info("%s: processing slices %d-%d", self.worker_id, lo, hi)
+
+    def _query_mode(self) -> QueryMode:
+        """The mode of the slice queries the processors read: the journal's default, which the
+        runner does not override (a source without settings: ours)."""
+        js = getattr(self.journal, "settings", None)
+        return js.query.mode if isinstance(js, JournalSettings) else self.settings.query.mode
 
     def _reap(self) -> None:
         """Forget finished processors; a fatal error stops the worker."""

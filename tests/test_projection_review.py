@@ -73,3 +73,61 @@ async def test_backtracking_mode_delivers_a_late_new_pid_behind_its_slice_offset
             await holder.close()
             w.stop()
             await task
+
+
+async def test_backtracking_mode_keeps_idle_slice_offsets_below_a_late_commit(
+    journal: Journal, seen: asyncpg.Connection, dsn: str
+) -> None:
+    """In backtracking mode delivery is not ordered by db_timestamp: an idle slice must not get a
+    heartbeat row at a delivered event's timestamp while an older event of it has not committed,
+    or the next owner resumes past that event and never projects it."""
+    settings = JournalSettings.load(
+        env={}, dsn=dsn, mode="backtracking", refresh_interval=0.1, behind_current_time=0.05,
+        backtracking_behind_current_time=30.0, heartbeat_interval=0.2, lease_ttl=1.5,
+        lease_renew_interval=0.3, heartbeat_offset_interval=0.2,
+    )  # fmt: skip
+    # backtracking_behind_current_time is longer than the late transaction stays open: the commit
+    # is within the mode's assumption, so the query's own heartbeats stay below the late event.
+    early, late = "RvHb|early", "RvHb|late"
+    assert slice_for(early) != slice_for(late)
+
+    async def count(pid: str) -> int:
+        return int(await seen.fetchval("SELECT count(*) FROM t_review WHERE pid = $1", pid))
+
+    async with open_journal(settings=settings) as bj:
+        holder = await asyncpg.connect(dsn)
+        try:
+            tx = holder.transaction()
+            await tx.start()
+            [pending] = await bj.persist_in(holder, late, [{"n": 1}])  # timestamped now, committed later
+            await bj.persist(early, [{"n": 1}, {"n": 2}])
+            first = Worker(bj, settings, "p-review-hb", "RvHb", record, "grouped")
+            task = asyncio.create_task(first.run())
+            try:
+                await wait_until(lambda: _eq(count(early), 2), 20, "the early pid projected")
+            finally:
+                first.stop()
+                await task
+            # the early events' offsets committed with any heartbeat rows of the batch
+            above = await seen.fetchval(
+                "SELECT max(timestamp_offset) FROM projection_timestamp_offset_store "
+                "WHERE projection_name = 'p-review-hb' AND slice = $1",
+                slice_for(late),
+            )
+            assert above is None or above < pending.db_timestamp, (above, pending.db_timestamp)
+            await tx.commit()
+        finally:
+            await holder.close()
+        # a new owner (a restart or a rebalance) resumes from the stored offsets
+        second = Worker(bj, settings, "p-review-hb", "RvHb", record, "grouped")
+        task = asyncio.create_task(second.run())
+        try:
+            await wait_until(lambda: _eq(count(late), 1), 20, "the late event projected by the new owner")
+            assert await count(early) == 2
+        finally:
+            second.stop()
+            await task
+
+
+async def _eq(value: Any, expected: int) -> bool:
+    return bool(await value == expected)
