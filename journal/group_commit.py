@@ -139,7 +139,10 @@ class GroupCommit:
         try:
             results = await self._write_batch([p.request for p in batch])
         except BaseException as e:
-            err = e if isinstance(e, Exception) else JournalUnavailable(f"write interrupted: {e!r}")
+            # cancelled (e.g. the loop shutting down) while the statement may have been sent
+            err = (
+                e if isinstance(e, Exception) else JournalUnavailable(f"write interrupted: {e!r}", outcome_unknown=True)
+            )
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(err)

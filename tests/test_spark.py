@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +37,12 @@ pytestmark = pytest.mark.spark
 def spark() -> Iterator[Any]:
     """One small local SparkSession for every Spark test (2 cores, 1g, few shuffle partitions)."""
     settings = JournalSettings.load(env={}, master="local[2]", shuffle_partitions=2)
-    session = spark_session(settings.spark)
+    try:
+        session = spark_session(settings.spark)
+    except SparkSetupError as e:
+        if os.environ.get("CI"):  # .ci/run installs Java and the driver: there, missing is a failure
+            raise
+        pytest.skip(f"Spark cannot start here: {e}")
     yield session
     session.stop()
 
