@@ -36,6 +36,8 @@ class EventSource(Protocol):
         self, entity_type: str, min_slice: int, max_slice: int, offset: Any = None, *, heartbeats: bool = False
     ) -> AsyncIterator[EventEnvelope]: ...
 
+    async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None: ...
+
     def current_events_by_persistence_id(
         self, persistence_id: str, from_seq_nr: int = 1, to_seq_nr: int | None = None
     ) -> AsyncIterator[EventEnvelope]: ...
@@ -213,13 +215,17 @@ class RangeProcessor:
 
     async def _validate_into(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
         v = self.validator
-        check = v.check(env)
+        per_pid = self.query_mode == "backtracking"
+        check = v.check(env, per_pid=per_pid)
         if check.verdict is Verdict.UNKNOWN:
             async with self.pool.acquire() as conn:
                 stored = await self.sql.load_pid(conn, self.name, env.slice, env.persistence_id)
             if stored is not None:
                 v.learn(env.slice, env.persistence_id, *stored)
-                check = v.check(env)
+                check = v.check(env, per_pid=per_pid)
+            elif per_pid:
+                await self._accept_unrecorded(env, accepted)
+                return
             else:
                 await self._replay_unknown(env, accepted)
                 return
@@ -246,24 +252,45 @@ class RangeProcessor:
             self.validator.record(e)
 
     async def _replay_unknown(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
-        """A pid with no stored offset: its earlier events not covered by the slice offset first.
-
-        In backtracking mode an earlier event may have committed late, below offsets this run
-        already advanced past it: only the offset resumed from covers it (as in ``Validator.check``).
-        """
+        """Horizon mode, a pid with no stored offset: its earlier events not covered by the slice
+        offset first (delivery is ordered, so the slice offset covers what was processed)."""
         v = self.validator
-        late = self.query_mode == "backtracking"
         earlier = [
             e
             async for e in self.journal.current_events_by_persistence_id(env.persistence_id, 1, env.seq_nr - 1)
-            if not v.covered_by_slice(e.slice, e.db_timestamp, e.persistence_id, e.seq_nr, late=late)
+            if not v.covered_by_slice(e.slice, e.db_timestamp, e.persistence_id, e.seq_nr)
         ]
-        for e in earlier:
-            accepted.append(e)
-            v.record(e)
+        self._accept_all(earlier, accepted)
         self.stats.replayed += len(earlier)
-        accepted.append(env)
-        v.record(env)
+        self._accept_all([env], accepted)
+
+    async def _accept_unrecorded(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
+        """Backtracking mode, a pid with no record in the store (the reference's rule): seq_nr 1
+        is new; a later one is accepted when its previous event is older than the time window
+        (its record was evicted), otherwise the pid's events within the window are replayed first.
+        The slice offset is no evidence: a late commit can lie below it and be unprocessed."""
+        v = self.validator
+        if env.seq_nr > 1:
+            start = v.window_start(env.slice)
+            prev = await self.journal.timestamp_of(env.persistence_id, env.seq_nr - 1)
+            if prev is not None and (start is None or prev >= start):
+                earlier = [
+                    e
+                    async for e in self.journal.current_events_by_persistence_id(
+                        env.persistence_id, 1, env.seq_nr - 1
+                    )
+                    if start is None or e.db_timestamp >= start
+                ]
+                pid = env.persistence_id
+                log.info("%s: replayed %d events of %s before #%d", self.name, len(earlier), pid, env.seq_nr)
+                self._accept_all(earlier, accepted)
+                self.stats.replayed += len(earlier)
+        self._accept_all([env], accepted)
+
+    def _accept_all(self, envs: list[EventEnvelope], accepted: list[EventEnvelope]) -> None:
+        for e in envs:
+            accepted.append(e)
+            self.validator.record(e)
 
     # -- transactions ------------------------------------------------------------------------
 

@@ -43,22 +43,15 @@ class SliceState:
     """pid -> seq_nr of the events processed at exactly ``latest``."""
     pids: dict[str, tuple[int, datetime]] = field(default_factory=dict)
     """pid -> (latest processed seq_nr, its timestamp), within the time window."""
-    loaded: datetime | None = None
-    """``latest`` as loaded from the store (the offset this run resumed from)."""
-    seen_at_loaded: dict[str, int] = field(default_factory=dict)
 
-    def covers(self, ts: datetime, pid: str, seq_nr: int, *, late: bool = False) -> bool:
-        """True when the slice offset says this event was already processed.
-
-        ``late``: the event was found by backtracking, so it may have committed after events
-        with later timestamps were processed in this run; only the offset resumed from covers it.
-        """
-        latest, seen_at = (self.loaded, self.seen_at_loaded) if late else (self.latest, self.seen_at_latest)
-        if latest is None or ts > latest:
+    def covers(self, ts: datetime, pid: str, seq_nr: int) -> bool:
+        """True when the slice offset says this event was already processed (horizon mode only:
+        there delivery is ordered by db_timestamp, so nothing commits below a processed event)."""
+        if self.latest is None or ts > self.latest:
             return False
-        if ts < latest:
+        if ts < self.latest:
             return True
-        seen = seen_at.get(pid)
+        seen = self.seen_at_latest.get(pid)
         return seen is not None and seq_nr <= seen
 
 
@@ -87,7 +80,6 @@ class Validator:
             st.pids[pid] = (seq_nr, ts)
             if latest is not None and ts == latest:
                 st.seen_at_latest[pid] = seq_nr
-        st.loaded, st.seen_at_loaded = latest, dict(st.seen_at_latest)
         self._size += len(st.pids) - len(self.slices.get(slice_, SliceState()).pids)
         self.slices[slice_] = st
 
@@ -110,8 +102,15 @@ class Validator:
         known = st.pids.get(pid)
         return known[0] if known is not None else None
 
-    def check(self, env: EventEnvelope) -> Check:
-        """Classify one envelope (no side effect)."""
+    def check(self, env: EventEnvelope, *, per_pid: bool = False) -> Check:
+        """Classify one envelope (no side effect).
+
+        A pid not in memory is judged by the slice offset in horizon mode. With ``per_pid``
+        (backtracking mode: an event may commit late, below offsets already stored for its slice)
+        only by its own record: a first event newer than the window behind the slice's latest
+        offset is new (a processed one would be in memory); anything else is UNKNOWN, for the
+        runner to look up in the store and then the journal (``window_start``).
+        """
         known = self.known_seq_nr(env.slice, env.persistence_id)
         if known is not None:
             if env.seq_nr <= known:
@@ -119,17 +118,26 @@ class Validator:
             if env.seq_nr == known + 1:
                 return Check(Verdict.ACCEPT)
             return Check(Verdict.GAP, gap_from=known + 1)
-        st = self.slices.get(env.slice)
-        late = env.source == "backtracking"
-        if st is not None and st.covers(env.db_timestamp, env.persistence_id, env.seq_nr, late=late):
+        if per_pid:
+            start = self.window_start(env.slice)
+            if env.seq_nr == 1 and (start is None or env.db_timestamp >= start):
+                return Check(Verdict.ACCEPT)
+            return Check(Verdict.UNKNOWN)
+        if self.covered_by_slice(env.slice, env.db_timestamp, env.persistence_id, env.seq_nr):
             return Check(Verdict.DUPLICATE)
         if env.seq_nr == 1:
             return Check(Verdict.ACCEPT)
         return Check(Verdict.UNKNOWN)
 
-    def covered_by_slice(self, slice_: int, ts: datetime, pid: str, seq_nr: int, *, late: bool = False) -> bool:
+    def window_start(self, slice_: int) -> datetime | None:
+        """The time window's start behind the slice's latest offset (None: nothing stored yet).
+        Every pid with a processed event at or after it is in memory."""
         st = self.slices.get(slice_)
-        return st is not None and st.covers(ts, pid, seq_nr, late=late)
+        return None if st is None or st.latest is None else st.latest - self.window
+
+    def covered_by_slice(self, slice_: int, ts: datetime, pid: str, seq_nr: int) -> bool:
+        st = self.slices.get(slice_)
+        return st is not None and st.covers(ts, pid, seq_nr)
 
     def record(self, env: EventEnvelope) -> None:
         """Note an accepted envelope in the pending overlay (it is now ``known``)."""

@@ -129,5 +129,56 @@ async def test_backtracking_mode_keeps_idle_slice_offsets_below_a_late_commit(
             await task
 
 
+async def test_backtracking_mode_delivers_a_late_commit_below_its_own_slice_offset_after_a_restart(
+    journal: Journal, seen: asyncpg.Connection, dsn: str
+) -> None:
+    """The late pid and the early pid share a slice, so the slice's stored offset (the early
+    events') lies above the late event: after a restart the late pid, unknown to the validator,
+    must be judged by its own record in the offset store (none: seq_nr 1 is new), not by the
+    slice offset (which would drop it as a duplicate)."""
+    settings = JournalSettings.load(
+        env={}, dsn=dsn, mode="backtracking", refresh_interval=0.1, behind_current_time=0.05,
+        backtracking_behind_current_time=30.0, heartbeat_interval=0.2, lease_ttl=1.5,
+        lease_renew_interval=0.3, heartbeat_offset_interval=0.2,
+    )  # fmt: skip
+    early, late = same_slice_pids("RvSame")
+    assert slice_for(early) == slice_for(late)
+
+    async def count(pid: str) -> int:
+        return int(await seen.fetchval("SELECT count(*) FROM t_review WHERE pid = $1", pid))
+
+    async with open_journal(settings=settings) as bj:
+        holder = await asyncpg.connect(dsn)
+        try:
+            tx = holder.transaction()
+            await tx.start()
+            [pending] = await bj.persist_in(holder, late, [{"n": 1}])  # timestamped now, committed later
+            await bj.persist(early, [{"n": 1}, {"n": 2}])
+            first = Worker(bj, settings, "p-review-same", "RvSame", record, "grouped")
+            task = asyncio.create_task(first.run())
+            try:
+                await wait_until(lambda: _eq(count(early), 2), 20, "the early pid projected")
+            finally:
+                first.stop()
+                await task
+            above = await seen.fetchval(
+                "SELECT max(timestamp_offset) FROM projection_timestamp_offset_store "
+                "WHERE projection_name = 'p-review-same' AND slice = $1",
+                slice_for(late),
+            )
+            assert above is not None and above > pending.db_timestamp, (above, pending.db_timestamp)
+            await tx.commit()
+        finally:
+            await holder.close()
+        second = Worker(bj, settings, "p-review-same", "RvSame", record, "grouped")
+        task = asyncio.create_task(second.run())
+        try:
+            await wait_until(lambda: _eq(count(late), 1), 20, "the late event projected after the restart")
+            assert await count(early) == 2
+        finally:
+            second.stop()
+            await task
+
+
 async def _eq(value: Any, expected: int) -> bool:
     return bool(await value == expected)
