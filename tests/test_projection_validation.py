@@ -51,6 +51,22 @@ def test_slice_offset_covers_evicted_pids_and_start() -> None:
     assert v.check(env("old", 9, latest + timedelta(seconds=1))).verdict is Verdict.ACCEPT
 
 
+def test_per_pid_mode_ignores_the_slice_offset_for_pids_not_in_memory() -> None:
+    """Backtracking mode: a late commit below the slice offset is not a duplicate by that offset."""
+    v = Validator(timedelta(minutes=5))
+    latest = T0 + timedelta(hours=1)
+    v.load_slice(7, latest, [("x", 4, latest)])
+    below = latest - timedelta(seconds=2)  # within the window, below the slice offset
+    assert v.check(env("late", 1, below)).verdict is Verdict.DUPLICATE  # horizon: by the slice offset
+    assert v.check(env("late", 1, below), per_pid=True).verdict is Verdict.ACCEPT
+    assert v.window_start(7) == latest - timedelta(minutes=5)
+    # older than the window, or seq_nr > 1: the runner looks the pid up (store, then journal)
+    assert v.check(env("old", 1, T0), per_pid=True).verdict is Verdict.UNKNOWN
+    assert v.check(env("late", 2, below), per_pid=True).verdict is Verdict.UNKNOWN
+    assert v.check(env("x", 4, latest), per_pid=True).verdict is Verdict.DUPLICATE  # in memory
+    assert v.check(env("x", 5, below), per_pid=True).verdict is Verdict.ACCEPT
+
+
 def test_eviction_keeps_the_window() -> None:
     v = Validator(timedelta(minutes=5), max_pids=2)
     for i, pid in enumerate(["a", "b", "c"]):
