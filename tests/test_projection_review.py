@@ -75,21 +75,24 @@ async def test_backtracking_mode_delivers_a_late_new_pid_behind_its_slice_offset
             await task
 
 
-async def test_backtracking_mode_keeps_idle_slice_offsets_below_a_late_commit(
-    journal: Journal, seen: asyncpg.Connection, dsn: str
-) -> None:
-    """In backtracking mode delivery is not ordered by db_timestamp: an idle slice must not get a
-    heartbeat row at a delivered event's timestamp while an older event of it has not committed,
-    or the next owner resumes past that event and never projects it."""
-    settings = JournalSettings.load(
+def _late_commit_settings(dsn: str) -> JournalSettings:
+    # backtracking_behind_current_time is longer than the late transaction stays open: the commit
+    # is within the mode's assumption, so the query's own heartbeats stay below the late event.
+    return JournalSettings.load(
         env={}, dsn=dsn, mode="backtracking", refresh_interval=0.1, behind_current_time=0.05,
         backtracking_behind_current_time=30.0, heartbeat_interval=0.2, lease_ttl=1.5,
         lease_renew_interval=0.3, heartbeat_offset_interval=0.2,
     )  # fmt: skip
-    # backtracking_behind_current_time is longer than the late transaction stays open: the commit
-    # is within the mode's assumption, so the query's own heartbeats stay below the late event.
-    early, late = "RvHb|early", "RvHb|late"
-    assert slice_for(early) != slice_for(late)
+
+
+async def _late_commit_across_a_restart(
+    seen: asyncpg.Connection, dsn: str, name: str, entity_type: str, early: str, late: str
+) -> tuple[Any, Any]:
+    """Hold ``late``'s first event uncommitted while a worker projects ``early``'s two events,
+    stop that worker, commit, and let a new worker (a restart or a rebalance) resume from the
+    stored offsets. Returns (the late event's db_timestamp, the highest stored offset of its
+    slice before the commit); the late event must end up projected exactly once."""
+    settings = _late_commit_settings(dsn)
 
     async def count(pid: str) -> int:
         return int(await seen.fetchval("SELECT count(*) FROM t_review WHERE pid = $1", pid))
@@ -101,7 +104,7 @@ async def test_backtracking_mode_keeps_idle_slice_offsets_below_a_late_commit(
             await tx.start()
             [pending] = await bj.persist_in(holder, late, [{"n": 1}])  # timestamped now, committed later
             await bj.persist(early, [{"n": 1}, {"n": 2}])
-            first = Worker(bj, settings, "p-review-hb", "RvHb", record, "grouped")
+            first = Worker(bj, settings, name, entity_type, record, "grouped")
             task = asyncio.create_task(first.run())
             try:
                 await wait_until(lambda: _eq(count(early), 2), 20, "the early pid projected")
@@ -111,15 +114,13 @@ async def test_backtracking_mode_keeps_idle_slice_offsets_below_a_late_commit(
             # the early events' offsets committed with any heartbeat rows of the batch
             above = await seen.fetchval(
                 "SELECT max(timestamp_offset) FROM projection_timestamp_offset_store "
-                "WHERE projection_name = 'p-review-hb' AND slice = $1",
-                slice_for(late),
-            )
-            assert above is None or above < pending.db_timestamp, (above, pending.db_timestamp)
+                "WHERE projection_name = $1 AND slice = $2",
+                name, slice_for(late),
+            )  # fmt: skip
             await tx.commit()
         finally:
             await holder.close()
-        # a new owner (a restart or a rebalance) resumes from the stored offsets
-        second = Worker(bj, settings, "p-review-hb", "RvHb", record, "grouped")
+        second = Worker(bj, settings, name, entity_type, record, "grouped")
         task = asyncio.create_task(second.run())
         try:
             await wait_until(lambda: _eq(count(late), 1), 20, "the late event projected by the new owner")
@@ -127,6 +128,19 @@ async def test_backtracking_mode_keeps_idle_slice_offsets_below_a_late_commit(
         finally:
             second.stop()
             await task
+    return pending.db_timestamp, above
+
+
+async def test_backtracking_mode_keeps_idle_slice_offsets_below_a_late_commit(
+    journal: Journal, seen: asyncpg.Connection, dsn: str
+) -> None:
+    """In backtracking mode delivery is not ordered by db_timestamp: an idle slice must not get a
+    heartbeat row at a delivered event's timestamp while an older event of it has not committed,
+    or the next owner resumes past that event and never projects it."""
+    early, late = "RvHb|early", "RvHb|late"
+    assert slice_for(early) != slice_for(late)
+    late_ts, above = await _late_commit_across_a_restart(seen, dsn, "p-review-hb", "RvHb", early, late)
+    assert above is None or above < late_ts, (above, late_ts)
 
 
 async def test_backtracking_mode_delivers_a_late_commit_below_its_own_slice_offset_after_a_restart(
@@ -136,48 +150,10 @@ async def test_backtracking_mode_delivers_a_late_commit_below_its_own_slice_offs
     events') lies above the late event: after a restart the late pid, unknown to the validator,
     must be judged by its own record in the offset store (none: seq_nr 1 is new), not by the
     slice offset (which would drop it as a duplicate)."""
-    settings = JournalSettings.load(
-        env={}, dsn=dsn, mode="backtracking", refresh_interval=0.1, behind_current_time=0.05,
-        backtracking_behind_current_time=30.0, heartbeat_interval=0.2, lease_ttl=1.5,
-        lease_renew_interval=0.3, heartbeat_offset_interval=0.2,
-    )  # fmt: skip
     early, late = same_slice_pids("RvSame")
     assert slice_for(early) == slice_for(late)
-
-    async def count(pid: str) -> int:
-        return int(await seen.fetchval("SELECT count(*) FROM t_review WHERE pid = $1", pid))
-
-    async with open_journal(settings=settings) as bj:
-        holder = await asyncpg.connect(dsn)
-        try:
-            tx = holder.transaction()
-            await tx.start()
-            [pending] = await bj.persist_in(holder, late, [{"n": 1}])  # timestamped now, committed later
-            await bj.persist(early, [{"n": 1}, {"n": 2}])
-            first = Worker(bj, settings, "p-review-same", "RvSame", record, "grouped")
-            task = asyncio.create_task(first.run())
-            try:
-                await wait_until(lambda: _eq(count(early), 2), 20, "the early pid projected")
-            finally:
-                first.stop()
-                await task
-            above = await seen.fetchval(
-                "SELECT max(timestamp_offset) FROM projection_timestamp_offset_store "
-                "WHERE projection_name = 'p-review-same' AND slice = $1",
-                slice_for(late),
-            )
-            assert above is not None and above > pending.db_timestamp, (above, pending.db_timestamp)
-            await tx.commit()
-        finally:
-            await holder.close()
-        second = Worker(bj, settings, "p-review-same", "RvSame", record, "grouped")
-        task = asyncio.create_task(second.run())
-        try:
-            await wait_until(lambda: _eq(count(late), 1), 20, "the late event projected after the restart")
-            assert await count(early) == 2
-        finally:
-            second.stop()
-            await task
+    late_ts, above = await _late_commit_across_a_restart(seen, dsn, "p-review-same", "RvSame", early, late)
+    assert above is not None and above > late_ts, (above, late_ts)
 
 
 async def _eq(value: Any, expected: int) -> bool:

@@ -9,17 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..settings import validate_identifier
+from .statements import EVENT_COLUMNS
 
-_PAYLOAD_COLUMNS = (
-    "persistence_id, entity_type, slice, seq_nr, db_timestamp, event_ser_id, "
-    "event_ser_manifest, event_payload, writer, tags, meta_ser_id, meta_ser_manifest, "
-    "meta_payload, deleted"
-)
-_NO_PAYLOAD_COLUMNS = (
-    "persistence_id, entity_type, slice, seq_nr, db_timestamp, event_ser_id, "
-    "event_ser_manifest, NULL::bytea AS event_payload, writer, tags, meta_ser_id, "
-    "meta_ser_manifest, meta_payload, deleted"
-)
+_PAYLOAD_COLUMNS = EVENT_COLUMNS
+_NO_PAYLOAD_COLUMNS = EVENT_COLUMNS.replace("event_payload", "NULL::bytea AS event_payload")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,14 @@ SLICE_GROUP_SIZE = 64
 """NOTIFY payloads name a group of 64 slices: ``"<slice // 64>:<entity_type>"``."""
 
 
+EVENT_COLUMNS = (
+    "persistence_id, entity_type, slice, seq_nr, db_timestamp, event_ser_id, "
+    "event_ser_manifest, event_payload, writer, tags, meta_ser_id, meta_ser_manifest, "
+    "meta_payload, deleted"
+)
+"""The event_journal columns every read selects, in the order row decoders rely on."""
+
+
 def notify_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel of a journal schema."""
     return f"slice_journal.{schema}"
@@ -153,20 +161,14 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{noti
     def highest_seq_nr(self) -> str:
         return f"SELECT COALESCE(max(seq_nr), 0) FROM {self.ej} WHERE persistence_id = $1"
 
-    _EVENT_COLUMNS = (
-        "persistence_id, entity_type, slice, seq_nr, db_timestamp, event_ser_id, "
-        "event_ser_manifest, event_payload, writer, tags, meta_ser_id, meta_ser_manifest, "
-        "meta_payload, deleted"
-    )
-
     @property
     def event_columns(self) -> str:
-        return self._EVENT_COLUMNS
+        return EVENT_COLUMNS
 
     @property
     def events_by_pid(self) -> str:
         return (
-            f"SELECT {self._EVENT_COLUMNS} FROM {self.ej} WHERE persistence_id = $1 "
+            f"SELECT {EVENT_COLUMNS} FROM {self.ej} WHERE persistence_id = $1 "
             "AND seq_nr >= $2 AND seq_nr <= $3 AND deleted = false ORDER BY seq_nr LIMIT $4"
         )
 
