@@ -17,6 +17,7 @@ from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, S
 from ..serialization import Serialized
 from ..settings import JournalSettings
 from ..tags.buckets import bucket_millis
+from .cleanup import PostgresCleanup
 from .dsn import asyncpg_dsn
 from .errors import backoff_delays, is_transient, with_retries
 from .slice_reader import PostgresSliceReader
@@ -122,6 +123,10 @@ class PostgresBackend:
         if self._tag_store is None:
             self._tag_store = PostgresTagStore(self)
         return self._tag_store
+
+    def cleanup_store(self) -> PostgresCleanup:
+        """The cleanup tool's deletions (:mod:`journal.cleanup`)."""
+        return PostgresCleanup(self)
 
     def _statement(self, batch: Sequence[WriteRequest], *, probe: bool) -> tuple[str, tuple[Any, ...]]:
         """The untagged statement (fast path), the one that also writes tag rows, or a lone event's."""
