@@ -7,6 +7,8 @@ persistence ids (events, snapshots, tag rows, tag progress, metadata) are exactl
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,8 +44,17 @@ class Env:
     """Per table: the position of the persistence id in its rows."""
 
 
+def _value(v: Any) -> Any:
+    """Lists, sets and maps (the driver's SortedSet and OrderedMap too) as sorted tuples."""
+    if isinstance(v, str | bytes) or not hasattr(v, "__iter__"):
+        return v
+    if hasattr(v, "items"):
+        return tuple(sorted(v.items()))
+    return tuple(sorted(v))
+
+
 def _hashable(row: Any) -> tuple[Any, ...]:
-    return tuple(tuple(sorted(v)) if isinstance(v, list | set | frozenset) else v for v in row)
+    return tuple(_value(v) for v in row)
 
 
 async def _postgres_dump(dsn: str) -> Dump:
@@ -67,14 +78,66 @@ async def _postgres_pid_columns(dsn: str) -> dict[str, int]:
     return {r[0]: r[1] - 1 for r in rows}
 
 
-@pytest.fixture(params=["postgres"])
-async def env(request: pytest.FixtureRequest, dsn: str) -> AsyncIterator[Env]:
-    if request.param == "postgres":
-        settings = JournalSettings.load(env={}, dsn=dsn, eventual_consistency_delay=0.0)
-        await truncate_all(dsn)
-        pid_column = await _postgres_pid_columns(dsn)
-        async with open_journal(dsn, settings=settings) as j:
-            yield Env("postgres", dsn, j, lambda: _postgres_dump(dsn), pid_column)
+CASSANDRA_TABLES = [
+    "messages", "snapshots", "tag_views", "tag_write_progress", "tag_scanning", "metadata", "all_persistence_ids",
+]  # fmt: skip
+
+
+async def _cassandra_env(contact_points: str) -> AsyncIterator[Env]:
+    from cassandra.cluster import Cluster
+
+    from journal.cassandra.cql import schema_statements
+
+    ks = f"sj_cleanup_{uuid.uuid4().hex[:10]}"
+    hosts, _, port = contact_points.partition(":")
+    cluster = Cluster(hosts.split(","), port=int(port or 9042))
+    session = await asyncio.to_thread(cluster.connect)
+    pid_column: dict[str, int] = {}
+
+    async def dump() -> Dump:
+        out: Dump = {}
+        for t in CASSANDRA_TABLES:
+            rows = list(await asyncio.to_thread(session.execute, f"SELECT * FROM {ks}.{t}"))
+            if rows:
+                pid_column[t] = rows[0]._fields.index("persistence_id")
+            out[t] = {_hashable(r) for r in rows}
+        return out
+
+    try:
+        for s in schema_statements(ks):
+            await asyncio.to_thread(session.execute, s)
+        target = f"cassandra://{contact_points}/{ks}"
+        settings = JournalSettings.load(env={}, eventual_consistency_delay=0.0)
+        async with open_journal(target, settings=settings) as j:
+            yield Env("cassandra", target, j, dump, pid_column)
+    finally:
+        await asyncio.to_thread(session.execute, f"DROP KEYSPACE IF EXISTS {ks}")
+        await asyncio.to_thread(cluster.shutdown)
+
+
+@pytest.fixture(params=["postgres", pytest.param("cassandra", marks=pytest.mark.cassandra)])
+def backend_target(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """(kind, the session's PostgreSQL DSN or the Cassandra contact points), resolved outside the loop."""
+    if request.param == "cassandra":
+        contact_points = os.environ.get("CASSANDRA_CONTACT_POINTS")
+        if not contact_points:
+            pytest.skip("no Cassandra: set CASSANDRA_CONTACT_POINTS")
+        return "cassandra", contact_points
+    return "postgres", str(request.getfixturevalue("dsn"))
+
+
+@pytest.fixture
+async def env(backend_target: tuple[str, str]) -> AsyncIterator[Env]:
+    kind, dsn = backend_target
+    if kind == "cassandra":
+        async for e in _cassandra_env(dsn):
+            yield e
+        return
+    settings = JournalSettings.load(env={}, dsn=dsn, eventual_consistency_delay=0.0)
+    await truncate_all(dsn)
+    pid_column = await _postgres_pid_columns(dsn)
+    async with open_journal(dsn, settings=settings) as j:
+        yield Env("postgres", dsn, j, lambda: _postgres_dump(dsn), pid_column)
 
 
 async def _populate(env: Env) -> None:
