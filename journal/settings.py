@@ -157,6 +157,8 @@ class SparkSettings:
     """JDBC rows per batched INSERT when writing a read model."""
     driver_memory: str = "1g"
     """``spark.driver.memory`` of a session this library starts."""
+    executor_memory: str = "1g"
+    """``spark.executor.memory`` on a cluster master (at most what each worker offers)."""
     shuffle_partitions: int = 8
     """``spark.sql.shuffle.partitions`` of a session this library starts (small data, small machine)."""
 
