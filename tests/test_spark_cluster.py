@@ -139,3 +139,49 @@ def test_export_and_backfill_on_a_cluster_equal_the_local_run(
     assert status["aliveworkers"] == 2
     work = [d for d in Path(str(cluster.base_dir)).glob("work-*/app-*/*") if d.is_dir()]
     assert {d.parents[1].name for d in work} == {"work-0", "work-1"}
+
+
+def test_cluster_on_loopback_is_bridged_and_runs_this_python() -> None:
+    from projections.spark.environment import JdbcDriver, is_cluster_on_this_host, runs_on_this_host, session_conf
+    from projections.spark.jdbc import jdbc_source
+
+    for master in ("spark://127.0.0.1:7077", "spark://localhost:7077", "spark://127.0.0.2:1,127.0.0.3:2"):
+        assert is_cluster_on_this_host(master) and runs_on_this_host(master)
+    for master in ("spark://10.0.0.5:7077", "spark://127.0.0.1:7077,spark-2:7077", "local[2]", "yarn"):
+        assert not is_cluster_on_this_host(master)
+    assert runs_on_this_host("local[*]") and not runs_on_this_host("spark://db.example:7077")
+    settings = JournalSettings.load(env={}, executor_memory="384m").spark
+    conf = session_conf(settings, JdbcDriver(jar=Path("/x/pg.jar")), "spark://127.0.0.1:7077")
+    assert conf["spark.executor.memory"] == "384m" and conf["spark.driver.host"] == "127.0.0.1"
+    assert conf["spark.pyspark.python"] in (os.environ.get("PYSPARK_PYTHON"), sys.executable)
+    remote = session_conf(settings, JdbcDriver(jar=Path("/x/pg.jar")), "spark://10.0.0.5:7077")
+    assert "spark.driver.host" not in remote and remote["spark.executor.memory"] == "384m"
+    assert "spark.executor.memory" not in session_conf(settings, JdbcDriver(jar=Path("/x/pg.jar")), "local[2]")
+    src = jdbc_source("postgresql://postgres:@/postgres?host=/tmp/sj-nowhere", local=True)
+    assert src.url.startswith("jdbc:postgresql://127.0.0.1:")
+
+
+def test_jdbc_driver_resolved_with_maven_into_the_cache(tmp_path: Path) -> None:
+    import shutil
+    import zipfile
+
+    from projections.spark.environment import maven_jar
+
+    if shutil.which("mvn") is None:
+        if os.environ.get("CI"):
+            raise AssertionError("CI machines have Maven")
+        pytest.skip("no mvn on PATH")
+    package = JournalSettings.load(env={}).spark.jdbc_package
+    jar = maven_jar(package, tmp_path / "cache")
+    assert jar is not None and jar.parent == tmp_path / "cache" and jar.name.startswith("postgresql-")
+    assert "org/postgresql/Driver.class" in zipfile.ZipFile(jar).namelist()
+    # cached: found again without running Maven
+    assert maven_jar(package, tmp_path / "cache", mvn=str(tmp_path / "no-mvn")) == jar
+    settings = JournalSettings.load(env={}).spark
+    found = find_jdbc_driver(settings, candidates=[str(tmp_path / "none.jar")], cache_dir=tmp_path / "cache")
+    assert found.jar == jar
+    # an artifact Maven cannot resolve: None (logged), nothing left in the cache
+    assert maven_jar("org.postgresql:postgresql:0.0.0-nope", tmp_path / "c2") is None
+    assert [p.name for p in (tmp_path / "c2").iterdir()] == []
+    with pytest.raises(SparkSetupError, match="group:artifact:version"):
+        maven_jar("postgresql", tmp_path / "c3")
