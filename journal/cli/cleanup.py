@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -94,7 +95,8 @@ def _run(
                 TextColumn(f"{action.value}{' (dry run)' if dry_run else ''}"), BarColumn(), MofNCompleteColumn(),
                 TimeRemainingColumn(), console=Console(stderr=True), transient=False,
             )  # fmt: skip
-            with progress, (done_file.open("a", encoding="utf-8") if done_file and not dry_run else _Null()) as log:
+            log_to = done_file.open("a", encoding="utf-8") if done_file and not dry_run else nullcontext()
+            with progress, log_to as log:
                 task = progress.add_task(action.value, total=len(todo))
 
                 def on_done(r: PidResult) -> None:
@@ -122,14 +124,6 @@ def _run(
         f"{action.value}: {len(results)} pids, {verb} {events} event rows, {tag_rows} tag rows, {snaps} snapshots"
         + (f"; {skipped_done} pids already done ({done_file})" if skipped_done else "")
     )
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="One line per pid.")]
