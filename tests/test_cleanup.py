@@ -255,7 +255,8 @@ async def test_dry_run_deletes_nothing_and_reports(env: Env) -> None:
     assert await env.dump() == before
 
 
-async def test_interrupted_cleanup_finishes_when_run_again(env: Env) -> None:
+@pytest.mark.parametrize("reset", [False, True])
+async def test_interrupted_cleanup_finishes_when_run_again(env: Env, reset: bool) -> None:
     await _populate(env)
     before = await env.dump()
     tool = Cleanup(env.journal.backend)
@@ -267,13 +268,19 @@ async def test_interrupted_cleanup_finishes_when_run_again(env: Env) -> None:
         raise Interrupted(r.persistence_id)
 
     with pytest.raises(Interrupted):
-        await tool.delete_all(VICTIMS, on_done=stop_after_first)
-    # the second pid was interrupted half-way: its tag rows are gone, its events and snapshot not
+        await tool.delete_all(VICTIMS, reset_seq_nr=reset, on_done=stop_after_first)
+    # the second pid was interrupted half-way: its tag rows are gone, then (reset) its events
+    # too but the pid not yet forgotten; its snapshot is still there
     await tool.store.delete_tag_rows("Cart|v2")
-    assert await _events(env, "Cart|v2") == [1, 2, 3, 4, 5]
-    again = await tool.delete_all(VICTIMS)
-    assert again[0].before.events in (0, 1) and again[0].before.tag_rows == 0
-    await _check_deleted_all(env, before, reset=False)
+    if reset:
+        await tool.store.delete_all_events("Cart|v2", reset_seq_nr=False)
+        assert await _events(env, "Cart|v2") == [] and await env.journal.highest_seq_nr("Cart|v2") == 5
+    else:
+        assert await _events(env, "Cart|v2") == [1, 2, 3, 4, 5]
+    again = await tool.delete_all(VICTIMS, reset_seq_nr=reset)
+    assert again[0].before.tag_rows == 0 and again[0].before.snapshot_seq_nr is None
+    assert again[0].before.events == (1 if env.kind == "postgres" and not reset else 0)
+    await _check_deleted_all(env, before, reset=reset)
 
 
 async def test_bad_pid_is_refused_before_anything_is_deleted(env: Env) -> None:
