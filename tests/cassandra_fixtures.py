@@ -14,6 +14,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
@@ -150,3 +151,43 @@ async def cassandra_keyspace(cassandra_session: Any, _session_keyspace: str) -> 
 def cassandra_dsn(cassandra_node: CassandraTarget, cassandra_keyspace: str) -> str:
     """``cassandra://host:port/keyspace`` over empty tables."""
     return cassandra_node.dsn(cassandra_keyspace)
+
+
+# -- one journal fixture over both backends --------------------------------------------------------
+
+BACKENDS = [
+    pytest.param("postgres", id="postgres"),
+    pytest.param("cassandra", id="cassandra", marks=pytest.mark.cassandra),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def journal_target(request: pytest.FixtureRequest) -> str:
+    """The session's PostgreSQL database DSN, or a ``cassandra://`` DSN of a keyspace with empty
+    tables (resolved here, outside the event loop; :func:`open_test_journal` opens it)."""
+    if request.param == "cassandra":
+        return str(request.getfixturevalue("cassandra_dsn"))
+    return str(request.getfixturevalue("dsn"))
+
+
+def test_settings(target: str, **overrides: Any) -> Any:
+    """Settings for a test journal on ``target``: a recent ``first_time_bucket`` on Cassandra."""
+    from journal import JournalSettings
+
+    if target.startswith("cassandra://"):
+        overrides.setdefault("first_time_bucket", recent_first_bucket())
+        return JournalSettings.load(env={}, **overrides)
+    return JournalSettings.load(env={}, dsn=target, **overrides)
+
+
+@asynccontextmanager
+async def open_test_journal(target: str, clean: bool = True, **overrides: Any) -> AsyncIterator[Any]:
+    """A journal on ``target`` (PostgreSQL tables truncated first unless ``clean`` is False)."""
+    from conftest import truncate_all
+
+    from journal import open_journal
+
+    if clean and not target.startswith("cassandra://"):
+        await truncate_all(target)
+    async with open_journal(target, settings=test_settings(target, **overrides)) as j:
+        yield j
