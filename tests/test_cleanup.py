@@ -7,8 +7,6 @@ persistence ids (events, snapshots, tag rows, tag progress, metadata) are exactl
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from cassandra_fixtures import recent_first_bucket
 from conftest import truncate_all
 from typer.testing import CliRunner
 
@@ -83,15 +82,9 @@ CASSANDRA_TABLES = [
 ]  # fmt: skip
 
 
-async def _cassandra_env(contact_points: str) -> AsyncIterator[Env]:
-    from cassandra.cluster import Cluster
-
-    from journal.cassandra.cql import schema_statements
-
-    ks = f"sj_cleanup_{uuid.uuid4().hex[:10]}"
-    hosts, _, port = contact_points.partition(":")
-    cluster = Cluster(hosts.split(","), port=int(port or 9042))
-    session = await asyncio.to_thread(cluster.connect)
+async def _cassandra_env(target: str, session: Any) -> AsyncIterator[Env]:
+    """A journal on the session's Cassandra keyspace (empty tables) and a dump of its tables."""
+    ks = target.rsplit("/", 1)[1]
     pid_column: dict[str, int] = {}
 
     async def dump() -> Dump:
@@ -103,34 +96,25 @@ async def _cassandra_env(contact_points: str) -> AsyncIterator[Env]:
             out[t] = {_hashable(r) for r in rows}
         return out
 
-    try:
-        for s in schema_statements(ks):
-            await asyncio.to_thread(session.execute, s)
-        target = f"cassandra://{contact_points}/{ks}"
-        settings = JournalSettings.load(env={}, eventual_consistency_delay=0.0)
-        async with open_journal(target, settings=settings) as j:
-            yield Env("cassandra", target, j, dump, pid_column)
-    finally:
-        await asyncio.to_thread(session.execute, f"DROP KEYSPACE IF EXISTS {ks}")
-        await asyncio.to_thread(cluster.shutdown)
+    settings = JournalSettings.load(env={}, eventual_consistency_delay=0.0, first_time_bucket=recent_first_bucket())
+    async with open_journal(target, settings=settings) as j:
+        yield Env("cassandra", target, j, dump, pid_column)
 
 
 @pytest.fixture(params=["postgres", pytest.param("cassandra", marks=pytest.mark.cassandra)])
-def backend_target(request: pytest.FixtureRequest) -> tuple[str, str]:
-    """(kind, the session's PostgreSQL DSN or the Cassandra contact points), resolved outside the loop."""
+def backend_target(request: pytest.FixtureRequest) -> tuple[str, str, Any]:
+    """(kind, the session's PostgreSQL DSN or a Cassandra keyspace's, a Cassandra driver session),
+    resolved outside the loop."""
     if request.param == "cassandra":
-        contact_points = os.environ.get("CASSANDRA_CONTACT_POINTS")
-        if not contact_points:
-            pytest.skip("no Cassandra: set CASSANDRA_CONTACT_POINTS")
-        return "cassandra", contact_points
-    return "postgres", str(request.getfixturevalue("dsn"))
+        return "cassandra", str(request.getfixturevalue("cassandra_dsn")), request.getfixturevalue("cassandra_session")
+    return "postgres", str(request.getfixturevalue("dsn")), None
 
 
 @pytest.fixture
-async def env(backend_target: tuple[str, str]) -> AsyncIterator[Env]:
-    kind, dsn = backend_target
+async def env(backend_target: tuple[str, str, Any]) -> AsyncIterator[Env]:
+    kind, dsn, session = backend_target
     if kind == "cassandra":
-        async for e in _cassandra_env(dsn):
+        async for e in _cassandra_env(dsn, session):
             yield e
         return
     settings = JournalSettings.load(env={}, dsn=dsn, eventual_consistency_delay=0.0)
@@ -193,6 +177,12 @@ async def _check_deleted_all(env: Env, before: Dump, *, reset: bool) -> None:
     if env.kind == "postgres":
         tombstones = {(r[2], r[3], r[8]) for r in mine_after["event_journal"]}
         assert tombstones == (set() if reset else {(pid, 5, True) for pid in VICTIMS})
+    else:
+        assert not mine_after["messages"]
+        kept = {r[env.pid_column["all_persistence_ids"]] for r in mine_after["all_persistence_ids"]}
+        assert kept == (set() if reset else set(VICTIMS))
+        deleted_to = {(r[env.pid_column["metadata"]], r[1]) for r in mine_after["metadata"]}
+        assert deleted_to == (set() if reset else {(pid, 5) for pid in VICTIMS})
     # a later write continues after the kept highest number, or starts again at 1
     written = await env.journal.persist("Cart|v1", [{"n": "again"}])
     assert written[0].seq_nr == (1 if reset else 6)
