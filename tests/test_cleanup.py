@@ -1,4 +1,5 @@
-"""The cleanup tool (journal.cleanup and ``journal cleanup``), on every real backend.
+"""The cleanup tool (journal.cleanup and ``journal cleanup``), on PostgreSQL and on the session's
+Cassandra (``CASSANDRA_CONTACT_POINTS`` or a local node: see cassandra_fixtures.py).
 
 Each test dumps every table of the journal before and after and checks that the rows of other
 persistence ids (events, snapshots, tag rows, tag progress, metadata) are exactly as they were.
