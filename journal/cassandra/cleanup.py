@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..backend import PidFootprint
 from ..tags.buckets import bucket_of
-from .cql import statements
+from .cql import partition_nr, statements
 
 if TYPE_CHECKING:
     from .backend import CassandraBackend
@@ -33,11 +33,12 @@ class CassandraCleanup:
     async def _run(self, name: str, *params: Any) -> list[Any]:
         from .backend import _run
 
-        if not self._prepared:
-            like = self.b.prepared["delete_messages"].consistency_level
+        if not self._prepared:  # the backend's read and write consistency levels
+            read_cl = self.b.prepared["read_messages"].consistency_level
+            write_cl = self.b.prepared["delete_messages"].consistency_level
             for key, text in statements(self.b.keyspace, "cleanup.cql").items():
                 stmt = await asyncio.to_thread(self.b.session.prepare, text)
-                stmt.consistency_level = like
+                stmt.consistency_level = read_cl if text.startswith("SELECT") else write_cl
                 self._prepared[key] = stmt
         return await _run(self.b.session, self._prepared[name], params)
 
@@ -82,10 +83,14 @@ class CassandraCleanup:
 
     async def delete_all_events(self, persistence_id: str, *, reset_seq_nr: bool) -> None:
         """``deleted_to`` is written first (the backend's delete), so a re-run after an
-        interruption still knows the highest number; a reset then forgets the pid."""
+        interruption still knows the highest number. A reset then deletes the pid's partitions
+        whole (static columns included) and forgets the pid."""
         highest = await self.b.highest_seq_nr(persistence_id)
         if highest > 0:
             await self.b.delete_events_to(persistence_id, highest)
         if reset_seq_nr:
+            # a call may run past its partition's target size into the next one: one more
+            for p in range(partition_nr(max(highest, 1), self.b.target_partition_size) + 2):
+                await self._run("delete_partition", persistence_id, p)
             await self._run("delete_metadata", persistence_id)
             await self._run("delete_persistence_id", persistence_id)
