@@ -215,10 +215,6 @@ class PidFootprint:
     tag_rows: int
     """Rows of the pid in the tag view (events by tag)."""
 
-    @property
-    def empty(self) -> bool:
-        return self.events == 0 and self.snapshot_seq_nr is None and self.tag_rows == 0
-
 
 @runtime_checkable
 class CleanupStore(Protocol):
