@@ -223,8 +223,11 @@ class CleanupStore(Protocol):
 
     async def footprint(self, persistence_id: str) -> PidFootprint: ...
 
-    async def delete_tag_rows(self, persistence_id: str) -> None:
-        """The pid's tag view rows and its tag writer progress (nothing of other pids)."""
+    async def delete_tag_rows(self, persistence_id: str, *, keep_numbering: bool) -> None:
+        """The pid's tag view rows (nothing of other pids). ``keep_numbering``: its tag writer
+        progress stays, raised to the deleted rows' numbers, so later tagged events of the pid
+        continue each tag's ``tag_pid_seq_nr`` (a consumer that saw the old numbers would drop
+        repeated ones as duplicates); False deletes its progress and scanning rows too."""
         ...
 
     async def delete_all_events(self, persistence_id: str, *, reset_seq_nr: bool) -> None:

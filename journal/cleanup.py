@@ -20,7 +20,8 @@ from .ids import validate_persistence_id
 
 class CleanupAction(StrEnum):
     DELETE_ALL = "delete-all"
-    """Events, tag rows, tag writer progress and the snapshot of each pid."""
+    """Events, tag rows and the snapshot of each pid (with ``reset_seq_nr``, its tag writer
+    progress and the pid itself too)."""
     DELETE_SNAPSHOTS = "delete-snapshots"
     """Only the snapshot of each pid."""
     DELETE_BEFORE_SNAPSHOT = "delete-before-snapshot"
@@ -117,7 +118,7 @@ class Cleanup:
         if self.dry_run:
             return PidResult(pid, action, before, None, skipped)
         if action is CleanupAction.DELETE_ALL:
-            await self.store.delete_tag_rows(pid)
+            await self.store.delete_tag_rows(pid, keep_numbering=not reset_seq_nr)
             await self.store.delete_all_events(pid, reset_seq_nr=reset_seq_nr)
             await self.backend.delete_snapshot(pid)
         elif action is CleanupAction.DELETE_SNAPSHOTS:

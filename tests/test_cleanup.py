@@ -69,16 +69,20 @@ async def _postgres_dump(dsn: str) -> Dump:
         await conn.close()
 
 
-async def _postgres_pid_columns(dsn: str) -> dict[str, int]:
+async def _postgres_columns(dsn: str) -> dict[str, tuple[str, ...]]:
+    """Per table: its column names in the order of ``SELECT *``."""
     conn = await asyncpg.connect(dsn)
     try:
         rows = await conn.fetch(
-            "SELECT table_name, ordinal_position FROM information_schema.columns "
-            "WHERE table_schema = 'public' AND column_name = 'persistence_id'"
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = 'public' ORDER BY table_name, ordinal_position"
         )
     finally:
         await conn.close()
-    return {r[0]: r[1] - 1 for r in rows}
+    out: dict[str, tuple[str, ...]] = {}
+    for r in rows:
+        out[r[0]] = (*out.get(r[0], ()), r[1])
+    return out
 
 
 CASSANDRA_TABLES = [
@@ -125,9 +129,10 @@ async def env(backend_target: tuple[str, str, Any]) -> AsyncIterator[Env]:
         return
     settings = JournalSettings.load(env={}, dsn=dsn, eventual_consistency_delay=0.0)
     await truncate_all(dsn)
-    pid_column = await _postgres_pid_columns(dsn)
+    columns = await _postgres_columns(dsn)
+    pid_column = {t: c.index("persistence_id") for t, c in columns.items() if "persistence_id" in c}
     async with open_journal(dsn, settings=settings) as j:
-        yield Env("postgres", dsn, j, lambda: _postgres_dump(dsn), pid_column, settings)
+        yield Env("postgres", dsn, j, lambda: _postgres_dump(dsn), pid_column, settings, columns)
 
 
 async def _populate(env: Env) -> None:
@@ -167,6 +172,23 @@ async def _tag_pids(env: Env, tag: str) -> list[tuple[str, int]]:
     return [(e.persistence_id, e.seq_nr) async for e in env.journal.current_events_by_tag(tag)]
 
 
+def _column(env: Env, table: str, name: str) -> int:
+    return env.columns[table].index(name)
+
+
+async def _progress(env: Env, pids: list[str]) -> set[tuple[str, int, int]]:
+    """(pid, tag, tag_pid_sequence_nr) of the tag writer progress rows of ``pids``."""
+    rows = (await env.dump())["tag_write_progress"]
+    pid, tag, n = (_column(env, "tag_write_progress", c) for c in ("persistence_id", "tag", "tag_pid_sequence_nr"))
+    return {(r[pid], r[tag], r[n]) for r in rows if r[pid] in pids}
+
+
+async def _tag_numbers(env: Env, persistence_id: str) -> list[tuple[str, int]]:
+    rows = (await env.dump())["tag_views"]
+    pid, tag, n = (_column(env, "tag_views", c) for c in ("persistence_id", "tag_name", "tag_pid_sequence_nr"))
+    return sorted((r[tag], r[n]) for r in rows if r[pid] == persistence_id)
+
+
 async def _check_deleted_all(env: Env, before: Dump, *, reset: bool) -> None:
     after = await env.dump()
     _, others_before = _split(env, before, VICTIMS)
@@ -178,8 +200,10 @@ async def _check_deleted_all(env: Env, before: Dump, *, reset: bool) -> None:
         assert await env.journal.highest_seq_nr(pid) == (0 if reset else 5)
     for tag in TAGS:
         assert {p for p, _ in await _tag_pids(env, tag)} == set(BYSTANDERS)
-    for table in ("snapshot", "snapshots", "tag_views", "tag_write_progress", "tag_scanning"):
+    for table in ("snapshot", "snapshots", "tag_views", *(("tag_write_progress", "tag_scanning") if reset else ())):
         assert not mine_after.get(table), f"{table} still has rows of the deleted pids"
+    if not reset:  # progress kept at the deleted rows' numbers: each tag's numbering goes on after 2
+        assert await _progress(env, VICTIMS) == {(pid, tag, 2) for pid in VICTIMS for tag in TAGS}
     if env.kind == "postgres":
         tombstones = {(r[2], r[3], r[8]) for r in mine_after["event_journal"]}
         assert tombstones == (set() if reset else {(pid, 5, True) for pid in VICTIMS})
@@ -191,10 +215,14 @@ async def _check_deleted_all(env: Env, before: Dump, *, reset: bool) -> None:
         assert kept == (set() if reset else set(VICTIMS))
         deleted_to = {(r[env.pid_column["metadata"]], r[1]) for r in mine_after["metadata"]}
         assert deleted_to == (set() if reset else {(pid, 5) for pid in VICTIMS})
-    # the entity started again (a fresh journal): continues after the kept highest number, or at 1
+    # the entity started again (a fresh journal): continues after the kept highest number, or at 1,
+    # and so do its tag numbers (a consumer that saw 1 and 2 would drop them as duplicates)
     async with open_journal(env.target, settings=env.settings) as fresh:
-        written = await fresh.persist("Cart|v1", [{"n": "again"}])
-    assert written[0].seq_nr == (1 if reset else 6)
+        written = await fresh.persist("Cart|v1", [{"n": "again"}], tags=["t1"])
+        assert written[0].seq_nr == (1 if reset else 6)
+        tagged = [e async for e in fresh.current_events_by_tag("t1") if e.persistence_id == "Cart|v1"]
+    assert [e.seq_nr for e in tagged] == [written[0].seq_nr]
+    assert await _tag_numbers(env, "Cart|v1") == [("t1", 1 if reset else 3)]
 
 
 @pytest.mark.parametrize("reset", [False, True])
@@ -270,7 +298,7 @@ async def test_interrupted_cleanup_finishes_when_run_again(env: Env, reset: bool
         await tool.delete_all(VICTIMS, reset_seq_nr=reset, on_done=stop_after_first)
     # the second pid was interrupted half-way: its tag rows are gone, then (reset) its events
     # too but the pid not yet forgotten; its snapshot is still there
-    await tool.store.delete_tag_rows("Cart|v2")
+    await tool.store.delete_tag_rows("Cart|v2", keep_numbering=not reset)
     if reset:
         await tool.store.delete_all_events("Cart|v2", reset_seq_nr=False)
         assert await _events(env, "Cart|v2") == [] and await env.journal.highest_seq_nr("Cart|v2") == 5

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..backend import PidFootprint
 from ..tags.buckets import bucket_of
+from ..tags.store import TagProgress
 from .cql import partition_nr, statements
 
 if TYPE_CHECKING:
@@ -69,17 +70,34 @@ class CassandraCleanup:
 
     async def footprint(self, persistence_id: str) -> PidFootprint:
         events = [r async for r in self._events(persistence_id)]
-        counts = await self._each("count_tag_row", await self._tag_keys(persistence_id)) if events else []
+        found = await self._each("read_tag_row", await self._tag_keys(persistence_id)) if events else []
         snap = await self.b.load_snapshot(persistence_id)
         return PidFootprint(
             persistence_id, len(events), await self.b.highest_seq_nr(persistence_id),
-            None if snap is None else snap.seq_nr, sum(int(rows[0].n) for rows in counts),
+            None if snap is None else snap.seq_nr, sum(len(rows) for rows in found),
         )  # fmt: skip
 
-    async def delete_tag_rows(self, persistence_id: str) -> None:
-        await self._each("delete_tag_row", await self._tag_keys(persistence_id))
-        await self._run("delete_tag_progress", persistence_id)
-        await self._run("delete_tag_scanning", persistence_id)
+    async def delete_tag_rows(self, persistence_id: str, *, keep_numbering: bool) -> None:
+        """With ``keep_numbering`` the pid's progress is first raised to the rows about to be
+        deleted (the tag writer's recovery continues from it), then the rows go."""
+        keys = await self._tag_keys(persistence_id)
+        if keep_numbering:
+            await self._raise_progress(persistence_id, keys)
+        await self._each("delete_tag_row", keys)
+        if not keep_numbering:
+            await self._run("delete_tag_progress", persistence_id)
+            await self._run("delete_tag_scanning", persistence_id)
+
+    async def _raise_progress(self, pid: str, keys: list[tuple[str, int, Any, str]]) -> None:
+        top: dict[str, TagProgress] = {}
+        for (tag, _, stamp, _), rows in zip(keys, await self._each("read_tag_row", keys), strict=True):
+            for r in rows:
+                if tag not in top or r.tag_pid_sequence_nr > top[tag].tag_pid_seq_nr:
+                    top[tag] = TagProgress(pid, tag, int(r.sequence_nr), int(r.tag_pid_sequence_nr), stamp)
+        stored = await self.b.tag_store().read_progress(pid)
+        raised = [p for tag, p in top.items() if tag not in stored or p.tag_pid_seq_nr > stored[tag].tag_pid_seq_nr]
+        if raised:
+            await self.b.tag_store().write_progress(raised)
 
     async def delete_all_events(self, persistence_id: str, *, reset_seq_nr: bool) -> None:
         """``deleted_to`` is written first (the backend's delete), so a re-run after an

@@ -64,6 +64,21 @@ WITH RECURSIVE t AS (
         return f"DELETE FROM {self._t('tag_views')} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1"
 
     @property
+    def raise_tag_progress(self) -> str:
+        """The pid's progress per tag raised to its highest tag row (never lowered)."""
+        pr = self._t("tag_write_progress")
+        return f"""
+INSERT INTO {pr} AS pr (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset")
+SELECT DISTINCT ON (tag_name) persistence_id, tag_name, sequence_nr, tag_pid_sequence_nr, timestamp
+FROM {self._t("tag_views")} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1
+ORDER BY tag_name, tag_pid_sequence_nr DESC
+ON CONFLICT (persistence_id, tag) DO UPDATE SET
+  sequence_nr = GREATEST(pr.sequence_nr, EXCLUDED.sequence_nr),
+  "offset" = CASE WHEN EXCLUDED.tag_pid_sequence_nr > pr.tag_pid_sequence_nr
+    THEN EXCLUDED."offset" ELSE pr."offset" END,
+  tag_pid_sequence_nr = GREATEST(pr.tag_pid_sequence_nr, EXCLUDED.tag_pid_sequence_nr)"""
+
+    @property
     def delete_tag_progress(self) -> str:
         return f"DELETE FROM {self._t('tag_write_progress')} WHERE persistence_id = $1"
 
@@ -106,14 +121,20 @@ class PostgresCleanup:
         result: PidFootprint = await self._run("cleanup footprint", op)
         return result
 
-    async def delete_tag_rows(self, persistence_id: str) -> None:
+    async def delete_tag_rows(self, persistence_id: str, *, keep_numbering: bool) -> None:
+        """One transaction: the progress raised (journal writes continue after it, see
+        ``TagStatements.insert_from_events``) and the rows deleted, or all of it deleted."""
+
         async def op(conn: asyncpg.Connection) -> None:
             async with conn.transaction():
                 tags = [r[0] for r in await conn.fetch(self.sql.tag_names)]
+                if tags and keep_numbering:
+                    await conn.execute(self.sql.raise_tag_progress, persistence_id, tags)
                 if tags:
                     await conn.execute(self.sql.delete_tag_rows, persistence_id, tags)
-                await conn.execute(self.sql.delete_tag_progress, persistence_id)
-                await conn.execute(self.sql.delete_tag_scanning, persistence_id)
+                if not keep_numbering:
+                    await conn.execute(self.sql.delete_tag_progress, persistence_id)
+                    await conn.execute(self.sql.delete_tag_scanning, persistence_id)
 
         await self._run("cleanup tag rows", op)
 
