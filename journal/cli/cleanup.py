@@ -140,10 +140,12 @@ def delete_all(
     done_file: DoneFileOption = None,
     verbose: VerboseOption = False,
     reset_seq_nr: Annotated[
-        bool, typer.Option("--reset-seq-nr", help="Forget the pids entirely (they may start again at 1).")
+        bool,
+        typer.Option("--reset-seq-nr", help="Forget the pids entirely, tag writer progress too (they may start at 1)."),
     ] = False,
 ) -> None:
-    """Delete all events, tag rows, tag writer progress and snapshots of the pids."""
+    """Delete all events, tag rows and snapshots of the pids (their sequence and tag numbering is
+    kept, so a pid started again continues after it, unless --reset-seq-nr)."""
     _run(CleanupAction.DELETE_ALL, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose, reset_seq_nr)
 
 
