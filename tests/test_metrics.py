@@ -14,7 +14,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from projection_helpers import FAST_ENV, stop, wait_until
+from projection_helpers import FAST_ENV, stop
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -22,6 +22,7 @@ from journal import Journal, JournalUnavailable, SequenceConflict, slice_for
 from journal.backend import WriteRequest, WriteResult
 from journal.metrics import instrumented
 from tests.metrics_handler import SETUP
+from tests.support.waiting import wait_until
 
 NAME, ENTITY_TYPE = "p-metrics", "MetricCart"
 PIDS, PER_PID = 20, 10
