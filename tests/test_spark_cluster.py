@@ -185,3 +185,30 @@ def test_jdbc_driver_resolved_with_maven_into_the_cache(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "c2").iterdir()] == []
     with pytest.raises(SparkSetupError, match="group:artifact:version"):
         maven_jar("postgresql", tmp_path / "c3")
+
+
+def _processes_in(directory: Path) -> list[int]:
+    """Pids of this machine's processes whose working directory is ``directory``."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "cwd").resolve() == directory.resolve():
+                pids.append(int(proc.name))
+        except OSError:  # gone meanwhile, or not ours to look at
+            continue
+    return pids
+
+
+def test_a_worker_that_cannot_start_is_reported_and_nothing_is_left_running(tmp_path: Path) -> None:
+    c = LocalSparkCluster(workers=1, worker_memory="lots", base_dir=tmp_path)  # not a size: the worker exits
+    try:
+        c.start(timeout=180)
+    except SparkSetupError as e:
+        if "Java" in str(e) and "was found" in str(e):
+            pytest.skip(str(e))
+        assert "worker exited" in str(e) and "worker-0.log" in str(e)
+    else:
+        c.stop()
+        pytest.fail("a worker with --memory lots started")
+    assert (tmp_path / "master.log").is_file()  # the master was up, and is stopped again
+    assert _processes_in(tmp_path) == []
