@@ -21,6 +21,7 @@ from journal.replication.config import TlsConfig
 from journal.replication.transport import RemoteSource
 
 ROOT = Path(__file__).resolve().parent.parent
+JOURNAL_CLI = [sys.executable, "-c", "from journal.cli import main; main()"]
 
 
 def free_address() -> str:
@@ -75,7 +76,12 @@ class EndpointProcess:
     def __init__(self, directory: Path, config: dict[str, Any], tls: TlsConfig | None = None) -> None:
         self.config = dict(config)
         if tls is not None:
-            self.config["tls"] = {"cert": str(tls.cert), "key": str(tls.key), "ca": str(tls.ca), "server_name": tls.server_name}
+            self.config["tls"] = {
+                "cert": str(tls.cert),
+                "key": str(tls.key),
+                "ca": str(tls.ca),
+                "server_name": tls.server_name,
+            }
         self.tls = tls
         self.path = directory / f"endpoint-{config['location']}.json"
         self.path.write_text(json.dumps(self.config))
@@ -90,12 +96,15 @@ class EndpointProcess:
         assert self.proc is None or self.proc.poll() is not None
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from journal.cli import main; main()", "endpoint", "run", "--config", str(self.path)],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
+                [*JOURNAL_CLI, "endpoint", "run", "--config", str(self.path)],
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
 
-    async def wait_ready(self, timeout: float = 90.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
+    async def wait_ready(self, within: float = 90.0) -> dict[str, Any]:
+        deadline = time.monotonic() + within
         while True:
             assert self.proc is not None and self.proc.poll() is None, self.log()
             source = RemoteSource(self.address, self.tls, timeout=2.0)

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
+from conftest import truncate_all
+from replication_helpers import Location, location_databases, open_location
 
 from journal.errors import IncompatibleVersion, LocationMismatch, ReplicationError
 from journal.replication.replicator import LocalSource, ReadRequest, Replicator
 from journal.replication.vector_time import VectorTime
 from journal.replication.versions import Application
-from replication_helpers import Location, location_databases, open_location
-from conftest import truncate_all
 
 LOG = "Cart"
 
@@ -65,7 +65,9 @@ async def test_local_events_are_stamped_in_write_order_with_ticking_vector_time(
 async def test_concurrent_writes_converge_exactly_once_over_a_chain_and_a_ring(locs: dict[str, Location]) -> None:
     a, b, c = locs["A"], locs["B"], locs["C"]
     for loc in (a, b, c):
-        await asyncio.gather(*(loc.journal.persist(f"{LOG}|{loc.name}{i % 4}", [{"v": f"{loc.name}{i}"}]) for i in range(20)))
+        await asyncio.gather(
+            *(loc.journal.persist(f"{LOG}|{loc.name}{i % 4}", [{"v": f"{loc.name}{i}"}]) for i in range(20))
+        )
     # chain A - B - C, both directions; then C - A closes a ring (the vector check must drop what comes back)
     links = [pull(b, a), pull(a, b), pull(c, b), pull(b, c), pull(a, c), pull(c, a)]
     for _ in range(3):
@@ -138,3 +140,20 @@ async def test_an_older_target_version_is_refused(locs: dict[str, Location]) -> 
         await source.read(request)
     await source.read(ReadRequest(LOG, 0, 10, "B", VectorTime(), Application("other", "0.1")))
     await source.read(ReadRequest(LOG, 0, 10, "B", VectorTime(), Application("shop", "1.3.1")))
+
+
+async def test_the_target_drops_what_its_version_vector_covers(locs: dict[str, Location]) -> None:
+    """Two sources racing to deliver the same events (the source-side filter used a stale vector)."""
+    a, b, c = locs["A"], locs["B"], locs["C"]
+    for i in range(4):
+        await a.journal.persist(f"{LOG}|r{i}", [{"v": i}])
+    await pull(b, a).catch_up()
+    await a.store.stamp(LOG)
+    from_a, last_a = await a.store.read_log(LOG, 0, 100)
+    from_b, last_b = await b.store.read_log(LOG, 0, 100)
+    first = await c.store.write_replicated(LOG, "A", from_a, last_a)
+    again = await c.store.write_replicated(LOG, "B", from_b, last_b)
+    assert (first.written, first.dropped) == (4, 0)
+    assert (again.written, again.dropped) == (0, 4)
+    assert await c.store.progress(LOG, "B") == last_b
+    assert set((await c.store.event_ids(LOG)).values()) == {1}

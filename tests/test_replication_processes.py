@@ -19,12 +19,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import truncate_all
 from endpoint_processes import ROOT, EndpointProcess, free_address, make_tls
 from replication_helpers import Location, location_databases, open_location
 
+from journal.replication.entity import ReplicatedEntities, ReplicatedEntity
+
 LOG = "Order"
+
+
+class Register(ReplicatedEntity[dict[str, Any]]):
+    entity_type = LOG
+
+    def initial_state(self) -> dict[str, Any]:
+        return {"value": None, "writes": 0}
+
+    def on_event(self, state: dict[str, Any], event: Any) -> dict[str, Any]:
+        return {"value": event["v"], "writes": state["writes"] + 1}
+
+
 NAMES = ["A", "B", "C"]
 
 
@@ -56,9 +69,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., EndpointProcess]]:
         ep.stop()
 
 
-def topology(
-    dbs: dict[str, str], links: dict[str, list[str]], **extra: Any
-) -> dict[str, dict[str, Any]]:
+def topology(dbs: dict[str, str], links: dict[str, list[str]], **extra: Any) -> dict[str, dict[str, Any]]:
     """Endpoint configs: ``links[X]`` are the locations X pulls from."""
     addresses = {n: free_address() for n in links}
     return {
@@ -71,8 +82,8 @@ def topology(
     }  # fmt: skip
 
 
-async def wait_for(what: str, check: Callable[[], Awaitable[bool]], timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_for(what: str, check: Callable[[], Awaitable[bool]], within: float = 180.0) -> None:
+    deadline = time.monotonic() + within
     while not await check():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
@@ -115,12 +126,21 @@ async def test_concurrent_writes_partition_and_heal_over_tls(
     await wait_for("first convergence", lambda: converged(locs, 90))
     eps["C"].stop()  # partition: C's endpoint is away, its application goes on writing
     await asyncio.gather(*(write(loc, n.lower() + "p", 20) for n, loc in locs.items()))
-    await wait_for("A and B to exchange", lambda: converged({k: locs[k] for k in "AB"}, 90 + 40))
+    entities = {n: ReplicatedEntities(loc.journal, loc.store) for n, loc in locs.items()}
+    for n in NAMES:  # one entity written at every location, C's write concurrent with the others
+        await entities[n].persist(Register("shared"), [{"v": f"shared-{n}"}])
+    await wait_for("A and B to exchange", lambda: converged({k: locs[k] for k in "AB"}, 90 + 40 + 2))
     assert len(await locs["C"].store.event_ids(LOG)) < 150
     eps["C"].start()  # heal
     await eps["C"].wait_ready()
-    await wait_for("convergence after the heal", lambda: converged(locs, 150))
-    await assert_same_events_exactly_once(locs, 150)
+    await wait_for("convergence after the heal", lambda: converged(locs, 153))
+    await assert_same_events_exactly_once(locs, 153)
+    states = [await entities[n].load(Register("shared")) for n in NAMES]
+    assert states[0].state == states[1].state == states[2].state
+    assert states[0].state["writes"] == 3
+    assert states[0].vector_time == states[1].vector_time == states[2].vector_time
+    assert [v.concurrent for v in states[0].versions] == [v.concurrent for v in states[2].versions]
+    assert any(v.concurrent for v in states[0].versions), "C wrote during the partition: concurrent with A, B"
 
 
 @pytest.mark.slow
@@ -230,12 +250,12 @@ async def test_status_cli_shows_progress_and_availability(
         s = await asyncio.to_thread(status)
         return bool(s["connections"][0]["logs"][LOG]["state"] == want)
 
-    await wait_for("A available at B", lambda: state_is("available"), timeout=30)
+    await wait_for("A available at B", lambda: state_is("available"), within=30)
     s = await asyncio.to_thread(status)
     assert s["location"] == "B" and s["connections"][0]["location"] == "A"
     assert s["logs"][LOG]["progress"]["A"] >= 10
     assert s["logs"][LOG]["version_vector"]["A"] >= 10
     t0 = time.monotonic()
     eps["A"].stop()
-    await wait_for("A unavailable at B", lambda: state_is("unavailable"), timeout=30)
+    await wait_for("A unavailable at B", lambda: state_is("unavailable"), within=30)
     assert time.monotonic() - t0 < 3.0 * 2 + 5  # within about two failure-detection limits

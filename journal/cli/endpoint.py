@@ -43,7 +43,9 @@ def run_endpoint(config: ConfigOption) -> None:
 @endpoint_app.command("status")
 def status(
     config: ConfigOption,
-    address: Annotated[str | None, typer.Option(help="Ask this endpoint instead of the config's listen address.")] = None,
+    address: Annotated[
+        str | None, typer.Option(help="Ask this endpoint instead of the config's listen address.")
+    ] = None,
 ) -> None:
     """Print the running endpoint's status as JSON: logs (position, version vector, progress per
     source) and connections (location, availability per log)."""

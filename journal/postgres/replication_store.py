@@ -60,6 +60,10 @@ class _Sql:
             f"VALUES ($1, $2, $3, now()) ON CONFLICT (log_name, source_location) DO UPDATE "
             f"SET source_log_seq_nr = GREATEST({rp}.source_log_seq_nr, EXCLUDED.source_log_seq_nr), updated_at = now()"
         )
+        self.entity_events = (
+            f"SELECT event_ser_id, event_ser_manifest, event_payload, origin_location, origin_seq_nr, vector_time "
+            f"FROM {ej} WHERE persistence_id = $1 AND log_seq_nr IS NOT NULL AND NOT deleted ORDER BY seq_nr"
+        )
         self.event_ids = (
             f"SELECT origin_location, origin_seq_nr, count(*) AS n FROM {ej} WHERE entity_type = $1 "
             f"AND log_seq_nr IS NOT NULL GROUP BY origin_location, origin_seq_nr"
@@ -122,7 +126,9 @@ class PostgresReplicationStore:
             for r in rows:
                 pos += 1
                 vv = vv.with_entry(self.location, pos)
-                for col, v in zip(cols, (r["persistence_id"], r["seq_nr"], self.location, pos, _dump(vv), pos)):
+                for col, v in zip(
+                    cols, (r["persistence_id"], r["seq_nr"], self.location, pos, _dump(vv), pos), strict=True
+                ):
                     col.append(v)
             await conn.execute(self._sql.stamp, *cols)
             await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
@@ -185,13 +191,22 @@ class PostgresReplicationStore:
                 pos += 1
                 vv = vv.merge(e.vector_time)
                 row = (e.persistence_id, result.first_seq_nr, e.origin_location, e.origin_seq_nr)
-                for col, v in zip(cols, (*row, _dump(e.vector_time), pos)):
+                for col, v in zip(cols, (*row, _dump(e.vector_time), pos), strict=True):
                     col.append(v)
             if cols[0]:
                 await conn.execute(self._sql.stamp, *cols)
                 await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
             await conn.execute(self._sql.save_progress, log_name, source_location, last_scanned)
         return WriteOutcome(written=len(cols[0]), dropped=dropped, progress=last_scanned)
+
+    async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]:
+        """A pid's stamped events in local order: payload, origin location and seq nr, vector time."""
+        async with self.backend.pool.acquire() as conn:
+            rows = await conn.fetch(self._sql.entity_events, persistence_id)
+        return [
+            (Serialized(r[0], r[1], bytes(r[2])), r["origin_location"], int(r["origin_seq_nr"]), _vt(r["vector_time"]))
+            for r in rows
+        ]
 
     async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]:
         """Every event id of the log with how many times it is stored (for checks and status)."""

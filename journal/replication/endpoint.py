@@ -88,7 +88,9 @@ class ReplicationEndpoint:
             self._sources.append(source)
             for name in c.logs_of(conn):
                 self._wake[(conn.address, name)] = asyncio.Event()
-                self._detectors[(conn.address, name)] = FailureDetector(conn.address, name, c.failure_detection_limit, now)
+                self._detectors[(conn.address, name)] = FailureDetector(
+                    conn.address, name, c.failure_detection_limit, now
+                )
                 self._spawn(self._pull_loop(conn, source, name))
             if c.update_notifications:
                 self._spawn(self._watch_loop(conn, source))

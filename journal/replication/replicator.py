@@ -82,7 +82,9 @@ class Replicator:
         )
         if not batch.events and batch.last_scanned == after:
             return WriteOutcome(0, 0, after)
-        return await self.target.write_replicated(self.log_name, batch.source_location, batch.events, batch.last_scanned)
+        return await self.target.write_replicated(
+            self.log_name, batch.source_location, batch.events, batch.last_scanned
+        )
 
     async def catch_up(self) -> int:
         """Steps until a batch brings nothing new; returns how many events were written."""

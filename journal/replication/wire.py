@@ -59,5 +59,7 @@ def decode_batch(b: bytes) -> ReplicationBatch:
     for pid, ev, origin, origin_seq, vt, pos, tags, meta in d["events"]:
         event = _unser(ev)
         assert event is not None
-        events.append(ReplicatedEvent(pid, event, origin, int(origin_seq), VectorTime(vt), int(pos), tuple(tags), _unser(meta)))
+        events.append(
+            ReplicatedEvent(pid, event, origin, int(origin_seq), VectorTime(vt), int(pos), tuple(tags), _unser(meta))
+        )
     return ReplicationBatch(d["source"], d["log"], tuple(events), int(d["last"]))
