@@ -157,3 +157,24 @@ async def test_the_target_drops_what_its_version_vector_covers(locs: dict[str, L
     assert (again.written, again.dropped) == (0, 4)
     assert await c.store.progress(LOG, "B") == last_b
     assert set((await c.store.event_ids(LOG)).values()) == {1}
+
+
+async def test_filters_compose_and_private_events_never_leave(locs: dict[str, Location]) -> None:
+    from journal.replication.filters import EndpointFilters, not_private, persistence_ids, tagged
+
+    a, b, c = locs["A"], locs["B"], locs["C"]
+    await a.journal.persist(f"{LOG}|1", [{"v": "public"}])
+    await a.journal.persist(f"{LOG}|2", [{"v": "secret"}], tags=["private"])
+    await a.journal.persist(f"{LOG}|3", [{"v": "for-b-only"}], tags=["b"])
+    filters = EndpointFilters(
+        all_logs=not_private("private"),
+        target_locations={"C": ~tagged("b") & (persistence_ids(f"{LOG}|1") | tagged("c"))},
+    )
+    for target in (b, c):
+        await Replicator(target.store, LocalSource(a.store, filters=filters), LOG).catch_up()
+    assert sorted(await payloads(b)) == ["for-b-only", "public"]
+    assert await payloads(c) == ["public"]
+    # B passes on what it got; the private event is not there to pass on
+    await Replicator(c.store, LocalSource(b.store), LOG).catch_up()
+    assert sorted(await payloads(c)) == ["for-b-only", "public"]
+    assert str(filters.for_read(LOG, "C")).startswith("ReplicationFilter((not tagged")

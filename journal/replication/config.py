@@ -60,6 +60,8 @@ class EndpointConfig:
     """Wake connected endpoints on writes (polling every ``retry_delay`` stays as the fallback)."""
     migrate: bool = False
     """Run the journal migrations at start."""
+    private_tags: tuple[str, ...] = ()
+    """Events carrying one of these tags are location-private: never sent to another endpoint."""
 
     def __post_init__(self) -> None:
         if not _LOCATION.match(self.location):
@@ -109,7 +111,7 @@ class EndpointConfig:
             )
             app = raw.pop("application", None)
             tls = raw.pop("tls", None)
-            scalars: dict[str, Any] = {k: tuple(v) if k == "logs" else v for k, v in raw.items()}
+            scalars: dict[str, Any] = {k: tuple(v) if k in ("logs", "private_tags") else v for k, v in raw.items()}
             return cls(
                 **scalars,
                 connections=conns,

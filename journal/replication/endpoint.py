@@ -22,6 +22,7 @@ from ..postgres.replication_store import PostgresReplicationStore
 from ..settings import JournalSettings
 from .availability import Availability, Available, FailureDetector
 from .config import Connection, EndpointConfig
+from .filters import EndpointFilters, not_private
 from .model import ReplicationBatch
 from .replicator import LocalSource, ReadRequest, Replicator
 from .transport import RemoteSource, generic_handler, server_credentials
@@ -32,8 +33,15 @@ log = logging.getLogger("journal.replication")
 class ReplicationEndpoint:
     """Start with :meth:`start` (or ``async with``), stop with :meth:`stop`."""
 
-    def __init__(self, config: EndpointConfig, settings: JournalSettings | None = None) -> None:
+    def __init__(
+        self, config: EndpointConfig, settings: JournalSettings | None = None, filters: EndpointFilters | None = None
+    ) -> None:
         self.config = config
+        self.filters = filters or EndpointFilters()
+        if config.private_tags:
+            private = not_private(*config.private_tags)
+            everywhere = private if self.filters.all_logs is None else self.filters.all_logs & private
+            self.filters = EndpointFilters(self.filters.source_logs, self.filters.target_locations, everywhere)
         self._settings = settings or JournalSettings.load(dsn=config.dsn)
         self._journal: Journal | None = None
         self._journal_cm: contextlib.AbstractAsyncContextManager[Journal] | None = None
@@ -71,7 +79,7 @@ class ReplicationEndpoint:
         self._store = PostgresReplicationStore(backend, c.location)
         for name in c.logs:
             await self._store.ensure_log(name)
-        self._source = LocalSource(self._store, c.application)
+        self._source = LocalSource(self._store, c.application, self.filters)
         self._listening = await backend.listen(self._on_notify, self._on_reconnect)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers((generic_handler(self._serve_read, self.info, self._serve_watch),))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..postgres.replication_store import PostgresReplicationStore
+from .filters import EndpointFilters
 from .model import ReplicationBatch, WriteOutcome
 from .vector_time import VectorTime
 from .versions import Application
@@ -38,9 +39,15 @@ class LogSource(Protocol):
 class LocalSource:
     """The source side over a location's own store: stamp pending local events, then read."""
 
-    def __init__(self, store: PostgresReplicationStore, application: Application | None = None) -> None:
+    def __init__(
+        self,
+        store: PostgresReplicationStore,
+        application: Application | None = None,
+        filters: EndpointFilters | None = None,
+    ) -> None:
         self.store = store
         self.application = application or Application()
+        self.filters = filters or EndpointFilters()
 
     async def location(self) -> str:
         return self.store.location
@@ -49,6 +56,9 @@ class LocalSource:
         self.application.check_target(request.target_application, self.store.location, request.target_location)
         await self.store.stamp(request.log_name)
         events, last = await self.store.read_log(request.log_name, request.after, request.limit, request.target_vv)
+        passes = self.filters.for_read(request.log_name, request.target_location)
+        if passes is not None:
+            events = [e for e in events if passes(e)]
         return ReplicationBatch(self.store.location, request.log_name, tuple(events), last)
 
 
