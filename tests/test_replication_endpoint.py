@@ -83,3 +83,82 @@ async def test_availability_is_published_and_an_older_version_is_unavailable(dbs
                 await asyncio.sleep(0.05)
         assert await b.store.event_ids(LOG) == {}
         assert Application("shop", "1.3").parts == (1, 3)
+
+
+async def wait_count(store: object, n: int) -> None:
+    async with asyncio.timeout(60):
+        while len(await store.event_ids(LOG)) != n:  # type: ignore[attr-defined]  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
+async def test_disaster_recovery_rebuilds_a_wiped_location(dbs: dict[str, str]) -> None:
+    from conftest import truncate_all
+
+    from journal.postgres.backend import PostgresBackend
+
+    for db in dbs.values():
+        await truncate_all(db)
+    addresses = {n: free_address() for n in "AB"}
+
+    def config(n: str, pulls: list[str]) -> EndpointConfig:
+        return EndpointConfig.from_dict(
+            {"location": n, "dsn": dbs[n], "listen": addresses[n], "logs": [LOG],
+             "connections": [{"address": addresses[m]} for m in pulls], "retry_delay": 0.2}
+        )  # fmt: skip
+
+    async with ReplicationEndpoint(config("B", ["A"])) as b:
+        async with ReplicationEndpoint(config("A", ["B"])) as a:
+            for i in range(5):
+                await a.journal.persist(f"{LOG}|a{i}", [{"v": i}, {"v": i + 10}])
+            await b.journal.persist(f"{LOG}|b", [{"v": "b"}])
+            await wait_count(a.store, 11)
+            await wait_count(b.store, 11)
+        # the disaster: A's database is lost (a snapshot survives, covering events A no longer has)
+        await truncate_all(dbs["A"])
+        async with ReplicationEndpoint(config("A", ["B"])) as a:
+            await a.journal.save_snapshot(f"{LOG}|a0", 2, {"state": "old"})
+            await a.recover()  # (its pull loop may recover some events first: counted there, not here)
+            assert len(await a.store.event_ids(LOG)) == 11  # caught up when recover() returns
+            assert await a.journal.load_snapshot(f"{LOG}|a0") is not None  # a0 has 2 events again: valid
+            await a.journal.save_snapshot(f"{LOG}|a1", 9, {"state": "covers lost events"})
+            await a.recover()
+            assert await a.journal.load_snapshot(f"{LOG}|a1") is None
+            await a.journal.persist(f"{LOG}|new", [{"v": "after recovery"}])
+            await wait_count(b.store, 12)  # B does not skip it, although it read A's old log that far
+            await wait_count(a.store, 12)
+            for store in (a.store, b.store):
+                assert set((await store.event_ids(LOG)).values()) == {1}
+            assert isinstance(a.journal.backend, PostgresBackend)
+
+
+async def test_deletion_is_logical_first_and_physical_once_replicated(dbs: dict[str, str]) -> None:
+    from conftest import truncate_all
+
+    for db in dbs.values():
+        await truncate_all(db)
+    addresses = {n: free_address() for n in "AB"}
+    a_cfg = EndpointConfig.from_dict(
+        {"location": "A", "dsn": dbs["A"], "listen": addresses["A"], "logs": [LOG], "retry_delay": 0.2}
+    )
+    async with ReplicationEndpoint(a_cfg) as a:
+        for i in range(4):
+            await a.journal.persist(f"{LOG}|d", [{"v": i}])
+        await a.store.stamp(LOG)
+        assert await a.delete(LOG, 100, physically_after=["B"]) == 4  # applied: as far as the log goes
+        seen = [e.event async for e in a.journal.current_events_by_slices(LOG, 0, 1023)]
+        assert seen == []  # logically deleted: local reads skip them
+        events, _ = await a.store.read_log(LOG, 0, 10)
+        assert len(events) == 4  # B has not read them: still there for replication
+        b_cfg = EndpointConfig.from_dict(
+            {"location": "B", "dsn": dbs["B"], "listen": addresses["B"], "logs": [LOG],
+             "connections": [{"address": addresses["A"]}], "retry_delay": 0.2}
+        )  # fmt: skip
+        async with ReplicationEndpoint(b_cfg) as b:
+            await wait_count(b.store, 4)
+            async with asyncio.timeout(60):  # B's next read tells A it stored everything
+                while (await a.store.target_progress(LOG)).get("B", 0) < 4:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+        assert await a.delete(LOG, 4, physically_after=["B"]) == 4
+        events, _ = await a.store.read_log(LOG, 0, 10)
+        assert len(events) == 1  # the pid's highest event stays (its tombstone keeps the seq_nr)
+        assert await a.journal.highest_seq_nr(f"{LOG}|d") == 4

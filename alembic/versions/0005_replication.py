@@ -42,9 +42,18 @@ def upgrade() -> None:
         sa.Column("updated_at", postgresql.TIMESTAMP(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("log_name", "source_location", name="replication_progress_pkey"),
     )
+    op.create_table(
+        "replication_target_progress",
+        sa.Column("log_name", sa.String(length=255), nullable=False),
+        sa.Column("target_location", sa.String(length=255), nullable=False),
+        sa.Column("log_seq_nr", sa.BigInteger(), nullable=False),
+        sa.Column("updated_at", postgresql.TIMESTAMP(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("log_name", "target_location", name="replication_target_progress_pkey"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("replication_target_progress")
     op.drop_table("replication_progress")
     op.drop_table("replication_log")
     op.drop_index("event_journal_log_idx", table_name="event_journal")

@@ -20,7 +20,10 @@ ConfigOption = Annotated[Path, typer.Option("--config", help="Endpoint config fi
 
 
 @endpoint_app.command("run")
-def run_endpoint(config: ConfigOption) -> None:
+def run_endpoint(
+    config: ConfigOption,
+    recover: Annotated[bool, typer.Option("--recover", help="Disaster recovery first: rebuild from peers.")] = False,
+) -> None:
     """Run the endpoint until SIGTERM/SIGINT: serve this location's logs, pull its connections'."""
     from ..replication.config import EndpointConfig
     from ..replication.endpoint import ReplicationEndpoint
@@ -33,6 +36,9 @@ def run_endpoint(config: ConfigOption) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         async with ReplicationEndpoint(cfg) as ep:
+            if recover:
+                recovered = await ep.recover()
+                typer.echo(f"endpoint {cfg.location} recovered {recovered}", err=True)
             typer.echo(f"endpoint {cfg.location} listening on {cfg.listen} (logs: {', '.join(cfg.logs)})", err=True)
             await stop.wait()
             await ep.stop()

@@ -29,7 +29,16 @@ from .backend import PostgresBackend
 class _Sql:
     def __init__(self, schema: str) -> None:
         validate_identifier(schema, "schema")
-        ej, rl, rp = (f'"{schema}".{t}' for t in ("event_journal", "replication_log", "replication_progress"))
+        ej, rl, rp, rt, sn = (
+            f'"{schema}".{t}'
+            for t in (
+                "event_journal",
+                "replication_log",
+                "replication_progress",
+                "replication_target_progress",
+                "snapshot",
+            )
+        )
         self.ensure_log = (
             f"INSERT INTO {rl} (log_name, location, log_seq_nr, version_vector) VALUES ($1, $2, 0, '{{}}') "
             f"ON CONFLICT (log_name) DO NOTHING"
@@ -50,7 +59,7 @@ class _Sql:
         )
         self.read_log = (
             f"SELECT persistence_id, event_ser_id, event_ser_manifest, event_payload, tags, meta_ser_id, "
-            f"meta_ser_manifest, meta_payload, origin_location, origin_seq_nr, vector_time, log_seq_nr "
+            f"meta_ser_manifest, meta_payload, origin_location, origin_seq_nr, vector_time, log_seq_nr, deleted "
             f"FROM {ej} WHERE entity_type = $1 AND log_seq_nr > $2 ORDER BY log_seq_nr LIMIT $3"
         )
         self.progress = f"SELECT source_log_seq_nr FROM {rp} WHERE log_name = $1 AND source_location = $2"
@@ -63,6 +72,24 @@ class _Sql:
         self.entity_events = (
             f"SELECT event_ser_id, event_ser_manifest, event_payload, origin_location, origin_seq_nr, vector_time "
             f"FROM {ej} WHERE persistence_id = $1 AND log_seq_nr IS NOT NULL AND NOT deleted ORDER BY seq_nr"
+        )
+        self.save_target_progress = (
+            f"INSERT INTO {rt} (log_name, target_location, log_seq_nr, updated_at) VALUES ($1, $2, $3, now()) "
+            f"ON CONFLICT (log_name, target_location) DO UPDATE "
+            f"SET log_seq_nr = GREATEST({rt}.log_seq_nr, EXCLUDED.log_seq_nr), updated_at = now()"
+        )
+        self.target_progress = f"SELECT target_location, log_seq_nr FROM {rt} WHERE log_name = $1"
+        self.reserve = f"UPDATE {rl} SET log_seq_nr = GREATEST(log_seq_nr, $2) WHERE log_name = $1"
+        self.delete_logically = (
+            f"UPDATE {ej} SET deleted = true WHERE entity_type = $1 AND log_seq_nr <= $2 AND NOT deleted"
+        )
+        self.delete_physically = (
+            f"DELETE FROM {ej} e WHERE e.entity_type = $1 AND e.deleted AND e.log_seq_nr <= $2 "
+            f"AND e.seq_nr < (SELECT max(h.seq_nr) FROM {ej} h WHERE h.persistence_id = e.persistence_id)"
+        )
+        self.delete_invalid_snapshots = (
+            f"DELETE FROM {sn} s WHERE s.entity_type = $1 AND s.seq_nr > "
+            f"COALESCE((SELECT max(e.seq_nr) FROM {ej} e WHERE e.persistence_id = s.persistence_id), 0)"
         )
         self.event_ids = (
             f"SELECT origin_location, origin_seq_nr, count(*) AS n FROM {ej} WHERE entity_type = $1 "
@@ -121,7 +148,9 @@ class PostgresReplicationStore:
             rows = await conn.fetch(self._sql.unstamped, log_name, limit)
             if not rows:
                 return 0
-            pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
+            vv = _vt(head["version_vector"])
+            # never reuse a position of ours that the log (after a disaster recovery) has seen
+            pos = max(int(head["log_seq_nr"]), vv.get(self.location, 0))
             cols: list[list[Any]] = [[], [], [], [], [], []]
             for r in rows:
                 pos += 1
@@ -143,6 +172,8 @@ class PostgresReplicationStore:
             rows = await conn.fetch(self._sql.read_log, log_name, after, limit)
         out: list[ReplicatedEvent] = []
         for r in rows:
+            if r["deleted"] and not r["event_payload"]:
+                continue  # a tombstone of the journal's own delete_events_to: nothing to send
             vt = _vt(r["vector_time"])
             if skip_covered_by is not None and vt <= skip_covered_by:
                 continue
@@ -198,6 +229,49 @@ class PostgresReplicationStore:
                 await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
             await conn.execute(self._sql.save_progress, log_name, source_location, last_scanned)
         return WriteOutcome(written=len(cols[0]), dropped=dropped, progress=last_scanned)
+
+    async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None:
+        """A target read after ``log_seq_nr``: it has stored everything of this log up to there."""
+        async with self.backend.pool.acquire() as conn:
+            await conn.execute(self._sql.save_target_progress, log_name, target_location, log_seq_nr)
+
+    async def target_progress(self, log_name: str) -> dict[str, int]:
+        async with self.backend.pool.acquire() as conn:
+            rows = await conn.fetch(self._sql.target_progress, log_name)
+        return {r["target_location"]: int(r["log_seq_nr"]) for r in rows}
+
+    async def reserve_positions(self, log_name: str, at_least: int) -> None:
+        """Make the log's next position greater than ``at_least`` (disaster recovery: peers may
+        have read this location's old log that far)."""
+        async with self.backend.pool.acquire() as conn:
+            await conn.execute(self._sql.reserve, log_name, at_least)
+
+    async def delete_logically(self, log_name: str, to_log_seq_nr: int) -> int:
+        """Mark the log's events up to ``to_log_seq_nr`` deleted: local reads (slice queries,
+        entities) skip them, replication still sends them. Returns the position actually applied
+        (no further than the log's current position)."""
+        async with self.backend.pool.acquire() as conn, conn.transaction():
+            head = await _head(conn, self._sql.lock_log, log_name)
+            applied = min(to_log_seq_nr, int(head["log_seq_nr"]))
+            await conn.execute(self._sql.delete_logically, log_name, applied)
+        return applied
+
+    async def delete_physically(self, log_name: str, to_log_seq_nr: int, replicated_to: Sequence[str]) -> int:
+        """Remove logically deleted events up to ``to_log_seq_nr`` that every location in
+        ``replicated_to`` has stored (each pid's highest event stays as its tombstone). Returns
+        the position it could go to: less than asked while a named target is behind."""
+        progress = await self.target_progress(log_name)
+        bound = min([to_log_seq_nr, *(progress.get(t, 0) for t in replicated_to)])
+        if bound > 0:
+            async with self.backend.pool.acquire() as conn:
+                await conn.execute(self._sql.delete_physically, log_name, bound)
+        return max(bound, 0)
+
+    async def delete_invalid_snapshots(self, log_name: str) -> int:
+        """Delete snapshots of the log's entities that cover events this location no longer has."""
+        async with self.backend.pool.acquire() as conn:
+            status = await conn.execute(self._sql.delete_invalid_snapshots, log_name)
+        return int(status.split()[-1])
 
     async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]:
         """A pid's stamped events in local order: payload, origin location and seq nr, vector time."""

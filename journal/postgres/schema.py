@@ -236,3 +236,15 @@ replication_progress = Table(
     PrimaryKeyConstraint("log_name", "source_location", name="replication_progress_pkey"),
 )
 """How far this location has read each source's log, written in the transaction of the events."""
+
+replication_target_progress = Table(
+    "replication_target_progress",
+    metadata,
+    Column("log_name", String(255), nullable=False),
+    Column("target_location", String(255), nullable=False),
+    Column("log_seq_nr", BigInteger, nullable=False),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("log_name", "target_location", name="replication_target_progress_pkey"),
+)
+"""How far each target has stored this log, as its reads say (a read after N proves the target
+committed everything up to N): what deferred physical deletion waits for."""

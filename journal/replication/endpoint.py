@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -251,6 +251,42 @@ class ReplicationEndpoint:
                 log.debug("%s: pull of %s from %s failed: %s", self.config.location, log_name, conn.address, e)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), self.config.retry_delay)
+
+    # -- disaster recovery and deletion -------------------------------------------------------
+
+    async def recover(self) -> dict[str, int]:
+        """Rebuild this location's logs from its connections after its database was lost.
+
+        Every connected endpoint must be reachable (else :class:`JournalUnavailable`: retry).
+        First the log positions are moved past what the peers have read of this location (so
+        they never skip its new events), then everything is pulled until caught up, then
+        snapshots that cover events this location no longer has are deleted. Call it before the
+        application writes again. Returns the events recovered per log.
+        """
+        infos = [await source.info() for source in self._sources]
+        for conn, info in zip(self.config.connections, infos, strict=True):
+            for name in self.config.logs_of(conn):
+                seen = int(info["logs"].get(name, {}).get("progress", {}).get(self.config.location, 0))
+                await self.store.reserve_positions(name, seen)
+        recovered = dict.fromkeys(self.config.logs, 0)
+        for conn, source in zip(self.config.connections, self._sources, strict=True):
+            for name in self.config.logs_of(conn):
+                replicator = Replicator(
+                    self.store, source, name, batch_size=self.config.batch_size, application=self.config.application
+                )
+                recovered[name] += await replicator.catch_up()
+        for name in self.config.logs:
+            await self.store.delete_invalid_snapshots(name)
+        return recovered
+
+    async def delete(self, log_name: str, to_log_seq_nr: int, *, physically_after: Sequence[str] = ()) -> int:
+        """Logically delete the log up to ``to_log_seq_nr`` (returns the position applied); with
+        ``physically_after``, also remove the deleted events those locations have stored (the
+        rest waits for a later call)."""
+        applied = await self.store.delete_logically(log_name, to_log_seq_nr)
+        if physically_after:
+            await self.store.delete_physically(log_name, applied, physically_after)
+        return applied
 
     # -- status --------------------------------------------------------------------------------
 

@@ -55,6 +55,8 @@ class LocalSource:
     async def read(self, request: ReadRequest) -> ReplicationBatch:
         self.application.check_target(request.target_application, self.store.location, request.target_location)
         await self.store.stamp(request.log_name)
+        if request.after > 0:
+            await self.store.record_target_progress(request.log_name, request.target_location, request.after)
         events, last = await self.store.read_log(request.log_name, request.after, request.limit, request.target_vv)
         passes = self.filters.for_read(request.log_name, request.target_location)
         if passes is not None:
