@@ -162,3 +162,34 @@ async def test_deletion_is_logical_first_and_physical_once_replicated(dbs: dict[
         events, _ = await a.store.read_log(LOG, 0, 10)
         assert len(events) == 1  # the pid's highest event stays (its tombstone keeps the seq_nr)
         assert await a.journal.highest_seq_nr(f"{LOG}|d") == 4
+
+
+async def test_replicated_entities_refuse_local_writes_until_recovery_succeeds(dbs: dict[str, str]) -> None:
+    from conftest import truncate_all
+
+    from journal.errors import JournalUnavailable, LocalWritesRefused
+    from journal.replication.entity import ReplicatedEntities, ReplicatedEntity
+
+    class Counter(ReplicatedEntity[int]):
+        entity_type = LOG
+
+        def initial_state(self) -> int:
+            return 0
+
+        def on_event(self, state: int, event: object) -> int:
+            return state + 1
+
+    await truncate_all(dbs["A"])
+    dead = free_address()  # nobody listens there
+    cfg = {"location": "A", "dsn": dbs["A"], "listen": free_address(), "logs": [LOG], "retry_delay": 0.2}
+    async with ReplicationEndpoint(EndpointConfig.from_dict({**cfg, "connections": [{"address": dead}]})) as a:
+        entities = ReplicatedEntities(a.journal, a.store)
+        assert (await entities.persist(Counter("x"), [{}])).state == 1
+        with pytest.raises(JournalUnavailable):
+            await a.recover()
+        with pytest.raises(LocalWritesRefused):
+            await entities.persist(Counter("x"), [{}])
+    async with ReplicationEndpoint(EndpointConfig.from_dict(cfg)) as a:  # no peers left to wait for
+        await a.recover()
+        entities = ReplicatedEntities(a.journal, a.store)
+        assert (await entities.persist(Counter("x"), [{}])).state == 2

@@ -32,6 +32,7 @@ def upgrade() -> None:
         sa.Column("location", sa.String(length=255), nullable=False),
         sa.Column("log_seq_nr", sa.BigInteger(), nullable=False),
         sa.Column("version_vector", postgresql.JSONB(), nullable=False),
+        sa.Column("recovering", sa.Boolean(), server_default=sa.false(), nullable=False),
         sa.PrimaryKeyConstraint("log_name", name="replication_log_pkey"),
     )
     op.create_table(

@@ -43,7 +43,8 @@ class _Sql:
             f"INSERT INTO {rl} (log_name, location, log_seq_nr, version_vector) VALUES ($1, $2, 0, '{{}}') "
             f"ON CONFLICT (log_name) DO NOTHING"
         )
-        self.log_row = f"SELECT location, log_seq_nr, version_vector FROM {rl} WHERE log_name = $1"
+        self.log_row = f"SELECT location, log_seq_nr, version_vector, recovering FROM {rl} WHERE log_name = $1"
+        self.set_recovering = f"UPDATE {rl} SET recovering = $2 WHERE log_name = $1"
         self.lock_log = self.log_row + " FOR UPDATE"
         self.save_log = f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
         self.unstamped = (
@@ -229,6 +230,15 @@ class PostgresReplicationStore:
                 await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
             await conn.execute(self._sql.save_progress, log_name, source_location, last_scanned)
         return WriteOutcome(written=len(cols[0]), dropped=dropped, progress=last_scanned)
+
+    async def set_recovering(self, log_name: str, recovering: bool) -> None:
+        async with self.backend.pool.acquire() as conn:
+            await conn.execute(self._sql.set_recovering, log_name, recovering)
+
+    async def recovering(self, log_name: str) -> bool:
+        async with self.backend.pool.acquire() as conn:
+            row = await conn.fetchrow(self._sql.log_row, log_name)
+        return bool(row is not None and row["recovering"])
 
     async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None:
         """A target read after ``log_seq_nr``: it has stored everything of this log up to there."""

@@ -220,11 +220,13 @@ replication_log = Table(
     Column("location", String(255), nullable=False),
     Column("log_seq_nr", BigInteger, nullable=False),
     Column("version_vector", JSONB, nullable=False),
+    Column("recovering", Boolean, nullable=False, server_default=false()),
     PrimaryKeyConstraint("log_name", name="replication_log_pkey"),
 )
 """One row per replicated log at this location: the last log position handed out and the log's
 version vector. Every stamping and replicated write locks this row until it commits, so log
-positions commit in order (a reader paging "after position N" never skips one)."""
+positions commit in order (a reader paging "after position N" never skips one). ``recovering``
+is set while a disaster recovery runs: replicated entities refuse local writes meanwhile."""
 
 replication_progress = Table(
     "replication_progress",

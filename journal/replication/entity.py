@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
+from ..errors import LocalWritesRefused
 from ..ids import persistence_id_of, validate_persistence_id
 from ..journal import Journal
 from ..postgres.replication_store import PostgresReplicationStore
@@ -75,6 +76,14 @@ class ReplicatedEntities:
 
     async def persist(self, entity: ReplicatedEntity[S], events: Sequence[Any]) -> ReplicatedState[S]:
         """Write ``events`` at this location (after whatever it stored of the entity) and return
-        the new state."""
+        the new state.
+
+        Raises:
+            LocalWritesRefused: the location is being recovered (``ReplicationEndpoint.recover``).
+        """
+        if await self.store.recovering(entity.entity_type):
+            raise LocalWritesRefused(
+                f"location {self.store.location!r} is recovering log {entity.entity_type!r}: local writes wait"
+            )
         await self.journal.persist(entity.persistence_id, list(events))
         return await self.load(entity)
