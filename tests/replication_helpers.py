@@ -10,7 +10,7 @@ from journal import Journal, JournalSettings, open_journal
 from journal.postgres.backend import PostgresBackend
 from journal.postgres.migrations import upgrade
 from journal.postgres.replication_store import PostgresReplicationStore
-from journal.postgres.scratch import scratch_database
+from tests.support.scratch import scratch_database
 
 
 @contextlib.contextmanager

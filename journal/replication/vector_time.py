@@ -47,6 +47,8 @@ class VectorTime(Mapping[str, int]):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, VectorTime):
             return self._entries == other._entries
+        if isinstance(other, Mapping):  # a plain dict compares by its non-zero entries
+            return self._entries == {k: v for k, v in other.items() if v}
         return NotImplemented
 
     def __hash__(self) -> int:
