@@ -34,9 +34,9 @@ from journal import JournalSettings, open_journal, slice_for
 from journal.postgres.backend import PostgresBackend
 from journal.postgres.migrations import upgrade
 from journal.postgres.replication_store import PostgresReplicationStore
-from tests.support.scratch import scratch_database
 from journal.replication.replicator import Replicator
 from journal.replication.transport import RemoteSource
+from tests.support.scratch import scratch_database
 
 try:
     from benchmarks._common import header, report
