@@ -178,3 +178,21 @@ async def test_filters_compose_and_private_events_never_leave(locs: dict[str, Lo
     await Replicator(c.store, LocalSource(b.store), LOG).catch_up()
     assert sorted(await payloads(c)) == ["for-b-only", "public"]
     assert str(filters.for_read(LOG, "C")).startswith("ReplicationFilter((not tagged")
+
+
+async def test_an_unmigrated_database_is_a_clear_configuration_error(server_dsn: str) -> None:
+    from journal.errors import ConfigurationError
+    from journal.postgres.migrations import upgrade
+    from tests.support.scratch import _admin, with_database
+
+    name = "sjrepl_old_schema"
+    await _admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await _admin(server_dsn, f'CREATE DATABASE "{name}"')
+    try:
+        db = with_database(server_dsn, name)
+        await asyncio.to_thread(upgrade, db, "public", "0004")
+        with pytest.raises(ConfigurationError, match="journal migrate"):
+            async with open_location("A", db, [LOG]):
+                pass
+    finally:
+        await _admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

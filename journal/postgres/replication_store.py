@@ -17,7 +17,7 @@ import asyncpg
 import orjson
 
 from ..backend import WriteRequest
-from ..errors import LocationMismatch, ReplicationError
+from ..errors import ConfigurationError, LocationMismatch, ReplicationError
 from ..ids import entity_type_of, slice_for
 from ..replication.model import ReplicatedEvent, WriteOutcome
 from ..replication.vector_time import VectorTime
@@ -124,7 +124,12 @@ class PostgresReplicationStore:
     async def ensure_log(self, log_name: str) -> None:
         """Create the log's state row for this location; refuse a database of another location."""
         async with self.backend.pool.acquire() as conn:
-            await conn.execute(self._sql.ensure_log, log_name, self.location)
+            try:
+                await conn.execute(self._sql.ensure_log, log_name, self.location)
+            except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as e:
+                raise ConfigurationError(
+                    "this database has no replication tables: run `journal migrate` (migration 0005) first"
+                ) from e
             row = await _head(conn, self._sql.log_row, log_name)
         if row["location"] != self.location:
             raise LocationMismatch(
