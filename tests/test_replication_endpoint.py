@@ -193,3 +193,26 @@ async def test_replicated_entities_refuse_local_writes_until_recovery_succeeds(d
         await a.recover()
         entities = ReplicatedEntities(a.journal, a.store)
         assert (await entities.persist(Counter("x"), [{}])).state == 2
+
+
+async def test_private_tags_from_the_config_never_leave(dbs: dict[str, str]) -> None:
+    from conftest import truncate_all
+
+    for db in dbs.values():
+        await truncate_all(db)
+    addresses = {n: free_address() for n in "AB"}
+    a_cfg = {"location": "A", "dsn": dbs["A"], "listen": addresses["A"], "logs": [LOG], "private_tags": ["mine"]}
+    b_cfg = {"location": "B", "dsn": dbs["B"], "listen": addresses["B"], "logs": [LOG], "retry_delay": 0.2,
+             "connections": [{"address": addresses["A"]}]}  # fmt: skip
+    async with (
+        ReplicationEndpoint(EndpointConfig.from_dict(a_cfg)) as a,
+        ReplicationEndpoint(EndpointConfig.from_dict(b_cfg)) as b,
+    ):
+        await a.journal.persist(f"{LOG}|p", [{"v": "private"}], tags=["mine"])
+        await a.journal.persist(f"{LOG}|q", [{"v": "public"}], tags=["other"])
+        await wait_count(b.store, 1)
+        async with asyncio.timeout(60):  # B has read past both events
+            while (await b.store.progress(LOG, "A")) < 2:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        got = [e.event async for e in b.journal.current_events_by_slices(LOG, 0, 1023)]
+        assert got == [{"v": "public"}]
