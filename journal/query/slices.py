@@ -17,7 +17,7 @@ from typing import Any
 from ..backend import SliceQueryBackend, StoredEvent
 from ..envelope import EventEnvelope, lazy_page_envelopes
 from ..errors import JournalUnavailable, SerializationError
-from ..ids import entity_type_of, slice_for
+from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
 from ..offsets import Sequence as SeqOffset
 from ..offsets import TimestampOffset
 from ..serialization import SerializerRegistry
@@ -28,9 +28,6 @@ from .notifications import NotificationHub, Subscription
 from .slice_query import PageRequest, SliceQueryState, poll_delay
 
 log = logging.getLogger("journal.query.slices")
-
-MAX_SEQ_NR = 2**63 - 1
-
 
 class SliceQueries:
     """Slice queries of one journal: shares one horizon and one notification listener."""
