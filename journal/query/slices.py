@@ -25,6 +25,7 @@ from ..settings import JournalSettings, QueryMode
 from .backtracking import BacktrackingState
 from .horizon import Horizon
 from .notifications import NotificationHub, Subscription
+from .pid_order import PidOrder
 from .slice_query import PageRequest, SliceQueryState, poll_delay
 
 log = logging.getLogger("journal.query.slices")
@@ -165,6 +166,7 @@ class SliceQueries:
         sub = await self.hub.subscribe(et, lo, hi)
         state = SliceQueryState(offset, q.buffer_size, q.catch_up_buffer_size)
         bt = BacktrackingState(offset, q) if mode == "backtracking" else None
+        order = PidOrder(self.backend, bt, q.buffer_size) if bt is not None else None
         last_emit = loop.time()
         last_heartbeat: TimestampOffset | None = None
         failures = 0
@@ -175,12 +177,20 @@ class SliceQueries:
                 try:
                     bound = await self.bound(mode, fresh_after=loop.time())
                     async for env in self._catch_up(state, bound, et, lo, hi):
-                        if bt is not None and not bt.first_delivery(env):
-                            continue
+                        if bt is not None and order is not None:
+                            bt.count_live()
+                            pid, seq_nr = env.persistence_id, env.seq_nr
+                            first = bt.first_undelivered(pid, seq_nr)
+                            if first is None:
+                                continue
+                            if first != seq_nr:  # earlier events of this pid committed late
+                                for r in await self._earlier(order, pid, first, seq_nr):
+                                    yield self.envelope(r, bt.offset_for(r), source="backtracking")
+                            bt.mark(pid, seq_nr, env.db_timestamp)
                         yield env
                         last_emit = loop.time()
-                    if bt is not None:
-                        async for env in self._backtrack(bt, state, et, lo, hi):
+                    if bt is not None and order is not None:
+                        async for env in self._backtrack(bt, order, state, et, lo, hi):
                             yield env
                             last_emit = loop.time()
                     failures = 0
@@ -219,6 +229,20 @@ class SliceQueries:
         finally:
             sub.close()
 
+    async def _earlier(self, order: PidOrder, pid: str, first: int, seq_nr: int) -> list[StoredEvent]:
+        """``order.before``, retried here until the database answers: the live page around it is
+        already counted as read, so giving up would skip the rest of the page."""
+        failures = 0
+        while True:
+            self._check_open()
+            try:
+                return await order.before(pid, first, seq_nr)
+            except JournalUnavailable as e:
+                delay = min(self.settings.retry.max_backoff, self.settings.retry.initial_backoff * 2**failures)
+                failures += 1
+                log.warning("earlier events of %s: %s; retrying in %.2fs", pid, e, delay)
+                await asyncio.sleep(delay)
+
     def _heartbeat_offset(
         self, state: SliceQueryState, bt: BacktrackingState | None
     ) -> TimestampOffset | None:
@@ -232,7 +256,7 @@ class SliceQueries:
         return TimestampOffset(safe)
 
     async def _backtrack(
-        self, bt: BacktrackingState, state: SliceQueryState, et: str, lo: int, hi: int
+        self, bt: BacktrackingState, order: PidOrder, state: SliceQueryState, et: str, lo: int, hi: int
     ) -> AsyncIterator[EventEnvelope]:
         """Re-read the window behind the live position without payloads; deliver what is new."""
         b = self.backend
@@ -252,13 +276,16 @@ class SliceQueries:
                 with_payload=False,
             )
             for r in rows:
-                if not bt.is_new(r):
+                pid, seq_nr = r.persistence_id, r.seq_nr
+                first = bt.first_undelivered(pid, seq_nr)
+                if first is None:
                     continue
-                full = await b.load_event(r.persistence_id, r.seq_nr)
+                for e in await order.before(pid, first, seq_nr):
+                    yield self.envelope(e, bt.offset_for(e), source="backtracking")
+                full = await b.load_event(pid, seq_nr)
+                bt.mark(pid, seq_nr, r.db_timestamp)
                 if full is None:  # deleted meanwhile
-                    bt.mark(r)
                     continue
-                bt.mark(r)
                 yield self.envelope(full, bt.offset_for(r), source="backtracking")
             bt.accept(req, rows)
 
