@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..backend import SliceQueryBackend, StoredEvent
+from ..conditions import Condition
 from ..envelope import EventEnvelope, lazy_page_envelopes
 from ..errors import JournalUnavailable, SerializationError
 from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
@@ -167,6 +168,7 @@ class SliceQueries:
         state = SliceQueryState(offset, q.buffer_size, q.catch_up_buffer_size)
         bt = BacktrackingState(offset, q) if mode == "backtracking" else None
         order = PidOrder(self.backend, bt, q.buffer_size) if bt is not None else None
+        down = Condition(log, logging.WARNING)  # an outage: logged once, and when it ends
         last_emit = loop.time()
         last_heartbeat: TimestampOffset | None = None
         failures = 0
@@ -197,14 +199,13 @@ class SliceQueries:
                 except JournalUnavailable as e:
                     delay = min(
                         self.settings.retry.max_backoff,
-                        self.settings.retry.initial_backoff * 2**failures,
+                        self.settings.retry.initial_backoff * 2 ** min(failures, 30),
                     )
                     failures += 1
-                    log.warning(
-                        "live slice query %s %d-%d: %s; retrying in %.2fs", et, lo, hi, e, delay
-                    )
+                    down.occurred("live slice query %s %d-%d: %s; retrying with backoff", et, lo, hi, e)
                     await asyncio.sleep(delay)
                     continue
+                down.clear(f"live slice query {et} {lo}-{hi}: database available again")
                 if heartbeats:
                     hb = self._heartbeat_offset(state, bt)
                     if (
@@ -238,9 +239,11 @@ class SliceQueries:
             try:
                 return await order.before(pid, first, seq_nr)
             except JournalUnavailable as e:
-                delay = min(self.settings.retry.max_backoff, self.settings.retry.initial_backoff * 2**failures)
+                retry = self.settings.retry
+                delay = min(retry.max_backoff, retry.initial_backoff * 2 ** min(failures, 30))
                 failures += 1
-                log.warning("earlier events of %s: %s; retrying in %.2fs", pid, e, delay)
+                level = logging.WARNING if failures == 1 else logging.DEBUG
+                log.log(level, "earlier events of %s: %s; retrying", pid, e)
                 await asyncio.sleep(delay)
 
     def _heartbeat_offset(
@@ -300,6 +303,7 @@ class SliceQueries:
         nxt = from_seq_nr
         failures = 0
         page = self.q.buffer_size
+        down = Condition(log, logging.WARNING)
         try:
             while True:
                 self._check_open()
@@ -310,12 +314,13 @@ class SliceQueries:
                 except JournalUnavailable as e:
                     delay = min(
                         self.settings.retry.max_backoff,
-                        self.settings.retry.initial_backoff * 2**failures,
+                        self.settings.retry.initial_backoff * 2 ** min(failures, 30),
                     )
                     failures += 1
-                    log.warning("live events of %s: %s; retrying in %.2fs", pid, e, delay)
+                    down.occurred("live events of %s: %s; retrying with backoff", pid, e)
                     await asyncio.sleep(delay)
                     continue
+                down.clear(f"live events of {pid}: database available again")
                 for r in rows:
                     yield self.envelope(r, SeqOffset(r.seq_nr))
                     nxt = r.seq_nr + 1
