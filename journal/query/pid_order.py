@@ -9,6 +9,8 @@ read by pid finds them, and they are delivered first.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from ..backend import SliceQueryBackend, StoredEvent
 from .backtracking import UNKNOWN, BacktrackingState
 
@@ -23,19 +25,22 @@ class PidOrder:
         self.filled = 0
         """Events delivered early this way (for tests and logs)."""
 
-    async def before(self, pid: str, first: int, seq_nr: int) -> list[StoredEvent]:
+    async def before(self, pid: str, first: int, seq_nr: int, ts: datetime) -> list[StoredEvent]:
         """The undelivered events of ``pid`` below ``seq_nr``, in order, marked delivered.
 
         ``first`` is :meth:`BacktrackingState.first_undelivered`'s answer (not None): a known
         first missing seq_nr, or UNKNOWN (a pid not in memory): then its previous event's
         timestamp decides; an event the query covers (:meth:`BacktrackingState.covered`) was
-        delivered, otherwise the pid's events from the first uncovered one are read.
+        delivered, otherwise the pid's events from the first uncovered one are read. ``ts`` is
+        the event's own timestamp: when the query covers it, it covers everything before it.
         """
         bt = self.bt
         if first == seq_nr:
             return []
         filter_covered = first == UNKNOWN
         if filter_covered:
+            if bt.covered(ts):  # an older event (re-read behind a restart offset): no lookup
+                return []
             prev = await self.backend.timestamp_of(pid, seq_nr - 1)
             if prev is None or bt.covered(prev):
                 return []

@@ -186,7 +186,7 @@ class SliceQueries:
                             if first is None:
                                 continue
                             if first != seq_nr:  # earlier events of this pid committed late
-                                for r in await self._earlier(order, pid, first, seq_nr):
+                                for r in await self._earlier(order, pid, first, seq_nr, env.db_timestamp):
                                     yield self.envelope(r, bt.offset_for(r), source="backtracking")
                             bt.mark(pid, seq_nr, env.db_timestamp)
                         yield env
@@ -230,14 +230,16 @@ class SliceQueries:
         finally:
             sub.close()
 
-    async def _earlier(self, order: PidOrder, pid: str, first: int, seq_nr: int) -> list[StoredEvent]:
+    async def _earlier(
+        self, order: PidOrder, pid: str, first: int, seq_nr: int, ts: datetime
+    ) -> list[StoredEvent]:
         """``order.before``, retried here until the database answers: the live page around it is
         already counted as read, so giving up would skip the rest of the page."""
         failures = 0
         while True:
             self._check_open()
             try:
-                return await order.before(pid, first, seq_nr)
+                return await order.before(pid, first, seq_nr, ts)
             except JournalUnavailable as e:
                 retry = self.settings.retry
                 delay = min(retry.max_backoff, retry.initial_backoff * 2 ** min(failures, 30))
@@ -283,7 +285,7 @@ class SliceQueries:
                 first = bt.first_undelivered(pid, seq_nr)
                 if first is None:
                     continue
-                for e in await order.before(pid, first, seq_nr):
+                for e in await order.before(pid, first, seq_nr, r.db_timestamp):
                     yield self.envelope(e, bt.offset_for(e), source="backtracking")
                 full = await b.load_event(pid, seq_nr)
                 bt.mark(pid, seq_nr, r.db_timestamp)
