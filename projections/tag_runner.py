@@ -121,8 +121,16 @@ class TagProcessor(RangeProcessor):
         await self._commit_tag(body, len(accepted), max(e.db_timestamp for e in accepted))
 
     async def _commit_tag(self, body: Callable[[Any], Awaitable[None]], n: int, newest: Any) -> None:
+        proof = next(iter(self.pending.items()), None)
+
+        async def committed(conn: Any) -> bool:
+            if proof is None:
+                return False
+            stored = await self.tag_sql.stored_seq_nr(conn, self.name, self.tag, proof[0])
+            return stored is not None and stored >= proof[1][0]
+
         try:
-            await self._retrying(body, transactional=True, fence=dict(self.epochs))
+            await self._retrying(body, transactional=True, fence=dict(self.epochs), committed=committed)
         except BaseException:
             self.pending = {}
             raise

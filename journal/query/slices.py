@@ -205,7 +205,8 @@ class SliceQueries:
                     down.occurred("live slice query %s %d-%d: %s; retrying with backoff", et, lo, hi, e)
                     await asyncio.sleep(delay)
                     continue
-                down.clear(f"live slice query {et} {lo}-{hi}: database available again")
+                if down.active:
+                    down.clear(f"live slice query {et} {lo}-{hi}: database available again")
                 if heartbeats:
                     hb = self._heartbeat_offset(state, bt)
                     if (
@@ -322,7 +323,8 @@ class SliceQueries:
                     down.occurred("live events of %s: %s; retrying with backoff", pid, e)
                     await asyncio.sleep(delay)
                     continue
-                down.clear(f"live events of {pid}: database available again")
+                if down.active:
+                    down.clear(f"live events of {pid}: database available again")
                 for r in rows:
                     yield self.envelope(r, SeqOffset(r.seq_nr))
                     nxt = r.seq_nr + 1
