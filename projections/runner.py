@@ -74,6 +74,7 @@ class RangeProcessor:
         stats: Stats,
         query_mode: QueryMode = "horizon",
         outage: Outage | None = None,
+        application_name: str | None = None,
     ) -> None:
         self.journal = journal
         self.pool = pool
@@ -90,6 +91,8 @@ class RangeProcessor:
         self.stats = stats
         self.query_mode = query_mode
         self.outage = outage or Outage(log, owner, quiet=settings.handler_max_backoff)
+        self.application_name = application_name
+        """The pool's application_name: identifies our own server processes (see ``_settle``)."""
         self.validator = Validator(timedelta(seconds=settings.offset_time_window))
         self._stopping = asyncio.Event()
         self._last_flush = time.monotonic()
@@ -393,6 +396,7 @@ class RangeProcessor:
         outage_backoff = s.handler_backoff
         attempt = 0
         unsure = False  # the last COMMIT was sent and its answer lost: it may have committed
+        server_pid = 0
         while True:
             phase = "connect"
             conn_lost = False
@@ -406,25 +410,30 @@ class RangeProcessor:
                         handler_exc = e
                         raise
                     return
-                async with self.pool.acquire() as conn, conn.transaction():
-                    phase = "fence"
-                    if unsure and committed is not None and await committed(conn):
-                        log.info("%s %s: the batch committed before the connection was lost", self.name, self.key)
-                        self.outage.answered()
-                        return
+                async with self.pool.acquire() as conn:
+                    if unsure and committed is not None:
+                        # outside a transaction: pg_stat_activity is read once per transaction
+                        await self._settle(conn, server_pid)
+                        if await committed(conn):
+                            log.info("%s %s: the batch committed before the connection was lost", self.name, self.key)
+                            self.outage.answered()
+                            return
                     unsure = False
-                    if fence:
-                        lost = await self.sql.fence(conn, self.name, self.owner, fence)
-                        if lost:
-                            raise LeaseLost(f"{self.name}: slices {lost[:5]}... are no longer ours")
-                    phase = "handler"
-                    try:
-                        await body(conn)
-                    except Exception as e:
-                        handler_exc = e
-                        conn_lost = conn.is_closed()  # asked before the pool takes it back
-                        raise
-                    phase = "commit"
+                    server_pid = conn.get_server_pid()
+                    async with conn.transaction():
+                        phase = "fence"
+                        if fence:
+                            lost = await self.sql.fence(conn, self.name, self.owner, fence)
+                            if lost:
+                                raise LeaseLost(f"{self.name}: slices {lost[:5]}... are no longer ours")
+                        phase = "handler"
+                        try:
+                            await body(conn)
+                        except Exception as e:
+                            handler_exc = e
+                            conn_lost = conn.is_closed()  # asked before the pool takes it back
+                            raise
+                        phase = "commit"
                 self.outage.answered()
                 return
             except (LeaseLost, EventsMissing, asyncio.CancelledError):
@@ -452,6 +461,20 @@ class RangeProcessor:
                 )  # fmt: skip
                 await self._pause(backoff, e)
                 backoff = min(backoff * 2, s.handler_max_backoff)
+
+    async def _settle(self, conn: Any, server_pid: int, patience: float = 10.0) -> None:
+        """Wait until the server process that ran a COMMIT whose answer was lost is done with it
+        (it may still be committing: reading before that could see "not committed" for a batch
+        that commits a moment later). After ``patience`` seconds it is terminated, which rolls a
+        COMMIT still in its deferred work back; only a process of this worker's own pool
+        (``application_name``) is ever terminated."""
+        deadline = time.monotonic() + patience
+        while await self.sql.backend_busy(conn, server_pid, self.application_name):
+            if time.monotonic() > deadline:
+                log.warning("%s %s: server process %d still committing; ending it", self.name, self.key, server_pid)
+                await self.sql.terminate_backend(conn, server_pid, self.application_name)
+                deadline = time.monotonic() + patience
+            await asyncio.sleep(0.05)
 
     async def _pause(self, seconds: float, cause: BaseException) -> None:
         """Wait before a retry; a stop request ends the wait (the batch stays rolled back)."""

@@ -93,6 +93,8 @@ class Worker:
         self.state = "running"
         self.outage = Outage(log, self.worker_id, quiet=self.ps.handler_max_backoff + self.ps.lease_renew_interval)
         """Database outages, shared with the processors (logged once each; shown by status)."""
+        self.application_name = f"sj-projection {self.worker_id}"[:63]
+        """Of the worker's connections (a server process of ours is told apart by it)."""
 
     def stop(self) -> None:
         self._stop.set()
@@ -106,7 +108,9 @@ class Worker:
         dsn = self.settings.connection.dsn
         if dsn is None:
             raise RuntimeError("Worker needs settings with a DSN (open the journal first)")
-        self._pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=0, max_size=8)
+        self._pool = await asyncpg.create_pool(
+            asyncpg_dsn(dsn), min_size=0, max_size=8, server_settings={"application_name": self.application_name}
+        )
         try:
             await self._start_up()
             last_prune = 0.0
@@ -203,6 +207,7 @@ class Worker:
             entity_type=self.entity_type, lo=lo, hi=hi, owner=self.worker_id,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
             mode=self.mode, stats=self.stats, query_mode=self._query_mode(), outage=self.outage,
+            application_name=self.application_name,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
         self.processors[(lo, hi)] = (proc, task)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -82,3 +83,54 @@ async def test_a_handlers_own_connection_error_still_counts(
     with pytest.raises(HandlerFailed, match="refused the call"):
         await asyncio.wait_for(w.run(), 20)
     assert w.stats.retries == 3
+
+
+async def test_a_commit_whose_answer_is_lost_is_not_applied_twice(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The network drops while the server is committing: the server commits, the worker gets a
+    connection error. It must find the batch committed and not run it again."""
+    await conn.execute("DROP TABLE IF EXISTS t_commit")
+    await conn.execute("CREATE TABLE t_commit (pid TEXT, seq BIGINT)")
+    await conn.execute(
+        """CREATE OR REPLACE FUNCTION t_commit_slow() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF current_setting('sj.slow_commit', true) = 'on' THEN
+    PERFORM set_config('sj.slow_commit', 'off', true);
+    PERFORM pg_sleep(1.0);  -- at COMMIT: the client's connection is cut meanwhile
+  END IF;
+  RETURN NULL;
+END $$"""
+    )
+    await conn.execute(
+        "CREATE CONSTRAINT TRIGGER t_commit_slow AFTER INSERT ON t_commit "
+        "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION t_commit_slow()"
+    )
+    for i in range(10):
+        await journal.persist(f"Cmt|{i}", [{"n": i}])
+    cuts = {"left": 1}
+
+    async def handler(c: Any, envs: Sequence[EventEnvelope]) -> None:
+        await c.executemany("INSERT INTO t_commit VALUES ($1, $2)", [(e.persistence_id, e.seq_nr) for e in envs])
+        if cuts["left"] > 0:
+            cuts["left"] -= 1
+            await c.execute("SELECT set_config('sj.slow_commit', 'on', true)")
+            # the network cut, half a second into the server's COMMIT
+            asyncio.get_running_loop().call_later(0.5, c._transport.abort)
+
+    caplog.set_level(logging.INFO, logger="projections.runner")
+    w = Worker(journal, fast, "p-classes-commit", "Cmt", handler, "grouped")
+    task = asyncio.create_task(w.run())
+    try:
+
+        async def done() -> bool:
+            return int(await conn.fetchval("SELECT count(DISTINCT (pid, seq)) FROM t_commit")) >= 10
+
+        await wait_until(done, 30, "every event applied")
+        await asyncio.sleep(1.0)
+    finally:
+        w.stop()
+        await task
+    assert cuts["left"] == 0
+    assert await conn.fetchval("SELECT count(*) - count(DISTINCT (pid, seq)) FROM t_commit") == 0
+    assert any("committed before the connection was lost" in r.getMessage() for r in caplog.records)
