@@ -342,6 +342,7 @@ class RangeProcessor:
         async def committed(conn: Any) -> bool:
             return proof is not None and await self.sql.offset_row_exists(conn, self.name, proof)
 
+        started = time.monotonic()
         try:
             await self._retrying(body, transactional=True, fence=touched, committed=committed)
         except BaseException:
@@ -349,7 +350,7 @@ class RangeProcessor:
             raise
         self.validator.commit(hb_slices)
         newest = max((e.db_timestamp for e in accepted), default=None)
-        self.stats.committed(len(accepted), newest)
+        self.stats.committed(len(accepted), newest, time.monotonic() - started)
 
     async def _maybe_flush(self, *, force: bool) -> None:
         hb = getattr(self, "_pending_hb", {})

@@ -129,6 +129,7 @@ class TagProcessor(RangeProcessor):
             stored = await self.tag_sql.stored_seq_nr(conn, self.name, self.tag, proof[0])
             return stored is not None and stored >= proof[1][0]
 
+        started = time.monotonic()
         try:
             await self._retrying(body, transactional=True, fence=dict(self.epochs), committed=committed)
         except BaseException:
@@ -137,7 +138,7 @@ class TagProcessor(RangeProcessor):
         for pid, (seq_nr, _) in self.pending.items():
             self.seq_nrs[pid] = seq_nr
         self.pending = {}
-        self.stats.committed(n, newest)
+        self.stats.committed(n, newest, time.monotonic() - started)
 
     async def _flush(self, *, force: bool) -> None:
         """At-least-once: store the offsets every N envelopes / T seconds."""

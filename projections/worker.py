@@ -22,11 +22,12 @@ from typing import Any
 
 import asyncpg
 
-from journal.errors import EventsMissing, HandlerFailed, LeaseLost
+from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
 from journal.ids import NUMBER_OF_SLICES
 from journal.postgres.dsn import asyncpg_dsn
 from journal.settings import JournalSettings, QueryMode
 
+from . import metrics
 from .handlers import Mode, validate_mode
 from .outage import Outage, database_unavailable
 from .postgres_store import ProjectionSql
@@ -83,7 +84,7 @@ class Worker:
         self.mode: Mode = validate_mode(mode)
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.sql = ProjectionSql(settings.schema)
-        self.stats = Stats()
+        self.stats = Stats(name)
         self.error: str | None = None
         self.epochs: dict[int, int] = {}
         self.processors: dict[tuple[int, int], tuple[RangeProcessor, asyncio.Task[None]]] = {}
@@ -95,6 +96,7 @@ class Worker:
         """Database outages, shared with the processors (logged once each; shown by status)."""
         self.application_name = f"sj-projection {self.worker_id}"[:63]
         """Of the worker's connections (a server process of ours is told apart by it)."""
+        metrics.track(self)
 
     def stop(self) -> None:
         self._stop.set()
@@ -107,7 +109,7 @@ class Worker:
         """Work until stopped; raise HandlerFailed / EventsMissing when the projection must stop."""
         dsn = self.settings.connection.dsn
         if dsn is None:
-            raise RuntimeError("Worker needs settings with a DSN (open the journal first)")
+            raise ConfigurationError("Worker needs settings with a DSN (open the journal first)")
         self._pool = await asyncpg.create_pool(
             asyncpg_dsn(dsn), min_size=0, max_size=8, server_settings={"application_name": self.application_name}
         )

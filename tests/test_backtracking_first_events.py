@@ -17,14 +17,14 @@ from collections import defaultdict
 
 import asyncpg
 import pytest
-from projection_helpers import wait_until
-from slice_helpers import Consumer, LateWriter, request, wait_for
+from slice_helpers import Consumer, LateWriter, request
 
 from journal import EventEnvelope, Journal, JournalSettings, SequenceConflict, TimestampOffset, open_journal
 from journal.postgres.backend import PostgresBackend
 from journal.postgres.dsn import asyncpg_dsn
 from journal.settings import QueryMode
 from projections import Worker
+from tests.support.waiting import wait_until
 
 ET = "first"
 WRITE_SECONDS = 6.0
@@ -118,7 +118,7 @@ async def _deliver_all(j: Journal, offset: TimestampOffset | None, wanted: set[K
 
     try:
         try:
-            await wait_for(lambda: got() >= wanted, 45, what)
+            await wait_until(lambda: got() >= wanted, 45, what)
         except AssertionError:
             missing = sorted(wanted - got())
             raise AssertionError(f"{what}: {len(missing)} of {len(wanted)} never delivered: {missing[:12]}") from None
@@ -155,7 +155,7 @@ async def test_first_events_of_a_raced_pid_committed_late_are_delivered_once_in_
                 return {(e.persistence_id, e.seq_nr) for c in consumers for e in c.events}
 
             try:
-                await wait_for(lambda: got() >= adv.committed, 45, f"every committed event ({mode})")
+                await wait_until(lambda: got() >= adv.committed, 45, f"every committed event ({mode})")
             except AssertionError:
                 missing = sorted(adv.committed - got())
                 raise AssertionError(

@@ -9,11 +9,11 @@ from typing import Any
 
 import asyncpg
 import pytest
-from projection_helpers import wait_until
 
 from journal import EventEnvelope, Journal, JournalSettings
 from journal.errors import HandlerFailed
 from projections import Worker
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -41,12 +41,13 @@ async def test_a_lost_transaction_connection_is_not_a_handler_failure(
     for i in range(20):
         await journal.persist(f"Cls|{i}", [{"n": i}])
     kills = {"left": 5}
+    killer = await asyncpg.connect(journal.settings.connection.dsn)  # not the test's polling connection
 
     async def handler(c: Any, envs: Sequence[EventEnvelope]) -> None:
         await c.executemany("INSERT INTO t_classes VALUES ($1, $2)", [(e.persistence_id, e.seq_nr) for e in envs])
         if kills["left"] > 0:
             kills["left"] -= 1
-            await conn.execute("SELECT pg_terminate_backend($1)", c.get_server_pid())
+            await killer.execute("SELECT pg_terminate_backend($1)", c.get_server_pid())
             await c.execute("SELECT 1")  # fails: the connection is gone
 
     w = Worker(journal, fast, "p-classes-kill", "Cls", handler, "grouped")
@@ -62,6 +63,7 @@ async def test_a_lost_transaction_connection_is_not_a_handler_failure(
     finally:
         w.stop()
         await task
+        await killer.close()
     assert kills["left"] == 0
     rows = await conn.fetch("SELECT pid, seq FROM t_classes")
     assert len(rows) == len({(r["pid"], r["seq"]) for r in rows}) == 20

@@ -22,13 +22,14 @@ from typing import Any
 
 import asyncpg
 import pytest
-from projection_helpers import FAST_ENV, wait_until
+from projection_helpers import FAST_ENV
 
 from journal import JournalSettings, JournalUnavailable, SequenceConflict, open_journal
 from journal.postgres.dsn import asyncpg_dsn
 from journal.postgres.migrations import upgrade
 from projections.demo_cart import cart_event, prepare, verify
 from projections.postgres_store import ProjectionSql
+from tests.support.waiting import wait_until
 
 OUTAGE_SECONDS = 60.0
 ET, NAME = "OutCart", "p-outage"
