@@ -1,0 +1,186 @@
+"""One journal shared with a JVM service, proven with the real Akka Persistence R2DBC plugin.
+
+The JVM side is ``interop/jvm`` (Akka Persistence R2DBC 1.1.2, Akka Projection R2DBC 1.4.0), run
+as a subprocess against a PostgreSQL listening on a free TCP port (R2DBC needs TCP). Payloads are
+JSON with serializer id 1 on both sides. Marked ``jvm``; skipped where java or mvn is missing,
+except in CI (where ``.ci/run`` installs them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from journal import Journal, JournalSettings, open_journal
+from journal.ids import slice_for
+from journal.postgres.migrations import upgrade
+from journal.postgres.scratch import scratch_database
+
+sys.path.insert(0, str(Path(__file__).parent))
+import jvm_driver  # noqa: E402
+from projection_helpers import FAST_ENV, stop, wait_until  # noqa: E402
+
+pytestmark = pytest.mark.jvm
+
+TYPE = "JvmCart"
+
+
+@pytest.fixture(scope="session")
+def jvm_classpath() -> str:
+    why = jvm_driver.tools_missing()
+    if why:
+        if os.environ.get("CI"):
+            raise RuntimeError(f"JVM interop tests cannot run in CI: {why}")
+        pytest.skip(f"JVM interop tests need a JDK and Maven: {why}")
+    return jvm_driver.build()
+
+
+@pytest.fixture(scope="session")
+def tcp_server(jvm_classpath: str) -> Iterator[jvm_driver.TcpServer]:
+    with jvm_driver.tcp_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def jvm_db(tcp_server: jvm_driver.TcpServer) -> Iterator[str]:
+    """A fresh database migrated by this library (what ``journal migrate`` runs)."""
+    with scratch_database(tcp_server.dsn(), "sjjvm") as db:
+        upgrade(db)
+        yield db
+
+
+def _db_name(dsn: str) -> str:
+    return dsn.rsplit("/", 1)[1].split("?")[0]
+
+
+@pytest.fixture
+def jvm(jvm_classpath: str, tcp_server: jvm_driver.TcpServer, jvm_db: str) -> jvm_driver.Jvm:
+    return jvm_driver.Jvm(jvm_classpath, tcp_server, _db_name(jvm_db))
+
+
+@pytest.fixture
+async def pyj(jvm_db: str) -> AsyncIterator[Journal]:
+    async with open_journal(jvm_db, settings=JournalSettings.load(env={}, dsn=jvm_db)) as j:
+        yield j
+
+
+def _micros(ts: datetime) -> int:
+    return (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+
+async def _collect(it: AsyncIterator[Any], n: int, timeout: float) -> list[Any]:
+    out: list[Any] = []
+
+    async def run() -> None:
+        async for e in it:
+            out.append(e)
+            if len({(x.persistence_id, x.seq_nr) for x in out}) >= n:
+                return
+
+    await asyncio.wait_for(run(), timeout)
+    return out
+
+
+def _jvm_events(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [x for x in lines if "pid" in x]
+
+
+# -- JVM writes, Python reads ------------------------------------------------------------------
+
+
+async def test_jvm_writes_python_reads_current_and_live(jvm: jvm_driver.Jvm, pyj: Journal) -> None:
+    entities, events = 6, 5
+    live = asyncio.ensure_future(
+        _collect(pyj.events_by_slices(TYPE, 0, 1023, mode="backtracking"), entities * events, 120)
+    )
+    [summary] = jvm.run("persist", **{"entity-type": TYPE, "prefix": "a", "entities": entities, "events": events})
+    assert summary["written"] == entities * events
+    current = [e async for e in pyj.current_events_by_slices(TYPE, 0, 1023, mode="backtracking")]
+    seen = await live
+    assert Counter((e.persistence_id, e.seq_nr) for e in current) == Counter(
+        {(f"{TYPE}|a-{i}", n): 1 for i in range(entities) for n in range(1, events + 1)}
+    )
+    assert Counter((e.persistence_id, e.seq_nr) for e in seen) == Counter(
+        (e.persistence_id, e.seq_nr) for e in current
+    ), "live (backtracking mode) delivers every JVM event exactly once"
+    for e in current:
+        i = int(e.persistence_id.rsplit("-", 1)[1])
+        assert e.event == {"writer": "jvm", "entity": i, "n": e.seq_nr}
+        assert e.slice == slice_for(e.persistence_id)
+        assert e.entity_type == TYPE
+    # the plugin's own view of the same rows: same slices and db_timestamps
+    by_jvm = {(x["pid"], x["seq_nr"]): x for x in _jvm_events(jvm.run("events-by-slices", **{"entity-type": TYPE}))}
+    assert set(by_jvm) == {(e.persistence_id, e.seq_nr) for e in current}
+    for e in current:
+        x = by_jvm[(e.persistence_id, e.seq_nr)]
+        assert (x["slice"], x["timestamp_micros"]) == (e.slice, _micros(e.db_timestamp))
+        assert x["payload"] == e.event
+
+
+async def test_python_recovers_what_the_jvm_wrote(jvm: jvm_driver.Jvm, pyj: Journal) -> None:
+    jvm.run("persist", **{"entity-type": TYPE, "prefix": "r", "entities": 1, "events": 4})
+    pid = f"{TYPE}|r-0"
+    got = [e async for e in pyj.current_events_by_persistence_id(pid)]
+    assert [(e.seq_nr, e.event) for e in got] == [(n, {"writer": "jvm", "entity": 0, "n": n}) for n in (1, 2, 3, 4)]
+    # and Python continues the JVM entity's history where it stopped
+    written = await pyj.persist(pid, [{"writer": "python", "n": 5}], expected_seq_nr=4)
+    assert written[0].seq_nr == 5
+    [state] = jvm.run("replay", pid=pid)
+    assert state["seq_nr"] == 5
+    assert state["state"]["events"][-1] == {"writer": "python", "n": 5}
+
+
+# -- Python writes, JVM reads ------------------------------------------------------------------
+
+
+async def test_python_writes_jvm_reads_current_live_and_replay(jvm: jvm_driver.Jvm, pyj: Journal) -> None:
+    pids = [f"{TYPE}|py-{i}" for i in range(8)]
+    live = jvm.start("events-by-slices", **{"entity-type": TYPE, "live": "true", "expect": 8 * 3, "timeout": 180})
+    try:
+        for n in (1, 2, 3):
+            await asyncio.gather(*(pyj.persist(p, [{"writer": "python", "pid": p, "n": n}]) for p in pids))
+        await asyncio.to_thread(live.wait_for, lambda ls: any(x.get("done") for x in ls), 180)
+    finally:
+        lines = live.stop()
+    want = {(p, n) for p in pids for n in (1, 2, 3)}
+    live_seen = _jvm_events(lines)
+    assert {(x["pid"], x["seq_nr"]) for x in live_seen} == want, "the plugin's live eventsBySlices sees every event"
+    current = _jvm_events(jvm.run("events-by-slices", **{"entity-type": TYPE}))
+    assert Counter((x["pid"], x["seq_nr"]) for x in current) == Counter(want)
+    rows = {(e.persistence_id, e.seq_nr): e async for e in pyj.current_events_by_slices(TYPE, 0, 1023)}
+    for x in current:
+        e = rows[(x["pid"], x["seq_nr"])]
+        assert x["payload"] == {"writer": "python", "pid": x["pid"], "n": x["seq_nr"]}
+        assert (x["slice"], x["timestamp_micros"], x["entity_type"]) == (e.slice, _micros(e.db_timestamp), TYPE)
+    # a JVM entity recovers from events Python wrote, and goes on writing after them
+    [state] = jvm.run("replay", pid=pids[0])
+    assert state["seq_nr"] == 3
+    assert state["state"]["events"] == [{"writer": "python", "pid": pids[0], "n": n} for n in (1, 2, 3)]
+
+
+async def test_snapshots_cross_both_ways(jvm: jvm_driver.Jvm, pyj: Journal) -> None:
+    # JVM writes a snapshot (every 3 events): Python reads it as JSON
+    jvm.run("persist", **{"entity-type": TYPE, "prefix": "s", "entities": 1, "events": 3, "snapshot-every": 3})
+    pid = f"{TYPE}|s-0"
+    snap = await pyj.load_snapshot(pid)
+    assert snap is not None and snap.seq_nr == 3
+    assert snap.state == {"events": [{"writer": "jvm", "entity": 0, "n": n} for n in (1, 2, 3)]}
+    # Python writes a snapshot the JVM entity recovers from: the state comes from the snapshot
+    # (its marker is in no event), then the later events are replayed on top
+    other = f"{TYPE}|s-py"
+    await pyj.persist(other, [{"n": 1}, {"n": 2}])
+    await pyj.save_snapshot(other, 2, {"events": [{"from": "python-snapshot"}]})
+    await pyj.persist(other, [{"n": 3}])
+    [state] = jvm.run("replay", pid=other)
+    assert state["seq_nr"] == 3
+    assert state["state"] == {"events": [{"from": "python-snapshot"}, {"n": 3}]}
