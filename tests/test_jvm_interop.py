@@ -184,3 +184,52 @@ async def test_snapshots_cross_both_ways(jvm: jvm_driver.Jvm, pyj: Journal) -> N
     [state] = jvm.run("replay", pid=other)
     assert state["seq_nr"] == 3
     assert state["state"] == {"events": [{"from": "python-snapshot"}, {"n": 3}]}
+
+
+# -- schemas -----------------------------------------------------------------------------------
+
+DDL = jvm_driver.PROJECT / "ddl"
+
+
+@pytest.fixture
+def plugin_db(tcp_server: jvm_driver.TcpServer) -> Iterator[str]:
+    """A fresh database created from the plugin's own DDL scripts (no migration of this library)."""
+    with scratch_database(tcp_server.dsn(), "sjddl") as db:
+
+        async def create() -> None:
+            conn = await asyncpg.connect(db)
+            try:
+                for script in ("akka_persistence_r2dbc_1.1.2.sql", "akka_projection_r2dbc_1.4.0.sql"):
+                    await conn.execute((DDL / script).read_text())
+            finally:
+                await conn.close()
+
+        asyncio.run(create())
+        yield db
+
+
+def test_library_runs_on_the_plugins_ddl(jvm_classpath: str, tcp_server: jvm_driver.TcpServer, plugin_db: str) -> None:
+    """The plugin's tables first (as a JVM team has them), then ``journal migrate`` adopts them:
+    it keeps event_journal and snapshot as they are (rows included), adds the snapshot columns
+    the 1.1.2 DDL lacks, and creates this library's own tables beside them."""
+    jvm = jvm_driver.Jvm(jvm_classpath, tcp_server, _db_name(plugin_db))
+    jvm.run("persist", **{"entity-type": TYPE, "prefix": "d", "entities": 3, "events": 2})
+    subprocess.run([str(Path(sys.executable).parent / "journal"), "migrate", "--dsn", plugin_db], check=True, timeout=120)
+
+    async def python_side() -> tuple[list[Any], list[Any]]:
+        async with open_journal(plugin_db, settings=JournalSettings.load(env={}, dsn=plugin_db), migrate=False) as j:
+            await j.persist(f"{TYPE}|py-d", [{"writer": "python", "n": 1}, {"writer": "python", "n": 2}])
+            by_slices = [e async for e in j.current_events_by_slices(TYPE, 0, 1023)]
+            by_pid = [e async for e in j.current_events_by_persistence_id(f"{TYPE}|d-1")]
+            await j.save_snapshot(f"{TYPE}|py-d", 2, {"events": [{"from": "python-snapshot"}]})
+            return by_slices, by_pid
+
+    by_slices, by_pid = asyncio.run(python_side())
+    assert Counter((e.persistence_id, e.seq_nr) for e in by_slices) == Counter(
+        [(f"{TYPE}|d-{i}", n) for i in range(3) for n in (1, 2)] + [(f"{TYPE}|py-d", 1), (f"{TYPE}|py-d", 2)]
+    )
+    assert [e.event for e in by_pid] == [{"writer": "jvm", "entity": 1, "n": n} for n in (1, 2)]
+    jvm_seen = _jvm_events(jvm.run("events-by-slices", **{"entity-type": TYPE}))
+    assert {(x["pid"], x["seq_nr"]) for x in jvm_seen} == {(e.persistence_id, e.seq_nr) for e in by_slices}
+    [state] = jvm.run("replay", pid=f"{TYPE}|py-d")
+    assert state == {"pid": f"{TYPE}|py-d", "seq_nr": 2, "state": {"events": [{"from": "python-snapshot"}]}}

@@ -17,7 +17,26 @@ branch_labels = None
 depends_on = None
 
 
+def _adopt_plugin_tables() -> bool:
+    """A database created from Akka Persistence R2DBC's own DDL already has these tables: keep
+    them (same columns), and add what that DDL's older snapshot table lacks. True when adopted."""
+    inspector = sa.inspect(op.get_bind())
+    if not inspector.has_table("event_journal"):
+        return False
+    have = {c["name"] for c in inspector.get_columns("snapshot")} if inspector.has_table("snapshot") else set()
+    if have:
+        if "db_timestamp" not in have:
+            op.add_column("snapshot", sa.Column("db_timestamp", postgresql.TIMESTAMP(timezone=True), nullable=True))
+        if "tags" not in have:
+            op.add_column("snapshot", sa.Column("tags", postgresql.ARRAY(sa.Text()), nullable=True))
+        if "snapshot_slice_idx" not in {i["name"] for i in inspector.get_indexes("snapshot")}:
+            op.create_index("snapshot_slice_idx", "snapshot", ["slice", "entity_type", "db_timestamp"])
+    return bool(have)
+
+
 def upgrade() -> None:
+    if _adopt_plugin_tables():
+        return
     op.create_table(
         "event_journal",
         sa.Column("slice", sa.Integer(), nullable=False),
