@@ -19,7 +19,10 @@ depends_on = None
 
 def _adopt_plugin_tables() -> bool:
     """A database created from Akka Persistence R2DBC's own DDL already has these tables: keep
-    them (same columns), and add what that DDL's older snapshot table lacks. True when adopted."""
+    them (same columns), and add what that DDL's older snapshot table lacks. True when adopted.
+    Offline (SQL for a DBA) there is nothing to inspect: the script creates the tables."""
+    if op.get_context().as_sql:
+        return False
     inspector = sa.inspect(op.get_bind())
     if not inspector.has_table("event_journal"):
         return False
