@@ -233,3 +233,84 @@ def test_library_runs_on_the_plugins_ddl(jvm_classpath: str, tcp_server: jvm_dri
     assert {(x["pid"], x["seq_nr"]) for x in jvm_seen} == {(e.persistence_id, e.seq_nr) for e in by_slices}
     [state] = jvm.run("replay", pid=f"{TYPE}|py-d")
     assert state == {"pid": f"{TYPE}|py-d", "seq_nr": 2, "state": {"events": [{"from": "python-snapshot"}]}}
+
+
+# -- both at once ------------------------------------------------------------------------------
+
+SEEN_TABLES = """
+CREATE TABLE jvm_projection_seen (projection_name text NOT NULL, persistence_id text NOT NULL,
+  seq_nr bigint NOT NULL, payload text, PRIMARY KEY (projection_name, persistence_id, seq_nr));
+CREATE TABLE py_projection_seen (persistence_id text NOT NULL, seq_nr bigint NOT NULL, payload jsonb,
+  PRIMARY KEY (persistence_id, seq_nr));
+"""
+
+
+def spawn_python_projection(dsn: str, name: str, query_mode: str = "backtracking") -> subprocess.Popen[bytes]:
+    """A Python projection worker (exactly-once, ``jvm_handlers:record``) in its own process."""
+    env = {
+        **os.environ, **FAST_ENV, "JOURNAL_QUERY_MODE": query_mode,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+    }  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "projections", "run", name, "--entity-type", TYPE, "--handler",
+         "jvm_handlers:record", "--mode", "exactly-once", "--dsn", dsn, "--no-progress"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def _count(dsn: str, sql: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(sql))
+    finally:
+        await conn.close()
+
+
+async def test_both_write_at_once_and_both_projections_see_everything_once(
+    jvm: jvm_driver.Jvm, pyj: Journal, jvm_db: str
+) -> None:
+    conn = await asyncpg.connect(jvm_db)
+    await conn.execute(SEEN_TABLES)
+    await conn.close()
+    jvm_proj = jvm.start("project", name="jvm-proj", **{"entity-type": TYPE})
+    py_proj = spawn_python_projection(jvm_db, "py-proj")
+    try:
+        await asyncio.to_thread(jvm_proj.wait_for, lambda ls: any("started" in x for x in ls), 120)
+        entities, events = 8, 6
+        py_pids = [f"{TYPE}|both-py-{i}" for i in range(entities)]
+
+        async def python_writes() -> None:
+            for n in range(1, events + 1):
+                await asyncio.gather(*(pyj.persist(p, [{"writer": "python", "n": n}]) for p in py_pids))
+
+        await asyncio.gather(
+            asyncio.to_thread(
+                jvm.run, "persist", **{"entity-type": TYPE, "prefix": "both-jvm", "entities": entities, "events": events}
+            ),
+            python_writes(),
+        )
+        total = 2 * entities * events
+        try:
+            await wait_until(
+                lambda: _count(jvm_db, f"SELECT count(*) >= {total} FROM jvm_projection_seen"), 180, "JVM projection"
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}; JVM stderr:\n{jvm_proj.stderr()}") from None
+        await wait_until(
+            lambda: _count(jvm_db, f"SELECT count(*) >= {total} FROM py_projection_seen"), 180, "Python projection"
+        )
+    finally:
+        jvm_lines = jvm_proj.stop()
+        stop([py_proj])
+    want = {(f"{TYPE}|both-{side}-{i}", n) for side in ("py", "jvm") for i in range(entities) for n in range(1, 7)}
+    conn = await asyncpg.connect(jvm_db)
+    try:
+        jvm_rows = await conn.fetch("SELECT persistence_id, seq_nr, payload FROM jvm_projection_seen")
+        py_rows = await conn.fetch("SELECT persistence_id, seq_nr, payload FROM py_projection_seen")
+    finally:
+        await conn.close()
+    # the primary keys make a second delivery fail the handler: equal sets of equal size = exactly once
+    assert {(r[0], r[1]) for r in jvm_rows} == want and len(jvm_rows) == len(want)
+    assert {(r[0], r[1]) for r in py_rows} == want and len(py_rows) == len(want)
+    assert all(r[2] is not None for r in [*jvm_rows, *py_rows]), "every payload decoded on both sides"
+    assert Counter((x["pid"], x["seq_nr"]) for x in _jvm_events(jvm_lines)) == Counter(want)
