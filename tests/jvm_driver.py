@@ -167,7 +167,9 @@ class Jvm:
             "interop.Main", command, *(f"{k}={v}" for k, v in opts.items()),
         ]  # fmt: skip
 
-    def run(self, command: str, timeout: float = 300, props: dict[str, str] | None = None, **opts: Any) -> list[dict[str, Any]]:
+    def run(
+        self, command: str, timeout: float = 300, props: dict[str, str] | None = None, **opts: Any
+    ) -> list[dict[str, Any]]:
         """Run a command to completion; its JSON lines."""
         r = subprocess.run(
             self._argv(command, opts, props), capture_output=True, text=True, timeout=timeout, check=False

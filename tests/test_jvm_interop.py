@@ -27,8 +27,8 @@ from journal.postgres.migrations import upgrade
 from journal.postgres.scratch import scratch_database
 
 sys.path.insert(0, str(Path(__file__).parent))
-import jvm_driver  # noqa: E402
-from projection_helpers import FAST_ENV, stop, wait_until  # noqa: E402
+import jvm_driver
+from projection_helpers import FAST_ENV, stop, wait_until
 
 pytestmark = pytest.mark.jvm
 
@@ -78,7 +78,7 @@ def _micros(ts: datetime) -> int:
     return (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
-async def _collect(it: AsyncIterator[Any], n: int, timeout: float) -> list[Any]:
+async def _collect(it: AsyncIterator[Any], n: int, within: float) -> list[Any]:
     out: list[Any] = []
 
     async def run() -> None:
@@ -87,7 +87,7 @@ async def _collect(it: AsyncIterator[Any], n: int, timeout: float) -> list[Any]:
             if len({(x.persistence_id, x.seq_nr) for x in out}) >= n:
                 return
 
-    await asyncio.wait_for(run(), timeout)
+    await asyncio.wait_for(run(), within)
     return out
 
 
@@ -214,7 +214,8 @@ def test_library_runs_on_the_plugins_ddl(jvm_classpath: str, tcp_server: jvm_dri
     the 1.1.2 DDL lacks, and creates this library's own tables beside them."""
     jvm = jvm_driver.Jvm(jvm_classpath, tcp_server, _db_name(plugin_db))
     jvm.run("persist", **{"entity-type": TYPE, "prefix": "d", "entities": 3, "events": 2})
-    subprocess.run([str(Path(sys.executable).parent / "journal"), "migrate", "--dsn", plugin_db], check=True, timeout=120)
+    journal_cli = str(Path(sys.executable).parent / "journal")
+    subprocess.run([journal_cli, "migrate", "--dsn", plugin_db], check=True, timeout=120)
 
     async def python_side() -> tuple[list[Any], list[Any]]:
         async with open_journal(plugin_db, settings=JournalSettings.load(env={}, dsn=plugin_db), migrate=False) as j:
@@ -285,8 +286,10 @@ async def test_both_write_at_once_and_both_projections_see_everything_once(
 
         await asyncio.gather(
             asyncio.to_thread(
-                jvm.run, "persist", **{"entity-type": TYPE, "prefix": "both-jvm", "entities": entities, "events": events}
-            ),
+                jvm.run,
+                "persist",
+                **{"entity-type": TYPE, "prefix": "both-jvm", "entities": entities, "events": events},
+            ),  # fmt: skip
             python_writes(),
         )
         total = 2 * entities * events
