@@ -284,14 +284,8 @@ async def test_both_write_at_once_and_both_projections_see_everything_once(
             for n in range(1, events + 1):
                 await asyncio.gather(*(pyj.persist(p, [{"writer": "python", "n": n}]) for p in py_pids))
 
-        await asyncio.gather(
-            asyncio.to_thread(
-                jvm.run,
-                "persist",
-                **{"entity-type": TYPE, "prefix": "both-jvm", "entities": entities, "events": events},
-            ),  # fmt: skip
-            python_writes(),
-        )
+        jvm_writes = {"entity-type": TYPE, "prefix": "both-jvm", "entities": entities, "events": events}
+        await asyncio.gather(asyncio.to_thread(jvm.run, "persist", **jvm_writes), python_writes())
         total = 2 * entities * events
         try:
             await wait_until(
