@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -233,3 +234,101 @@ class JvmProcess:
         self._reader.join(10)
         self._stderr.close()
         return self.lines
+
+
+_SSL_OR_GSS = {80877103, 80877104}
+
+
+class StallingProxy:
+    """A TCP proxy to the server that can stall one writer after its BEGIN: the adversary of
+    horizon mode. Armed, the first connection that sends a simple-query ``BEGIN`` has that BEGIN
+    forwarded (its transaction starts: ``transaction_timestamp()`` is fixed) and everything it
+    sends next held until :attr:`release` is set; :attr:`stalled` is set when that happens."""
+
+    def __init__(self, server: TcpServer) -> None:
+        self.upstream = server
+        self.stalled = threading.Event()
+        self.release = threading.Event()
+        self._armed = False
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.port = 0
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the stalling proxy did not start")
+
+    @property
+    def server(self) -> TcpServer:
+        return TcpServer("127.0.0.1", self.port, self.upstream.user)
+
+    def arm(self) -> None:
+        self.stalled.clear()
+        self.release.clear()
+        self._armed = True
+
+    def close(self) -> None:
+        self.release.set()
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        srv = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = srv.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with srv:
+            await self._stop.wait()
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            ur, uw = await asyncio.open_connection(self.upstream.host, self.upstream.port)
+        except OSError:
+            w.close()
+            return
+        down = asyncio.ensure_future(_pipe_raw(ur, w))
+        try:
+            await self._client_to_server(r, uw)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                uw.close()
+            await asyncio.gather(down, return_exceptions=True)
+
+    async def _client_to_server(self, r: asyncio.StreamReader, uw: asyncio.StreamWriter) -> None:
+        while True:  # untyped startup messages (SSL/GSS requests first, when any)
+            head = await r.readexactly(8)
+            n = int.from_bytes(head[:4], "big")
+            uw.write(head + await r.readexactly(n - 8))
+            await uw.drain()
+            if int.from_bytes(head[4:8], "big") not in _SSL_OR_GSS:
+                break
+        hold = False
+        while True:
+            head = await r.readexactly(5)
+            body = await r.readexactly(int.from_bytes(head[1:5], "big") - 4)
+            if hold:
+                hold = False
+                self.stalled.set()
+                await asyncio.to_thread(self.release.wait)
+            uw.write(head + body)
+            await uw.drain()
+            if self._armed and head[:1] == b"Q" and body.lstrip().upper().startswith(b"BEGIN"):
+                self._armed = False
+                hold = True
+
+
+async def _pipe_raw(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    try:
+        while chunk := await r.read(1 << 16):
+            w.write(chunk)
+            await w.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            w.close()

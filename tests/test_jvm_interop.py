@@ -23,6 +23,7 @@ import pytest
 
 from journal import Journal, JournalSettings, open_journal
 from journal.ids import slice_for
+from journal.postgres import timestamp_rule
 from journal.postgres.migrations import upgrade
 from journal.postgres.scratch import scratch_database
 
@@ -311,3 +312,64 @@ async def test_both_write_at_once_and_both_projections_see_everything_once(
     assert {(r[0], r[1]) for r in py_rows} == want and len(py_rows) == len(want)
     assert all(r[2] is not None for r in [*jvm_rows, *py_rows]), "every payload decoded on both sides"
     assert Counter((x["pid"], x["seq_nr"]) for x in _jvm_events(jvm_lines)) == Counter(want)
+
+
+# -- horizon mode with foreign writers ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", [False, True], ids=["without-rule", "with-rule"])
+async def test_horizon_mode_with_a_jvm_writer_stalled_after_its_timestamp(
+    rule: bool, jvm_classpath: str, tcp_server: jvm_driver.TcpServer, jvm_db: str, pyj: Journal
+) -> None:
+    """The adversary: the plugin's atomic write of 2 events sends BEGIN (its db_timestamp is
+    ``transaction_timestamp()``, fixed now), then the proxy holds its INSERT. Meanwhile Python
+    writes an event and a horizon-mode live query delivers it. Then the JVM insert goes on.
+
+    Without the rule the JVM rows land *below* an event already delivered and horizon mode never
+    delivers them (the counterexample, asserted). With ``journal timestamp-rule install`` the
+    trigger stamps them inside the insert, after the lock, and they are delivered exactly once."""
+    if rule:
+        conn = await asyncpg.connect(jvm_db)
+        await timestamp_rule.install(conn)
+        assert await timestamp_rule.installed(conn)
+        await conn.close()
+    proxy = jvm_driver.StallingProxy(tcp_server)
+    jvm = jvm_driver.Jvm(jvm_classpath, proxy.server, _db_name(jvm_db))
+    got: list[Any] = []
+
+    async def read() -> None:
+        async for e in pyj.events_by_slices(TYPE, 0, 1023, mode="horizon"):
+            got.append(e)
+
+    def delivered(pid: str, seq_nr: int) -> Any:
+        async def check() -> bool:
+            return any((e.persistence_id, e.seq_nr) == (pid, seq_nr) for e in got)
+
+        return check
+
+    reader = asyncio.ensure_future(read())
+    try:
+        proxy.arm()
+        writes = {"entity-type": TYPE, "prefix": "stall", "entities": 1, "events": 2, "per-call": 2}
+        jvm_write = asyncio.ensure_future(asyncio.to_thread(jvm.run, "persist", **writes))
+        assert await asyncio.to_thread(proxy.stalled.wait, 120), "the JVM write never reached its INSERT"
+        first = await pyj.persist(f"{TYPE}|py-after", [{"n": 1}])
+        await wait_until(delivered(f"{TYPE}|py-after", 1), 60, "the Python event written during the stall")
+        proxy.release.set()
+        await jvm_write
+        await pyj.persist(f"{TYPE}|py-after", [{"n": 2}])
+        await wait_until(delivered(f"{TYPE}|py-after", 2), 60, "the Python event written after the JVM's")
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        proxy.close()
+    jvm_rows = [e async for e in pyj.current_events_by_persistence_id(f"{TYPE}|stall-0")]
+    assert [e.seq_nr for e in jvm_rows] == [1, 2]
+    seen = Counter((e.persistence_id, e.seq_nr) for e in got)
+    if rule:
+        assert all(e.db_timestamp > first[0].db_timestamp for e in jvm_rows)
+        assert seen == Counter({(f"{TYPE}|py-after", 1): 1, (f"{TYPE}|stall-0", 1): 1, (f"{TYPE}|stall-0", 2): 1,
+                                (f"{TYPE}|py-after", 2): 1})  # fmt: skip
+    else:
+        assert all(e.db_timestamp < first[0].db_timestamp for e in jvm_rows), "stamped at BEGIN, before the stall"
+        assert seen[(f"{TYPE}|stall-0", 1)] == seen[(f"{TYPE}|stall-0", 2)] == 0, "horizon mode missed them"

@@ -13,6 +13,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.util.List;
 
 /**
  * An entity whose events are JSON values and whose state is {"events": [payload, ...]}: the list
@@ -22,8 +23,8 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 public final class Entity extends EventSourcedBehavior<Entity.Command, JsonValue, JsonValue> {
   public interface Command {}
 
-  /** Persist one event; the reply is the entity's sequence number after it. */
-  public record Append(JsonNode payload, String manifest, ActorRef<Long> replyTo) implements Command {}
+  /** Persist these events atomically (one write); the reply is the entity's sequence number after them. */
+  public record Append(List<JsonNode> payloads, String manifest, ActorRef<Long> replyTo) implements Command {}
 
   /** Reply with the state and the last sequence number. */
   public record Get(ActorRef<Snapshot> replyTo) implements Command {}
@@ -61,7 +62,7 @@ public final class Entity extends EventSourcedBehavior<Entity.Command, JsonValue
         .forAnyState()
         .onCommand(
             Append.class,
-            cmd -> Effect().persist(new JsonValue(cmd.manifest(), cmd.payload()))
+            cmd -> Effect().persist(cmd.payloads().stream().map(p -> new JsonValue(cmd.manifest(), p)).toList())
                 .thenReply(cmd.replyTo(), s -> seqNr()))
         .onCommand(Get.class, (state, cmd) -> Effect().reply(cmd.replyTo(), new Snapshot(state, seqNr())))
         .build();

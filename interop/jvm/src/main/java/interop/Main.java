@@ -107,13 +107,17 @@ public final class Main {
     return ref.toCompletableFuture().get(60, TimeUnit.SECONDS);
   }
 
-  /** persist entity-type=T prefix=P entities=M events=N [snapshot-every=K]: M entities at once, one event per call. */
+  /**
+   * persist entity-type=T prefix=P entities=M events=N [per-call=1] [snapshot-every=K]: M entities at once,
+   * each writing its N events in calls of per-call events (one atomic write each).
+   */
   private static void persist(ActorSystem<SpawnProtocol.Command> system, Map<String, String> o) throws Exception {
     String type = req(o, "entity-type");
     String prefix = o.getOrDefault("prefix", "jvm");
     int entities = intOpt(o, "entities", 1);
     int events = intOpt(o, "events", 1);
     int snapshotEvery = intOpt(o, "snapshot-every", 0);
+    int perCall = intOpt(o, "per-call", 1);
     List<ActorRef<Entity.Command>> refs = new ArrayList<>();
     for (int i = 0; i < entities; i++) {
       String pid = type + "|" + prefix + "-" + i;
@@ -125,15 +129,20 @@ public final class Main {
       final int entity = i;
       ActorRef<Entity.Command> ref = refs.get(i);
       CompletionStage<Long> chain = CompletableFuture.completedFuture(0L);
-      for (int k = 1; k <= events; k++) {
-        final int n = k;
+      for (int k = 1; k <= events; k += perCall) {
+        final int first = k;
+        final int last = Math.min(events, k + perCall - 1);
         chain = chain.thenCompose(prev -> {
-          ObjectNode payload = JsonNodeFactory.instance.objectNode();
-          payload.put("writer", "jvm");
-          payload.put("entity", entity);
-          payload.put("n", n);
+          List<com.fasterxml.jackson.databind.JsonNode> payloads = new ArrayList<>();
+          for (int n = first; n <= last; n++) {
+            ObjectNode payload = JsonNodeFactory.instance.objectNode();
+            payload.put("writer", "jvm");
+            payload.put("entity", entity);
+            payload.put("n", n);
+            payloads.add(payload);
+          }
           return AskPattern.<Entity.Command, Long>ask(
-              ref, r -> new Entity.Append(payload, "", r), ASK, system.scheduler());
+              ref, r -> new Entity.Append(payloads, "", r), ASK, system.scheduler());
         });
       }
       all.add(chain.toCompletableFuture());
