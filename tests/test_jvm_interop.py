@@ -373,3 +373,62 @@ async def test_horizon_mode_with_a_jvm_writer_stalled_after_its_timestamp(
     else:
         assert all(e.db_timestamp < first[0].db_timestamp for e in jvm_rows), "stamped at BEGIN, before the stall"
         assert seen[(f"{TYPE}|stall-0", 1)] == seen[(f"{TYPE}|stall-0", 2)] == 0, "horizon mode missed them"
+
+
+# -- taking over a JVM projection --------------------------------------------------------------
+
+
+async def test_python_worker_takes_over_a_jvm_projection(jvm: jvm_driver.Jvm, pyj: Journal, jvm_db: str) -> None:
+    """The plugin's offset store is this library's table (same columns; the JVM side is configured
+    with its name): a projection that ran on the JVM is continued by a Python worker from the
+    stored offsets, processing nothing twice and missing nothing."""
+    conn = await asyncpg.connect(jvm_db)
+    await conn.execute(SEEN_TABLES)
+    await conn.close()
+    # batch 1, written by both sides, handled by the JVM projection "carts"
+    jvm.run("persist", **{"entity-type": TYPE, "prefix": "t-jvm", "entities": 6, "events": 3})
+    for n in (1, 2, 3):
+        await asyncio.gather(*(pyj.persist(f"{TYPE}|t-py-{i}", [{"writer": "python", "n": n}]) for i in range(6)))
+    batch1 = {(f"{TYPE}|t-{side}-{i}", n) for side in ("jvm", "py") for i in range(6) for n in (1, 2, 3)}
+    jvm_proj = jvm.start("project", name="carts", **{"entity-type": TYPE})
+    try:
+        await asyncio.to_thread(
+            jvm_proj.wait_for, lambda ls: {(x["pid"], x["seq_nr"]) for x in _jvm_events(ls)} >= batch1, 180
+        )
+    finally:
+        jvm_proj.stop()
+    stored = await _count(
+        jvm_db, "SELECT count(*) FROM projection_timestamp_offset_store WHERE projection_name = 'carts'"
+    )
+    assert stored > 0, "the JVM projection stored its offsets in this library's offset table"
+    # batch 2 (more events of the same pids and new pids), then a Python worker takes over "carts"
+    jvm.run("persist", **{"entity-type": TYPE, "prefix": "t-jvm", "entities": 8, "events": 2})  # 0-5: seq 4-5
+    for n in (4, 5):
+        await asyncio.gather(*(pyj.persist(f"{TYPE}|t-py-{i}", [{"writer": "python", "n": n}]) for i in range(6)))
+    batch2 = {(f"{TYPE}|t-jvm-{i}", n) for i in range(6) for n in (4, 5)}
+    batch2 |= {(f"{TYPE}|t-jvm-{i}", n) for i in (6, 7) for n in (1, 2)}
+    batch2 |= {(f"{TYPE}|t-py-{i}", n) for i in range(6) for n in (4, 5)}
+    worker = spawn_python_projection(jvm_db, "carts")
+    try:
+        await wait_until(
+            lambda: _count(jvm_db, f"SELECT count(*) >= {len(batch2)} FROM py_projection_seen"), 180, "the takeover"
+        )
+        # let the worker run on past the last event: nothing more may arrive
+        await pyj.persist(f"{TYPE}|t-marker", [{"n": 1}])
+        await wait_until(
+            lambda: _count(
+                jvm_db, f"SELECT count(*) > 0 FROM py_projection_seen WHERE persistence_id = '{TYPE}|t-marker'"
+            ),
+            120,
+            "the marker event",
+        )
+    finally:
+        stop([worker])
+    conn = await asyncpg.connect(jvm_db)
+    try:
+        rows = await conn.fetch("SELECT persistence_id, seq_nr FROM py_projection_seen")
+    finally:
+        await conn.close()
+    got = Counter((r[0], r[1]) for r in rows)
+    assert set(got) == batch2 | {(f"{TYPE}|t-marker", 1)}, "nothing of batch 1 again, nothing of batch 2 missed"
+    assert max(got.values()) == 1
