@@ -188,9 +188,9 @@ public final class Main {
   }
 
   /**
-   * events-by-slices entity-type=T [min=0 max=1023] [live=false] [expect=K] [timeout=60]: print every
-   * envelope. Current: until the query completes. Live: until K distinct events were seen, the
-   * timeout passes, or stdin closes.
+   * events-by-slices entity-type=T [min=0 max=1023] [live=false] [expect=K] [timeout=120] [print=true]: print
+   * every envelope (print=false: only the closing count and seconds). Current: until the query
+   * completes. Live: until K distinct events were seen, the timeout passes, or stdin closes.
    */
   private static void eventsBySlices(ActorSystem<SpawnProtocol.Command> system, Map<String, String> o) throws Exception {
     String type = req(o, "entity-type");
@@ -199,6 +199,7 @@ public final class Main {
     boolean live = Boolean.parseBoolean(o.getOrDefault("live", "false"));
     int expect = intOpt(o, "expect", Integer.MAX_VALUE);
     int timeout = intOpt(o, "timeout", 120);
+    boolean print = Boolean.parseBoolean(o.getOrDefault("print", "true"));
     R2dbcReadJournal journal =
         PersistenceQuery.get(system).getReadJournalFor(R2dbcReadJournal.class, R2dbcReadJournal.Identifier());
     Source<EventEnvelope<Object>, NotUsed> source = live
@@ -210,7 +211,7 @@ public final class Main {
         .takeWhile(env -> seen.size() < expect, true)
         .map(env -> {
           seen.add(env.persistenceId() + "#" + env.sequenceNr());
-          emit(envelopeJson(env));
+          if (print) emit(envelopeJson(env));
           return env;
         })
         .takeWhile(env -> seen.size() < expect)
