@@ -36,8 +36,8 @@ PROJECT = ROOT / "interop" / "jvm"
 
 
 def tools_missing() -> str | None:
-    """Why the JVM tests cannot run here (None when java and mvn are on the PATH)."""
-    missing = [t for t in ("java", "mvn") if shutil.which(t) is None]
+    """Why the JVM tests cannot run here (None when java, javac and mvn are on the PATH)."""
+    missing = [t for t in ("java", "javac", "mvn") if shutil.which(t) is None]
     return f"{' and '.join(missing)} not on the PATH" if missing else None
 
 
