@@ -432,3 +432,59 @@ async def test_python_worker_takes_over_a_jvm_projection(jvm: jvm_driver.Jvm, py
     got = Counter((r[0], r[1]) for r in rows)
     assert set(got) == batch2 | {(f"{TYPE}|t-marker", 1)}, "nothing of batch 1 again, nothing of batch 2 missed"
     assert max(got.values()) == 1
+
+
+async def test_jvm_projection_takes_over_a_python_projection(jvm: jvm_driver.Jvm, pyj: Journal, jvm_db: str) -> None:
+    """The other direction: a Python worker's offsets (including its heartbeat rows, pid '' and
+    seq_nr 0) are continued by the plugin's R2dbcProjection of the same name."""
+    conn = await asyncpg.connect(jvm_db)
+    await conn.execute(SEEN_TABLES)
+    await conn.close()
+    jvm.run("persist", **{"entity-type": TYPE, "prefix": "u-jvm", "entities": 4, "events": 3})
+    for n in (1, 2, 3):
+        await asyncio.gather(*(pyj.persist(f"{TYPE}|u-py-{i}", [{"writer": "python", "n": n}]) for i in range(4)))
+    worker = spawn_python_projection(jvm_db, "orders")
+    try:
+        await wait_until(lambda: _count(jvm_db, "SELECT count(*) >= 24 FROM py_projection_seen"), 180, "batch 1")
+        # wait for a heartbeat offset row too, so the JVM meets one
+        await wait_until(
+            lambda: _count(
+                jvm_db,
+                "SELECT count(*) > 0 FROM projection_timestamp_offset_store "
+                "WHERE projection_name = 'orders' AND persistence_id = ''",
+            ),
+            60,
+            "a heartbeat offset row",
+        )
+    finally:
+        stop([worker])
+    jvm.run("persist", **{"entity-type": TYPE, "prefix": "u-jvm", "entities": 5, "events": 2})
+    for n in (4, 5):
+        await asyncio.gather(*(pyj.persist(f"{TYPE}|u-py-{i}", [{"writer": "python", "n": n}]) for i in range(4)))
+    batch2 = {(f"{TYPE}|u-jvm-{i}", n) for i in range(4) for n in (4, 5)}
+    batch2 |= {(f"{TYPE}|u-jvm-4", n) for n in (1, 2)} | {(f"{TYPE}|u-py-{i}", n) for i in range(4) for n in (4, 5)}
+    jvm_proj = jvm.start("project", name="orders", **{"entity-type": TYPE})
+    try:
+        await wait_until(
+            lambda: _count(jvm_db, f"SELECT count(*) >= {len(batch2)} FROM jvm_projection_seen"), 180, "the takeover"
+        )
+        await pyj.persist(f"{TYPE}|u-marker", [{"n": 1}])
+        await wait_until(
+            lambda: _count(
+                jvm_db, f"SELECT count(*) > 0 FROM jvm_projection_seen WHERE persistence_id = '{TYPE}|u-marker'"
+            ),
+            120,
+            "the marker event",
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{e}; JVM stderr:\n{jvm_proj.stderr()}") from None
+    finally:
+        jvm_proj.stop()
+    conn = await asyncpg.connect(jvm_db)
+    try:
+        rows = await conn.fetch("SELECT persistence_id, seq_nr FROM jvm_projection_seen")
+    finally:
+        await conn.close()
+    got = Counter((r[0], r[1]) for r in rows)
+    assert set(got) == batch2 | {(f"{TYPE}|u-marker", 1)}, "nothing of batch 1 again, nothing of batch 2 missed"
+    assert max(got.values()) == 1
