@@ -23,25 +23,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import asyncpg
 
 from journal import JournalSettings, open_journal, slice_for
 from journal.postgres import timestamp_rule
 from journal.postgres.migrations import upgrade
-from journal.postgres.scratch import scratch_database
+from tests import jvm_driver
+from tests.support.scratch import scratch_database
 
 try:
     from benchmarks._common import header, report
 except ImportError:  # run as a script from benchmarks/
     from _common import header, report  # type: ignore[no-redef]
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import jvm_driver
 
 RAW_INSERT = """
 INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,

@@ -25,11 +25,10 @@ from journal import Journal, JournalSettings, open_journal
 from journal.ids import slice_for
 from journal.postgres import timestamp_rule
 from journal.postgres.migrations import upgrade
-from journal.postgres.scratch import scratch_database
-
-sys.path.insert(0, str(Path(__file__).parent))
-import jvm_driver
-from projection_helpers import FAST_ENV, stop, wait_until
+from tests import jvm_driver
+from tests.projection_helpers import FAST_ENV, stop
+from tests.support.scratch import scratch_database
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.jvm
 
@@ -248,14 +247,14 @@ CREATE TABLE py_projection_seen (persistence_id text NOT NULL, seq_nr bigint NOT
 
 
 def spawn_python_projection(dsn: str, name: str, query_mode: str = "backtracking") -> subprocess.Popen[bytes]:
-    """A Python projection worker (exactly-once, ``jvm_handlers:record``) in its own process."""
+    """A Python projection worker (exactly-once, ``tests.jvm_handlers:record``) in its own process."""
     env = {
         **os.environ, **FAST_ENV, "JOURNAL_QUERY_MODE": query_mode,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(jvm_driver.ROOT), os.environ.get("PYTHONPATH", "")]),
     }  # fmt: skip
     return subprocess.Popen(
         [sys.executable, "-m", "projections", "run", name, "--entity-type", TYPE, "--handler",
-         "jvm_handlers:record", "--mode", "exactly-once", "--dsn", dsn, "--no-progress"],
+         "tests.jvm_handlers:record", "--mode", "exactly-once", "--dsn", dsn, "--no-progress"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
