@@ -214,6 +214,15 @@ def test_library_runs_on_the_plugins_ddl(jvm_classpath: str, tcp_server: jvm_dri
     the 1.1.2 DDL lacks, and creates this library's own tables beside them."""
     jvm = jvm_driver.Jvm(jvm_classpath, tcp_server, _db_name(plugin_db))
     jvm.run("persist", **{"entity-type": TYPE, "prefix": "d", "entities": 3, "events": 2})
+
+    async def sql(statement: str) -> Any:
+        conn = await asyncpg.connect(plugin_db)
+        try:
+            return await conn.fetchval(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(sql("DROP INDEX event_journal_slice_idx"))  # the plugin's DDL calls it optional
     journal_cli = str(Path(sys.executable).parent / "journal")
     subprocess.run([journal_cli, "migrate", "--dsn", plugin_db], check=True, timeout=120)
 
@@ -232,6 +241,8 @@ def test_library_runs_on_the_plugins_ddl(jvm_classpath: str, tcp_server: jvm_dri
     assert [e.event for e in by_pid] == [{"writer": "jvm", "entity": 1, "n": n} for n in (1, 2)]
     jvm_seen = _jvm_events(jvm.run("events-by-slices", **{"entity-type": TYPE}))
     assert {(x["pid"], x["seq_nr"]) for x in jvm_seen} == {(e.persistence_id, e.seq_nr) for e in by_slices}
+    assert asyncio.run(sql("SELECT to_regclass('event_journal_slice_idx') IS NOT NULL")), "migrate adds the index"
+    assert asyncio.run(sql("SELECT count(*) FROM slice_journal_alembic_version")) == 1
     [state] = jvm.run("replay", pid=f"{TYPE}|py-d")
     assert state == {"pid": f"{TYPE}|py-d", "seq_nr": 2, "state": {"events": [{"from": "python-snapshot"}]}}
 
