@@ -30,7 +30,8 @@ from tests.projection_helpers import FAST_ENV, stop
 from tests.support.scratch import scratch_database
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.jvm
+# the first test builds interop/jvm (a cold Maven download on a fresh machine) in its setup
+pytestmark = [pytest.mark.jvm, pytest.mark.timeout(1800)]
 
 TYPE = "JvmCart"
 
