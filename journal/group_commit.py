@@ -107,6 +107,71 @@ class GroupCommit:
                 loop.call_soon(self._pump)
         return await fut
 
+    async def submit_many(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+        """Write many requests (distinct pids), each atomic and failing alone; results in order.
+
+        When idle, they are written in the caller's task in chunks of at most
+        ``max_batch_events`` events (no future per request); as soon as other calls queue up,
+        the rest joins the queue behind them, so a large bulk write does not starve them.
+        """
+        if self._closed:
+            raise JournalUnavailable("the journal is closed")
+        out: list[WriteResult | Exception] = []
+        todo = list(requests)
+        if not self._running and not self._direct and not self._planner.queue:
+            done = await self._write_many_now(todo, out)
+            todo = todo[done:]
+        if todo:
+            out.extend(await self._queued(todo))
+        return out
+
+    async def _queued(self, requests: list[WriteRequest]) -> list[WriteResult | Exception]:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[WriteResult]] = []
+        for r in requests:
+            fut: asyncio.Future[WriteResult] = loop.create_future()
+            self._planner.queue.append(Pending(r, fut))
+            futures.append(fut)
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._pump)
+        got = await asyncio.gather(*futures, return_exceptions=True)
+        return [g if isinstance(g, WriteResult | Exception) else JournalUnavailable(repr(g)) for g in got]
+
+    async def _write_many_now(self, requests: list[WriteRequest], out: list[WriteResult | Exception]) -> int:
+        """Idle fast path of :meth:`submit_many`: chunks written in the caller's task until the
+        queue is non-empty. Appends to ``out``; returns how many requests it handled."""
+        done, total = 0, len(requests)
+        in_flight = self._planner.in_flight_pids
+        self._direct += 1
+        try:
+            while done < total and not self._planner.queue:
+                end, events = done + 1, len(requests[done].events)
+                while end < total and events + len(requests[end].events) <= self._planner.max_batch_events:
+                    events += len(requests[end].events)
+                    end += 1
+                chunk = requests[done:end]
+                pids = [r.persistence_id for r in chunk]
+                in_flight.update(pids)
+                try:
+                    results = await self._write_batch(chunk)
+                except Exception as e:  # the whole statement failed: this chunk and the rest
+                    results = [e] * len(chunk)
+                    rest = JournalUnavailable(f"not attempted after an earlier part failed: {e}")
+                    results += [rest] * (total - end)
+                    end = total
+                finally:
+                    in_flight.difference_update(pids)
+                out.extend(results)
+                self.batches_written += 1
+                self.calls_written += len(chunk)
+                done = end
+        finally:
+            self._direct -= 1
+            if self._planner.queue:
+                self._pump()
+        return done
+
     async def _write_now(self, request: WriteRequest) -> WriteResult:
         """Idle fast path: nothing queued or in flight, so write at once in the caller's task."""
         pid = request.persistence_id
