@@ -69,6 +69,26 @@ class BatchPlanner:
             self.in_flight_pids.discard(p.request.persistence_id)
 
 
+MIN_BULK_CHUNK_EVENTS = 250
+"""A bulk write is split across connections only into statements of at least this many events."""
+
+
+def plan_chunks(requests: Sequence[WriteRequest], max_events: int) -> list[tuple[int, int]]:
+    """Consecutive ``[start, end)`` slices of at most ``max_events`` events (a larger request
+    goes alone), in order: the statements of one bulk write."""
+    chunks: list[tuple[int, int]] = []
+    start, events = 0, 0
+    for i, r in enumerate(requests):
+        n = len(r.events)
+        if i > start and events + n > max_events:
+            chunks.append((start, i))
+            start, events = i, 0
+        events += n
+    if start < len(requests):
+        chunks.append((start, len(requests)))
+    return chunks
+
+
 class GroupCommit:
     """Coalesces concurrent write requests into batches written by ``write_batch``."""
 
@@ -79,11 +99,13 @@ class GroupCommit:
         max_batch_events: int,
         max_in_flight: int,
         max_batch_wait: float = 0.0,
+        bulk_in_flight: int = 1,
     ) -> None:
         self._write_batch = write_batch
         self._planner = BatchPlanner(max_batch_events)
         self._max_in_flight = max_in_flight
         self._max_batch_wait = max_batch_wait
+        self._bulk_in_flight = bulk_in_flight
         self._running: set[asyncio.Task[None]] = set()
         self._scheduled = False
         self._direct = 0
@@ -139,34 +161,65 @@ class GroupCommit:
         return [g if isinstance(g, WriteResult | Exception) else JournalUnavailable(repr(g)) for g in got]
 
     async def _write_many_now(self, requests: list[WriteRequest], out: list[WriteResult | Exception]) -> int:
-        """Idle fast path of :meth:`submit_many`: chunks written in the caller's task until the
-        queue is non-empty. Appends to ``out``; returns how many requests it handled."""
-        done, total = 0, len(requests)
+        """Idle fast path of :meth:`submit_many`: chunks written from the caller's task, up to
+        ``bulk_in_flight`` at once, until other calls queue up. Appends the results of the
+        requests it handled (a prefix) to ``out`` and returns their number."""
+        # at least bulk_in_flight statements when there is enough to share, so they overlap
+        total = sum(len(r.events) for r in requests)
+        size = max(MIN_BULK_CHUNK_EVENTS, -(-total // self._bulk_in_flight))
+        chunks = plan_chunks(requests, min(size, self._planner.max_batch_events))
         in_flight = self._planner.in_flight_pids
+        running: list[asyncio.Task[list[WriteResult | Exception]]] = []
+        failed: Exception | None = None
+        done = 0
+
+        async def write(chunk: list[WriteRequest]) -> list[WriteResult | Exception]:
+            pids = [r.persistence_id for r in chunk]
+            in_flight.update(pids)
+            try:
+                return await self._write_batch(chunk)
+            finally:
+                in_flight.difference_update(pids)
+
+        def collect(task: asyncio.Task[list[WriteResult | Exception]], size: int) -> None:
+            nonlocal failed
+            e = task.exception()
+            if e is None:
+                out.extend(task.result())
+            elif isinstance(e, Exception):  # the whole statement failed: this chunk, and stop
+                failed = failed or e
+                out.extend([e] * size)
+            else:
+                raise e
+            self.batches_written += 1
+            self.calls_written += size
+
         self._direct += 1
         try:
-            while done < total and not self._planner.queue:
-                end, events = done + 1, len(requests[done].events)
-                while end < total and events + len(requests[end].events) <= self._planner.max_batch_events:
-                    events += len(requests[end].events)
-                    end += 1
-                chunk = requests[done:end]
-                pids = [r.persistence_id for r in chunk]
-                in_flight.update(pids)
-                try:
-                    results = await self._write_batch(chunk)
-                except Exception as e:  # the whole statement failed: this chunk and the rest
-                    results = [e] * len(chunk)
-                    rest = JournalUnavailable(f"not attempted after an earlier part failed: {e}")
-                    results += [rest] * (total - end)
-                    end = total
-                finally:
-                    in_flight.difference_update(pids)
-                out.extend(results)
-                self.batches_written += 1
-                self.calls_written += len(chunk)
+            loop = asyncio.get_running_loop()
+            sizes: list[int] = []
+            for start, end in chunks:
+                if failed is not None or self._planner.queue:
+                    break
+                if len(running) >= self._bulk_in_flight:
+                    await asyncio.wait([running[0]])
+                    collect(running.pop(0), sizes.pop(0))
+                    if failed is not None:
+                        break
+                running.append(loop.create_task(write(requests[start:end])))
+                sizes.append(end - start)
                 done = end
+            for task, size in zip(running, sizes, strict=True):
+                await asyncio.wait([task])
+                collect(task, size)
+            running = []
+            if failed is not None and done < len(requests):
+                rest = JournalUnavailable(f"not attempted after an earlier part failed: {failed}")
+                out.extend([rest] * (len(requests) - done))
+                done = len(requests)
         finally:
+            for task in running:  # the caller was cancelled: so are its statements
+                task.cancel()
             self._direct -= 1
             if self._planner.queue:
                 self._pump()

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .backend import Backend, SliceQueryBackend, SnapshotRow, StoredEvent, WriteRequest, WriteResult
-from .envelope import EventEnvelope
 from .bulk import Outcome, Write, Written
+from .envelope import EventEnvelope
 from .errors import (
     ConfigurationError,
     InvalidArgument,
@@ -64,6 +64,7 @@ class Journal:
             max_batch_events=w.max_batch_events,
             max_in_flight=w.max_in_flight,
             max_batch_wait=w.max_batch_wait,
+            bulk_in_flight=w.bulk_in_flight,
         )
         self._slices: SliceQueries | None = None
 
@@ -203,17 +204,13 @@ class Journal:
         if expected is not None:
             validate_seq_nr("expected_seq_nr", expected)
         clean_tags = validate_tags(tags) if tags else ()
-        serialize = self.serializers.serialize
         try:
-            serialized = [serialize(e) for e in events]
+            serialized = self.serializers.serialize_all(events)
         except SerializationError:
             for i, e in enumerate(events):  # say which event failed
-                serialize(e, what=f"event {i} of {pid!r}")
+                self.serializers.serialize(e, what=f"event {i} of {pid!r}")
             raise
-        meta = serialize(metadata, what="metadata") if metadata is not None else None
-        for s in serialized if meta is None else (*serialized, meta):
-            if len(s.manifest) > 255:
-                raise SerializationError(f"serializer manifest longer than 255 characters: {s.manifest[:40]!r}...")
+        meta = self.serializers.serialize(metadata, what="metadata") if metadata is not None else None
         return WriteRequest(pid, entity_type_of(pid), slice_for(pid), expected, serialized, clean_tags, meta)
 
     # -- reading by persistence id -----------------------------------------------------------
@@ -451,7 +448,9 @@ class Journal:
 
 def _as_write(w: object) -> Write:
     if not isinstance(w, tuple) or not 2 <= len(w) <= 5:
-        raise InvalidArgument(f"expected a Write or a (pid, events[, expected_seq_nr, tags, metadata]) tuple, got {w!r:.80}")
+        raise InvalidArgument(
+            f"expected a Write or a (pid, events[, expected_seq_nr, tags, metadata]) tuple, got {w!r:.80}"
+        )
     return Write(*w)
 
 
