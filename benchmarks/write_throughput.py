@@ -19,7 +19,7 @@ import uuid
 
 import asyncpg
 
-from journal import JournalSettings, Write, failures, open_journal, slice_for
+from journal import JournalSettings, Write, failures, open_journal, runtime, slice_for
 
 try:
     from benchmarks._common import fresh_database, header, report
@@ -110,7 +110,7 @@ async def journal_single(dsn: str, n: int, pid: str = "one|1") -> float:
 
 async def run(dsn: str, args: argparse.Namespace) -> None:
     per_entity = max(1, args.events // args.entities)
-    header("write_throughput")
+    header(f"write_throughput (event loop: {type(asyncio.get_running_loop()).__module__.split('.')[0]}, both sides)")
     # warm up both paths (connections, plans, caches)
     await raw_single(dsn, 200, "warm|raw")
     await journal_single(dsn, 200, "warm|journal")
@@ -143,6 +143,7 @@ if __name__ == "__main__":
     p.add_argument("--events", type=int, default=200_000)
     p.add_argument("--entities", type=int, default=1000)
     p.add_argument("--single", type=int, default=3000)
+    p.add_argument("--asyncio", action="store_true", help="the standard event loop instead of uvloop (both sides)")
     args = p.parse_args()
     with fresh_database() as dsn:
-        asyncio.run(run(dsn, args))
+        runtime.run(run(dsn, args), uvloop=not args.asyncio)
