@@ -23,6 +23,7 @@ from journal.settings import ProjectionSettings, QueryMode
 
 from .handlers import Mode
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
+from .read_ahead import ReadAhead
 from .stats import Stats
 from .validation import Validator, Verdict
 
@@ -108,7 +109,7 @@ class RangeProcessor:
         start = self.validator.start_timestamp(range(self.lo, self.hi + 1))
         offset = TimestampOffset(start) if start is not None else None
         log.info("%s %s: starting at %s", self.name, self.key, start or "the beginning")
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.s.queue_size)
+        queue: ReadAhead[Any] = ReadAhead(self.s.queue_size)
         reader = asyncio.create_task(self._read(offset, queue))
         try:
             while not self._stopping.is_set():
@@ -125,7 +126,7 @@ class RangeProcessor:
             reader.add_done_callback(_consume)
             reader.cancel()
 
-    async def _read(self, offset: TimestampOffset | None, queue: asyncio.Queue[Any]) -> None:
+    async def _read(self, offset: TimestampOffset | None, queue: ReadAhead[Any]) -> None:
         try:
             async for env in self.journal.events_by_slices(
                 self.entity_type, self.lo, self.hi, offset, heartbeats=True
@@ -138,22 +139,25 @@ class RangeProcessor:
             return
         await queue.put(_END)
 
-    async def _next_batch(self, queue: asyncio.Queue[Any], reader: asyncio.Task[None]) -> list[EventEnvelope]:
+    async def _next_batch(self, queue: ReadAhead[Any], reader: asyncio.Task[None]) -> list[EventEnvelope]:
         size = 1 if self.mode == "exactly-once" else self.s.group_size
         batch: list[EventEnvelope] = []
         deadline: float | None = None
         while len(batch) < size:
-            if batch:
-                assert deadline is not None
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
+            if queue.empty():  # only then is the clock read: items already read ahead are free
+                if batch:
+                    assert deadline is not None
+                    timeout = deadline - time.monotonic()
+                    if timeout <= 0:
+                        break
+                else:
+                    timeout = 0.2
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout)
+                except TimeoutError:
                     break
             else:
-                timeout = 0.2
-            try:
-                item = queue.get_nowait() if not queue.empty() else await asyncio.wait_for(queue.get(), timeout)
-            except TimeoutError:
-                break
+                item = queue.get_nowait()
             if item is _END:
                 self._stopping.set()
                 break
