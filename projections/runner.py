@@ -177,10 +177,15 @@ class RangeProcessor:
     async def _process(self, batch: list[EventEnvelope]) -> None:
         accepted: list[EventEnvelope] = []
         heartbeat: datetime | None = None
+        v, per_pid = self.validator, self.query_mode == "backtracking"
         for env in batch:
             if env.source == "heartbeat":
                 assert isinstance(env.offset, TimestampOffset)
                 heartbeat = env.offset.timestamp
+                continue
+            if v.check(env, per_pid=per_pid).verdict is Verdict.ACCEPT:  # the common case, inline
+                accepted.append(self._loaded(env))
+                v.record(env)
                 continue
             await self._validate_into(env, accepted)
         # Idle slices of the range may advance their stored offset (keeps restarts and rebalances

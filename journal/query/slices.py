@@ -177,10 +177,13 @@ class SliceQueries:
                 sub.wake.clear()
                 try:
                     bound = await self.bound(mode, fresh_after=loop.time())
+                    emitted = False
                     async for env in self._catch_up(state, bound, et, lo, hi):
                         if bt is not None and not bt.first_delivery(env):
                             continue
                         yield env
+                        emitted = True  # the clock is read once per pass, not per envelope
+                    if emitted:
                         last_emit = loop.time()
                     if bt is not None:
                         async for env in self._backtrack(bt, state, et, lo, hi):
