@@ -20,9 +20,9 @@ from journal import EventEnvelope, JournalSettings, Write, failures, open_journa
 from projections import Worker
 
 try:
-    from benchmarks._common import fresh_database
+    from benchmarks._common import CpuMeter, fresh_database
 except ImportError:  # run as a script from benchmarks/
-    from _common import fresh_database  # type: ignore[no-redef]
+    from _common import CpuMeter, fresh_database  # type: ignore[no-redef]
 
 
 async def handler(conn: Any, envs: Sequence[EventEnvelope]) -> None:
@@ -70,6 +70,8 @@ async def main(dsn: str, n: int, entities: int, group_size: int, workers: int) -
         del rows
 
         ws = [Worker(j, s, f"bench-{et}", et, handler, "grouped") for _ in range(workers)]
+        cpu = CpuMeter(conn.get_server_pid())
+        cpu.start()
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(w.run()) for w in ws]
         # done when the workers have committed n events (their own counters: polling count(*) on
@@ -81,6 +83,7 @@ async def main(dsn: str, n: int, entities: int, group_size: int, workers: int) -
                     task.result()
             await asyncio.sleep(0.02)
         proj_rate = n / (time.perf_counter() - t0)
+        cpu.stop()
         projected = await conn.fetchval("SELECT count(*) FROM bench_projected")
         assert projected == n, f"read model has {projected} rows, expected {n}"
         for w in ws:
@@ -95,6 +98,7 @@ async def main(dsn: str, n: int, entities: int, group_size: int, workers: int) -
         f"grouped exactly-once projection, {workers} worker(s): {proj_rate:12,.0f} events/s  "
         f"({proj_rate / read_rate:.2f} of the slice read rate, {proj_rate / raw_rate:.2f} of raw; duplicates {dup})"
     )
+    print(f"    projection {cpu.per_1000(n)} (load-independent; the machine has {os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ import asyncpg
 from journal import JournalSettings, Write, failures, open_journal, runtime, slice_for
 
 try:
-    from benchmarks._common import fresh_database, header, report
+    from benchmarks._common import CpuMeter, fresh_database, header, report
 except ImportError:  # run as a script from benchmarks/
-    from _common import fresh_database, header, report  # type: ignore[no-redef]
+    from _common import CpuMeter, fresh_database, header, report  # type: ignore[no-redef]
 
 RAW_BATCH = 1000
 RAW_INSERT = """
@@ -41,7 +41,9 @@ def payload(i: int) -> dict[str, object]:
     return {"item": f"sku-{i % 977}", "qty": i % 7 + 1, "price": 1999}
 
 
-async def raw_batched(dsn: str, entities: int, per_entity: int, prefix: str = "raw") -> float:
+async def raw_batched(
+    dsn: str, entities: int, per_entity: int, prefix: str = "raw", cpu: CpuMeter | None = None
+) -> float:
     conn = await asyncpg.connect(dsn)
     writer = str(uuid.uuid4())
     rows = [
@@ -49,11 +51,15 @@ async def raw_batched(dsn: str, entities: int, per_entity: int, prefix: str = "r
         for n in range(1, per_entity + 1)
         for e in range(entities)
     ]
+    if cpu:
+        cpu.start()
     start = time.perf_counter()
     for i in range(0, len(rows), RAW_BATCH):
         chunk = rows[i : i + RAW_BATCH]
         await conn.execute(RAW_INSERT, *(list(c) for c in zip(*chunk, strict=True)), writer)
     elapsed = time.perf_counter() - start
+    if cpu:
+        cpu.stop()
     await conn.close()
     return len(rows) / elapsed
 
@@ -73,10 +79,14 @@ async def journal_concurrent(dsn: str, entities: int, per_entity: int, per_call:
         return entities * per_entity / elapsed, j._group_commit.batches_written
 
 
-async def journal_bulk(dsn: str, entities: int, per_entity: int, prefix: str = "bulk") -> float:
+async def journal_bulk(
+    dsn: str, entities: int, per_entity: int, prefix: str = "bulk", cpu: CpuMeter | None = None
+) -> float:
     settings = JournalSettings.load(env={}, dsn=dsn)
     async with open_journal(dsn, settings=settings) as j:
         await j.persist_many([Write(f"warm|{e}", [payload(e)]) for e in range(RAW_BATCH)])
+        if cpu:
+            cpu.start()
         start = time.perf_counter()
         for n in range(per_entity):
             for e0 in range(0, entities, RAW_BATCH):
@@ -84,7 +94,10 @@ async def journal_bulk(dsn: str, entities: int, per_entity: int, prefix: str = "
                     [Write(f"{prefix}|{e}", [payload(n)], n) for e in range(e0, min(entities, e0 + RAW_BATCH))]
                 )
                 assert not failures(out), failures(out)[:3]
-        return entities * per_entity / (time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        if cpu:
+            cpu.stop()
+        return entities * per_entity / elapsed
 
 
 async def raw_single(dsn: str, n: int, pid: str = "rawone|1") -> float:
@@ -124,15 +137,28 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
     # (and show the median of the per-round ratios)
     rounds, raws, bulks = 5, [], []
     per_round = max(1, per_entity // rounds)
+    probe = await asyncpg.connect(dsn)
+    cpu_raw, cpu_bulk = CpuMeter(probe.get_server_pid()), CpuMeter(probe.get_server_pid())
+    await probe.close()
+    cpu_used = [0.0, 0.0, 0.0, 0.0]  # raw client, raw server, bulk client, bulk server
     for k in range(rounds):
-        raws.append(await raw_batched(dsn, args.entities, per_round, f"rawc{k}"))
-        bulks.append(await journal_bulk(dsn, args.entities, per_round, f"bulk{k}"))
+        raws.append(await raw_batched(dsn, args.entities, per_round, f"rawc{k}", cpu_raw))
+        bulks.append(await journal_bulk(dsn, args.entities, per_round, f"bulk{k}", cpu_bulk))
+        for i, v in enumerate((cpu_raw.client, cpu_raw.server, cpu_bulk.client, cpu_bulk.server)):
+            cpu_used[i] += v or 0.0
     report(f"(c) persist_many, {min(args.entities, RAW_BATCH)} pids per call", max(bulks), max(raws), target=0.9)
     ratios = sorted(b / r for b, r in zip(bulks, raws, strict=True))
     print(
         f"    best of {rounds} alternating rounds of {args.entities * per_round} rows; median round ratio "
         f"{ratios[rounds // 2]:.2f}; raw {min(raws):,.0f}..{max(raws):,.0f}, ours {min(bulks):,.0f}..{max(bulks):,.0f}"
     )
+    rows_c = rounds * args.entities * per_round
+    if cpu_raw.server is not None:
+        rc, rs, bc, bs = (1e6 * v / rows_c for v in cpu_used)
+        print(
+            f"    CPU per 1000 rows (client + server): raw {rc:.2f} + {rs:.2f} ms, persist_many {bc:.2f} + {bs:.2f} ms;"
+            f" CPU ratio {(rc + rs) / (bc + bs):.2f}"
+        )
     raw_b = await raw_single(dsn, args.single)
     ours_b = await journal_single(dsn, args.single)
     report("(b) one entity, one event per call", ours_b, raw_b, target=0.85)
