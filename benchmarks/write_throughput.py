@@ -18,6 +18,7 @@ import time
 import uuid
 
 import asyncpg
+import orjson
 
 from journal import JournalSettings, Write, failures, open_journal, runtime, slice_for
 
@@ -62,6 +63,25 @@ async def raw_batched(
         cpu.stop()
     await conn.close()
     return len(rows) / elapsed
+
+
+async def raw_from_values(dsn: str, entities: int, per_entity: int, prefix: str) -> float:
+    """The raw multi-row INSERT starting, like the journal, from Python values: rows built and
+    payloads serialized (with orjson, the journal's serializer) inside the timed loop."""
+    conn = await asyncpg.connect(dsn)
+    writer = str(uuid.uuid4())
+    start = time.perf_counter()
+    for n in range(1, per_entity + 1):
+        for e0 in range(0, entities, RAW_BATCH):
+            es = range(e0, min(entities, e0 + RAW_BATCH))
+            pids = [f"{prefix}|{e}" for e in es]
+            await conn.execute(
+                RAW_INSERT, [slice_for(p) for p in pids], pids, [n] * len(pids),
+                [orjson.dumps(payload(n)) for _ in es], writer,
+            )  # fmt: skip
+    elapsed = time.perf_counter() - start
+    await conn.close()
+    return entities * per_entity / elapsed
 
 
 async def journal_concurrent(dsn: str, entities: int, per_entity: int, per_call: int = 1) -> tuple[float, int]:
@@ -151,6 +171,11 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
     print(
         f"    best of {rounds} alternating rounds of {args.entities * per_round} rows; median round ratio "
         f"{ratios[rounds // 2]:.2f}; raw {min(raws):,.0f}..{max(raws):,.0f}, ours {min(bulks):,.0f}..{max(bulks):,.0f}"
+    )
+    values = [await raw_from_values(dsn, args.entities, per_round, f"rawv{k}") for k in range(2)]
+    print(
+        f"    like for like (raw also builds and serializes its rows in the timed loop): raw {max(values):,.0f} rows/s,"
+        f" ratio {max(bulks) / max(values):.2f}"
     )
     rows_c = rounds * args.entities * per_round
     if cpu_raw.server is not None:
