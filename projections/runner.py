@@ -91,6 +91,8 @@ class RangeProcessor:
         self._stopping = asyncio.Event()
         self._last_flush = time.monotonic()
         self._unflushed = 0
+        self._delivered_upto: datetime | None = None
+        """Horizon mode: every event of the range below it is delivered and committed."""
 
     def stop(self) -> None:
         """Ask to stop after the current batch (committed, or rolled back if it cannot commit)."""
@@ -120,6 +122,8 @@ class RangeProcessor:
                     await self._maybe_flush(force=False)
             if self.mode == "at-least-once" and self.validator.pending:
                 await self._maybe_flush(force=True)
+            else:
+                await self._settle_on_stop()
         finally:
             # never let a reader that is slow to unwind (a query being cancelled) hold up the
             # hand-over of these slices: it finishes in the background
@@ -209,9 +213,31 @@ class RangeProcessor:
             self._pending_hb = {**getattr(self, "_pending_hb", {}), **hb_slices}
             await self._maybe_flush(force=False)
             return
-        if not accepted and not hb_slices:
+        if accepted or hb_slices:
+            await self._commit(accepted, hb_slices)
+        if upto is not None and self.query_mode == "horizon":
+            self._delivered_upto = upto
+
+    async def _settle_on_stop(self) -> None:
+        """Horizon mode, when the range is handed over or stopped: store the position delivered
+        and committed so far for every slice of the range (heartbeat rows, the rule ``_process``
+        applies to idle slices, without waiting ``heartbeat_offset_interval``). The next owner of
+        any of these slices then resumes there, not at the oldest offset among them, which made
+        it re-read (and skip as duplicates) most of what was processed since."""
+        upto = self._delivered_upto
+        if upto is None or self.validator.pending:
             return
-        await self._commit(accepted, hb_slices)
+        hb: dict[int, datetime] = {}
+        for s in range(self.lo, self.hi + 1):
+            st = self.validator.slices.get(s)
+            if st is None or st.latest is None or st.latest < upto:
+                hb[s] = upto
+        if not hb:
+            return
+        try:
+            await self._commit([], hb)
+        except (LeaseLost, HandlerFailed) as e:  # a slice already moved on: its owner resumes as before
+            log.debug("%s %s: position not stored at stop: %s", self.name, self.key, e)
 
     def _heartbeat_slices(self, ts: datetime) -> dict[int, datetime]:
         every = timedelta(seconds=self.s.heartbeat_offset_interval)
