@@ -29,6 +29,7 @@ from .errors import (
     SparkSetupError,
     StorageError,
     TagEventsMissing,
+    TagWriteTimeout,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
@@ -69,6 +70,7 @@ __all__ = [
     "SparkSetupError",
     "StorageError",
     "TagEventsMissing",
+    "TagWriteTimeout",
     "TimeUUIDOffset",
     "TimestampOffset",
     "UnsupportedOperation",

@@ -21,17 +21,12 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import JournalUnavailable
+from ..errors import TagWriteTimeout
 from ..settings import TagSettings
 from .buckets import bucket_of
 from .store import TaggedEvent, TagProgress, TagRow, TagStore
 
 log = logging.getLogger("journal.tags.writer")
-
-
-class TagWriteTimeout(JournalUnavailable):
-    """The tag view write did not finish within ``tag_write_timeout``. The events are stored;
-    the pid's next recovery (its next write through this journal) resends the tag rows."""
 
 
 @dataclass
