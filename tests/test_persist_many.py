@@ -203,34 +203,3 @@ async def test_a_bulk_write_behind_a_busy_queue_is_queued_not_lost(dsn: str, jou
     for i in (0, 2, 198):
         assert await events_of(journal, f"q|{i}") in ([i, "bulk"], ["bulk", i])
 
-
-def test_the_docs_example_runs(dsn: str) -> None:
-    """docs/bulk-writes.md's example, run as written against the session's database."""
-    import os
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tests.conftest import truncate_all
-
-    asyncio.run(truncate_all(dsn))
-    page = (Path(__file__).resolve().parent.parent / "docs" / "bulk-writes.md").read_text()
-    code = re.search(r"```python\n(.*?)```", page, re.S)
-    assert code
-    driver = (
-        "\nimport asyncio\n"
-        "rows = [{'id': i, 'total': i * 10} for i in range(5)]\n"
-        "print(asyncio.run(import_orders(rows)))\n"
-        "print(asyncio.run(import_orders(rows[3:] + [{'id': 9, 'total': 1}])))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code.group(1) + driver],
-        env={**os.environ, "JOURNAL_DSN": dsn}, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    lines = out.stdout.splitlines()
-    assert lines[0] == "5"
-    # the second import: orders 3 and 4 exist already (conflicts, reported per part), 9 is new
-    assert lines[1].startswith("order 3 not imported:") and "expected_seq_nr" in lines[1]
-    assert lines[2].startswith("order 4 not imported:")
-    assert lines[3] == "1"
