@@ -85,11 +85,29 @@ async def _run(session: Any, stmt: Any, params: Sequence[Any] | None = None) -> 
     return await fut
 
 
+_SENT = {"WriteTimeout", "WriteFailure", "OperationTimedOut", "ConnectionShutdown", "ConnectionBusy"}
+"""Driver errors after which a statement may have reached a replica: a write's outcome is unknown."""
+_NOT_SENT = {"Unavailable", "ReadTimeout", "ReadFailure", "OverloadedErrorMessage", "IsBootstrappingErrorMessage"}
+"""Coordinator refusals and read failures: nothing was written."""
+
+
 def _map(exc: BaseException) -> BaseException:
-    """Driver errors into the library's tree (one place)."""
+    """Driver errors into the library's tree (one place). ``outcome_unknown`` is set when the
+    statement may have been applied: a timeout, or a connection lost while it was in flight
+    (also when NoHostAvailable wraps one); a host that was down or refused the connection, or a
+    coordinator that answered Unavailable, means it was not."""
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.connection import ConnectionException
+
     name = type(exc).__name__
-    if name in {"NoHostAvailable", "OperationTimedOut", "Unavailable", "ReadTimeout", "WriteTimeout"}:
-        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=name == "WriteTimeout")
+    if isinstance(exc, NoHostAvailable):
+        inner = list((exc.errors or {}).values())
+        sent = any(type(e).__name__ in _SENT for e in inner)
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=sent)
+    if name in _SENT:
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=True)
+    if name in _NOT_SENT or isinstance(exc, ConnectionException | OSError):
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=False)
     return exc
 
 
@@ -106,6 +124,7 @@ class CassandraBackend:
         self._cluster: Any = None
         self.prepared: dict[str, Any] = {}
         self._tag_store = CassandraTagStore(self)
+        self._unlisted: set[str] = set()  # pids whose all_persistence_ids row may be missing
         self.tag_writers = TagWriters(self._tag_store, settings.tags)
 
     async def start(self) -> None:
@@ -146,9 +165,12 @@ class CassandraBackend:
         from cassandra.query import BatchStatement, BatchType
 
         pid = r.persistence_id
-        if r.tags:
-            await self.tag_writers.ensure_recovered(pid)
-        highest = await self.highest_seq_nr(pid)
+        try:
+            if r.tags:
+                await self.tag_writers.ensure_recovered(pid)
+            highest = await self.highest_seq_nr(pid)
+        except JournalUnavailable as e:  # nothing of this call was sent yet
+            raise JournalUnavailable(str(e), outcome_unknown=False) from e
         if r.expected_seq_nr is not None and r.expected_seq_nr != highest:
             raise SequenceConflict(pid, r.expected_seq_nr, "expected_seq_nr is not the stored highest sequence number")
         first = highest + 1
@@ -171,11 +193,27 @@ class CassandraBackend:
             ))  # fmt: skip
             if r.tags:
                 tagged.append(TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, m))
-        await _run(self.session, batch)
-        if first == 1:
-            await self.run("insert_persistence_id", pid)
-        if tagged:
-            await self.tag_writers.write(tagged)
+        try:
+            await _run(self.session, batch)
+        except BaseException:
+            # the events may be stored (outcome unknown) without their tag rows or listing:
+            # the pid's next write recovers its tag rows and lists it
+            self.tag_writers.forget(pid)
+            if first == 1:
+                self._unlisted.add(pid)
+            raise
+        try:
+            if first == 1 or pid in self._unlisted:
+                await self.run("insert_persistence_id", pid)
+                self._unlisted.discard(pid)
+            if tagged:
+                await self.tag_writers.write(tagged)
+        except JournalUnavailable as e:
+            if r.tags:
+                self.tag_writers.forget(pid)
+            if e.outcome_unknown:  # a TagWriteTimeout says so already
+                raise
+            raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
         return WriteResult(first, datetime_of(stamps[0]))
 
     # -- reads -------------------------------------------------------------------------------

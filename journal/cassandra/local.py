@@ -191,8 +191,14 @@ def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progr
 # -- configuration -------------------------------------------------------------------------------
 
 
-def cassandra_yaml(data: Path, host: str, native_port: int, storage_port: int, authenticator: bool) -> str:
-    """A minimal single-node ``cassandra.yaml`` (Cassandra 5.0 key names)."""
+def cassandra_yaml(
+    data: Path, host: str, native_port: int, storage_port: int, authenticator: bool, durable: bool = False
+) -> str:
+    """A minimal single-node ``cassandra.yaml`` (Cassandra 5.0 key names). ``durable``: the
+    commit log is synced before a write is acknowledged (``batch``); otherwise Cassandra's default
+    ``periodic`` sync every 10 s, with which a crash (SIGKILL) of a lone node loses the writes it
+    acknowledged in its last seconds (a cluster with replication factor 3 would keep them)."""
+    sync = "commitlog_sync: batch" if durable else "commitlog_sync: periodic\ncommitlog_sync_period: 10000ms"
     auth = "PasswordAuthenticator" if authenticator else "AllowAllAuthenticator"
     authz = "CassandraAuthorizer" if authenticator else "AllowAllAuthorizer"
     return f"""\
@@ -219,8 +225,7 @@ commitlog_directory: {data / "commitlog"}
 saved_caches_directory: {data / "saved_caches"}
 hints_directory: {data / "hints"}
 cdc_raw_directory: {data / "cdc_raw"}
-commitlog_sync: periodic
-commitlog_sync_period: 10000ms
+{sync}
 auto_snapshot: false
 snapshot_before_compaction: false
 memtable_heap_space: 64MiB
@@ -313,7 +318,8 @@ class LocalCassandra:
     (a fresh temporary directory, removed on :meth:`stop`, when None).
 
     Use as a context manager, or :meth:`start` / :meth:`stop`. With ``authenticator=True`` the node
-    runs PasswordAuthenticator and the superuser is :data:`SUPERUSER`.
+    runs PasswordAuthenticator and the superuser is :data:`SUPERUSER`; with ``durable=True`` it
+    syncs its commit log before acknowledging a write (see :func:`cassandra_yaml`).
     """
 
     def __init__(
@@ -325,6 +331,7 @@ class LocalCassandra:
         storage_port: int | None = None,
         heap: str = "512M",
         authenticator: bool = False,
+        durable: bool = False,
         version: str = DEFAULT_VERSION,
         cache: Path | None = None,
         startup_timeout: float = 240.0,
@@ -335,6 +342,7 @@ class LocalCassandra:
         self.storage_port = storage_port or free_port(host)
         self.heap = heap
         self.authenticator = authenticator
+        self.durable = durable
         self.version = version
         self.cache = cache
         self.startup_timeout = startup_timeout
@@ -377,7 +385,8 @@ class LocalCassandra:
         conf = self.data_dir / "conf"
         conf.mkdir(parents=True, exist_ok=True)
         (conf / "cassandra.yaml").write_text(
-            cassandra_yaml(self.data_dir, self.host, self.port, self.storage_port, self.authenticator), encoding="utf-8"
+            cassandra_yaml(self.data_dir, self.host, self.port, self.storage_port, self.authenticator, self.durable),
+            encoding="utf-8",
         )
         (conf / "logback.xml").write_text(_LOGBACK, encoding="utf-8")
         with open(self.log_path, "ab") as log:

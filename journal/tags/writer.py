@@ -31,7 +31,13 @@ log = logging.getLogger("journal.tags.writer")
 
 class TagWriteTimeout(JournalUnavailable):
     """The tag view write did not finish within ``tag_write_timeout``. The events are stored;
-    the pid's next recovery (its next write through this journal) resends the tag rows."""
+    the pid's next recovery (its next write through this journal) resends the tag rows.
+
+    ``outcome_unknown`` is True: the call's events may be (here: are) stored, so a caller must
+    read before writing them again (``outcome_unknown=False`` promises nothing was written)."""
+
+    def __init__(self, message: str, *, outcome_unknown: bool = True) -> None:
+        super().__init__(message, outcome_unknown=outcome_unknown)
 
 
 @dataclass
@@ -242,6 +248,11 @@ class TagWriters:
     async def close(self) -> None:
         for w in self.writers.values():
             await w.close()
+
+    def forget(self, pid: str) -> None:
+        """The pid's events may be stored without their tag rows (a write whose outcome is
+        unknown): recover it again before its next write."""
+        self._recovered.discard(pid)
 
     async def ensure_recovered(self, pid: str) -> None:
         """Call before storing a pid's new events: recovers it on first use (and after a timeout)."""

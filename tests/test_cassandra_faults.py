@@ -1,0 +1,146 @@
+"""Cassandra faults, on a node of this test's own (the session's node is not disturbed): the node
+is killed while entities write and while a live tag query runs, then restarted on the same data.
+
+Writes fail with ``JournalUnavailable`` saying whether their outcome is known; nothing that was
+acknowledged is lost; a write that failed with ``outcome_unknown=False`` left nothing behind; the
+live query resumes by itself and delivers every stored tagged event exactly once, in order per pid.
+Configuration that names an invalid keyspace is refused before any I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cassandra_fixtures import create_keyspace, recent_first_bucket, skip_or_fail
+
+from journal import ConfigurationError, JournalSettings, JournalUnavailable, open_journal
+from journal.cassandra.local import LocalCassandra
+
+pytestmark = pytest.mark.cassandra
+
+SETTINGS: dict[str, Any] = dict(
+    eventual_consistency_delay=0.0, query_refresh_interval=0.1, back_track_interval=0.2, back_track_period=2.0,
+    tag_write_timeout=2.0, retry_initial_backoff=0.05, retry_max_backoff=0.5, gap_timeout=5.0,
+)  # fmt: skip
+
+
+@pytest.fixture
+def own_node(tmp_path: Path) -> Iterator[LocalCassandra]:
+    pytest.importorskip("cassandra")
+    from journal.errors import CassandraSetupError
+
+    node = LocalCassandra(tmp_path / "node", durable=True)  # acknowledged = on disk (the node is SIGKILLed)
+    try:
+        node.start()
+    except CassandraSetupError as e:
+        skip_or_fail(str(e))
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+async def wait_for(cond: Any, what: str, within: float = 120.0) -> None:
+    deadline = time.monotonic() + within
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def test_node_killed_during_writes_and_a_live_tag_query(own_node: LocalCassandra) -> None:
+    with own_node.session() as s:
+        ks = create_keyspace(s)
+    dsn = f"cassandra://{own_node.contact_point}/{ks}"
+    settings = JournalSettings.load(env={}, first_time_bucket=recent_first_bucket(), **SETTINGS)
+    pids = [f"F|{i}" for i in range(4)]
+    acked: dict[str, list[tuple[int, str]]] = {p: [] for p in pids}
+    failed: list[tuple[str, str, JournalUnavailable]] = []
+    other_errors: list[BaseException] = []
+    seen: list[tuple[str, int]] = []
+    phase = {"after_restart": False, "stop": False}
+    acked_after_restart = {p: 0 for p in pids}
+
+    async with open_journal(dsn, settings=settings) as j:
+
+        async def writer(pid: str) -> None:
+            attempt = 0
+            while not phase["stop"]:
+                attempt += 1
+                value = f"{pid}#{attempt}"
+                try:
+                    envs = await j.persist(pid, [value], tags=["f"])
+                except JournalUnavailable as e:
+                    failed.append((pid, value, e))
+                    await asyncio.sleep(0.05)
+                    continue
+                except Exception as e:  # anything else is a bug: recorded, asserted below
+                    other_errors.append(e)
+                    await asyncio.sleep(0.05)
+                    continue
+                acked[pid].append((envs[0].seq_nr, value))
+                if phase["after_restart"]:
+                    acked_after_restart[pid] += 1
+                await asyncio.sleep(0.01)
+
+        async def consume() -> None:
+            async for e in j.events_by_tag("f"):
+                seen.append((e.persistence_id, e.seq_nr))
+
+        consumer = asyncio.create_task(consume())
+        writers = [asyncio.create_task(writer(p)) for p in pids]
+        try:
+            await wait_for(lambda: all(len(a) >= 5 for a in acked.values()), "first writes")
+            await wait_for(lambda: len(seen) >= 10, "the live query's first events")
+            own_node.stop(kill=True)  # a crash: SIGKILL
+            failures_before = len(failed)
+            await wait_for(lambda: len(failed) >= failures_before + 2 * len(pids), "writes failing")
+            restarted = LocalCassandra(
+                own_node.data_dir, port=own_node.port, storage_port=own_node.storage_port, durable=True
+            )
+            restarted.start()
+            own_node.process = restarted.process  # the fixture stops it
+            phase["after_restart"] = True
+            await wait_for(lambda: all(n >= 3 for n in acked_after_restart.values()), "writes after the restart")
+            phase["stop"] = True
+            await asyncio.gather(*writers)
+            stored = {p: [(e.seq_nr, e.event) async for e in j.current_events_by_persistence_id(p)] for p in pids}
+            total = sum(len(v) for v in stored.values())
+            await wait_for(
+                lambda: len(seen) >= total or consumer.done(), f"the live query to deliver all {total} stored events"
+            )
+            if consumer.done():
+                consumer.result()  # the live query must not end: raise what ended it
+        finally:
+            phase["stop"] = True
+            consumer.cancel()
+            await asyncio.gather(consumer, *writers, return_exceptions=True)
+
+    assert not other_errors, other_errors
+    assert failed, "the node's death must fail some writes"
+    assert all(isinstance(e.outcome_unknown, bool) for _, _, e in failed)
+    for pid in pids:
+        values = [v for _, v in stored[pid]]
+        assert [s for s, _ in stored[pid]] == list(range(1, len(stored[pid]) + 1)), pid  # no holes
+        for seq, value in acked[pid]:  # nothing acknowledged is lost
+            assert (seq, value) in stored[pid], (pid, seq, value)
+        for fpid, value, e in failed:
+            if fpid == pid and not e.outcome_unknown:
+                assert value not in values, f"{value} failed with outcome_unknown=False but is stored"
+    # the live query resumed by itself: every stored event once, each pid in order
+    assert len(seen) == len(set(seen)) == total
+    for pid in pids:
+        assert [s for p, s in seen if p == pid] == [s for s, _ in stored[pid]]
+
+
+async def test_invalid_keyspace_refused_before_any_io() -> None:
+    # port 1: nothing listens there, so any attempt to connect would fail differently
+    for bad in ("bad-name", "x" * 49, "1abc", "ks;DROP"):
+        with pytest.raises(ConfigurationError, match="not a valid Cassandra identifier"):
+            async with open_journal(f"cassandra://127.0.0.1:1/{bad}", settings=JournalSettings.load(env={})):
+                pass
