@@ -110,6 +110,7 @@ async def test_node_killed_during_writes_and_a_live_tag_query(own_node: LocalCas
             phase["stop"] = True
             await asyncio.gather(*writers)
             stored = {p: [(e.seq_nr, e.event) async for e in j.current_events_by_persistence_id(p)] for p in pids}
+            listed = [p async for p in j.current_persistence_ids("F")]
             total = sum(len(v) for v in stored.values())
             await wait_for(
                 lambda: len(seen) >= total or consumer.done(), f"the live query to deliver all {total} stored events"
@@ -124,6 +125,7 @@ async def test_node_killed_during_writes_and_a_live_tag_query(own_node: LocalCas
     assert not other_errors, other_errors
     assert failed, "the node's death must fail some writes"
     assert all(isinstance(e.outcome_unknown, bool) for _, _, e in failed)
+    assert listed == pids
     for pid in pids:
         values = [v for _, v in stored[pid]]
         assert [s for s, _ in stored[pid]] == list(range(1, len(stored[pid]) + 1)), pid  # no holes

@@ -430,11 +430,14 @@ class LocalCassandra:
     @contextlib.contextmanager
     def session(self) -> Iterator[Any]:
         """A driver session on this node (superuser credentials when authentication is on)."""
-        from cassandra.cluster import Cluster
+        from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+        from cassandra.policies import RoundRobinPolicy
 
+        profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60)
         cluster = Cluster(
-            [self.host], port=self.port, auth_provider=self.auth_provider(), connect_timeout=5, protocol_version=5
-        )
+            [self.host], port=self.port, auth_provider=self.auth_provider(), connect_timeout=5, protocol_version=5,
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        )  # fmt: skip
         try:
             yield cluster.connect()
         finally:
