@@ -4,7 +4,8 @@ is killed while entities write and while a live tag query runs, then restarted o
 Writes fail with ``JournalUnavailable`` saying whether their outcome is known; nothing that was
 acknowledged is lost; a write that failed with ``outcome_unknown=False`` left nothing behind; the
 live query resumes by itself and delivers every stored tagged event exactly once, in order per pid.
-Configuration that names an invalid keyspace is refused before any I/O.
+Configuration that names an invalid keyspace is refused before any I/O; a missing keyspace, an
+unreachable node and a refused login are typed errors.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cassandra_fixtures import create_keyspace, recent_first_bucket, skip_or_fail
+from cassandra_fixtures import CassandraTarget, create_keyspace, recent_first_bucket, skip_or_fail
 
 from journal import ConfigurationError, JournalSettings, JournalUnavailable, open_journal
-from journal.cassandra.local import LocalCassandra
+from journal.cassandra.local import LocalCassandra, free_port
 
 pytestmark = pytest.mark.cassandra
 
@@ -146,3 +147,19 @@ async def test_invalid_keyspace_refused_before_any_io() -> None:
         with pytest.raises(ConfigurationError, match="not a valid Cassandra identifier"):
             async with open_journal(f"cassandra://127.0.0.1:1/{bad}", settings=JournalSettings.load(env={})):
                 pass
+
+
+async def test_missing_keyspace_unreachable_node_and_refused_login_are_typed(
+    cassandra_node: CassandraTarget, cassandra_auth_node: CassandraTarget
+) -> None:
+    settings = JournalSettings.load(env={})
+    with pytest.raises(ConfigurationError, match=r"keyspace 'sj_missing' or its tables are missing.*cassandra-schema"):
+        async with open_journal(cassandra_node.dsn("sj_missing"), settings=settings):
+            pass
+    with pytest.raises(JournalUnavailable, match="NoHostAvailable") as ei:
+        async with open_journal(f"cassandra://127.0.0.1:{free_port()}/ks", settings=settings):
+            pass
+    assert not ei.value.outcome_unknown
+    with pytest.raises(ConfigurationError, match="authentication failed"):  # no credentials given
+        async with open_journal(cassandra_auth_node.dsn("ks"), settings=settings):
+            pass

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
-from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
+from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import Serialized
 from ..settings import JournalSettings
 from ..tags.buckets import bucket_of
@@ -96,18 +96,23 @@ def _map(exc: BaseException) -> BaseException:
     statement may have been applied: a timeout, or a connection lost while it was in flight
     (also when NoHostAvailable wraps one); a host that was down or refused the connection, or a
     coordinator that answered Unavailable, means it was not."""
+    from cassandra import RequestValidationException
     from cassandra.cluster import NoHostAvailable
     from cassandra.connection import ConnectionException
 
     name = type(exc).__name__
     if isinstance(exc, NoHostAvailable):
         inner = list((exc.errors or {}).values())
+        if inner and all(type(e).__name__ == "AuthenticationFailed" for e in inner):
+            return ConfigurationError(f"cassandra: authentication failed: {exc}")
         sent = any(type(e).__name__ in _SENT for e in inner)
         return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=sent)
     if name in _SENT:
         return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=True)
     if name in _NOT_SENT or isinstance(exc, ConnectionException | OSError):
         return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=False)
+    if isinstance(exc, RequestValidationException):  # the server refused the statement: nothing applied
+        return StorageError(f"cassandra: {name}: {exc}")
     return exc
 
 
@@ -140,6 +145,11 @@ class CassandraBackend:
                 self.prepared[name] = stmt
         except Exception as e:
             await self.close()
+            if type(e).__name__ == "InvalidRequest":  # "keyspace x does not exist", "unconfigured table"
+                raise ConfigurationError(
+                    f"keyspace {self.keyspace!r} or its tables are missing ({e}): create them (development: "
+                    f"journal cassandra-schema --create --keyspace {self.keyspace})"
+                ) from e
             raise _map(e) from e
         await self._tag_store.ensure_bucket_size(self.settings.tags.bucket_size)
 
