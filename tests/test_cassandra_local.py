@@ -141,3 +141,31 @@ def test_password_authenticator(cassandra_auth_node: CassandraTarget) -> None:
             anonymous.connect()
     finally:
         anonymous.shutdown()
+
+
+@pytest.mark.cassandra
+def test_a_taken_port_is_reported_or_replaced(tmp_path: Path) -> None:
+    """A given port that another process holds fails the start, saying so; free ports picked by
+    the runner itself are picked again when someone takes them first."""
+    import socket
+
+    _jars_or_skip()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        node = LocalCassandra(tmp_path / "a", storage_port=taken, startup_timeout=120)
+        with pytest.raises(CassandraStartError, match="in use by another process"):
+            node.start()
+        assert not node.running()
+    picked = LocalCassandra(tmp_path / "b", startup_timeout=120)
+    with socket.socket() as squatter:  # someone takes the port the runner picked, before it starts
+        squatter.bind(("127.0.0.1", picked.storage_port))
+        squatter.listen()
+        first = picked.storage_port
+        try:
+            picked.start()
+            assert picked.running() and picked.storage_port != first
+            assert picked.release_version() == DEFAULT_VERSION
+        finally:
+            picked.stop()
