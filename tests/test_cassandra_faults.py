@@ -24,6 +24,8 @@ from journal.cassandra.local import LocalCassandra, free_port
 
 pytestmark = pytest.mark.cassandra
 
+ROOT = Path(__file__).resolve().parents[1]
+
 SETTINGS: dict[str, Any] = dict(
     eventual_consistency_delay=0.0, query_refresh_interval=0.1, back_track_interval=0.2, back_track_period=2.0,
     tag_write_timeout=2.0, retry_initial_backoff=0.05, retry_max_backoff=0.5, gap_timeout=5.0,
@@ -163,3 +165,60 @@ async def test_missing_keyspace_unreachable_node_and_refused_login_are_typed(
     with pytest.raises(ConfigurationError, match="authentication failed"):  # no credentials given
         async with open_journal(cassandra_auth_node.dsn("ks"), settings=settings):
             pass
+
+
+async def test_journal_process_killed_between_events_and_tag_rows(cassandra_dsn: str, cassandra_session: Any) -> None:
+    """The real crash window of the Cassandra write path: a writer process SIGKILLed after some
+    events are stored and before their tag rows are. The next journal's first write of each pid
+    recovers them: the tag view then holds every stored event once, in order per pid."""
+    import signal
+    import sys
+
+    from tag_backends import CassandraRaw
+
+    first = recent_first_bucket()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.tag_writer_worker", cassandra_dsn, first, "6",
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    stdout, stderr = proc.stdout, proc.stderr
+    acked: list[tuple[str, int]] = []
+    ks = cassandra_dsn.rsplit("/", 1)[1]
+
+    async def read_acks() -> None:
+        while line := await stdout.readline():
+            _, pid, seq = line.decode().split()
+            acked.append((pid, int(seq)))
+
+    def stored_count() -> int:
+        return len(list(cassandra_session.execute(f"SELECT sequence_nr FROM {ks}.messages")))
+
+    reader = asyncio.create_task(read_acks())
+    try:
+        async with asyncio.timeout(120):
+            while len(acked) < 30:
+                assert not reader.done(), (await stderr.read()).decode()[-2000:]
+                await asyncio.sleep(0.02)
+            # kill once events are stored that are not acknowledged yet (their tag rows wait)
+            while await asyncio.to_thread(stored_count) < len(acked) + 3:  # noqa: ASYNC110 (polls the database)
+                await asyncio.sleep(0.005)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+        await reader
+    raw = CassandraRaw(cassandra_session, cassandra_dsn.rsplit("/", 1)[1])
+    settings = JournalSettings.load(env={}, first_time_bucket=first, **SETTINGS)
+    async with open_journal(cassandra_dsn, settings=settings) as j:
+        pids = [p async for p in j.current_persistence_ids("K")]
+        stored = {p: [e.seq_nr async for e in j.current_events_by_persistence_id(p)] for p in pids}
+        assert all((p, s) in {(q, t) for q in stored for t in stored[q]} for p, s in acked)  # nothing acked lost
+        untagged = sum(len(v) for v in stored.values()) - len(await raw.tag_rows())
+        assert untagged > 0, "the kill must leave stored events without their tag rows"
+        for p in pids:  # each pid's next write recovers its missing tag rows first
+            await j.persist(p, [{"after": True}], tags=["k"])
+            stored[p].append(stored[p][-1] + 1 if stored[p] else 1)
+        got = [(e.persistence_id, e.seq_nr) async for e in j.current_events_by_tag("k")]
+    assert len(got) == len(set(got)) == sum(len(v) for v in stored.values())
+    for p in pids:
+        assert [s for q, s in got if q == p] == stored[p]
