@@ -21,23 +21,12 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import JournalUnavailable
+from ..errors import TagWriteTimeout
 from ..settings import TagSettings
 from .buckets import bucket_of
 from .store import TaggedEvent, TagProgress, TagRow, TagStore
 
 log = logging.getLogger("journal.tags.writer")
-
-
-class TagWriteTimeout(JournalUnavailable):
-    """The tag view write did not finish within ``tag_write_timeout``. The events are stored;
-    the pid's next recovery (its next write through this journal) resends the tag rows.
-
-    ``outcome_unknown`` is True: the call's events may be (here: are) stored, so a caller must
-    read before writing them again (``outcome_unknown=False`` promises nothing was written)."""
-
-    def __init__(self, message: str, *, outcome_unknown: bool = True) -> None:
-        super().__init__(message, outcome_unknown=outcome_unknown)
 
 
 @dataclass
