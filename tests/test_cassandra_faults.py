@@ -11,16 +11,19 @@ unreachable node and a refused login are typed errors.
 from __future__ import annotations
 
 import asyncio
-import time
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cassandra_fixtures import CassandraTarget, create_keyspace, recent_first_bucket, skip_or_fail
+from tag_backends import CassandraRaw
 
 from journal import ConfigurationError, JournalSettings, JournalUnavailable, open_journal
 from journal.cassandra.local import LocalCassandra, free_port
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cassandra
 
@@ -46,14 +49,6 @@ def own_node(tmp_path: Path) -> Iterator[LocalCassandra]:
         yield node
     finally:
         node.stop()
-
-
-async def wait_for(cond: Any, what: str, within: float = 120.0) -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_node_killed_during_writes_and_a_live_tag_query(own_node: LocalCassandra) -> None:
@@ -98,25 +93,25 @@ async def test_node_killed_during_writes_and_a_live_tag_query(own_node: LocalCas
         consumer = asyncio.create_task(consume())
         writers = [asyncio.create_task(writer(p)) for p in pids]
         try:
-            await wait_for(lambda: all(len(a) >= 5 for a in acked.values()), "first writes")
-            await wait_for(lambda: len(seen) >= 10, "the live query's first events")
+            await wait_until(lambda: all(len(a) >= 5 for a in acked.values()), 120, "first writes")
+            await wait_until(lambda: len(seen) >= 10, 120, "the live query's first events")
             own_node.stop(kill=True)  # a crash: SIGKILL
             failures_before = len(failed)
-            await wait_for(lambda: len(failed) >= failures_before + 2 * len(pids), "writes failing")
+            await wait_until(lambda: len(failed) >= failures_before + 2 * len(pids), 120, "writes failing")
             restarted = LocalCassandra(
                 own_node.data_dir, port=own_node.port, storage_port=own_node.storage_port, durable=True
             )
             restarted.start()
             own_node.process = restarted.process  # the fixture stops it
             phase["after_restart"] = True
-            await wait_for(lambda: all(n >= 3 for n in acked_after_restart.values()), "writes after the restart")
+            await wait_until(lambda: all(n >= 3 for n in acked_after_restart.values()), 120, "writes after the restart")
             phase["stop"] = True
             await asyncio.gather(*writers)
             stored = {p: [(e.seq_nr, e.event) async for e in j.current_events_by_persistence_id(p)] for p in pids}
             listed = [p async for p in j.current_persistence_ids("F")]
             total = sum(len(v) for v in stored.values())
-            await wait_for(
-                lambda: len(seen) >= total or consumer.done(), f"the live query to deliver all {total} stored events"
+            await wait_until(
+                lambda: len(seen) >= total or consumer.done(), 120, f"the live query to deliver all {total} events"
             )
             if consumer.done():
                 consumer.result()  # the live query must not end: raise what ended it
@@ -171,11 +166,6 @@ async def test_journal_process_killed_between_events_and_tag_rows(cassandra_dsn:
     """The real crash window of the Cassandra write path: a writer process SIGKILLed after some
     events are stored and before their tag rows are. The next journal's first write of each pid
     recovers them: the tag view then holds every stored event once, in order per pid."""
-    import signal
-    import sys
-
-    from tag_backends import CassandraRaw
-
     first = recent_first_bucket()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.tag_writer_worker", cassandra_dsn, first, "6",
@@ -196,18 +186,18 @@ async def test_journal_process_killed_between_events_and_tag_rows(cassandra_dsn:
 
     reader = asyncio.create_task(read_acks())
     try:
-        async with asyncio.timeout(120):
-            while len(acked) < 30:
-                assert not reader.done(), (await stderr.read()).decode()[-2000:]
-                await asyncio.sleep(0.02)
-            # kill once events are stored that are not acknowledged yet (their tag rows wait)
-            while await asyncio.to_thread(stored_count) < len(acked) + 3:  # noqa: ASYNC110 (polls the database)
-                await asyncio.sleep(0.005)
+        await wait_until(lambda: len(acked) >= 30 or reader.done(), 120, "30 acknowledged writes")
+        assert not reader.done(), (await stderr.read()).decode()[-2000:]
+
+        async def unacknowledged_stored() -> bool:  # their tag rows wait: the window to kill in
+            return await asyncio.to_thread(stored_count) >= len(acked) + 3
+
+        await wait_until(unacknowledged_stored, 60, "stored events not yet acknowledged", every=0.005)
     finally:
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
         await reader
-    raw = CassandraRaw(cassandra_session, cassandra_dsn.rsplit("/", 1)[1])
+    raw = CassandraRaw(cassandra_session, ks)
     settings = JournalSettings.load(env={}, first_time_bucket=first, **SETTINGS)
     async with open_journal(cassandra_dsn, settings=settings) as j:
         pids = [p async for p in j.current_persistence_ids("K")]

@@ -22,6 +22,7 @@ from journal.tags.query import TagQuery
 from journal.tags.store import TaggedEvent, TagProgress, TagRow, TagStore
 from journal.tags.timeuuid import timeuuid_for_event
 from journal.tags.writer import TagWriters, TagWriteTimeout
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -182,9 +183,7 @@ async def test_live_query_back_tracks_for_a_late_first_event_of_a_new_pid(tb: Ta
                 return
 
     task = asyncio.create_task(consume())
-    deadline = time.monotonic() + 10
-    while not got and time.monotonic() < deadline:  # noqa: ASYNC110 (poll a condition with a deadline)
-        await asyncio.sleep(0.02)
+    await wait_until(lambda: got, 10, "the live query's first event")
     await tb.store.write_tag_rows([late])
     await asyncio.wait_for(task, 10)
     assert got == ["L|1", "L|2"]
@@ -290,17 +289,12 @@ async def test_back_pressure_bounded_buffer(tb: TagBackend) -> None:
             added += 1
 
     task = asyncio.create_task(produce())
-    deadline = time.monotonic() + 3
-    while store.failures < 2 and time.monotonic() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: store.failures >= 2, 3, "two failed tag writes")
     await asyncio.sleep(0.1)
     assert added <= 5 + 2  # buffer full (plus the batch in flight): the producer waits
     store.failing = False
     await asyncio.wait_for(task, 10)
-    deadline = time.monotonic() + 10
-    while w.state.buffer or w.state.in_flight:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: not w.state.buffer and not w.state.in_flight, 10, "the writer to drain its buffer")
     await writers.close()
     q = TagQuery(tb.store, "p", s, after=None, live=False)
     assert [r.tag_pid_seq_nr async for r in q.rows()] == list(range(1, 21))
