@@ -169,3 +169,17 @@ def test_a_taken_port_is_reported_or_replaced(tmp_path: Path) -> None:
             assert picked.release_version() == DEFAULT_VERSION
         finally:
             picked.stop()
+
+
+def test_without_java_or_maven_cassandra_tests_skip_but_fail_in_ci() -> None:
+    """Run one Cassandra test in a pytest subprocess whose PATH has neither java nor mvn."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "CASSANDRA_CONTACT_POINTS")}
+    env["PATH"] = str(root / "no-such-dir")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+           "tests/test_cassandra_local.py::test_password_authenticator"]  # fmt: skip
+    skipped = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert "1 skipped" in skipped.stdout, skipped.stdout[-2000:]
+    assert "needs Java 17 (java) and Maven (mvn) on PATH" in skipped.stdout
+    failed = subprocess.run(cmd, cwd=root, env={**env, "CI": "1"}, capture_output=True, text=True, timeout=120)
+    assert failed.returncode != 0 and "CI must run the Cassandra tests" in failed.stdout, failed.stdout[-2000:]
