@@ -218,10 +218,10 @@ class CassandraBackend:
                 self._unlisted.discard(pid)
             if tagged:
                 await self.tag_writers.write(tagged)
-        except JournalUnavailable as e:
+        except Exception as e:  # the events are stored: never report "nothing written" now
             if r.tags:
                 self.tag_writers.forget(pid)
-            if e.outcome_unknown:  # a TagWriteTimeout says so already
+            if isinstance(e, JournalUnavailable) and e.outcome_unknown:  # a TagWriteTimeout says so already
                 raise
             raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
         return WriteResult(first, datetime_of(stamps[0]))
