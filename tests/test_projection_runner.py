@@ -214,7 +214,10 @@ async def test_a_stopped_range_stores_its_position_for_every_slice(
     finally:
         await own.close()
     assert len(loaded) == 1024  # every slice of the range has a stored position...
-    assert {latest for latest, _ in loaded.values()} == {newest}  # ...at the last delivered event
+    positions = {latest for latest, _ in loaded.values()}
+    # ...one position for all, at the last delivered event, or at a horizon heartbeat the query
+    # delivered after it before the stop (a proven position too; seen under load)
+    assert len(positions) == 1 and min(positions) >= newest, (positions, newest)
     await no_duplicates(conn)
 
 
