@@ -50,13 +50,11 @@ class CassandraTagStore:
 
     async def write_tag_rows(self, rows: Sequence[TagRow]) -> None:
         """One unlogged batch per (tag, bucket) partition: an idempotent upsert."""
-        from cassandra import ConsistencyLevel
         from cassandra.query import BatchStatement, BatchType
 
         from .backend import _run
 
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        batch.consistency_level = ConsistencyLevel.QUORUM
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.b.write_cl)
         for r in rows:
             m = r.meta
             batch.add(self.b.prepared["insert_tag_view"], (
