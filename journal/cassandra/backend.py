@@ -15,7 +15,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
@@ -92,9 +92,20 @@ async def _run(session: Any, stmt: Any, params: Sequence[Any] | None = None) -> 
 def _map(exc: BaseException) -> BaseException:
     """Driver errors into the library's tree (one place)."""
     name = type(exc).__name__
+    causes = list((getattr(exc, "errors", None) or {}).values()) if name == "NoHostAvailable" else [exc]
+    if causes and all(type(c).__name__ == "AuthenticationFailed" for c in causes):
+        return ConfigurationError(f"cassandra: authentication failed (username/password settings): {causes[0]}")
     if name in {"NoHostAvailable", "OperationTimedOut", "Unavailable", "ReadTimeout", "WriteTimeout"}:
         return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=name == "WriteTimeout")
     return exc
+
+
+class WriteState(NamedTuple):
+    """A pid's highest stored number, and the ``highest_sequence_nr`` static column of the
+    partition its next call goes to (None: not set), as read before a write."""
+
+    highest: int
+    guard: int | None
 
 
 class CassandraBackend:
@@ -123,8 +134,11 @@ class CassandraBackend:
                 stmt = await asyncio.to_thread(self.session.prepare, text)
                 stmt.consistency_level = read_cl if is_read(text) else self.write_cl
                 self.prepared[name] = stmt
+            self._check_datacenter(s.local_datacenter)
         except Exception as e:
             await self.close()
+            if isinstance(e, ConfigurationError):
+                raise
             if "highest_sequence_nr" in str(e):
                 raise ConfigurationError(
                     f"{self.keyspace}.messages lacks the single-writer check's static column: run "
@@ -132,6 +146,12 @@ class CassandraBackend:
                 ) from e
             raise _map(e) from e
         await self._tag_store.ensure_bucket_size(self.settings.tags.bucket_size)
+
+    def _check_datacenter(self, dc: str | None) -> None:
+        """A local datacenter that no node belongs to would route nothing: refused at open."""
+        known = {h.datacenter for h in self._cluster.metadata.all_hosts()}
+        if dc is not None and dc not in known:
+            raise ConfigurationError(f"cassandra local_datacenter {dc!r} is not one of the cluster's: {sorted(known)}")
 
     async def close(self) -> None:
         await self.tag_writers.close()
@@ -152,13 +172,23 @@ class CassandraBackend:
         return [r if isinstance(r, WriteResult | Exception) else JournalUnavailable(str(r)) for r in results]
 
     async def _write_one(self, r: WriteRequest) -> WriteResult:
+        self._check_size(r)
+        if r.tags:
+            await self.tag_writers.ensure_recovered(r.persistence_id)
+        return await self.store(r, await self.write_state(r.persistence_id))
+
+    async def write_state(self, persistence_id: str) -> WriteState:
+        """What a write of ``persistence_id`` starts from (read before the write)."""
+        return WriteState(*await self._highest_and_guard(persistence_id))
+
+    async def store(self, r: WriteRequest, state: WriteState) -> WriteResult:
+        """Write ``r`` after ``state.highest``, in one batch to one partition; with the check, only
+        if that partition's ``highest_sequence_nr`` is still ``state.guard`` (a lightweight
+        transaction: SequenceConflict and nothing stored when another writer came first)."""
         from cassandra.query import BatchStatement, BatchType
 
         pid = r.persistence_id
-        self._check_size(r)
-        if r.tags:
-            await self.tag_writers.ensure_recovered(pid)
-        highest, guard = await self._highest_and_guard(pid)
+        highest, guard = state
         if r.expected_seq_nr is not None and r.expected_seq_nr != highest:
             raise SequenceConflict(pid, r.expected_seq_nr, "expected_seq_nr is not the stored highest sequence number")
         first = highest + 1
