@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
-from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable, SequenceConflict
+from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import Serialized
 from ..settings import JournalSettings
 from ..tags.buckets import bucket_of
@@ -97,6 +97,8 @@ def _map(exc: BaseException) -> BaseException:
         return ConfigurationError(f"cassandra: authentication failed (username/password settings): {causes[0]}")
     if name in {"NoHostAvailable", "OperationTimedOut", "Unavailable", "ReadTimeout", "WriteTimeout"}:
         return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=name == "WriteTimeout")
+    if name in {"InvalidRequest", "WriteFailure", "ReadFailure"}:
+        return StorageError(f"cassandra: {name}: {exc}")
     return exc
 
 
