@@ -21,6 +21,15 @@ class SparkSetupError(ConfigurationError):
     is missing. The message says what to install or configure."""
 
 
+class CassandraSetupError(ConfigurationError):
+    """A local Cassandra cannot be set up here: Java or Maven is missing, or Cassandra's jars
+    cannot be resolved from Maven Central. The message says what to install."""
+
+
+class CassandraStartError(JournalError):
+    """A local Cassandra node did not come up (or died); the message ends with its log's tail."""
+
+
 class InvalidArgument(JournalError, ValueError):
     """Bad input to a public call, raised before any I/O."""
 
@@ -155,6 +164,8 @@ class RecoveryFailed(EntityError):
 
 
 __all__ = [
+    "CassandraSetupError",
+    "CassandraStartError",
     "CircuitBreakerOpen",
     "ConfigurationError",
     "EntityError",

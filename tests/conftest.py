@@ -20,6 +20,8 @@ from journal import Journal, JournalSettings, open_journal
 from journal.postgres.migrations import upgrade
 from journal.postgres.scratch import scratch_database
 
+pytest_plugins = ["cassandra_fixtures"]  # Cassandra: CASSANDRA_CONTACT_POINTS or one local node
+
 
 @pytest.fixture(scope="session")
 def server_dsn() -> Iterator[str]:

@@ -1,71 +1,43 @@
 """The journal contract: behaviour every backend must have, one suite run against each.
 
-Always against PostgreSQL; against Cassandra when ``CASSANDRA_CONTACT_POINTS`` is set
-(``docker compose up -d --wait`` starts one), skipped with that reason otherwise. Never mocked.
+Always against PostgreSQL and Cassandra (``CASSANDRA_CONTACT_POINTS``, else the session's local
+node: see cassandra_fixtures.py). Never mocked.
 Core's own tests go deeper on PostgreSQL; a few cases here overlap them on purpose.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from cassandra_fixtures import recent_first_bucket
 from conftest import truncate_all
 
 from journal import Journal, JournalSettings, SequenceConflict, UnsupportedOperation, open_journal
 
-CASSANDRA = os.environ.get("CASSANDRA_CONTACT_POINTS")
 FAST: dict[str, Any] = dict(eventual_consistency_delay=0.0, query_refresh_interval=0.05)
 
 BACKENDS = [
     pytest.param("postgres", id="postgres"),
-    pytest.param(
-        "cassandra",
-        id="cassandra",
-        marks=[
-            pytest.mark.cassandra,
-            pytest.mark.skipif(
-                not CASSANDRA,
-                reason="no Cassandra: set CASSANDRA_CONTACT_POINTS (docker compose up -d --wait cassandra) to run",
-            ),
-        ],
-    ),
+    pytest.param("cassandra", id="cassandra", marks=pytest.mark.cassandra),
 ]
-
-
-async def _cassandra_journal() -> AsyncIterator[Journal]:
-    from cassandra.cluster import Cluster
-
-    from journal.cassandra.cql import schema_statements
-
-    assert CASSANDRA is not None
-    ks = f"sj_{uuid.uuid4().hex[:10]}"
-    cluster = Cluster(CASSANDRA.split(","))
-    session = await asyncio.to_thread(cluster.connect)
-    try:
-        for s in schema_statements(ks):
-            await asyncio.to_thread(session.execute, s)
-        async with open_journal(f"cassandra://{CASSANDRA}/{ks}", settings=JournalSettings.load(env={}, **FAST)) as j:
-            yield j
-    finally:
-        await asyncio.to_thread(session.execute, f"DROP KEYSPACE IF EXISTS {ks}")
-        await asyncio.to_thread(cluster.shutdown)
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """"cassandra", or the DSN of the session's PostgreSQL database (resolved outside the loop)."""
-    return "cassandra" if request.param == "cassandra" else str(request.getfixturevalue("dsn"))
+    """The DSN of the session's PostgreSQL database or of a Cassandra keyspace (empty tables)."""
+    if request.param == "cassandra":
+        return str(request.getfixturevalue("cassandra_dsn"))
+    return str(request.getfixturevalue("dsn"))
 
 
 @pytest.fixture
 async def j(backend: str) -> AsyncIterator[Journal]:
-    if backend == "cassandra":
-        async for cj in _cassandra_journal():
+    if backend.startswith("cassandra://"):
+        settings = JournalSettings.load(env={}, first_time_bucket=recent_first_bucket(), **FAST)
+        async with open_journal(backend, settings=settings) as cj:
             yield cj
         return
     await truncate_all(backend)

@@ -1,0 +1,480 @@
+"""A real single-node Apache Cassandra for development and the tests, started by the project.
+
+Cassandra's binary tarball is not on Maven Central, but ``cassandra-all`` and its runtime
+dependencies are: Maven resolves them once into the user's cache directory
+(``<user_cache_dir>/slice-journal/cassandra-<version>/lib``); the node then runs as
+``java -cp 'lib/*' org.apache.cassandra.service.CassandraDaemon`` with a minimal generated
+``cassandra.yaml`` (one token, no auto-snapshot, small memtables, free ports) and its data in a
+directory of its own. :class:`LocalCassandra` starts it, waits until CQL answers and stops it;
+:class:`NodeState` records a detached node for ``journal cassandra local start|stop|status``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ..errors import CassandraSetupError, CassandraStartError
+
+DEFAULT_VERSION = "5.0.9"
+"""The newest ``org.apache.cassandra:cassandra-all`` 5.0.x on Maven Central that runs on Java 17."""
+
+MAIN_CLASS = "org.apache.cassandra.service.CassandraDaemon"
+
+JVM17_FLAGS = (
+    # The module flags of Cassandra's conf/jvm17-server.options (facts, not optional: without
+    # them Cassandra 5.0 fails on Java 17 reaching into JDK internals).
+    "-Djdk.attach.allowAttachSelf=true",
+    "--add-exports", "java.base/jdk.internal.misc=ALL-UNNAMED",
+    "--add-exports", "java.management.rmi/com.sun.jmx.remote.internal.rmi=ALL-UNNAMED",
+    "--add-exports", "java.rmi/sun.rmi.registry=ALL-UNNAMED",
+    "--add-exports", "java.rmi/sun.rmi.server=ALL-UNNAMED",
+    "--add-exports", "java.sql/java.sql=ALL-UNNAMED",
+    "--add-exports", "java.base/java.lang.ref=ALL-UNNAMED",
+    "--add-exports", "jdk.unsupported/sun.misc=ALL-UNNAMED",
+    "--add-exports", "jdk.compiler/com.sun.tools.javac.file=ALL-UNNAMED",
+    "--add-exports", "jdk.attach/sun.tools.attach=ALL-UNNAMED",
+    "--add-opens", "java.base/java.lang.module=ALL-UNNAMED",
+    "--add-opens", "java.base/jdk.internal.loader=ALL-UNNAMED",
+    "--add-opens", "java.base/jdk.internal.ref=ALL-UNNAMED",
+    "--add-opens", "java.base/jdk.internal.reflect=ALL-UNNAMED",
+    "--add-opens", "java.base/jdk.internal.math=ALL-UNNAMED",
+    "--add-opens", "java.base/jdk.internal.module=ALL-UNNAMED",
+    "--add-opens", "java.base/jdk.internal.util.jar=ALL-UNNAMED",
+    "--add-opens", "jdk.management/com.sun.management.internal=ALL-UNNAMED",
+    "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens", "java.base/java.io=ALL-UNNAMED",
+    "--add-opens", "java.base/java.lang.reflect=ALL-UNNAMED",
+    "--add-opens", "jdk.compiler/com.sun.tools.javac=ALL-UNNAMED",
+    "--add-opens", "java.base/java.lang=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util=ALL-UNNAMED",
+    "-Dio.netty.tryReflectionSetAccessible=true",
+    "-Dio.netty.allocator.useCacheForAllThreads=true",
+    "-Dio.netty.allocator.maxOrder=11",
+)  # fmt: skip
+
+FAST_START_FLAGS = (
+    # A lone seed node has nobody to wait for.
+    "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+    "-Dcassandra.ring_delay_ms=100",
+    "-Dcassandra.superuser_setup_delay_ms=0",
+    "-Dcassandra.load_ring_state=false",
+    "-Djava.net.preferIPv4Stack=true",
+    "-XX:+UseSerialGC",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Xss256k",
+)
+
+SUPERUSER = ("cassandra", "cassandra")
+"""The default superuser PasswordAuthenticator creates (username, password)."""
+
+Progress = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cache_root() -> Path:
+    """``<user_cache_dir>/slice-journal``: the jars, and the state file of a detached node."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("slice-journal"))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on at ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+# -- the jars ------------------------------------------------------------------------------------
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>slice-journal</groupId>
+  <artifactId>cassandra-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.cassandra</groupId>
+      <artifactId>cassandra-all</artifactId>
+      <version>{version}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def require_tools() -> tuple[str, str]:
+    """Paths of ``java`` and ``mvn``, or :class:`CassandraSetupError` saying what to install."""
+    java, mvn = shutil.which("java"), shutil.which("mvn")
+    missing = [name for name, path in (("Java 17 (java)", java), ("Maven (mvn)", mvn)) if path is None]
+    if missing:
+        raise CassandraSetupError(
+            f"a local Cassandra needs {' and '.join(missing)} on PATH "
+            "(Debian: apt-get install openjdk-17-jre-headless maven)"
+        )
+    assert java is not None and mvn is not None
+    return java, mvn
+
+
+def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progress: Progress = _stderr) -> Path:
+    """The ``lib`` directory holding cassandra-all ``version`` and its runtime dependencies.
+
+    Resolved by Maven the first time (printing progress), then reused; a file lock keeps two
+    processes from resolving into the same directory at once.
+    """
+    home = (cache or cache_root()) / f"cassandra-{version}"
+    lib = home / "lib"
+    done = home / "COMPLETE"
+    if done.exists():
+        return lib
+    _, mvn = require_tools()
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return lib
+        progress(f"cassandra: resolving org.apache.cassandra:cassandra-all:{version} from Maven Central into {lib}")
+        work = Path(tempfile.mkdtemp(prefix="resolve-", dir=home))
+        try:
+            (work / "pom.xml").write_text(_POM.format(version=version), encoding="utf-8")
+            cmd = [mvn, "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+                   f"-DoutputDirectory={work / 'lib'}", "-DincludeScope=runtime"]  # fmt: skip
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
+            assert proc.stdout is not None
+            tail: list[str] = []
+            fetched = 0
+            for line in proc.stdout:
+                tail = [*tail[-40:], line.rstrip()]
+                if line.startswith("Downloaded from") and ".jar" in line:
+                    fetched += 1
+                    if fetched % 10 == 1:
+                        progress(f"cassandra: downloaded {fetched} jars ...")
+            if proc.wait() != 0:
+                raise CassandraSetupError(
+                    f"Maven could not resolve cassandra-all {version} (is Maven Central reachable?):\n"
+                    + "\n".join(tail)
+                )
+            if lib.exists():
+                shutil.rmtree(lib)
+            (work / "lib").rename(lib)
+            done.write_text(version, encoding="utf-8")
+            progress(f"cassandra: {len(list(lib.glob('*.jar')))} jars ready in {lib}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return lib
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+def cassandra_yaml(data: Path, host: str, native_port: int, storage_port: int, authenticator: bool) -> str:
+    """A minimal single-node ``cassandra.yaml`` (Cassandra 5.0 key names)."""
+    auth = "PasswordAuthenticator" if authenticator else "AllowAllAuthenticator"
+    authz = "CassandraAuthorizer" if authenticator else "AllowAllAuthorizer"
+    return f"""\
+cluster_name: slice-journal-local
+num_tokens: 1
+initial_token: 0
+partitioner: org.apache.cassandra.dht.Murmur3Partitioner
+endpoint_snitch: SimpleSnitch
+authenticator: {auth}
+authorizer: {authz}
+role_manager: CassandraRoleManager
+listen_address: {host}
+rpc_address: {host}
+storage_port: {storage_port}
+native_transport_port: {native_port}
+start_native_transport: true
+seed_provider:
+  - class_name: org.apache.cassandra.locator.SimpleSeedProvider
+    parameters:
+      - seeds: "{host}:{storage_port}"
+data_file_directories:
+  - {data / "data"}
+commitlog_directory: {data / "commitlog"}
+saved_caches_directory: {data / "saved_caches"}
+hints_directory: {data / "hints"}
+cdc_raw_directory: {data / "cdc_raw"}
+commitlog_sync: periodic
+commitlog_sync_period: 10000ms
+auto_snapshot: false
+snapshot_before_compaction: false
+memtable_heap_space: 64MiB
+memtable_offheap_space: 64MiB
+concurrent_reads: 8
+concurrent_writes: 8
+concurrent_counter_writes: 8
+concurrent_compactors: 1
+key_cache_size: 8MiB
+dynamic_snitch: false
+hinted_handoff_enabled: false
+"""
+
+
+_LOGBACK = """<configuration scan="false">
+  <appender name="STDOUT" class="ch.qos.logback.core.ConsoleAppender">
+    <encoder><pattern>%-5level [%thread] %date{ISO8601} %F:%L - %msg%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="STDOUT"/></root>
+  <logger name="org.apache.cassandra" level="INFO"/>
+</configuration>
+"""
+
+
+# -- the node ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class NodeState:
+    """What ``journal cassandra local start`` records about a detached node."""
+
+    pid: int
+    host: str
+    port: int
+    storage_port: int
+    data_dir: str
+    log: str
+    version: str
+    authenticator: bool
+    throwaway: bool
+
+    @staticmethod
+    def path(cache: Path | None = None) -> Path:
+        return (cache or cache_root()) / "cassandra-local.json"
+
+    def save(self, cache: Path | None = None) -> None:
+        p = self.path(cache)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(dataclasses.asdict(self), indent=2), encoding="utf-8")
+
+    @classmethod
+    def load(cls, cache: Path | None = None) -> NodeState | None:
+        p = cls.path(cache)
+        if not p.exists():
+            return None
+        return cls(**json.loads(p.read_text(encoding="utf-8")))
+
+    @property
+    def contact_point(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def alive(self) -> bool:
+        return _pid_alive(self.pid)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalCassandra:
+    """One Cassandra node on ``host`` with free ports (or the given ones); data under ``data_dir``
+    (a fresh temporary directory, removed on :meth:`stop`, when None).
+
+    Use as a context manager, or :meth:`start` / :meth:`stop`. With ``authenticator=True`` the node
+    runs PasswordAuthenticator and the superuser is :data:`SUPERUSER`.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        storage_port: int | None = None,
+        heap: str = "512M",
+        authenticator: bool = False,
+        version: str = DEFAULT_VERSION,
+        cache: Path | None = None,
+        startup_timeout: float = 240.0,
+        progress: Progress = _stderr,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.storage_port = storage_port or free_port(host)
+        self.heap = heap
+        self.authenticator = authenticator
+        self.version = version
+        self.cache = cache
+        self.startup_timeout = startup_timeout
+        self.progress = progress
+        self.throwaway = data_dir is None
+        fresh = data_dir is None
+        self.data_dir = Path(tempfile.mkdtemp(prefix="sj-cassandra-")) if fresh else Path(data_dir or "").resolve()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def contact_point(self) -> str:
+        """``host:port``, the form ``CASSANDRA_CONTACT_POINTS`` and ``cassandra://`` take."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def credentials(self) -> tuple[str, str] | None:
+        return SUPERUSER if self.authenticator else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "node.log"
+
+    def command(self, lib: Path) -> list[str]:
+        java, _ = require_tools()
+        conf = self.data_dir / "conf"
+        return [
+            java, f"-Xms{self.heap}", f"-Xmx{self.heap}", *JVM17_FLAGS, *FAST_START_FLAGS,
+            f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
+            f"-Dlogback.configurationFile=file://{conf / 'logback.xml'}",
+            f"-Dcassandra.logdir={self.data_dir / 'logs'}",
+            f"-Dcassandra.storagedir={self.data_dir}",
+            "-Dcassandra-foreground=yes",
+            "-cp", f"{conf}{os.pathsep}{lib}/*", MAIN_CLASS,
+        ]  # fmt: skip
+
+    def start(self, *, detach: bool = False) -> LocalCassandra:
+        """Start the node and wait until CQL answers (:class:`CassandraStartError` with the
+        log's tail otherwise). ``detach``: the node outlives this process (the CLI)."""
+        lib = ensure_jars(self.version, self.cache, self.progress)
+        conf = self.data_dir / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        (conf / "cassandra.yaml").write_text(
+            cassandra_yaml(self.data_dir, self.host, self.port, self.storage_port, self.authenticator), encoding="utf-8"
+        )
+        (conf / "logback.xml").write_text(_LOGBACK, encoding="utf-8")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(lib), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.data_dir, start_new_session=detach,
+            )  # fmt: skip
+        try:
+            self.wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_until_ready(self) -> str:
+        """Poll until ``SELECT release_version FROM system.local`` answers; return the version."""
+        deadline = time.monotonic() + self.startup_timeout
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise CassandraStartError(
+                    f"Cassandra exited with code {self.process.returncode} while starting; "
+                    f"{self.log_path}:\n{log_tail(self.log_path)}"
+                )
+            if _port_open(self.host, self.port):
+                try:
+                    return self.release_version()
+                except Exception as e:  # not ready yet (auth setup, schema agreement)
+                    last = e
+            time.sleep(0.5)
+        raise CassandraStartError(
+            f"Cassandra did not answer CQL on {self.contact_point} within {self.startup_timeout:.0f} s"
+            f" (last error: {last}); {self.log_path}:\n{log_tail(self.log_path)}"
+        )
+
+    def release_version(self) -> str:
+        """Connect with the driver and read ``release_version`` from ``system.local``."""
+        with self.session() as session:
+            return str(session.execute("SELECT release_version FROM system.local").one().release_version)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Any]:
+        """A driver session on this node (superuser credentials when authentication is on)."""
+        from cassandra.cluster import Cluster
+
+        cluster = Cluster(
+            [self.host], port=self.port, auth_provider=self.auth_provider(), connect_timeout=5, protocol_version=5
+        )
+        try:
+            yield cluster.connect()
+        finally:
+            cluster.shutdown()
+
+    def auth_provider(self) -> Any:
+        if not self.authenticator:
+            return None
+        from cassandra.auth import PlainTextAuthProvider
+
+        return PlainTextAuthProvider(*SUPERUSER)
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, *, kill: bool = False, timeout: float = 60.0, keep_data: bool = False) -> None:
+        """Stop the node: SIGTERM (Cassandra drains), SIGKILL after ``timeout``; ``kill``: at
+        once, as a crash. A throwaway data directory is removed unless ``keep_data``."""
+        if self.process is not None:
+            stop_pid(self.process.pid, kill=kill, timeout=timeout, wait=self.process.wait)
+            self.process = None
+        if self.throwaway and not keep_data:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def state(self) -> NodeState:
+        assert self.process is not None
+        return NodeState(
+            pid=self.process.pid, host=self.host, port=self.port, storage_port=self.storage_port,
+            data_dir=str(self.data_dir), log=str(self.log_path), version=self.version,
+            authenticator=self.authenticator, throwaway=self.throwaway,
+        )  # fmt: skip
+
+    def __enter__(self) -> LocalCassandra:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_pid(pid: int, *, kill: bool = False, timeout: float = 60.0, wait: Callable[[], Any] | None = None) -> None:
+    """SIGTERM (or SIGKILL with ``kill``) ``pid`` and wait until it is gone; SIGKILL after ``timeout``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+        time.sleep(0.1)
+    if wait is not None:
+        wait()
