@@ -172,9 +172,11 @@ class CassandraSettings:
     """Password of ``username`` (kept out of repr)."""
     local_datacenter: str | None = None
     """Datacenter whose nodes serve requests (DC-aware load balancing); None: the driver's default."""
-    max_write_bytes: int = 15 * 1024 * 1024
-    """A persist call whose events and metadata exceed this many bytes is refused before any I/O:
-    Cassandra rejects a mutation above half its commitlog segment (16 MiB by default)."""
+    max_write_bytes: int = 8 * 1024 * 1024
+    """A persist call whose events and metadata exceed this many bytes is refused before any I/O.
+    The server refuses a request above ``native_transport_max_message_size`` (by default 1/40 of
+    its heap: about 12 MiB with a 512 MiB heap) and a mutation above half its commitlog segment
+    (16 MiB by default)."""
     request_timeout: float = 10.0
     """Seconds to wait for the cluster connection and for each request's answer."""
 

@@ -92,7 +92,8 @@ async def _run(session: Any, stmt: Any, params: Sequence[Any] | None = None) -> 
 def _map(exc: BaseException) -> BaseException:
     """Driver errors into the library's tree (one place)."""
     name = type(exc).__name__
-    causes = list((getattr(exc, "errors", None) or {}).values()) if name == "NoHostAvailable" else [exc]
+    errors = getattr(exc, "errors", None) or {}
+    causes = list(errors.values()) if isinstance(errors, dict) else [exc]
     if causes and all(type(c).__name__ == "AuthenticationFailed" for c in causes):
         return ConfigurationError(f"cassandra: authentication failed (username/password settings): {causes[0]}")
     if name in {"NoHostAvailable", "OperationTimedOut", "Unavailable", "ReadTimeout", "WriteTimeout"}:
@@ -138,16 +139,25 @@ class CassandraBackend:
                 self.prepared[name] = stmt
             self._check_datacenter(s.local_datacenter)
         except Exception as e:
+            error = self._open_error(e)
             await self.close()
-            if isinstance(e, ConfigurationError):
-                raise
-            if "highest_sequence_nr" in str(e):
-                raise ConfigurationError(
-                    f"{self.keyspace}.messages lacks the single-writer check's static column: run "
-                    f"ALTER TABLE {self.keyspace}.messages ADD highest_sequence_nr bigint static"
-                ) from e
-            raise _map(e) from e
+            raise error from e
         await self._tag_store.ensure_bucket_size(self.settings.tags.bucket_size)
+
+    def _open_error(self, e: Exception) -> BaseException:
+        """Why opening failed, in the library's terms."""
+        if isinstance(e, ConfigurationError):
+            return e
+        try:  # a local datacenter with no node: the driver connects to nothing at all
+            self._check_datacenter(self.settings.cassandra.local_datacenter)
+        except ConfigurationError as bad:
+            return bad
+        if "highest_sequence_nr" in str(e):
+            return ConfigurationError(
+                f"{self.keyspace}.messages lacks the single-writer check's static column: run "
+                f"ALTER TABLE {self.keyspace}.messages ADD highest_sequence_nr bigint static"
+            )
+        return _map(e)
 
     def _check_datacenter(self, dc: str | None) -> None:
         """A local datacenter that no node belongs to would route nothing: refused at open."""
