@@ -379,3 +379,17 @@ async def test_a_reference_keyspace_without_the_static_column_is_named_at_open(
             assert await seqs(j, "A|1") == [1]
     finally:
         await asyncio.to_thread(cassandra_session.execute, f"DROP KEYSPACE IF EXISTS {ks}", timeout=60)
+
+
+async def test_calls_of_one_pid_in_one_batch_are_numbered_one_after_another(target: str) -> None:
+    """Group commit keeps one call per pid in flight; the backend does not rely on it: several
+    calls of one pid handed over at once are written one after another, never racing."""
+    p = pid()
+    for check in (True, False):
+        async with journal(target, single_writer_check=check, target_partition_size=4) as j:
+            before = await j.highest_seq_nr(p)
+            reqs = [j._request(p, [f"{check}{i}", "x"], None, (), None) for i in range(15)]
+            results = await j.backend.write_batch(reqs)
+            firsts = sorted(r.first_seq_nr for r in results)  # type: ignore[union-attr]
+            assert firsts == list(range(before + 1, before + 31, 2))
+            assert await seqs(j, p) == list(range(1, before + 31))

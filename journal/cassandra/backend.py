@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -103,6 +105,13 @@ def _map(exc: BaseException) -> BaseException:
     return exc
 
 
+KNOWN_STATES = 10_000
+"""Pids whose write state this journal remembers after writing them (least recently written
+forgotten first): their next call needs no read. A stale state is safe with the single-writer
+check (the lightweight transaction fails: SequenceConflict); without it one writer per pid is
+assumed anyway."""
+
+
 class WriteState(NamedTuple):
     """A pid's highest stored number, and the ``highest_sequence_nr`` static column of the
     partition its next call goes to (None: not set), as read before a write."""
@@ -125,6 +134,8 @@ class CassandraBackend:
         self._cluster: Any = None
         self.prepared: dict[str, Any] = {}
         self._tag_store = CassandraTagStore(self)
+        self._states: OrderedDict[str, WriteState] = OrderedDict()
+        self._pid_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.tag_writers = TagWriters(self._tag_store, settings.tags)
 
     async def start(self) -> None:
@@ -184,10 +195,24 @@ class CassandraBackend:
         return [r if isinstance(r, WriteResult | Exception) else JournalUnavailable(str(r)) for r in results]
 
     async def _write_one(self, r: WriteRequest) -> WriteResult:
+        """One call: the pid's calls one at a time (in this journal), each from the state the last
+        one left (read from the table when unknown, or when ``expected_seq_nr`` disagrees)."""
+        pid = r.persistence_id
         self._check_size(r)
-        if r.tags:
-            await self.tag_writers.ensure_recovered(r.persistence_id)
-        return await self.store(r, await self.write_state(r.persistence_id))
+        lock = self._pid_locks.setdefault(pid, asyncio.Lock())
+        async with lock:
+            if r.tags:
+                await self.tag_writers.ensure_recovered(pid)
+            state = self._states.pop(pid, None)
+            if state is None or (r.expected_seq_nr is not None and r.expected_seq_nr != state.highest):
+                state = await self.write_state(pid)
+            result = await self.store(r, state)  # on any error the state is forgotten
+            last = result.first_seq_nr + len(r.events) - 1
+            same = self.layout.write_partition(last + 1) == self.layout.write_partition(result.first_seq_nr)
+            self._states[pid] = WriteState(last, last if same else None)
+            if len(self._states) > KNOWN_STATES:
+                self._states.popitem(last=False)
+            return result
 
     async def write_state(self, persistence_id: str) -> WriteState:
         """What a write of ``persistence_id`` starts from (read before the write)."""
