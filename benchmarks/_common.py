@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from journal.postgres.migrations import upgrade
-from journal.postgres.scratch import scratch_database
+from tests.support.scratch import scratch_database
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from .errors import (
     SparkSetupError,
     StorageError,
     TagEventsMissing,
+    TagWriteTimeout,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
@@ -67,6 +68,7 @@ __all__ = [
     "SparkSetupError",
     "StorageError",
     "TagEventsMissing",
+    "TagWriteTimeout",
     "TimeUUIDOffset",
     "TimestampOffset",
     "UnsupportedOperation",

@@ -126,6 +126,15 @@ class HandlerFailed(ProjectionError):
     """A projection handler kept failing after its bounded retries; the projection stopped."""
 
 
+class ProjectionBusy(ProjectionError):
+    """Live workers hold the projection: stop ``projections run NAME`` before a backfill."""
+
+
+class TagWriteTimeout(JournalUnavailable):
+    """The tag view write did not finish within ``tag_write_timeout``. The events are stored;
+    the pid's next recovery (its next write through this journal) resends the tag rows."""
+
+
 class CircuitBreakerOpen(JournalUnavailable):
     """Entities' circuit breaker is open after repeated write failures: rejected without I/O.
 
@@ -177,6 +186,7 @@ __all__ = [
     "LeaseLost",
     "OffsetError",
     "PersistNotAllowed",
+    "ProjectionBusy",
     "ProjectionError",
     "RecoveryFailed",
     "SequenceConflict",
@@ -184,5 +194,6 @@ __all__ = [
     "SparkSetupError",
     "StorageError",
     "TagEventsMissing",
+    "TagWriteTimeout",
     "UnsupportedOperation",
 ]

@@ -24,6 +24,7 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
+from .metrics import instrumented
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import Sequence as SeqOffset
 from .query.slices import SliceQueries
@@ -52,7 +53,7 @@ class Journal:
         self.serializers = serializers or SerializerRegistry()
         w = settings.write
         self._group_commit = GroupCommit(
-            backend.write_batch,
+            instrumented(backend.write_batch),
             max_batch_events=w.max_batch_events,
             max_in_flight=w.max_in_flight,
             max_batch_wait=w.max_batch_wait,

@@ -1,26 +1,28 @@
-"""slice-journal projections: offset store, validation, handler kinds, slice leases, workers."""
+"""slice-journal projections: workers that apply a journal's events to read models.
+
+The public API is what ``__all__`` lists: the workers (by slice range, by tag), the handler
+kinds, the status types, and the projection errors. Everything else is internal.
+"""
+
+from journal.errors import HandlerFailed, LeaseLost, ProjectionBusy, ProjectionError
 
 from .handlers import MODES, Mode, load_handler
 from .management import ProjectionStatus, RangeStatus
-from .postgres_store import ProjectionSql
-from .runner import RangeProcessor
 from .stats import Stats
-from .validation import Check, SliceState, Validator, Verdict
-from .worker import Worker, chunk
+from .tag_runner import TagWorker
+from .worker import Worker
 
 __all__ = [
     "MODES",
-    "Check",
+    "HandlerFailed",
+    "LeaseLost",
     "Mode",
-    "ProjectionSql",
+    "ProjectionBusy",
+    "ProjectionError",
     "ProjectionStatus",
-    "RangeProcessor",
     "RangeStatus",
-    "SliceState",
     "Stats",
-    "Validator",
-    "Verdict",
+    "TagWorker",
     "Worker",
-    "chunk",
     "load_handler",
 ]

@@ -66,6 +66,14 @@ def run(
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Live display.")] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option("--metrics-port", min=0, help="Serve Prometheus metrics on this port (0: a free one)."),
+    ] = None,
+    metrics_addr: Annotated[str, typer.Option("--metrics-addr", help="Address of the metrics server.")] = "127.0.0.1",
+    metrics_interval: Annotated[
+        float, typer.Option("--metrics-interval", min=0.1, help="Seconds between lag samples.")
+    ] = 5.0,
 ) -> None:
     """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
     from journal.errors import JournalError
@@ -108,8 +116,21 @@ def run(
             loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
             tasks = [asyncio.create_task(w.run()) for w in ws]
             reporter = asyncio.create_task(_report(ws, show))
+            sampler = None
+            if metrics_port is not None:
+                from . import metrics
+
+                port = metrics.serve(metrics_port, metrics_addr)
+                log.info("metrics on http://%s:%d/metrics", metrics_addr, port)
+                sampler = metrics.LagSampler(
+                    ws, j.settings.connection.dsn or "", j.settings.schema, interval=metrics_interval
+                )
+                sampler_task = asyncio.create_task(sampler.run())
             results = await asyncio.gather(*tasks, return_exceptions=True)
             reporter.cancel()
+            if sampler is not None:
+                sampler.stop()
+                await sampler_task
             failed = [r for r in results if isinstance(r, BaseException)]
             for r in failed:
                 log.error("worker stopped: %s", r)
@@ -177,6 +198,7 @@ def status(
     dsn: DsnOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (for scripts and monitoring).")] = False,
 ) -> None:
     """Per projection and slice range: offset, lag, owner, paused; workers and their errors."""
     from rich.console import Console
@@ -188,8 +210,11 @@ def status(
         names = [name] if name else await sql.projection_names(conn)
         return [await management.status(conn, sql, n) for n in names]
 
-    console = Console()
     results = _with_conn(dsn, schema, data_dir, go)
+    if as_json:
+        typer.echo(management.status_json(results))
+        return
+    console = Console()
     if not results:
         console.print("no projections")
     for st in results:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +62,29 @@ async def status(conn: Any, sql: ProjectionSql, name: str) -> ProjectionStatus:
         start = s
     workers = [dict(r) for r in await sql.workers(conn, name)]
     return ProjectionStatus(name, ranges, workers)
+
+
+def status_json(statuses: list[ProjectionStatus]) -> str:
+    """``projections status --json``: one object per projection, timestamps in ISO 8601."""
+
+    def default(value: Any) -> Any:
+        if isinstance(value, datetime):
+            return value.isoformat()
+        raise TypeError(f"not JSON: {type(value).__name__}")
+
+    out = [
+        {
+            "name": st.name,
+            "ranges": [
+                {"slices": f"{r.lo}-{r.hi}", "lo": r.lo, "hi": r.hi, "owner": r.owner, "offset": r.offset,
+                 "lag_seconds": r.lag_seconds, "paused": r.paused}
+                for r in st.ranges
+            ],
+            "workers": st.workers,
+        }
+        for st in statuses
+    ]  # fmt: skip
+    return json.dumps(out, default=default, indent=2)
 
 
 async def set_paused(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int, paused: bool) -> None:

@@ -7,7 +7,7 @@ parameters. Functions take an asyncpg connection so callers choose the transacti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -135,6 +135,30 @@ FROM {self.t("projection_timestamp_offset_store")} WHERE projection_name = $1 GR
                 name,
             )
         )
+
+    async def pending_events(
+        self, conn: Any, entity_type: str, offsets: dict[int, datetime | None], cap: int
+    ) -> tuple[int, datetime | None, datetime]:
+        """Events of ``entity_type`` after each slice's offset (counted up to ``cap`` per slice),
+        the oldest such event's timestamp, and the database clock (for the lag metrics).
+        Index probes of ``event_journal_slice_idx`` per slice: cheap enough to sample every few seconds."""
+        journal = self.t("event_journal")
+        row = await conn.fetchrow(
+            f"""
+WITH o AS (SELECT * FROM unnest($2::int[], $3::timestamptz[]) AS o(slice, ts))
+SELECT
+  coalesce(sum((SELECT count(*) FROM (SELECT 1 FROM {journal} e WHERE e.slice = o.slice AND e.entity_type = $1
+    AND e.db_timestamp > o.ts AND NOT e.deleted LIMIT $4) n)), 0) AS pending,
+  min((SELECT min(e.db_timestamp) FROM {journal} e WHERE e.slice = o.slice AND e.entity_type = $1
+    AND e.db_timestamp > o.ts AND NOT e.deleted)) AS oldest,
+  clock_timestamp() AS now
+FROM o""",
+            entity_type,
+            list(offsets),
+            [datetime.min.replace(tzinfo=UTC) if ts is None else ts for ts in offsets.values()],
+            cap,
+        )
+        return int(row["pending"]), row["oldest"], row["now"]
 
     async def projection_names(self, conn: Any) -> list[str]:
         rows = await conn.fetch(

@@ -311,6 +311,7 @@ class RangeProcessor:
                     await self.handler(conn, env)
             await self.sql.save_offsets(conn, self.name, self.key, rows)
 
+        started = time.monotonic()
         try:
             await self._retrying(body, transactional=True, fence=touched)
         except BaseException:
@@ -318,7 +319,7 @@ class RangeProcessor:
             raise
         self.validator.commit(hb_slices)
         newest = max((e.db_timestamp for e in accepted), default=None)
-        self.stats.committed(len(accepted), newest)
+        self.stats.committed(len(accepted), newest, time.monotonic() - started)
 
     async def _maybe_flush(self, *, force: bool) -> None:
         hb = getattr(self, "_pending_hb", {})

@@ -121,6 +121,7 @@ class TagProcessor(RangeProcessor):
         await self._commit_tag(body, len(accepted), max(e.db_timestamp for e in accepted))
 
     async def _commit_tag(self, body: Callable[[Any], Awaitable[None]], n: int, newest: Any) -> None:
+        started = time.monotonic()
         try:
             await self._retrying(body, transactional=True, fence=dict(self.epochs))
         except BaseException:
@@ -129,7 +130,7 @@ class TagProcessor(RangeProcessor):
         for pid, (seq_nr, _) in self.pending.items():
             self.seq_nrs[pid] = seq_nr
         self.pending = {}
-        self.stats.committed(n, newest)
+        self.stats.committed(n, newest, time.monotonic() - started)
 
     async def _flush(self, *, force: bool) -> None:
         """At-least-once: store the offsets every N envelopes / T seconds."""

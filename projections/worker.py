@@ -22,11 +22,12 @@ from typing import Any
 
 import asyncpg
 
-from journal.errors import EventsMissing, HandlerFailed, LeaseLost
+from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
 from journal.ids import NUMBER_OF_SLICES
 from journal.postgres.dsn import asyncpg_dsn
 from journal.settings import JournalSettings, QueryMode
 
+from . import metrics
 from .handlers import Mode, validate_mode
 from .postgres_store import ProjectionSql
 from .runner import EventSource, RangeProcessor
@@ -82,7 +83,7 @@ class Worker:
         self.mode: Mode = validate_mode(mode)
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.sql = ProjectionSql(settings.schema)
-        self.stats = Stats()
+        self.stats = Stats(name)
         self.error: str | None = None
         self.epochs: dict[int, int] = {}
         self.processors: dict[tuple[int, int], tuple[RangeProcessor, asyncio.Task[None]]] = {}
@@ -90,6 +91,7 @@ class Worker:
         self._pool: asyncpg.Pool | None = None
         self._ttl = timedelta(seconds=self.ps.lease_ttl)
         self.state = "running"
+        metrics.track(self)
 
     def stop(self) -> None:
         self._stop.set()
@@ -102,7 +104,7 @@ class Worker:
         """Work until stopped; raise HandlerFailed / EventsMissing when the projection must stop."""
         dsn = self.settings.connection.dsn
         if dsn is None:
-            raise RuntimeError("Worker needs settings with a DSN (open the journal first)")
+            raise ConfigurationError("Worker needs settings with a DSN (open the journal first)")
         self._pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=8)
         try:
             async with self._pool.acquire() as conn:

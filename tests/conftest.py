@@ -18,7 +18,7 @@ import pytest
 
 from journal import Journal, JournalSettings, open_journal
 from journal.postgres.migrations import upgrade
-from journal.postgres.scratch import scratch_database
+from tests.support.scratch import scratch_database
 
 pytest_plugins = ["cassandra_fixtures"]  # Cassandra: CASSANDRA_CONTACT_POINTS or one local node
 

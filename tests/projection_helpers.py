@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 FAST_ENV = {
     "JOURNAL_PROJECTION_LEASE_TTL": "4",
@@ -28,16 +24,6 @@ def spawn_worker(dsn: str, name: str, entity_type: str, handler: str = "projecti
         stderr=tempfile.TemporaryFile(),  # a pipe nobody reads would fill up and block the worker
     )  # fmt: skip
 
-
-async def wait_until(cond: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {value!r})")
-        await asyncio.sleep(0.05)
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -68,13 +68,6 @@ class LateWriter:
 async def collect(it: AsyncIterator[EventEnvelope]) -> list[EventEnvelope]:
     return [e async for e in it]
 
-
-async def wait_for(cond: Callable[[], bool], timeout: float, what: str = "condition") -> None:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class Consumer:

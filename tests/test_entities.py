@@ -4,8 +4,7 @@ recovery, snapshots, routing."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from journal import (
 )
 from journal.settings import EntitySettings
 from tests.entity_fixtures import Counter, LazyCounter, SkipCounter, SnapCounter
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -57,13 +57,6 @@ async def registry(journal: Journal) -> AsyncIterator[EntityRegistry]:
 async def stored(journal: Journal, pid: str) -> list[object]:
     return [e.event async for e in journal.current_events_by_persistence_id(pid)]
 
-
-async def wait_for(cond: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 async def test_event_handler_runs_before_callback_and_reply(registry: EntityRegistry, journal: Journal) -> None:
@@ -145,23 +138,22 @@ async def test_commands_wait_for_recovery_and_failure_is_reported(journal: Journ
         assert isinstance(err, RecoveryFailed)
         assert (err.persistence_id, err.seq_nr) == ("counter|p", 2)
         assert "counter|p" in str(err) and "seq_nr 2" in str(err)
-        await wait_for(lambda: not reg.is_active(Counter, "p"))  # not used afterwards
+        await wait_until(lambda: not reg.is_active(Counter, "p"), 10, "the entity passivated")  # not used afterwards
         assert await journal.highest_seq_nr("counter|p") == 3  # nothing written
 
 
 async def test_snapshots_every_n_and_on_request(registry: EntityRegistry, journal: Journal) -> None:
     for i in range(7):
         await registry.ask(SnapCounter, "a", ("add", i))
-    deadline = time.monotonic() + 5
-    while (snap := await journal.load_snapshot("snap|a")) is None or snap.seq_nr < 6:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+
+    async def snapshot_at_6() -> Any:
+        snap = await journal.load_snapshot("snap|a")
+        return snap if snap is not None and snap.seq_nr >= 6 else None
+
+    snap = await wait_until(snapshot_at_6, 5, "the automatic snapshot at seq_nr 6")
     assert snap.seq_nr == 6 and snap.state == [0, 1, 2, 3, 4, 5]
     await registry.ask(Counter, "b", ("snapshot", "x"))
-    deadline = time.monotonic() + 5
-    while (snap2 := await journal.load_snapshot("counter|b")) is None:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    snap2 = await wait_until(lambda: journal.load_snapshot("counter|b"), 5, "the requested snapshot")
     assert (snap2.seq_nr, snap2.state) == (1, ["x"])
 
 
@@ -194,7 +186,7 @@ async def test_passivation_and_reactivation(journal: Journal) -> None:
     async with EntityRegistry(journal, settings) as reg:
         await reg.ask(Counter, "p", ("add", "x"))
         assert reg.is_active(Counter, "p")
-        await wait_for(lambda: not reg.is_active(Counter, "p"))
+        await wait_until(lambda: not reg.is_active(Counter, "p"), 10, "the entity passivated")
         assert reg.passivations >= 1
         assert await reg.ask(Counter, "p", ("add", "y")) == ["x", "y"]  # recovered on demand
         assert reg.is_active(Counter, "p")

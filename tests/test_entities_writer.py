@@ -4,8 +4,7 @@ one, batch sizes bounded) and resume from the writer's stored progress after a r
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -15,6 +14,7 @@ from journal import EventEnvelope, Journal, JournalSettings
 from journal.entities import Writer, WriterHandler
 from journal.errors import ConfigurationError, HandlerFailed
 from projections import Worker
+from tests.support.waiting import wait_until
 
 
 def fast(dsn: str, **more: Any) -> JournalSettings:
@@ -22,13 +22,6 @@ def fast(dsn: str, **more: Any) -> JournalSettings:
         env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, handler_backoff=0.02, **more
     )  # fmt: skip
 
-
-async def wait_until(cond: Callable[[], Awaitable[Any]], what: str, within: float = 20) -> None:
-    deadline = time.monotonic() + within
-    while not await cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class CountingSource:
@@ -121,14 +114,14 @@ async def test_events_arriving_during_a_write_go_into_the_next_bounded_batches(
         async def arrived() -> bool:
             return source.delivered >= 23
 
-        await wait_until(arrived, "the runner's reader to take the new events")
+        await wait_until(arrived, 20, "the runner's reader to take the new events")
         assert len(writer.calls) == 1  # still inside the first write
         writer.gate.set()
 
         async def all_written() -> bool:
             return len(await rows(conn)) == 23
 
-        await wait_until(all_written, "every event written")
+        await wait_until(all_written, 20, "every event written")
     finally:
         worker.stop()
         await task
@@ -162,7 +155,7 @@ async def test_writer_resumes_from_its_stored_progress_after_a_restart(
         async def done() -> bool:
             return len(await rows(conn)) >= len(everything)
 
-        await wait_until(done, "the restarted writer to catch up")
+        await wait_until(done, 20, "the restarted writer to catch up")
     finally:
         worker.stop()
         await task

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine, inspect
 from journal.postgres.dsn import sqlalchemy_url
 from journal.postgres.migrations import downgrade, head_revision, offline_sql, upgrade
 from journal.postgres.schema import VERSION_TABLE, metadata
-from journal.postgres.scratch import scratch_database
+from tests.support.scratch import scratch_database
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,11 +9,12 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from projection_helpers import spawn_worker, stop, wait_until
+from projection_helpers import spawn_worker, stop
 
 from journal import Journal
 from projections.demo_cart import CartWorkload, prepare, verify
 from projections.postgres_store import ProjectionSql
+from tests.support.waiting import wait_until
 
 SQL = ProjectionSql("public")
 
@@ -71,7 +72,8 @@ async def _kill_and_takeover(
         await wait_until(lambda: _owned_by(conn, name, 1), 60, "takeover by the survivor")
         procs.append(spawn_worker(dsn, name, et))  # restart: rebalances back to two
         await wait_until(lambda: _owned_by(conn, name, 2), 60, "the restarted worker to get slices")
-        await asyncio.sleep(0.5)
+        n = await projected(conn)
+        await wait_until(lambda: _at_least(conn, n + 1), 30, "the two workers to project more events")
     finally:
         load.stop()
         await task

@@ -8,11 +8,11 @@ from typing import Any
 
 import asyncpg
 import pytest
-from projection_helpers import wait_until
 
 from journal import EventEnvelope, Journal, JournalSettings, open_journal
 from journal.ids import slice_for
 from projections import Worker
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ from typing import Any
 
 import asyncpg
 import pytest
-from projection_helpers import wait_until
 
 from journal import EventEnvelope, Journal, JournalSettings
 from journal.errors import HandlerFailed
 from journal.ids import slice_for
 from projections import Worker, management
 from projections.postgres_store import OffsetRow, ProjectionSql
+from tests.support.waiting import wait_until
 
 SQL = ProjectionSql("public")
 

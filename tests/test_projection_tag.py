@@ -4,9 +4,8 @@ stored TimeUUID offset with nothing twice and nothing missing, and the CLI's cho
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -18,6 +17,7 @@ from journal import EventEnvelope, Journal, JournalSettings, open_journal
 from projections.cli import app
 from projections.tag_offset_store import TagOffsetSql
 from projections.tag_runner import TagWorker
+from tests.support.waiting import wait_until
 
 _ZERO_V1 = uuid.UUID("00000000-0000-1000-8000-000000000000")
 FAST: dict[str, Any] = dict(
@@ -52,16 +52,6 @@ async def exactly_once(conn: Any, env: EventEnvelope) -> None:
 async def grouped(conn: Any, envs: list[EventEnvelope]) -> None:
     await conn.executemany("INSERT INTO tag_proj_out VALUES ($1, $2)", [(e.persistence_id, e.seq_nr) for e in envs])
 
-
-async def wait_until(cond: Callable[[], Awaitable[Any]], within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        value = await cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what} (last: {value!r})")
-        await asyncio.sleep(0.02)
 
 
 async def write(j: Journal, rounds: range, pids: int = 8) -> int:

@@ -41,3 +41,12 @@ def test_the_journal_example_runs(dsn: str) -> None:
     lines = out.stdout.splitlines()
     assert lines[0].startswith("2 ")
     assert lines[1:] == ["1 {'added': 'apple'}", "2 {'added': 'pear'}", "3 {'removed': 'pear'}"]
+
+
+def test_readme_is_a_front_page() -> None:
+    """A few hundred lines at most, and no development diary (commit hashes, issue numbers)."""
+    assert len(README.splitlines()) <= 300
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", README), "a commit hash in the README"
+    assert not re.search(r"\bissue \d+", README, re.I), "an issue number in the README"
+    for page in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / page).is_file(), f"README links to a missing page: {page}"

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import asyncpg
 import pytest
-from slice_helpers import Consumer, LateWriter, collect, request, wait_for
+from slice_helpers import Consumer, LateWriter, collect, request
 
 from journal import (
     InvalidArgument,
@@ -24,6 +24,7 @@ from journal import (
 )
 from journal.ids import slice_for
 from journal.postgres.slice_queries import SliceStatements
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -109,18 +110,20 @@ async def test_horizon_rolled_back_writer_leaves_nothing(journal: Journal, dsn: 
 
 async def test_backtracking_mode_current_query(journal: Journal) -> None:
     await journal.persist("bt|a", [1, 2])
-    await asyncio.sleep(0.15)  # behind_current_time is 100 ms: let the rows age past it
-    got = await collect(journal.current_events_by_slices("bt", 0, 1023, mode="backtracking"))
-    assert [key(e) for e in got] == [("bt|a", 1), ("bt|a", 2)]
+
+    async def aged() -> list[tuple[str, int]]:  # behind_current_time is 100 ms: the rows must age past it
+        return [key(e) for e in await collect(journal.current_events_by_slices("bt", 0, 1023, mode="backtracking"))]
+
+    assert await wait_until(aged, 10, "both events older than behind_current_time") == [("bt|a", 1), ("bt|a", 2)]
 
 
 async def test_live_query_polls_and_delivers_new_events(small: Journal) -> None:
     c = Consumer(small.events_by_slices("live", 0, 1023))
     try:
         await small.persist("live|a", [1, 2, 3])
-        await wait_for(lambda: len(c.events) == 3, 10, "3 events")
+        await wait_until(lambda: len(c.events) == 3, 10, "3 events")
         await small.persist("live|b", [4])
-        await wait_for(lambda: len(c.events) == 4, 10, "4 events")
+        await wait_until(lambda: len(c.events) == 4, 10, "4 events")
         assert [key(e) for e in c.events] == [("live|a", 1), ("live|a", 2), ("live|a", 3), ("live|b", 1)]
         assert c.events[0].event == 1
     finally:
@@ -184,9 +187,9 @@ async def test_timestamp_of_load_envelope_and_live_by_pid(journal: Journal) -> N
     assert await journal.load_envelope("p|2", 1) is None
     c = Consumer(journal.events_by_persistence_id("p|1", 2))
     try:
-        await wait_for(lambda: len(c.events) == 1, 10, "seq 2")
+        await wait_until(lambda: len(c.events) == 1, 10, "seq 2")
         await journal.persist("p|1", ["c"])
-        await wait_for(lambda: len(c.events) == 2, 5, "seq 3 (woken by NOTIFY)")
+        await wait_until(lambda: len(c.events) == 2, 5, "seq 3 (woken by NOTIFY)")
         assert [(e.seq_nr, e.event, e.offset) for e in c.events] == [(2, "b", Sequence(2)), (3, "c", Sequence(3))]
     finally:
         await c.stop()

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from slice_helpers import Consumer, LateWriter, collect, request, wait_for
+from slice_helpers import Consumer, LateWriter, collect, request
 
 from journal import (
     Journal,
@@ -23,6 +23,7 @@ from journal import (
     slice_ranges,
 )
 from journal.settings import QueryMode
+from tests.support.waiting import wait_until
 
 WRITE_SECONDS = 8.0
 
@@ -79,7 +80,7 @@ async def _adversarial(dsn: str, mode: QueryMode, seed: int) -> None:
 
         try:
             try:
-                await wait_for(lambda: delivered() >= committed, 30, f"all committed events ({mode})")
+                await wait_until(lambda: delivered() >= committed, 30, f"all committed events ({mode})")
             except AssertionError:
                 missing = committed - delivered()
                 late = sorted(lateness.get(k, 0.0) for k in missing)
@@ -127,15 +128,27 @@ async def fast(journal: Journal, dsn: str) -> AsyncIterator[Journal]:
         yield j
 
 
-async def test_listen_wakes_live_queries_well_below_refresh_interval(fast: Journal) -> None:
+async def _listening(dsn: str) -> bool:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return bool(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def test_listen_wakes_live_queries_well_below_refresh_interval(fast: Journal, dsn: str) -> None:
     c = Consumer(fast.events_by_slices("wake", 0, 1023))
     try:
-        await asyncio.sleep(0.3)  # let it subscribe and go idle (next poll in 5 s)
+        await wait_until(lambda: _listening(dsn), 10, "the journal's LISTEN (the next poll is 5 s away)")
         latencies = []
         for i in range(5):
             t0 = time.monotonic()
             await fast.persist(f"wake|{i}", [i])
-            await wait_for(lambda i=i: len(c.events) == i + 1, 4.0, "a NOTIFY wake-up")
+            await wait_until(lambda i=i: len(c.events) == i + 1, 4.0, "a NOTIFY wake-up")
             latencies.append(c.arrived[-1] - t0)
             await asyncio.sleep(0.1)
         assert statistics.median(latencies) < 0.5, latencies
@@ -147,7 +160,7 @@ async def test_quiet_range_still_advances_with_heartbeats(fast: Journal) -> None
     envs = await fast.persist("quiet|a", ["only"])
     c = Consumer(fast.events_by_slices("quiet", 0, 1023, heartbeats=True))
     try:
-        await wait_for(lambda: sum(e.source == "heartbeat" for e in c.got) >= 3, 5, "heartbeats")
+        await wait_until(lambda: sum(e.source == "heartbeat" for e in c.got) >= 3, 5, "heartbeats")
         beats = [e for e in c.got if e.source == "heartbeat"]
         assert c.got[0].persistence_id == "quiet|a"
         stamps = [b.offset.timestamp for b in beats]  # type: ignore[union-attr]
@@ -156,7 +169,7 @@ async def test_quiet_range_still_advances_with_heartbeats(fast: Journal) -> None
         assert (b.persistence_id, b.seq_nr, b.event, b.has_payload) == ("", 0, None, False)
         assert b.offset == TimestampOffset(b.db_timestamp)
         await fast.persist("quiet|b", ["next"])
-        await wait_for(lambda: any(e.persistence_id == "quiet|b" for e in c.got), 4, "next event")
+        await wait_until(lambda: any(e.persistence_id == "quiet|b" for e in c.got), 4, "next event")
         # Resuming from the heartbeat's offset gives exactly what came after it.
         rest = await collect(fast.current_events_by_slices("quiet", 0, 1023, b.offset))  # type: ignore[arg-type]
         assert [e.persistence_id for e in rest] == ["quiet|b"]
@@ -198,19 +211,22 @@ async def test_connection_loss_mid_stream_resumes_exactly(journal: Journal, dsn:
 
         wt = asyncio.create_task(write())
         try:
-            await wait_for(lambda: len(c.events) >= 30, 10, "first events")
+            await wait_until(lambda: len(c.events) >= 30, 10, "first events")
             assert await _terminate_others(dsn) >= 2
-            await wait_for(lambda: len(c.events) >= 90, 20, "events after the first loss")
+            await wait_until(lambda: len(c.events) >= 90, 20, "events after the first loss")
             assert await _terminate_others(dsn) >= 2
-            await asyncio.sleep(0.5)
+            after = len(c.events)
+            await wait_until(lambda: len(c.events) >= after + 30, 20, "events after the second loss")
         finally:
             done.set()
             await wt
         stored = [(e.persistence_id, e.seq_nr) for e in await collect(reader.current_events_by_slices("loss", 0, 1023))]
         try:
-            await wait_for(lambda: len(c.events) >= len(stored), 15, "all stored events")
-            await asyncio.sleep(0.3)
+            await wait_until(lambda: len(c.events) >= len(stored), 15, "all stored events")
+            # ordered delivery: anything extra (a duplicate after a resume) would come before this one
+            await writer.persist("loss|sentinel", ["end"])
+            await wait_until(lambda: c.events[-1].persistence_id == "loss|sentinel", 15, "the sentinel event")
         finally:
             await c.stop()
-        got = [(e.persistence_id, e.seq_nr) for e in c.events]
+        got = [(e.persistence_id, e.seq_nr) for e in c.events if e.persistence_id != "loss|sentinel"]
         assert got == stored  # same order, nothing twice, nothing skipped

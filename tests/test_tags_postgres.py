@@ -31,6 +31,7 @@ from journal.tags.query import TagQuery
 from journal.tags.store import TaggedEvent, TagRow, TagStore
 from journal.tags.timeuuid import timeuuid_for_event
 from journal.tags.writer import TagWriters, TagWriteTimeout
+from tests.support.waiting import wait_until
 
 FAST = dict(
     eventual_consistency_delay=0.0,
@@ -363,17 +364,12 @@ async def test_back_pressure_bounded_buffer(tj: Journal, dsn: str) -> None:
             added += 1
 
     task = asyncio.create_task(produce())
-    deadline = time.monotonic() + 3
-    while store.failures < 2 and time.monotonic() < deadline:  # noqa: ASYNC110
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: store.failures >= 2, 3, "two failed tag writes")
     await asyncio.sleep(0.1)
     assert added <= 5 + 2  # buffer full (plus the batch in flight): the producer waits
     store.failing = False
     await asyncio.wait_for(task, 10)
-    deadline = time.monotonic() + 5
-    while w.state.buffer or w.state.in_flight:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: not w.state.buffer and not w.state.in_flight, 5, "the writer to drain its buffer")
     await writers.close()
     q = TagQuery(store_of(tj), "p", s, after=None, live=False)
     assert [r.tag_pid_seq_nr async for r in q.rows()] == list(range(1, 21))

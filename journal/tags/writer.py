@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import JournalUnavailable
+from ..errors import TagWriteTimeout
 from ..settings import TagSettings
 from .buckets import bucket_of
 from .store import TaggedEvent, TagProgress, TagRow, TagStore
@@ -38,11 +38,6 @@ def row_bytes(row: TagRow) -> int:
     """What a row weighs in a batch (a close upper estimate of its mutation size)."""
     meta = len(row.meta.payload) + len(row.meta.manifest) if row.meta else 0
     return ROW_OVERHEAD + len(row.event.payload) + len(row.event.manifest) + meta
-
-
-class TagWriteTimeout(JournalUnavailable):
-    """The tag view write did not finish within ``tag_write_timeout``. The events are stored;
-    the pid's next recovery (its next write through this journal) resends the tag rows."""
 
 
 @dataclass

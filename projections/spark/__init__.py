@@ -3,9 +3,9 @@
 Importing this package does not import pyspark; the functions do, when called.
 """
 
-from journal.errors import SparkSetupError
+from journal.errors import ProjectionBusy, SparkSetupError
 
-from .backfill import BackfillResult, ProjectionBusy, ReadModel, backfill
+from .backfill import BackfillResult, ReadModel, backfill
 from .decode import decode_events, infer_schema, merge_schemas
 from .environment import JdbcDriver, find_java, find_jdbc_driver, spark_session
 from .export import export_parquet

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from journal.errors import ConfigurationError, InvalidArgument
+from journal.errors import ConfigurationError, InvalidArgument, ProjectionBusy
 from journal.ids import NUMBER_OF_SLICES, slice_ranges, validate_entity_type
 from journal.journal import Journal
 
@@ -29,10 +29,6 @@ from .decode import decode_events
 from .jdbc import JdbcSource
 from .reader import read_journal
 from .writer import WriteMode, write_read_model
-
-
-class ProjectionBusy(ConfigurationError):
-    """Live workers hold the projection: stop ``projections run NAME`` before a backfill."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from .dsn import asyncpg_dsn
+from journal.postgres.dsn import asyncpg_dsn
 
 
 def with_database(dsn: str, database: str) -> str:
