@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -65,8 +66,12 @@ class CassandraTagStore:
         await _run(self.b.session, batch)
 
     async def write_progress(self, progress: Sequence[TagProgress]) -> None:
-        for p in progress:
-            await self.b.run("write_progress", p.persistence_id, p.tag, p.seq_nr, p.tag_pid_seq_nr, p.offset)
+        """One row per pid, each its own partition: written concurrently (a batch's pids at once),
+        not one round trip after another."""
+        await asyncio.gather(*(
+            self.b.run("write_progress", p.persistence_id, p.tag, p.seq_nr, p.tag_pid_seq_nr, p.offset)
+            for p in progress
+        ))  # fmt: skip
 
     async def read_progress(self, persistence_id: str) -> dict[str, TagProgress]:
         rows = await self.b.run("read_progress", persistence_id)
