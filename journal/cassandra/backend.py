@@ -270,8 +270,8 @@ class CassandraBackend:
         limit = self.settings.cassandra.max_write_bytes
         if size > limit:
             raise InvalidArgument(
-                f"persist({r.persistence_id!r}) of {size} bytes: one call is one Cassandra mutation, "
-                f"at most max_write_bytes={limit} (the server refuses mutations above half its commitlog segment)"
+                f"persist({r.persistence_id!r}) of {size} bytes: one call is one Cassandra request and mutation, "
+                f"at most max_write_bytes={limit} (the server refuses larger requests and mutations)"
             )
 
     # -- reads -------------------------------------------------------------------------------
