@@ -197,3 +197,20 @@ __all__ = [
     "TagWriteTimeout",
     "UnsupportedOperation",
 ]
+
+
+class ReplicationError(JournalError):
+    """Replication between locations cannot go on (see the subclasses)."""
+
+
+class LocationMismatch(ReplicationError, ConfigurationError):
+    """A database already belongs to another location: one location, one database."""
+
+
+class IncompatibleVersion(ReplicationError):
+    """The target's application version is older than the source's (same application name):
+    replication is refused so the older version never sees events it may not understand."""
+
+
+class LocalWritesRefused(ReplicationError):
+    """The location is being recovered from its peers; local writes wait until it completes."""

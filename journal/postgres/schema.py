@@ -22,7 +22,7 @@ from sqlalchemy import (
     Text,
     false,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, TIMESTAMP, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
 metadata = MetaData()
 
@@ -47,8 +47,15 @@ event_journal = Table(
     Column("meta_ser_id", Integer),
     Column("meta_ser_manifest", String(255)),
     Column("meta_payload", LargeBinary),
+    # replication (issue 14): NULL until the location's endpoint stamps a local event; set in the
+    # same transaction for a replicated one. See journal/replication and docs/replication.md.
+    Column("origin_location", String(255)),
+    Column("origin_seq_nr", BigInteger),
+    Column("vector_time", JSONB),
+    Column("log_seq_nr", BigInteger),
     PrimaryKeyConstraint("persistence_id", "seq_nr", name="event_journal_pkey"),
     Index("event_journal_slice_idx", "slice", "entity_type", "db_timestamp", "seq_nr"),
+    Index("event_journal_log_idx", "entity_type", "log_seq_nr"),
 )
 
 snapshot = Table(
@@ -203,3 +210,43 @@ projection_tag_offset_store = Table(
 """Offsets of projections over a tag (issue 7): per pid its latest processed seq_nr and TimeUUID
 offset. The query resumes after the greatest offset (``offset_time``, then the uuid bytes: the
 order of tag_views); ``seq_nr`` drops what a re-read delivers twice."""
+
+# -- replication (issue 14) ---------------------------------------------------------------------
+
+replication_log = Table(
+    "replication_log",
+    metadata,
+    Column("log_name", String(255), nullable=False),
+    Column("location", String(255), nullable=False),
+    Column("log_seq_nr", BigInteger, nullable=False),
+    Column("version_vector", JSONB, nullable=False),
+    Column("recovering", Boolean, nullable=False, server_default=false()),
+    PrimaryKeyConstraint("log_name", name="replication_log_pkey"),
+)
+"""One row per replicated log at this location: the last log position handed out and the log's
+version vector. Every stamping and replicated write locks this row until it commits, so log
+positions commit in order (a reader paging "after position N" never skips one). ``recovering``
+is set while a disaster recovery runs: replicated entities refuse local writes meanwhile."""
+
+replication_progress = Table(
+    "replication_progress",
+    metadata,
+    Column("log_name", String(255), nullable=False),
+    Column("source_location", String(255), nullable=False),
+    Column("source_log_seq_nr", BigInteger, nullable=False),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("log_name", "source_location", name="replication_progress_pkey"),
+)
+"""How far this location has read each source's log, written in the transaction of the events."""
+
+replication_target_progress = Table(
+    "replication_target_progress",
+    metadata,
+    Column("log_name", String(255), nullable=False),
+    Column("target_location", String(255), nullable=False),
+    Column("log_seq_nr", BigInteger, nullable=False),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("log_name", "target_location", name="replication_target_progress_pkey"),
+)
+"""How far each target has stored this log, as its reads say (a read after N proves the target
+committed everything up to N): what deferred physical deletion waits for."""

@@ -1,0 +1,234 @@
+"""Replication throughput and latency between two locations (issue 14), beside the local slice
+read rate measured in the same run.
+
+Two databases on one server (location A = source, B = target). A is filled with N events; then:
+(a) local: ``current_events_by_slices`` over all slices at A (the ceiling: what A can read);
+(b) stamping: A's endpoint giving the N local events their log position and vector time (once);
+(c) replication: B pulls all N from A's endpoint process over gRPC, in batches, into its journal
+    (events, vector check, progress in one transaction per batch) - events/s end to end;
+(d) latency: endpoints A and B as processes with update notifications on; single events written
+    at A one at a time (each once the previous is stored at B, then 50 ms pause), timed until
+    stored at B (polled) and until B's live slice query delivers them (p50/p99).
+
+    flock /tmp/sj-bench.lock python benchmarks/replication_throughput.py [--events 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import asyncpg
+
+from journal import JournalSettings, open_journal, slice_for
+from journal.postgres.backend import PostgresBackend
+from journal.postgres.migrations import upgrade
+from journal.postgres.replication_store import PostgresReplicationStore
+from journal.replication.replicator import Replicator
+from journal.replication.transport import RemoteSource
+from tests.support.scratch import scratch_database
+
+try:
+    from benchmarks._common import header
+except ImportError:  # run as a script from benchmarks/
+    from _common import header  # type: ignore[no-redef]
+
+LOG = "bench"
+ENTITIES = 1000
+FILL = """
+INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,
+  event_ser_manifest, event_payload, writer)
+SELECT s, 'bench', p, n, now() - interval '1 hour' + i * interval '1 microsecond', 1, '', b, 'w'
+FROM unnest($1::int[], $2::text[], $3::bigint[], $4::bytea[], $5::bigint[]) AS t(s, p, n, b, i)"""
+CLI = [sys.executable, "-c", "from journal.cli import main; main()"]
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+async def fill(dsn: str, events: int) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        for start in range(0, events, 20_000):
+            idx = range(start, min(events, start + 20_000))
+            await conn.execute(
+                FILL,
+                [slice_for(f"bench|{i % ENTITIES}") for i in idx],
+                [f"bench|{i % ENTITIES}" for i in idx],
+                [i // ENTITIES + 1 for i in idx],
+                [json.dumps({"item": f"sku-{i % 977}", "qty": i % 7 + 1}).encode() for i in idx],
+                list(idx),
+            )
+        await conn.execute("VACUUM ANALYZE event_journal")
+    finally:
+        await conn.close()
+
+
+@contextlib.contextmanager
+def endpoint(tmp: Path, config: dict[str, object]) -> object:
+    path = tmp / f"{config['location']}.json"
+    path.write_text(json.dumps(config))
+    proc = subprocess.Popen([*CLI, "endpoint", "run", "--config", str(path)], stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def ready(address: str) -> None:
+    for _ in range(600):
+        source = RemoteSource(address, None, timeout=2.0)
+        try:
+            await source.info()
+            return
+        except Exception:
+            await asyncio.sleep(0.1)
+        finally:
+            await source.close()
+    raise RuntimeError(f"endpoint {address} did not start")
+
+
+async def run(a: str, b: str, events: int, batch: int, latency_events: int, tmp: Path) -> None:
+    await fill(a, events)
+    s_a, s_b = JournalSettings.load(dsn=a), JournalSettings.load(dsn=b)
+    async with open_journal(a, settings=s_a) as ja, open_journal(b, settings=s_b) as jb:
+        assert isinstance(ja.backend, PostgresBackend) and isinstance(jb.backend, PostgresBackend)
+        store_a, store_b = PostgresReplicationStore(ja.backend, "A"), PostgresReplicationStore(jb.backend, "B")
+        await store_a.ensure_log(LOG)
+        await store_b.ensure_log(LOG)
+
+        t = time.perf_counter()
+        n = 0
+        async for _ in ja.current_events_by_slices(LOG, 0, 1023):
+            n += 1
+        local_rate = n / (time.perf_counter() - t)
+
+        t = time.perf_counter()
+        stamped = 0
+        while (k := await store_a.stamp(LOG, 5000)) > 0:
+            stamped += k
+        stamp_rate = stamped / (time.perf_counter() - t)
+
+        address_a = free_address()
+        cfg_a = {"location": "A", "dsn": a, "listen": address_a, "logs": [LOG], "batch_size": batch}
+        with endpoint(tmp, cfg_a):
+            await ready(address_a)
+            source = RemoteSource(address_a, None)
+            try:
+                replicator = Replicator(store_b, source, LOG, batch_size=batch)
+                t = time.perf_counter()
+                written = await replicator.catch_up()
+                repl_rate = written / (time.perf_counter() - t)
+            finally:
+                await source.close()
+        assert written == events, (written, events)
+        print(
+            f"{'replication A->B over gRPC, batch ' + str(batch):<44} {repl_rate:>10,.0f} events/s   "
+            f"ceiling (local slice read at A, same run) {local_rate:>10,.0f} events/s   "
+            f"ratio {repl_rate / local_rate:.3f}"
+        )
+        print(f"{'stamping local events at A (once per event)':<44} {stamp_rate:,.0f} events/s")
+
+    # latency with update notifications: both endpoints as processes
+    address_a, address_b = free_address(), free_address()
+    common = {"logs": [LOG], "retry_delay": 5.0, "update_notifications": True}
+    cfg_a = {"location": "A", "dsn": a, "listen": address_a, **common}
+    cfg_b = {"location": "B", "dsn": b, "listen": address_b, "connections": [{"address": address_a}], **common}
+    with endpoint(tmp, cfg_a), endpoint(tmp, cfg_b):
+        await ready(address_a)
+        await ready(address_b)
+        async with open_journal(a, settings=s_a) as ja, open_journal(b, settings=s_b) as jb:
+            sent: dict[str, float] = {}
+            latencies: list[float] = []
+            stored: list[float] = []
+            conn_b = await asyncpg.connect(b)
+            done = asyncio.Event()
+
+            async def follow() -> None:
+                async for env in jb.events_by_slices(LOG, 0, 1023):
+                    key = env.event.get("lat") if isinstance(env.event, dict) else None
+                    if key in sent:
+                        latencies.append(time.perf_counter() - sent.pop(key))
+                        if len(latencies) == latency_events:
+                            done.set()
+
+            follower = asyncio.create_task(follow())
+            # warm up: one event end to end (the Watch stream and the follower are connected)
+            warm = json.dumps({"lat": "warm-up"}, separators=(",", ":")).encode()
+            await ja.persist(f"{LOG}|warm", [{"lat": "warm-up"}])
+            async with asyncio.timeout(120):
+                q = "SELECT count(*) FROM event_journal WHERE entity_type = $1 AND event_payload = $2"
+                while not await conn_b.fetchval(q, LOG, warm):  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(1.0)  # the follower has caught up with the bulk events
+            for i in range(latency_events):
+                key = f"l{i}"
+                sent[key] = time.perf_counter()
+                t0 = sent[key]
+                await ja.persist(f"{LOG}|lat{i % 10}", [{"lat": key}])
+                while not await conn_b.fetchval(  # noqa: ASYNC110 (polling B's table is the measurement)
+                    "SELECT count(*) FROM event_journal WHERE entity_type = $1 AND event_payload = $2",
+                    LOG,
+                    json.dumps({"lat": key}, separators=(",", ":")).encode(),
+                ):
+                    await asyncio.sleep(0.002)
+                stored.append(time.perf_counter() - t0)
+                await asyncio.sleep(0.05)
+            try:
+                await asyncio.wait_for(done.wait(), 120)
+            finally:
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await follower
+                await conn_b.close()
+    stored.sort()
+    print(f"latency to stored at B (polled every 2 ms): p50 {statistics.median(stored) * 1000:.1f} ms  "
+          f"max {stored[-1] * 1000:.1f} ms")  # fmt: skip
+    latencies.sort()
+    p50 = statistics.median(latencies) * 1000
+    p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000
+    print(f"latency to delivered by B's live slice query ({len(latencies)} events): "
+          f"p50 {p50:.1f} ms  p99 {p99:.1f} ms")  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--events", type=int, default=50_000)
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--latency-events", type=int, default=200)
+    args = p.parse_args()
+    header(f"replication throughput: {args.events} events, batch {args.batch_size}")
+    with contextlib.ExitStack() as stack:
+        server = os.environ.get("JOURNAL_DSN")
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sj-bench-repl-")))
+        if not server:
+            from journal.postgres.embedded import start_embedded
+
+            server = start_embedded(tmp / "pgdata")
+        a = stack.enter_context(scratch_database(server, "sjbencha"))
+        b = stack.enter_context(scratch_database(server, "sjbenchb"))
+        upgrade(a)
+        upgrade(b)
+        asyncio.run(run(a, b, args.events, args.batch_size, args.latency_events, tmp))
+
+
+if __name__ == "__main__":
+    main()

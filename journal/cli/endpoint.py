@@ -1,0 +1,76 @@
+"""``journal endpoint run|status``: a location's replication endpoint (see docs/replication.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import app
+
+endpoint_app = typer.Typer(help="Replication endpoints: replicated event logs between locations.", no_args_is_help=True)
+app.add_typer(endpoint_app, name="endpoint")
+
+ConfigOption = Annotated[Path, typer.Option("--config", help="Endpoint config file (.toml or .json).")]
+
+
+@endpoint_app.command("run")
+def run_endpoint(
+    config: ConfigOption,
+    recover: Annotated[bool, typer.Option("--recover", help="Disaster recovery first: rebuild from peers.")] = False,
+) -> None:
+    """Run the endpoint until SIGTERM/SIGINT: serve this location's logs, pull its connections'."""
+    from ..replication.config import EndpointConfig
+    from ..replication.endpoint import ReplicationEndpoint
+
+    cfg = EndpointConfig.load(config)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with ReplicationEndpoint(cfg) as ep:
+            if recover:
+                recovered = await ep.recover()
+                typer.echo(f"endpoint {cfg.location} recovered {recovered}", err=True)
+            typer.echo(f"endpoint {cfg.location} listening on {cfg.listen} (logs: {', '.join(cfg.logs)})", err=True)
+            await stop.wait()
+            await ep.stop()
+
+    asyncio.run(main())
+
+
+@endpoint_app.command("status")
+def status(
+    config: ConfigOption,
+    address: Annotated[
+        str | None, typer.Option(help="Ask this endpoint instead of the config's listen address.")
+    ] = None,
+) -> None:
+    """Print the running endpoint's status as JSON: logs (position, version vector, progress per
+    source) and connections (location, availability per log)."""
+    from ..errors import JournalUnavailable
+    from ..replication.config import EndpointConfig
+    from ..replication.transport import RemoteSource
+
+    cfg = EndpointConfig.load(config)
+
+    async def main() -> dict[str, object]:
+        source = RemoteSource(address or cfg.listen, cfg.tls, timeout=10.0)
+        try:
+            return await source.info()
+        finally:
+            with contextlib.suppress(Exception):
+                await source.close()
+
+    try:
+        typer.echo(json.dumps(asyncio.run(main()), indent=2, sort_keys=True))
+    except JournalUnavailable as e:
+        typer.secho(f"endpoint not reachable: {e}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(1) from e

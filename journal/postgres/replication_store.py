@@ -1,0 +1,311 @@
+"""SQL of replicated logs (issue 14): stamping local events, reading a log by position, writing a
+replicated batch with its progress in one transaction.
+
+Ordering argument (why "after position N" is a sound cursor here, although a PostgreSQL sequence
+would not be): a log position is handed out only by a transaction that holds the row lock on the
+log's ``replication_log`` row, and that lock is released after the transaction's commit became
+visible. So position N+1 is never visible before position N, and a reader paging by position
+never skips an event that commits late.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+
+from ..backend import WriteRequest
+from ..errors import ConfigurationError, LocationMismatch, ReplicationError
+from ..ids import entity_type_of, slice_for
+from ..replication.model import ReplicatedEvent, WriteOutcome
+from ..replication.vector_time import VectorTime
+from ..serialization import Serialized
+from ..settings import validate_identifier
+from .backend import PostgresBackend
+
+
+class _Sql:
+    def __init__(self, schema: str) -> None:
+        validate_identifier(schema, "schema")
+        ej, rl, rp, rt, sn = (
+            f'"{schema}".{t}'
+            for t in (
+                "event_journal",
+                "replication_log",
+                "replication_progress",
+                "replication_target_progress",
+                "snapshot",
+            )
+        )
+        self.ensure_log = (
+            f"INSERT INTO {rl} (log_name, location, log_seq_nr, version_vector) VALUES ($1, $2, 0, '{{}}') "
+            f"ON CONFLICT (log_name) DO NOTHING"
+        )
+        self.log_row = f"SELECT location, log_seq_nr, version_vector, recovering FROM {rl} WHERE log_name = $1"
+        self.set_recovering = f"UPDATE {rl} SET recovering = $2 WHERE log_name = $1"
+        self.lock_log = self.log_row + " FOR UPDATE"
+        self.save_log = f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
+        self.unstamped = (
+            f"SELECT persistence_id, seq_nr FROM {ej} WHERE entity_type = $1 AND log_seq_nr IS NULL "
+            f"ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $2"
+        )
+        self.stamp = (
+            f"UPDATE {ej} e SET origin_location = s.origin, origin_seq_nr = s.origin_seq, "
+            f"vector_time = s.vt::jsonb, log_seq_nr = s.log_seq "
+            f"FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::bigint[]) "
+            f"AS s(pid, seq_nr, origin, origin_seq, vt, log_seq) "
+            f"WHERE e.persistence_id = s.pid AND e.seq_nr = s.seq_nr"
+        )
+        self.read_log = (
+            f"SELECT persistence_id, event_ser_id, event_ser_manifest, event_payload, tags, meta_ser_id, "
+            f"meta_ser_manifest, meta_payload, origin_location, origin_seq_nr, vector_time, log_seq_nr, deleted "
+            f"FROM {ej} WHERE entity_type = $1 AND log_seq_nr > $2 ORDER BY log_seq_nr LIMIT $3"
+        )
+        self.progress = f"SELECT source_log_seq_nr FROM {rp} WHERE log_name = $1 AND source_location = $2"
+        self.all_progress = f"SELECT source_location, source_log_seq_nr FROM {rp} WHERE log_name = $1"
+        self.save_progress = (
+            f"INSERT INTO {rp} (log_name, source_location, source_log_seq_nr, updated_at) "
+            f"VALUES ($1, $2, $3, now()) ON CONFLICT (log_name, source_location) DO UPDATE "
+            f"SET source_log_seq_nr = GREATEST({rp}.source_log_seq_nr, EXCLUDED.source_log_seq_nr), updated_at = now()"
+        )
+        self.entity_events = (
+            f"SELECT event_ser_id, event_ser_manifest, event_payload, origin_location, origin_seq_nr, vector_time "
+            f"FROM {ej} WHERE persistence_id = $1 AND log_seq_nr IS NOT NULL AND NOT deleted ORDER BY seq_nr"
+        )
+        self.save_target_progress = (
+            f"INSERT INTO {rt} (log_name, target_location, log_seq_nr, updated_at) VALUES ($1, $2, $3, now()) "
+            f"ON CONFLICT (log_name, target_location) DO UPDATE "
+            f"SET log_seq_nr = GREATEST({rt}.log_seq_nr, EXCLUDED.log_seq_nr), updated_at = now()"
+        )
+        self.target_progress = f"SELECT target_location, log_seq_nr FROM {rt} WHERE log_name = $1"
+        self.reserve = f"UPDATE {rl} SET log_seq_nr = GREATEST(log_seq_nr, $2) WHERE log_name = $1"
+        self.delete_logically = (
+            f"UPDATE {ej} SET deleted = true WHERE entity_type = $1 AND log_seq_nr <= $2 AND NOT deleted"
+        )
+        self.delete_physically = (
+            f"DELETE FROM {ej} e WHERE e.entity_type = $1 AND e.deleted AND e.log_seq_nr <= $2 "
+            f"AND e.seq_nr < (SELECT max(h.seq_nr) FROM {ej} h WHERE h.persistence_id = e.persistence_id)"
+        )
+        self.delete_invalid_snapshots = (
+            f"DELETE FROM {sn} s WHERE s.entity_type = $1 AND s.seq_nr > "
+            f"COALESCE((SELECT max(e.seq_nr) FROM {ej} e WHERE e.persistence_id = s.persistence_id), 0)"
+        )
+        self.event_ids = (
+            f"SELECT origin_location, origin_seq_nr, count(*) AS n FROM {ej} WHERE entity_type = $1 "
+            f"AND log_seq_nr IS NOT NULL GROUP BY origin_location, origin_seq_nr"
+        )
+
+
+def _vt(value: Any) -> VectorTime:
+    return VectorTime.from_json(orjson.loads(value) if isinstance(value, str | bytes) else value)
+
+
+async def _head(conn: Any, sql: str, log_name: str) -> asyncpg.Record:
+    row: asyncpg.Record | None = await conn.fetchrow(sql, log_name)
+    if row is None:
+        raise ReplicationError(f"log {log_name!r} is not set up at this location (ensure_log first)")
+    return row
+
+
+def _dump(vt: VectorTime) -> str:
+    return orjson.dumps(vt.to_json()).decode()
+
+
+class PostgresReplicationStore:
+    """The replicated logs of one location in one journal database (log name = entity type)."""
+
+    def __init__(self, backend: PostgresBackend, location: str) -> None:
+        self.backend = backend
+        self.location = location
+        self._sql = _Sql(backend.settings.schema)
+
+    async def ensure_log(self, log_name: str) -> None:
+        """Create the log's state row for this location; refuse a database of another location."""
+        async with self.backend.pool.acquire() as conn:
+            try:
+                await conn.execute(self._sql.ensure_log, log_name, self.location)
+            except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as e:
+                raise ConfigurationError(
+                    "this database has no replication tables: run `journal migrate` (migration 0005) first"
+                ) from e
+            row = await _head(conn, self._sql.log_row, log_name)
+        if row["location"] != self.location:
+            raise LocationMismatch(
+                f"log {log_name!r} of this database belongs to location {row['location']!r}, not {self.location!r}"
+            )
+
+    async def version_vector(self, log_name: str) -> VectorTime:
+        async with self.backend.pool.acquire() as conn:
+            row = await conn.fetchrow(self._sql.log_row, log_name)
+        return VectorTime() if row is None else _vt(row["version_vector"])
+
+    async def log_seq_nr(self, log_name: str) -> int:
+        async with self.backend.pool.acquire() as conn:
+            row = await conn.fetchrow(self._sql.log_row, log_name)
+        return 0 if row is None else int(row["log_seq_nr"])
+
+    async def stamp(self, log_name: str, limit: int = 1000) -> int:
+        """Give local events not yet in the log (written by the plain journal) their position,
+        origin and vector time, oldest first (the order of the slice queries). Returns how many."""
+        async with self.backend.pool.acquire() as conn, conn.transaction():
+            head = await _head(conn, self._sql.lock_log, log_name)
+            rows = await conn.fetch(self._sql.unstamped, log_name, limit)
+            if not rows:
+                return 0
+            vv = _vt(head["version_vector"])
+            # never reuse a position of ours that the log (after a disaster recovery) has seen
+            pos = max(int(head["log_seq_nr"]), vv.get(self.location, 0))
+            cols: list[list[Any]] = [[], [], [], [], [], []]
+            for r in rows:
+                pos += 1
+                vv = vv.with_entry(self.location, pos)
+                for col, v in zip(
+                    cols, (r["persistence_id"], r["seq_nr"], self.location, pos, _dump(vv), pos), strict=True
+                ):
+                    col.append(v)
+            await conn.execute(self._sql.stamp, *cols)
+            await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
+            return len(rows)
+
+    async def read_log(
+        self, log_name: str, after: int, limit: int, skip_covered_by: VectorTime | None = None
+    ) -> tuple[list[ReplicatedEvent], int]:
+        """Events of the log after position ``after`` in log order, without those whose vector
+        time ``skip_covered_by`` covers; and the last position scanned (``after`` when none)."""
+        async with self.backend.pool.acquire() as conn:
+            rows = await conn.fetch(self._sql.read_log, log_name, after, limit)
+        out: list[ReplicatedEvent] = []
+        for r in rows:
+            if r["deleted"] and not r["event_payload"]:
+                continue  # a tombstone of the journal's own delete_events_to: nothing to send
+            vt = _vt(r["vector_time"])
+            if skip_covered_by is not None and vt <= skip_covered_by:
+                continue
+            meta = None
+            if r["meta_ser_id"] is not None:
+                meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))
+            out.append(
+                ReplicatedEvent(
+                    persistence_id=r["persistence_id"],
+                    event=Serialized(r["event_ser_id"], r["event_ser_manifest"], bytes(r["event_payload"])),
+                    origin_location=r["origin_location"],
+                    origin_seq_nr=r["origin_seq_nr"],
+                    vector_time=vt,
+                    log_seq_nr=r["log_seq_nr"],
+                    tags=tuple(r["tags"] or ()),
+                    metadata=meta,
+                )
+            )
+        return out, (int(rows[-1]["log_seq_nr"]) if rows else after)
+
+    async def progress(self, log_name: str, source_location: str) -> int:
+        async with self.backend.pool.acquire() as conn:
+            v = await conn.fetchval(self._sql.progress, log_name, source_location)
+        return 0 if v is None else int(v)
+
+    async def all_progress(self, log_name: str) -> dict[str, int]:
+        async with self.backend.pool.acquire() as conn:
+            rows = await conn.fetch(self._sql.all_progress, log_name)
+        return {r["source_location"]: int(r["source_log_seq_nr"]) for r in rows}
+
+    async def write_replicated(
+        self, log_name: str, source_location: str, events: Sequence[ReplicatedEvent], last_scanned: int
+    ) -> WriteOutcome:
+        """Write a batch from ``source_location`` in its order, dropping every event the log's
+        version vector already covers, and store the progress, all in one transaction."""
+        async with self.backend.pool.acquire() as conn, conn.transaction():
+            head = await _head(conn, self._sql.lock_log, log_name)
+            pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
+            cols: list[list[Any]] = [[], [], [], [], [], []]
+            dropped = 0
+            for e in events:
+                if e.vector_time <= vv:
+                    dropped += 1
+                    continue
+                result = await self.backend.write_on(conn, _request(log_name, e))  # type: ignore[arg-type]
+                pos += 1
+                vv = vv.merge(e.vector_time)
+                row = (e.persistence_id, result.first_seq_nr, e.origin_location, e.origin_seq_nr)
+                for col, v in zip(cols, (*row, _dump(e.vector_time), pos), strict=True):
+                    col.append(v)
+            if cols[0]:
+                await conn.execute(self._sql.stamp, *cols)
+                await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
+            await conn.execute(self._sql.save_progress, log_name, source_location, last_scanned)
+        return WriteOutcome(written=len(cols[0]), dropped=dropped, progress=last_scanned)
+
+    async def set_recovering(self, log_name: str, recovering: bool) -> None:
+        async with self.backend.pool.acquire() as conn:
+            await conn.execute(self._sql.set_recovering, log_name, recovering)
+
+    async def recovering(self, log_name: str) -> bool:
+        async with self.backend.pool.acquire() as conn:
+            row = await conn.fetchrow(self._sql.log_row, log_name)
+        return bool(row is not None and row["recovering"])
+
+    async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None:
+        """A target read after ``log_seq_nr``: it has stored everything of this log up to there."""
+        async with self.backend.pool.acquire() as conn:
+            await conn.execute(self._sql.save_target_progress, log_name, target_location, log_seq_nr)
+
+    async def target_progress(self, log_name: str) -> dict[str, int]:
+        async with self.backend.pool.acquire() as conn:
+            rows = await conn.fetch(self._sql.target_progress, log_name)
+        return {r["target_location"]: int(r["log_seq_nr"]) for r in rows}
+
+    async def reserve_positions(self, log_name: str, at_least: int) -> None:
+        """Make the log's next position greater than ``at_least`` (disaster recovery: peers may
+        have read this location's old log that far)."""
+        async with self.backend.pool.acquire() as conn:
+            await conn.execute(self._sql.reserve, log_name, at_least)
+
+    async def delete_logically(self, log_name: str, to_log_seq_nr: int) -> int:
+        """Mark the log's events up to ``to_log_seq_nr`` deleted: local reads (slice queries,
+        entities) skip them, replication still sends them. Returns the position actually applied
+        (no further than the log's current position)."""
+        async with self.backend.pool.acquire() as conn, conn.transaction():
+            head = await _head(conn, self._sql.lock_log, log_name)
+            applied = min(to_log_seq_nr, int(head["log_seq_nr"]))
+            await conn.execute(self._sql.delete_logically, log_name, applied)
+        return applied
+
+    async def delete_physically(self, log_name: str, to_log_seq_nr: int, replicated_to: Sequence[str]) -> int:
+        """Remove logically deleted events up to ``to_log_seq_nr`` that every location in
+        ``replicated_to`` has stored (each pid's highest event stays as its tombstone). Returns
+        the position it could go to: less than asked while a named target is behind."""
+        progress = await self.target_progress(log_name)
+        bound = min([to_log_seq_nr, *(progress.get(t, 0) for t in replicated_to)])
+        if bound > 0:
+            async with self.backend.pool.acquire() as conn:
+                await conn.execute(self._sql.delete_physically, log_name, bound)
+        return max(bound, 0)
+
+    async def delete_invalid_snapshots(self, log_name: str) -> int:
+        """Delete snapshots of the log's entities that cover events this location no longer has."""
+        async with self.backend.pool.acquire() as conn:
+            status = await conn.execute(self._sql.delete_invalid_snapshots, log_name)
+        return int(status.split()[-1])
+
+    async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]:
+        """A pid's stamped events in local order: payload, origin location and seq nr, vector time."""
+        async with self.backend.pool.acquire() as conn:
+            rows = await conn.fetch(self._sql.entity_events, persistence_id)
+        return [
+            (Serialized(r[0], r[1], bytes(r[2])), r["origin_location"], int(r["origin_seq_nr"]), _vt(r["vector_time"]))
+            for r in rows
+        ]
+
+    async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]:
+        """Every event id of the log with how many times it is stored (for checks and status)."""
+        async with self.backend.pool.acquire() as conn:
+            rows = await conn.fetch(self._sql.event_ids, log_name)
+        return {(r["origin_location"], int(r["origin_seq_nr"])): int(r["n"]) for r in rows}
+
+
+def _request(log_name: str, e: ReplicatedEvent) -> WriteRequest:
+    entity_type = entity_type_of(e.persistence_id)
+    if entity_type != log_name:
+        raise ReplicationError(f"event {e.persistence_id!r} does not belong to log {log_name!r}")
+    return WriteRequest(e.persistence_id, entity_type, slice_for(e.persistence_id), None, [e.event], e.tags, e.metadata)

@@ -1,0 +1,1 @@
+"""Replicated event logs between locations (issue 14); see docs/replication.md."""

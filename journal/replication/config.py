@@ -1,0 +1,125 @@
+"""The configuration of one replication endpoint, read from a TOML or JSON file and validated."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigurationError, InvalidArgument
+from ..ids import validate_entity_type
+from .versions import Application
+
+_LOCATION = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9_.-]+:\d{1,5}$")
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """PEM files: this endpoint's certificate and key, and the CA that signed its peers'."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    server_name: str | None = None
+    """Name to check in the peers' certificates instead of the host of their address."""
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """A remote endpoint this one pulls from (and which it wakes up for)."""
+
+    address: str
+    logs: tuple[str, ...] | None = None
+    """Logs to pull from it; None: every log of this endpoint."""
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConfig:
+    location: str
+    """Globally unique id of this location (letters, digits, ``_.-``)."""
+    dsn: str
+    """The location's own database; never another location's."""
+    listen: str
+    """``host:port`` the endpoint serves its logs on."""
+    logs: tuple[str, ...]
+    """Replicated logs by name; a log is every event of the entity type of that name."""
+    connections: tuple[Connection, ...] = ()
+    application: Application = field(default_factory=Application)
+    tls: TlsConfig | None = None
+    batch_size: int = 500
+    """Events per replication read."""
+    retry_delay: float = 2.0
+    """Seconds before the next read after an empty batch (notifications usually come first)."""
+    failure_detection_limit: float = 10.0
+    """Seconds without a successful read before a remote log is reported unavailable."""
+    update_notifications: bool = True
+    """Wake connected endpoints on writes (polling every ``retry_delay`` stays as the fallback)."""
+    migrate: bool = False
+    """Run the journal migrations at start."""
+    private_tags: tuple[str, ...] = ()
+    """Events carrying one of these tags are location-private: never sent to another endpoint."""
+
+    def __post_init__(self) -> None:
+        if not _LOCATION.match(self.location):
+            raise ConfigurationError(f"location id must be 1-64 of letters, digits, '_.-', got {self.location!r}")
+        for address in (self.listen, *(c.address for c in self.connections)):
+            if not _ADDRESS.match(address):
+                raise ConfigurationError(f"address must be host:port, got {address!r}")
+        if not self.logs:
+            raise ConfigurationError("an endpoint needs at least one log name")
+        for name in self.logs:
+            try:
+                validate_entity_type(name)
+            except InvalidArgument as e:
+                raise ConfigurationError(f"log name {name!r}: {e}") from e
+        for c in self.connections:
+            unknown = set(c.logs or ()) - set(self.logs)
+            if unknown:
+                raise ConfigurationError(f"connection {c.address}: logs {sorted(unknown)} are not this endpoint's logs")
+        if self.batch_size < 1 or self.retry_delay <= 0 or self.failure_detection_limit <= 0:
+            raise ConfigurationError("batch_size must be >= 1, retry_delay and failure_detection_limit > 0")
+
+    def logs_of(self, c: Connection) -> tuple[str, ...]:
+        return self.logs if c.logs is None else c.logs
+
+    @classmethod
+    def load(cls, path: str | Path) -> EndpointConfig:
+        """Read a ``.toml`` or ``.json`` file; relative TLS paths are relative to the file."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+            raw: dict[str, Any] = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+        except (OSError, ValueError) as e:
+            raise ConfigurationError(f"cannot read endpoint config {p}: {e}") from e
+        return cls.from_dict(raw, base=p.parent)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], base: Path = Path()) -> EndpointConfig:
+        raw = dict(raw)
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(raw) - known
+        if unknown:
+            raise ConfigurationError(f"unknown endpoint config keys: {sorted(unknown)}")
+        try:
+            conns = tuple(
+                Connection(c["address"], tuple(c["logs"]) if c.get("logs") is not None else None)
+                for c in raw.pop("connections", ())
+            )
+            app = raw.pop("application", None)
+            tls = raw.pop("tls", None)
+            scalars: dict[str, Any] = {k: tuple(v) if k in ("logs", "private_tags") else v for k, v in raw.items()}
+            return cls(
+                **scalars,
+                connections=conns,
+                application=Application(**app) if app else Application(),
+                tls=TlsConfig(
+                    cert=base / tls["cert"], key=base / tls["key"], ca=base / tls["ca"],
+                    server_name=tls.get("server_name"),
+                ) if tls else None,
+            )  # fmt: skip
+        except (KeyError, TypeError) as e:
+            raise ConfigurationError(f"bad endpoint config: {e!r}") from e

@@ -1,0 +1,324 @@
+"""A replication endpoint: serves this location's logs over gRPC and pulls its connections' logs.
+
+One endpoint per location. It owns the location's journal (its own database only), stamps the
+local events into the logs, answers reads, wakes connected endpoints on changes (``Watch``), pulls
+every (connection, log) pair in its own loop and publishes availability. Surfaces layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+
+from ..journal import Journal, open_journal
+from ..postgres.backend import PostgresBackend
+from ..postgres.replication_store import PostgresReplicationStore
+from ..settings import JournalSettings
+from .availability import Availability, Available, FailureDetector
+from .config import Connection, EndpointConfig
+from .filters import EndpointFilters, not_private
+from .model import ReplicationBatch
+from .replicator import LocalSource, ReadRequest, Replicator
+from .transport import RemoteSource, generic_handler, server_credentials
+
+log = logging.getLogger("journal.replication")
+
+
+class ReplicationEndpoint:
+    """Start with :meth:`start` (or ``async with``), stop with :meth:`stop`."""
+
+    def __init__(
+        self, config: EndpointConfig, settings: JournalSettings | None = None, filters: EndpointFilters | None = None
+    ) -> None:
+        self.config = config
+        self.filters = filters or EndpointFilters()
+        if config.private_tags:
+            private = not_private(*config.private_tags)
+            everywhere = private if self.filters.all_logs is None else self.filters.all_logs & private
+            self.filters = EndpointFilters(self.filters.source_logs, self.filters.target_locations, everywhere)
+        self._settings = settings or JournalSettings.load(dsn=config.dsn)
+        self._journal: Journal | None = None
+        self._journal_cm: contextlib.AbstractAsyncContextManager[Journal] | None = None
+        self._store: PostgresReplicationStore | None = None
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sources: list[RemoteSource] = []
+        self._watchers: set[asyncio.Queue[str]] = set()
+        self._local_change = asyncio.Event()
+        self._wake: dict[tuple[str, str], asyncio.Event] = {}
+        self._detectors: dict[tuple[str, str], FailureDetector] = {}
+        self._remote_location: dict[str, str] = {}
+        self._subscribers: set[asyncio.Queue[Availability]] = set()
+        self._listening: Any = None
+        self.bound_port: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def store(self) -> PostgresReplicationStore:
+        assert self._store is not None, "endpoint not started"
+        return self._store
+
+    @property
+    def journal(self) -> Journal:
+        assert self._journal is not None, "endpoint not started"
+        return self._journal
+
+    async def start(self) -> None:
+        c = self.config
+        self._journal_cm = open_journal(c.dsn, settings=self._settings, migrate=c.migrate)
+        self._journal = await self._journal_cm.__aenter__()
+        backend = self._journal.backend
+        assert isinstance(backend, PostgresBackend)
+        self._store = PostgresReplicationStore(backend, c.location)
+        for name in c.logs:
+            await self._store.ensure_log(name)
+        self._source = LocalSource(self._store, c.application, self.filters)
+        self._listening = await backend.listen(self._on_notify, self._on_reconnect)
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers((generic_handler(self._serve_read, self.info, self._serve_watch),))
+        self.bound_port = (
+            server.add_secure_port(c.listen, server_credentials(c.tls)) if c.tls else server.add_insecure_port(c.listen)
+        )
+        await server.start()
+        self._server = server
+        now = time.monotonic()
+        self._spawn(self._stamp_loop())
+        self._spawn(self._detect_loop())
+        for conn in c.connections:
+            source = RemoteSource(conn.address, c.tls, timeout=max(c.failure_detection_limit, 5.0))
+            self._sources.append(source)
+            for name in c.logs_of(conn):
+                self._wake[(conn.address, name)] = asyncio.Event()
+                self._detectors[(conn.address, name)] = FailureDetector(
+                    conn.address, name, c.failure_detection_limit, now
+                )
+                self._spawn(self._pull_loop(conn, source, name))
+            if c.update_notifications:
+                self._spawn(self._watch_loop(conn, source))
+        log.info("endpoint %s serving %s on %s", c.location, list(c.logs), c.listen)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+            self._server = None
+        for s in self._sources:
+            await s.close()
+        self._sources = []
+        if self._listening is not None:
+            await self._listening.close()
+            self._listening = None
+        if self._journal_cm is not None:
+            await self._journal_cm.__aexit__(None, None, None)
+            self._journal_cm = None
+
+    async def __aenter__(self) -> ReplicationEndpoint:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _spawn(self, coro: Any) -> None:
+        self._tasks.append(asyncio.create_task(coro))
+
+    # -- availability (failure detection) ------------------------------------------------------
+
+    def subscribe(self) -> asyncio.Queue[Availability]:
+        """A queue that receives ``Available``/``Unavailable`` once per failure-detection limit
+        for every remote log. Drop it with :meth:`unsubscribe`."""
+        q: asyncio.Queue[Availability] = asyncio.Queue(maxsize=10_000)
+        self._subscribers.add(q)
+        return q
+
+    def unsubscribe(self, q: asyncio.Queue[Availability]) -> None:
+        self._subscribers.discard(q)
+
+    async def _detect_loop(self) -> None:
+        limit = self.config.failure_detection_limit
+        while True:
+            await asyncio.sleep(min(limit, 1.0) if not any(d.state for d in self._detectors.values()) else limit)
+            now = time.monotonic()
+            for d in self._detectors.values():
+                if d.state is not None and now - d.started < limit:
+                    continue
+                event = d.check(now)
+                if event is None:
+                    continue
+                if not isinstance(event, Available):
+                    log.warning("%s: remote log %s at %s unavailable: %s", self.config.location, d.log_name,
+                                d.endpoint, "; ".join(event.causes))  # fmt: skip
+                for q in list(self._subscribers):
+                    with contextlib.suppress(asyncio.QueueFull):
+                        q.put_nowait(event)
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def _on_notify(self, payload: str) -> None:
+        entity_type = payload.partition(":")[2]
+        if entity_type in self.config.logs:
+            self._local_change.set()
+            for q in list(self._watchers):
+                with contextlib.suppress(asyncio.QueueFull):
+                    q.put_nowait(entity_type)
+
+    def _on_reconnect(self) -> None:
+        self._local_change.set()
+        for name in self.config.logs:
+            for q in list(self._watchers):
+                with contextlib.suppress(asyncio.QueueFull):
+                    q.put_nowait(name)
+
+    async def _serve_read(self, request: ReadRequest) -> ReplicationBatch:
+        if request.log_name not in self.config.logs:
+            from ..errors import ReplicationError
+
+            raise ReplicationError(f"endpoint {self.config.location!r} has no log {request.log_name!r}")
+        return await self._source.read(request)
+
+    async def _serve_watch(self) -> AsyncIterator[str]:
+        q: asyncio.Queue[str] = asyncio.Queue(maxsize=1000)
+        self._watchers.add(q)
+        try:
+            for name in self.config.logs:  # a new watcher may have missed changes: read once
+                yield name
+            while True:
+                name = await q.get()
+                yield name
+        finally:
+            self._watchers.discard(q)
+
+    async def _stamp_loop(self) -> None:
+        """Stamp local events soon after they commit (reads stamp too, so this only bounds lag)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._local_change.wait(), self.config.retry_delay)
+            self._local_change.clear()
+            try:
+                for name in self.config.logs:
+                    while await self.store.stamp(name) > 0:
+                        pass
+            except Exception as e:  # the database may be briefly away: try again next round
+                log.warning("%s: stamping failed: %s", self.config.location, e)
+
+    # -- pulling -------------------------------------------------------------------------------
+
+    async def _watch_loop(self, conn: Connection, source: RemoteSource) -> None:
+        while True:
+            try:
+                async for name in source.watch():
+                    event = self._wake.get((conn.address, name))
+                    if event is not None:
+                        event.set()
+            except Exception as e:
+                log.debug("watch of %s ended: %s", conn.address, e)
+            await asyncio.sleep(self.config.retry_delay)
+
+    async def _pull_loop(self, conn: Connection, source: RemoteSource, log_name: str) -> None:
+        key = (conn.address, log_name)
+        wake, detector = self._wake[key], self._detectors[key]
+        replicator = Replicator(
+            self.store, source, log_name, batch_size=self.config.batch_size, application=self.config.application
+        )
+        while True:
+            wake.clear()
+            try:
+                before = None
+                if replicator.source_location is not None:
+                    before = await self.store.progress(log_name, replicator.source_location)
+                out = await replicator.step()
+                detector.success(time.monotonic())
+                if replicator.source_location is not None:
+                    self._remote_location[conn.address] = replicator.source_location
+                if out.written or out.progress != before:
+                    continue  # more may be waiting: read again at once
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                detector.failure(e)
+                log.debug("%s: pull of %s from %s failed: %s", self.config.location, log_name, conn.address, e)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.config.retry_delay)
+
+    # -- disaster recovery and deletion -------------------------------------------------------
+
+    async def recover(self) -> dict[str, int]:
+        """Rebuild this location's logs from its connections after its database was lost.
+
+        Every connected endpoint must be reachable (else :class:`JournalUnavailable`: retry).
+        First the log positions are moved past what the peers have read of this location (so
+        they never skip its new events), then everything is pulled until caught up, then
+        snapshots that cover events this location no longer has are deleted. Until it succeeds,
+        :class:`ReplicatedEntities` refuse local writes (:class:`LocalWritesRefused`); plain
+        journal writes are not blocked, so start the application after it. Returns the events
+        recovered per log.
+        """
+        for name in self.config.logs:
+            await self.store.set_recovering(name, True)
+        infos = [await source.info() for source in self._sources]
+        for conn, info in zip(self.config.connections, infos, strict=True):
+            for name in self.config.logs_of(conn):
+                seen = int(info["logs"].get(name, {}).get("progress", {}).get(self.config.location, 0))
+                await self.store.reserve_positions(name, seen)
+        recovered = dict.fromkeys(self.config.logs, 0)
+        for conn, source in zip(self.config.connections, self._sources, strict=True):
+            for name in self.config.logs_of(conn):
+                replicator = Replicator(
+                    self.store, source, name, batch_size=self.config.batch_size, application=self.config.application
+                )
+                recovered[name] += await replicator.catch_up()
+        for name in self.config.logs:
+            await self.store.delete_invalid_snapshots(name)
+            await self.store.set_recovering(name, False)
+        return recovered
+
+    async def delete(self, log_name: str, to_log_seq_nr: int, *, physically_after: Sequence[str] = ()) -> int:
+        """Logically delete the log up to ``to_log_seq_nr`` (returns the position applied); with
+        ``physically_after``, also remove the deleted events those locations have stored (the
+        rest waits for a later call)."""
+        applied = await self.store.delete_logically(log_name, to_log_seq_nr)
+        if physically_after:
+            await self.store.delete_physically(log_name, applied, physically_after)
+        return applied
+
+    # -- status --------------------------------------------------------------------------------
+
+    async def info(self) -> dict[str, Any]:
+        """This endpoint's status: logs with position, version vector and progress per source;
+        connections with their availability per log."""
+        logs = {}
+        for name in self.config.logs:
+            logs[name] = {
+                "log_seq_nr": await self.store.log_seq_nr(name),
+                "version_vector": (await self.store.version_vector(name)).to_json(),
+                "progress": await self.store.all_progress(name),
+            }
+        now = time.monotonic()
+        conns = []
+        for c in self.config.connections:
+            per_log = {}
+            for name in self.config.logs_of(c):
+                d = self._detectors[(c.address, name)]
+                age = None if d.last_success is None else round(now - d.last_success, 3)
+                state = "unknown" if d.state is None else type(d.state).__name__.lower()
+                per_log[name] = {"state": state, "last_success_age": age, "recent_causes": list(d.causes)}
+            conns.append({"address": c.address, "location": self._remote_location.get(c.address), "logs": per_log})
+        return {
+            "location": self.config.location,
+            "listen": self.config.listen,
+            "application": {"name": self.config.application.name, "version": self.config.application.version},
+            "logs": logs,
+            "connections": conns,
+        }

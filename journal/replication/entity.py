@@ -1,0 +1,89 @@
+"""Replicated entities: one entity accepting commands at several locations, converging everywhere.
+
+Subclass :class:`ReplicatedEntity` (an event handler, optionally a conflict hook) and use
+:class:`ReplicatedEntities` to write its events at this location and to load its state from every
+event the location has (local and replicated), folded by :class:`~.conflicts.ConflictFold`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+from ..errors import LocalWritesRefused
+from ..ids import persistence_id_of, validate_persistence_id
+from ..journal import Journal
+from ..postgres.replication_store import PostgresReplicationStore
+from .conflicts import ConflictFold, Versioned
+from .vector_time import VectorTime
+
+S = TypeVar("S")
+
+
+class ReplicatedEntity(Generic[S]):
+    """``entity_type`` names the replicated log the entity's events belong to."""
+
+    entity_type: ClassVar[str]
+
+    def __init__(self, entity_id: str) -> None:
+        self.entity_id = entity_id
+        self.persistence_id = validate_persistence_id(persistence_id_of(self.entity_type, entity_id))
+
+    def initial_state(self) -> S:
+        raise NotImplementedError
+
+    def on_event(self, state: S, event: Any) -> S:
+        raise NotImplementedError
+
+    def on_concurrent(self, state: S, event: Versioned, concurrent_with: Sequence[Versioned]) -> S:
+        """Conflict hook for an event concurrent with ``concurrent_with`` (already applied).
+        Default: apply it like any event (last writer wins by vector-time sum, then location)."""
+        return self.on_event(state, event.event)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatedState(Generic[S]):
+    state: S
+    vector_time: VectorTime
+    """The merge of every event's vector time: what the entity has seen."""
+    versions: tuple[Versioned, ...]
+    """The events in fold order, each marked concurrent or not."""
+
+    @property
+    def concurrent(self) -> tuple[Versioned, ...]:
+        return tuple(v for v in self.versions if v.concurrent)
+
+
+class ReplicatedEntities:
+    """Write and load replicated entities at one location."""
+
+    def __init__(self, journal: Journal, store: PostgresReplicationStore) -> None:
+        self.journal = journal
+        self.store = store
+
+    async def load(self, entity: ReplicatedEntity[S]) -> ReplicatedState[S]:
+        """The entity's state from every stamped event of it at this location (stamps pending
+        local events first, so the caller's own writes are included)."""
+        await self.store.stamp(entity.entity_type)
+        fold: ConflictFold[S] = ConflictFold(entity.initial_state, entity.on_event, entity.on_concurrent)
+        deserialize = self.journal.serializers.deserialize
+        fold.add(
+            Versioned(deserialize(ser.ser_id, ser.manifest, ser.payload, what=entity.persistence_id), vt, origin, seq)
+            for ser, origin, seq, vt in await self.store.entity_events(entity.persistence_id)
+        )
+        return ReplicatedState(fold.state, fold.vector_time, tuple(fold.folded))
+
+    async def persist(self, entity: ReplicatedEntity[S], events: Sequence[Any]) -> ReplicatedState[S]:
+        """Write ``events`` at this location (after whatever it stored of the entity) and return
+        the new state.
+
+        Raises:
+            LocalWritesRefused: the location is being recovered (``ReplicationEndpoint.recover``).
+        """
+        if await self.store.recovering(entity.entity_type):
+            raise LocalWritesRefused(
+                f"location {self.store.location!r} is recovering log {entity.entity_type!r}: local writes wait"
+            )
+        await self.journal.persist(entity.persistence_id, list(events))
+        return await self.load(entity)
