@@ -393,3 +393,33 @@ async def test_calls_of_one_pid_in_one_batch_are_numbered_one_after_another(targ
             firsts = sorted(r.first_seq_nr for r in results)  # type: ignore[union-attr]
             assert firsts == list(range(before + 1, before + 31, 2))
             assert await seqs(j, p) == list(range(1, before + 31))
+
+
+async def test_events_placed_by_the_reference_plugin_replay_and_continue(
+    target: str, cassandra_session: Any, keyspace: str
+) -> None:
+    """Rows as the reference's plugin places them (a call in the partition of its LAST event, no
+    static column) replay from every number, and this journal continues after them."""
+    from journal.serialization import SerializerRegistry
+
+    p = pid("Ref")
+    ser = SerializerRegistry().serialize("ref")
+    stmt = await asyncio.to_thread(
+        cassandra_session.prepare,
+        f"INSERT INTO {keyspace}.messages (persistence_id, partition_nr, sequence_nr, timestamp, timebucket, "
+        "writer_uuid, ser_id, ser_manifest, event_manifest, event) VALUES (?, ?, ?, now(), '0', 'jvm', ?, ?, '', ?)",
+    )
+    first = 1
+    for n in (2, 3, 1, 3):  # the 3s cross boundaries: their rows sit one partition up
+        for seq in range(first, first + n):
+            await asyncio.to_thread(
+                cassandra_session.execute, stmt, (p, (first + n - 2) // 3, seq, ser.ser_id, ser.manifest, ser.payload)
+            )
+        first += n
+    async with journal(target, target_partition_size=3) as j:
+        assert await j.highest_seq_nr(p) == 9
+        for start in range(1, 11):
+            assert await seqs(j, p, start) == list(range(start, 10))
+        await j.persist(p, ["ours", "too"], expected_seq_nr=9)
+        for start in range(1, 13):
+            assert await seqs(j, p, start) == list(range(start, 12))
