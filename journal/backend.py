@@ -194,6 +194,12 @@ class SliceQueryBackend(Protocol):
 
     async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None: ...
 
+    async def read_events(
+        self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int
+    ) -> list[StoredEvent]:
+        """Non-deleted events of one pid in ``[from, to]``, ascending, at most ``limit``."""
+        ...
+
     async def load_event(self, persistence_id: str, seq_nr: int) -> StoredEvent | None: ...
 
     async def listen(self, on_notify: Callable[[str], None], on_reconnect: Callable[[], None]) -> Listening:

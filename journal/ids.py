@@ -96,12 +96,18 @@ def validate_entity_type(entity_type: object) -> str:
     return entity_type
 
 
-def validate_seq_nr(name: str, value: object, *, minimum: int = 0) -> int:
-    """Refuse non-int or too-small sequence numbers."""
+MAX_SEQ_NR = 2**63 - 1
+"""The highest sequence number the journal stores (the seq_nr column is a signed 64-bit bigint)."""
+
+
+def validate_seq_nr(name: str, value: object, *, minimum: int = 0, maximum: int = MAX_SEQ_NR) -> int:
+    """Refuse non-int, too-small or too-large sequence numbers (before a driver sees them)."""
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidArgument(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise InvalidArgument(f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise InvalidArgument(f"{name} must be <= {maximum}, got {value}")
     return value
 
 

@@ -17,6 +17,7 @@ from .envelope import EventEnvelope
 from .errors import ConfigurationError, InvalidArgument, SerializationError, UnsupportedOperation
 from .group_commit import GroupCommit
 from .ids import (
+    MAX_SEQ_NR,
     entity_type_of,
     slice_for,
     validate_entity_type,
@@ -162,7 +163,8 @@ class Journal:
         if len(events) > MAX_EVENTS_PER_CALL:
             raise InvalidArgument(f"at most {MAX_EVENTS_PER_CALL} events per call, got {len(events)}")
         if expected is not None:
-            validate_seq_nr("expected_seq_nr", expected)
+            # the call's last event, expected + len(events), must still fit the bigint column
+            validate_seq_nr("expected_seq_nr", expected, maximum=MAX_SEQ_NR - len(events))
         clean_tags = validate_tags(tags) if tags else ()
         serialize = self.serializers.serialize
         try:
@@ -189,7 +191,7 @@ class Journal:
         """The stored events of one pid in ``[from_seq_nr, to_seq_nr]``, paged, then end."""
         validate_persistence_id(persistence_id)
         validate_seq_nr("from_seq_nr", from_seq_nr)
-        upper = (2**63 - 1) if to_seq_nr is None else validate_seq_nr("to_seq_nr", to_seq_nr)
+        upper = MAX_SEQ_NR if to_seq_nr is None else validate_seq_nr("to_seq_nr", to_seq_nr)
         page = self.settings.query.buffer_size
         nxt = max(from_seq_nr, 1)
         while nxt <= upper:

@@ -75,6 +75,37 @@ WHERE slice = $1 AND projection_name = $2 AND persistence_id = $3 ORDER BY seq_n
         )
         return None if r is None else (r["seq_nr"], r["timestamp_offset"])
 
+    async def backend_busy(self, conn: Any, pid: int, app: str | None) -> bool:
+        """Is this server process (of our own pool, by application_name) still running a statement?"""
+        found = await conn.fetchval(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND ($2::text IS NULL OR application_name = $2) "
+            "AND state = 'active'",
+            pid,
+            app,
+        )
+        return found is not None
+
+    async def terminate_backend(self, conn: Any, pid: int, app: str | None) -> None:
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE pid = $1 AND ($2::text IS NULL OR application_name = $2)",
+            pid,
+            app,
+        )
+
+    async def offset_row_exists(self, conn: Any, name: str, row: OffsetRow) -> bool:
+        """Is this offset row stored? (Did a transaction whose COMMIT got no answer commit?)"""
+        found = await conn.fetchval(
+            f"""SELECT 1 FROM {self.t("projection_timestamp_offset_store")}
+WHERE slice = $1 AND projection_name = $2 AND timestamp_offset = $3 AND persistence_id = $4 AND seq_nr = $5""",
+            row.slice,
+            name,
+            row.timestamp,
+            row.persistence_id,
+            row.seq_nr,
+        )
+        return found is not None
+
     async def save_offsets(self, conn: Any, name: str, key: str, rows: list[OffsetRow]) -> None:
         """Insert offset rows (insert-only; a repeat of an identical row is ignored)."""
         if not rows:

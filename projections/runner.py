@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
@@ -22,11 +22,13 @@ from journal.offsets import TimestampOffset
 from journal.settings import ProjectionSettings, QueryMode
 
 from .handlers import Mode
+from .outage import Outage, database_unavailable
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
 from .stats import Stats
 from .validation import Validator, Verdict
 
 log = logging.getLogger("projections.runner")
+T = TypeVar("T")
 
 
 class EventSource(Protocol):
@@ -71,6 +73,8 @@ class RangeProcessor:
         mode: Mode,
         stats: Stats,
         query_mode: QueryMode = "horizon",
+        outage: Outage | None = None,
+        application_name: str | None = None,
     ) -> None:
         self.journal = journal
         self.pool = pool
@@ -86,6 +90,9 @@ class RangeProcessor:
         self.mode = mode
         self.stats = stats
         self.query_mode = query_mode
+        self.outage = outage or Outage(log, owner, quiet=settings.handler_max_backoff)
+        self.application_name = application_name
+        """The pool's application_name: identifies our own server processes (see ``_settle``)."""
         self.validator = Validator(timedelta(seconds=settings.offset_time_window))
         self._stopping = asyncio.Event()
         self._last_flush = time.monotonic()
@@ -100,8 +107,11 @@ class RangeProcessor:
     async def run(self) -> None:
         slices = list(range(self.lo, self.hi + 1))
         window = timedelta(seconds=self.s.offset_time_window)
-        async with self.pool.acquire() as conn:
-            loaded = await self.sql.load_offsets(conn, self.name, slices, window)
+        async def load() -> dict[int, tuple[datetime, list[tuple[str, int, datetime]]]]:
+            async with self.pool.acquire() as conn:
+                return await self.sql.load_offsets(conn, self.name, slices, window)
+
+        loaded = await self._db("loading offsets", load)
         for s in slices:
             latest, rows = loaded.get(s, (None, []))
             self.validator.load_slice(s, latest, rows)
@@ -218,8 +228,12 @@ class RangeProcessor:
         per_pid = self.query_mode == "backtracking"
         check = v.check(env, per_pid=per_pid)
         if check.verdict is Verdict.UNKNOWN:
-            async with self.pool.acquire() as conn:
-                stored = await self.sql.load_pid(conn, self.name, env.slice, env.persistence_id)
+
+            async def load() -> tuple[int, datetime] | None:
+                async with self.pool.acquire() as conn:
+                    return await self.sql.load_pid(conn, self.name, env.slice, env.persistence_id)
+
+            stored = await self._db("loading a pid's offset", load)
             if stored is not None:
                 v.learn(env.slice, env.persistence_id, *stored)
                 check = v.check(env, per_pid=per_pid)
@@ -242,7 +256,11 @@ class RangeProcessor:
 
     async def _replay(self, pid: str, first: int, last: int, accepted: list[EventEnvelope]) -> None:
         """Fill a gap by persistence id; fail loudly if the journal lacks the events."""
-        got = [e async for e in self.journal.current_events_by_persistence_id(pid, first, last)]
+
+        async def read() -> list[EventEnvelope]:
+            return [e async for e in self.journal.current_events_by_persistence_id(pid, first, last)]
+
+        got = await self._db("replaying a gap", read)
         if [e.seq_nr for e in got] != list(range(first, last + 1)):
             raise EventsMissing(pid, first, last, f"needed by projection {self.name!r} (have {len(got)})")
         log.info("%s: replayed %s #%d..%d to fill a gap", self.name, pid, first, last)
@@ -255,11 +273,15 @@ class RangeProcessor:
         """Horizon mode, a pid with no stored offset: its earlier events not covered by the slice
         offset first (delivery is ordered, so the slice offset covers what was processed)."""
         v = self.validator
-        earlier = [
-            e
-            async for e in self.journal.current_events_by_persistence_id(env.persistence_id, 1, env.seq_nr - 1)
-            if not v.covered_by_slice(e.slice, e.db_timestamp, e.persistence_id, e.seq_nr)
-        ]
+
+        async def read() -> list[EventEnvelope]:
+            return [
+                e
+                async for e in self.journal.current_events_by_persistence_id(env.persistence_id, 1, env.seq_nr - 1)
+                if not v.covered_by_slice(e.slice, e.db_timestamp, e.persistence_id, e.seq_nr)
+            ]
+
+        earlier = await self._db("replaying a pid", read)
         self._accept_all(earlier, accepted)
         self.stats.replayed += len(earlier)
         self._accept_all([env], accepted)
@@ -272,15 +294,19 @@ class RangeProcessor:
         v = self.validator
         if env.seq_nr > 1:
             start = v.window_start(env.slice)
-            prev = await self.journal.timestamp_of(env.persistence_id, env.seq_nr - 1)
+            prev = await self._db("a timestamp", lambda: self.journal.timestamp_of(env.persistence_id, env.seq_nr - 1))
             if prev is not None and (start is None or prev >= start):
-                earlier = [
-                    e
-                    async for e in self.journal.current_events_by_persistence_id(
-                        env.persistence_id, 1, env.seq_nr - 1
-                    )
-                    if start is None or e.db_timestamp >= start
-                ]
+
+                async def read() -> list[EventEnvelope]:
+                    return [
+                        e
+                        async for e in self.journal.current_events_by_persistence_id(
+                            env.persistence_id, 1, env.seq_nr - 1
+                        )
+                        if start is None or e.db_timestamp >= start
+                    ]
+
+                earlier = await self._db("replaying a pid", read)
                 pid = env.persistence_id
                 log.info("%s: replayed %d events of %s before #%d", self.name, len(earlier), pid, env.seq_nr)
                 self._accept_all(earlier, accepted)
@@ -311,9 +337,14 @@ class RangeProcessor:
                     await self.handler(conn, env)
             await self.sql.save_offsets(conn, self.name, self.key, rows)
 
+        proof = next((r for r in rows if r.persistence_id != HEARTBEAT_PID), None)
+
+        async def committed(conn: Any) -> bool:
+            return proof is not None and await self.sql.offset_row_exists(conn, self.name, proof)
+
         started = time.monotonic()
         try:
-            await self._retrying(body, transactional=True, fence=touched)
+            await self._retrying(body, transactional=True, fence=touched, committed=committed)
         except BaseException:
             self.validator.rollback()
             raise
@@ -347,26 +378,79 @@ class RangeProcessor:
         self._last_flush = time.monotonic()
 
     async def _retrying(
-        self, body: Callable[[Any], Awaitable[Any]], *, transactional: bool, fence: dict[int, int] | None = None
+        self,
+        body: Callable[[Any], Awaitable[Any]],
+        *,
+        transactional: bool,
+        fence: dict[int, int] | None = None,
+        committed: Callable[[Any], Awaitable[bool]] | None = None,
     ) -> None:
+        """Run a batch until it commits. A handler's own error is retried ``handler_attempts``
+        times, then HandlerFailed; a database outage (no connection, or the transaction's
+        connection lost) is retried without limit and does not count (:mod:`projections.outage`).
+
+        ``committed`` tells, on a fresh connection, whether a transaction whose COMMIT was cut off
+        by an outage did commit after all (then it is not run again: nothing applied twice).
+        """
         s = self.s
         backoff = s.handler_backoff
-        for attempt in range(1, s.handler_attempts + 1):
+        outage_backoff = s.handler_backoff
+        attempt = 0
+        unsure = False  # the last COMMIT was sent and its answer lost: it may have committed
+        server_pid = 0
+        while True:
+            phase = "connect"
+            conn_lost = False
+            handler_exc: BaseException | None = None
             try:
-                if not transactional:
-                    await body(None)
+                if not transactional:  # at-least-once: the handler alone, every error its own
+                    phase = "handler"
+                    try:
+                        await body(None)
+                    except Exception as e:
+                        handler_exc = e
+                        raise
                     return
-                async with self.pool.acquire() as conn, conn.transaction():
-                    if fence:
-                        lost = await self.sql.fence(conn, self.name, self.owner, fence)
-                        if lost:
-                            raise LeaseLost(f"{self.name}: slices {lost[:5]}... are no longer ours")
-                    await body(conn)
+                async with self.pool.acquire() as conn:
+                    if unsure and committed is not None:
+                        # outside a transaction: pg_stat_activity is read once per transaction
+                        await self._settle(conn, server_pid)
+                        if await committed(conn):
+                            log.info("%s %s: the batch committed before the connection was lost", self.name, self.key)
+                            self.outage.answered()
+                            return
+                    unsure = False
+                    server_pid = conn.get_server_pid()
+                    async with conn.transaction():
+                        phase = "fence"
+                        if fence:
+                            lost = await self.sql.fence(conn, self.name, self.owner, fence)
+                            if lost:
+                                raise LeaseLost(f"{self.name}: slices {lost[:5]}... are no longer ours")
+                        phase = "handler"
+                        try:
+                            await body(conn)
+                        except Exception as e:
+                            handler_exc = e
+                            conn_lost = conn.is_closed()  # asked before the pool takes it back
+                            raise
+                        phase = "commit"
+                self.outage.answered()
                 return
             except (LeaseLost, EventsMissing, asyncio.CancelledError):
                 raise
             except Exception as e:
+                # a rollback that fails after the handler's error (the connection is gone) raises
+                # its own error instead: that one is ours, not the handler's
+                in_handler = phase == "handler" and e is handler_exc
+                if database_unavailable(e, in_handler=in_handler, conn_lost=conn_lost):
+                    unsure = unsure or phase == "commit"
+                    self.outage.failed(f"{self.name} {self.key}, {phase}", e)
+                    await self._pause(outage_backoff, e)
+                    outage_backoff = min(outage_backoff * 2, s.handler_max_backoff)
+                    continue
                 self.stats.retries += 1
+                attempt += 1
                 if attempt >= s.handler_attempts:
                     raise HandlerFailed(
                         f"projection {self.name!r} slices {self.key}: batch failed {attempt} times, "
@@ -376,8 +460,44 @@ class RangeProcessor:
                     "%s %s: batch failed (attempt %d/%d), rolled back, retrying in %.2fs: %s: %s",
                     self.name, self.key, attempt, s.handler_attempts, backoff, type(e).__name__, e,
                 )  # fmt: skip
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), backoff)
-                if self._stopping.is_set():
-                    raise LeaseLost(f"{self.name} {self.key}: stopping during retries (batch rolled back)") from e
+                await self._pause(backoff, e)
                 backoff = min(backoff * 2, s.handler_max_backoff)
+
+    async def _settle(self, conn: Any, server_pid: int, patience: float = 10.0) -> None:
+        """Wait until the server process that ran a COMMIT whose answer was lost is done with it
+        (it may still be committing: reading before that could see "not committed" for a batch
+        that commits a moment later). After ``patience`` seconds it is terminated, which rolls a
+        COMMIT still in its deferred work back; only a process of this worker's own pool
+        (``application_name``) is ever terminated."""
+        deadline = time.monotonic() + patience
+        while await self.sql.backend_busy(conn, server_pid, self.application_name):
+            if time.monotonic() > deadline:
+                log.warning("%s %s: server process %d still committing; ending it", self.name, self.key, server_pid)
+                await self.sql.terminate_backend(conn, server_pid, self.application_name)
+                deadline = time.monotonic() + patience
+            await asyncio.sleep(0.05)
+
+    async def _pause(self, seconds: float, cause: BaseException) -> None:
+        """Wait before a retry; a stop request ends the wait (the batch stays rolled back)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        if self._stopping.is_set():
+            raise LeaseLost(f"{self.name} {self.key}: stopping during retries (batch rolled back)") from cause
+
+    async def _db(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
+        """A read of ours (offsets, a pid's record, the journal), retried through any outage."""
+        delay = self.s.handler_backoff
+        while True:
+            try:
+                result = await op()
+            except (LeaseLost, EventsMissing, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                if not database_unavailable(e):
+                    raise
+                self.outage.failed(f"{self.name} {self.key}, {what}", e)
+                await self._pause(delay, e)
+                delay = min(delay * 2, self.s.handler_max_backoff)
+                continue
+            self.outage.answered()
+            return result

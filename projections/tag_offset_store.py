@@ -45,6 +45,16 @@ class TagOffsetSql:
         latest: uuid.UUID | None = rows[0]["tag_offset"] if rows else None
         return TagOffsets(latest, {r["persistence_id"]: r["seq_nr"] for r in rows})
 
+    async def stored_seq_nr(self, conn: Any, name: str, tag: str, pid: str) -> int | None:
+        """One pid's stored seq_nr (did a transaction whose COMMIT got no answer commit?)."""
+        value = await conn.fetchval(
+            f"SELECT seq_nr FROM {self.table} WHERE projection_name = $1 AND tag = $2 AND persistence_id = $3",
+            name,
+            tag,
+            pid,
+        )
+        return None if value is None else int(value)
+
     async def save(self, conn: Any, name: str, tag: str, rows: dict[str, tuple[int, uuid.UUID]]) -> None:
         """Upsert pid -> (seq_nr, offset); a row never moves back to a lower seq_nr."""
         if not rows:

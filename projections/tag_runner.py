@@ -121,9 +121,17 @@ class TagProcessor(RangeProcessor):
         await self._commit_tag(body, len(accepted), max(e.db_timestamp for e in accepted))
 
     async def _commit_tag(self, body: Callable[[Any], Awaitable[None]], n: int, newest: Any) -> None:
+        proof = next(iter(self.pending.items()), None)
+
+        async def committed(conn: Any) -> bool:
+            if proof is None:
+                return False
+            stored = await self.tag_sql.stored_seq_nr(conn, self.name, self.tag, proof[0])
+            return stored is not None and stored >= proof[1][0]
+
         started = time.monotonic()
         try:
-            await self._retrying(body, transactional=True, fence=dict(self.epochs))
+            await self._retrying(body, transactional=True, fence=dict(self.epochs), committed=committed)
         except BaseException:
             self.pending = {}
             raise
@@ -175,7 +183,7 @@ class TagWorker(Worker):
         proc = TagProcessor(
             tag=self.tag, tag_sql=self.tag_sql, epoch=self.epochs[0], journal=self.journal, pool=self._pool,
             sql=self.sql, settings=self.ps, name=self.name, owner=self.worker_id, handler=self.handler,
-            mode=self.mode, stats=self.stats,
+            mode=self.mode, stats=self.stats, outage=self.outage, application_name=self.application_name,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:tag:{self.tag}")
         self.processors[(0, 0)] = (proc, task)

@@ -29,6 +29,7 @@ from journal.settings import JournalSettings, QueryMode
 
 from . import metrics
 from .handlers import Mode, validate_mode
+from .outage import Outage, database_unavailable
 from .postgres_store import ProjectionSql
 from .runner import EventSource, RangeProcessor
 from .stats import Stats
@@ -91,6 +92,10 @@ class Worker:
         self._pool: asyncpg.Pool | None = None
         self._ttl = timedelta(seconds=self.ps.lease_ttl)
         self.state = "running"
+        self.outage = Outage(log, self.worker_id, quiet=self.ps.handler_max_backoff + self.ps.lease_renew_interval)
+        """Database outages, shared with the processors (logged once each; shown by status)."""
+        self.application_name = f"sj-projection {self.worker_id}"[:63]
+        """Of the worker's connections (a server process of ours is told apart by it)."""
         metrics.track(self)
 
     def stop(self) -> None:
@@ -105,10 +110,11 @@ class Worker:
         dsn = self.settings.connection.dsn
         if dsn is None:
             raise ConfigurationError("Worker needs settings with a DSN (open the journal first)")
-        self._pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=1, max_size=8)
+        self._pool = await asyncpg.create_pool(
+            asyncpg_dsn(dsn), min_size=0, max_size=8, server_settings={"application_name": self.application_name}
+        )
         try:
-            async with self._pool.acquire() as conn:
-                await self.sql.ensure_leases(conn, self.name, self.slice_count)
+            await self._start_up()
             last_prune = 0.0
             loop = asyncio.get_running_loop()
             while not self._stop.is_set() and self.error is None:
@@ -122,14 +128,36 @@ class Worker:
                                 conn, self.name, sorted(self.epochs),
                                 timedelta(seconds=self.ps.offset_delete_after),
                             )  # fmt: skip
+                    self.outage.answered()
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-                    log.warning("%s: lease round failed (will retry): %s", self.worker_id, e)
+                    if database_unavailable(e):
+                        self.outage.failed("lease round", e)
+                    else:
+                        log.warning("%s: lease round failed (will retry): %s", self.worker_id, e)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.ps.lease_renew_interval)
         finally:
             await self._shutdown()
         if self.error is not None:
             raise HandlerFailed(self.error)
+
+    async def _start_up(self) -> None:
+        """Create the lease rows; a database that is down is waited for, however long."""
+        assert self._pool is not None
+        delay = self.ps.handler_backoff
+        while not self._stop.is_set():
+            try:
+                async with self._pool.acquire() as conn:
+                    await self.sql.ensure_leases(conn, self.name, self.slice_count)
+                self.outage.answered()
+                return
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+                if not database_unavailable(e):
+                    raise
+                self.outage.failed("start-up", e)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+            delay = min(delay * 2, self.ps.handler_max_backoff)
 
     async def _tick(self) -> None:
         pool = self._pool
@@ -140,7 +168,7 @@ class Worker:
         async with pool.acquire() as conn:
             await self.sql.heartbeat_worker(
                 conn, self.name, self.worker_id, socket.gethostname(), os.getpid(), self._ttl,
-                "running", self.stats.events, None,
+                "running", self.stats.events, self.outage.note(),
             )  # fmt: skip
             workers = await self.sql.live_workers(conn, self.name)
             held = await self.sql.renew_leases(conn, self.name, self.worker_id, self._ttl)
@@ -180,7 +208,8 @@ class Worker:
             journal=self.journal, pool=self._pool, sql=self.sql, settings=self.ps, name=self.name,
             entity_type=self.entity_type, lo=lo, hi=hi, owner=self.worker_id,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
-            mode=self.mode, stats=self.stats, query_mode=self._query_mode(),
+            mode=self.mode, stats=self.stats, query_mode=self._query_mode(), outage=self.outage,
+            application_name=self.application_name,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
         self.processors[(lo, hi)] = (proc, task)

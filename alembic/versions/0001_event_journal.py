@@ -17,7 +17,40 @@ branch_labels = None
 depends_on = None
 
 
+def _existing_tables() -> tuple[set[str] | None, set[str] | None]:
+    """Index names of event_journal and column names of snapshot when those tables exist already
+    (a database created from Akka Persistence R2DBC's own DDL), else None. Offline (SQL for a
+    DBA) there is nothing to inspect: the script creates the tables."""
+    if op.get_context().as_sql:
+        return None, None
+    inspector = sa.inspect(op.get_bind())
+    journal = snapshot = None
+    if inspector.has_table("event_journal"):
+        journal = {i["name"] for i in inspector.get_indexes("event_journal")}
+    if inspector.has_table("snapshot"):
+        snapshot = {c["name"] for c in inspector.get_columns("snapshot")}
+    return journal, snapshot
+
+
 def upgrade() -> None:
+    journal, snapshot = _existing_tables()
+    if journal is None:
+        _create_event_journal()
+    elif "event_journal_slice_idx" not in journal:  # the plugin's DDL calls it optional
+        op.create_index("event_journal_slice_idx", "event_journal", ["slice", "entity_type", "db_timestamp", "seq_nr"])
+    if snapshot is None:
+        _create_snapshot()
+        return
+    # the plugin's 1.1.x snapshot table: same columns but these two
+    if "db_timestamp" not in snapshot:
+        op.add_column("snapshot", sa.Column("db_timestamp", postgresql.TIMESTAMP(timezone=True), nullable=True))
+    if "tags" not in snapshot:
+        op.add_column("snapshot", sa.Column("tags", postgresql.ARRAY(sa.Text()), nullable=True))
+    if "snapshot_slice_idx" not in {i["name"] for i in sa.inspect(op.get_bind()).get_indexes("snapshot")}:
+        op.create_index("snapshot_slice_idx", "snapshot", ["slice", "entity_type", "db_timestamp"])
+
+
+def _create_event_journal() -> None:
     op.create_table(
         "event_journal",
         sa.Column("slice", sa.Integer(), nullable=False),
@@ -42,6 +75,9 @@ def upgrade() -> None:
         "event_journal",
         ["slice", "entity_type", "db_timestamp", "seq_nr"],
     )
+
+
+def _create_snapshot() -> None:
     op.create_table(
         "snapshot",
         sa.Column("slice", sa.Integer(), nullable=False),

@@ -23,6 +23,7 @@ from . import cassandra_local as _cassandra_local  # noqa: E402,F401
 from . import demo as _demo  # noqa: E402,F401
 from . import endpoint as _endpoint  # noqa: E402,F401
 from . import migrate as _migrate  # noqa: E402,F401  (registers commands)
+from . import timestamp_rule as _timestamp_rule  # noqa: E402,F401
 
 
 def main() -> None:

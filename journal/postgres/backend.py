@@ -23,6 +23,7 @@ from .slice_reader import PostgresSliceReader
 from .statements import Statements
 from .tag_statements import TagStatements
 from .tag_store import PostgresTagStore
+from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .writer_connections import WriterConnections
 
 log = logging.getLogger("journal.postgres")
@@ -272,6 +273,8 @@ class PostgresBackend:
     async def write_on(self, conn: asyncpg.Connection, request: WriteRequest) -> WriteResult:
         """Write one request on the caller's connection (inside its transaction, if any)."""
         stmt, params = self._statement([request], probe=False)
+        if conn.is_in_transaction():  # the database's rule trigger (if installed) skips these rows
+            await conn.execute(MARK_WRITER_LOCAL_SQL)
         try:
             rows = await conn.fetch(stmt, *params)
         except asyncpg.exceptions.UniqueViolationError as e:

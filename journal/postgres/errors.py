@@ -60,6 +60,7 @@ async def with_retries(what: str, settings: RetrySettings, op: Callable[[], Awai
                 raise JournalUnavailable(
                     f"{what}: database unavailable after {settings.attempts} attempts: {e}"
                 ) from e
-            log.warning("%s failed (%s), retry %d in %.2fs", what, e, attempt + 1, delays[attempt])
+            # DEBUG: a caller that keeps failing gets JournalUnavailable and reports the outage once
+            log.debug("%s failed (%s), retry %d in %.2fs", what, e, attempt + 1, delays[attempt])
             await asyncio.sleep(delays[attempt])
     raise AssertionError("unreachable")

@@ -73,8 +73,15 @@ class SliceStatements:
         The clock (``now``) is read first (a materialized CTE; the lateral join that reads
         pg_locks depends on it, so it runs after). Writers are transactions holding a granted
         RowExclusiveLock on event_journal in this database, other than this session; their
-        ``xact_start`` comes from pg_stat_activity (NULL when not visible to this role, or for
-        prepared transactions, whose locks have no pid). ``$1``: the table, as regclass text.
+        ``xact_start`` comes from pg_stat_activity, NULL when not visible to this role (its
+        ``state`` is NULL then too) or for prepared transactions (their locks have no pid).
+
+        pg_locks and pg_stat_activity are read one after the other, so a writer listed in one
+        may have finished (or not yet begun) its transaction in the other: its activity row then
+        shows a visible state with no ``xact_start``, or no row at all (the process exited).
+        That writer's listed transaction either ended before the activity reading (visible to a
+        later snapshot) or began after it (its timestamp is above ``now``): it is left out, not
+        reported as "start not visible". ``$1``: the table, as regclass text.
         """
         return (
             "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now) "
@@ -86,7 +93,9 @@ class SliceStatements:
             "WHERE c.now IS NOT NULL AND l.locktype = 'relation' "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND l.relation = $1::regclass AND l.mode = 'RowExclusiveLock' AND l.granted "
-            "AND l.pid IS DISTINCT FROM pg_backend_pid()) AS w ON true"
+            "AND l.pid IS DISTINCT FROM pg_backend_pid() "
+            "AND (a.xact_start IS NOT NULL OR l.pid IS NULL OR (a.pid IS NOT NULL AND a.state IS NULL))"
+            ") AS w ON true"
         )
 
     @property

@@ -16,9 +16,10 @@ from typing import Any
 import asyncpg
 
 from ..backend import HorizonReading, StoredEvent, WriterInProgress
+from ..conditions import Condition
 from ..serialization import Serialized
 from ..settings import JournalSettings
-from .errors import backoff_delays, is_transient, with_retries
+from .errors import is_transient, with_retries
 from .slice_queries import SliceStatements
 from .statements import notify_channel
 
@@ -187,6 +188,8 @@ class _Listener:
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self.connection_pid: int | None = None
+        self.down = Condition(log, logging.WARNING)
+        """Cannot connect: logged once, and when it connects again."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="journal-listener")
@@ -208,6 +211,7 @@ class _Listener:
                 self.connection_pid = conn.get_server_pid()
                 self.connected.set()
                 failures = 0
+                self.down.clear("notification listener connected again")
                 self._on_reconnect()  # notifications sent while not listening are lost: poll now
                 while not lost.is_set():
                     with contextlib.suppress(TimeoutError):
@@ -220,10 +224,10 @@ class _Listener:
             except Exception as e:
                 if not is_transient(e):
                     log.error("notification listener failed: %s", e)
-                delays = backoff_delays(self._settings.retry) or [self._settings.retry.max_backoff]
-                delay = delays[min(failures, len(delays) - 1)]
+                retry = self._settings.retry
+                delay = min(retry.max_backoff, retry.initial_backoff * 2 ** min(failures, 30))
                 failures += 1
-                log.warning("notification listener cannot connect (%s); retry in %.2fs", e, delay)
+                self.down.occurred("notification listener cannot connect (%s); retrying with backoff", e)
                 await asyncio.sleep(delay)
             finally:
                 self.connected.clear()

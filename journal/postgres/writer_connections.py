@@ -12,6 +12,8 @@ from collections import deque
 
 import asyncpg
 
+from .timestamp_rule import WRITER_SETTING, WRITER_VALUE
+
 
 class WriterConnections:
     def __init__(self, dsn: str, connect_timeout: float, application_name: str) -> None:
@@ -30,7 +32,10 @@ class WriterConnections:
                 return conn
             self._all.discard(conn)
         conn = await asyncpg.connect(
-            self._dsn, timeout=self._timeout, server_settings={"application_name": self.application_name}
+            self._dsn,
+            timeout=self._timeout,
+            # these writes obey the write rule themselves: the database's rule trigger skips them
+            server_settings={"application_name": self.application_name, WRITER_SETTING: WRITER_VALUE},
         )
         self._all.add(conn)
         return conn

@@ -7,9 +7,13 @@ query was idle 5 times in a row, after 3 x buffer_size live rows, or when the li
 half a window ahead of the backtracking position (the reference's triggers). Each pid's highest
 delivered seq_nr (kept for the window) tells new events from ones already delivered, so the
 query itself delivers each event once; events found only by backtracking get their payload
-loaded before delivery. Limit: an event committed later than ``backtracking_behind_current_time``
-after its timestamp is missed; after a restart from a saved offset, backtracking re-reads the
-window behind it and may deliver events again (the projection's offset store drops them).
+loaded before delivery. Each pid's events also come in order: an event whose pid has earlier
+events not yet delivered (the first events of a new pid committed late while a racing writer's
+next events were already read live) gets those read by pid and delivered first
+(:mod:`journal.query.pid_order`). Limit: an event committed later than
+``backtracking_behind_current_time`` after its timestamp is missed; after a restart from a
+saved offset, backtracking re-reads the window behind it and may deliver events at or below
+that offset again (the projection's offset store drops them); events after it come once.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from ..backend import StoredEvent
-from ..envelope import EventEnvelope
 from ..offsets import EPOCH, TimestampOffset
 from ..settings import QuerySettings
 from .slice_query import PageRequest, SliceQueryState
 
 IDLE_TRIGGER = 5
+UNKNOWN = 0
+"""``first_undelivered``: a pid not in memory; look up its previous event."""
 ROWS_TRIGGER_PAGES = 3
 
 
@@ -37,30 +42,37 @@ class BacktrackingState:
         self.idle = 0
         self.live_rows = 0
         self.delivered: dict[str, tuple[int, datetime]] = {}
+        self.covered_below: datetime = offset.timestamp if offset is not None else EPOCH
         if offset is not None:
             for pid, seq in offset.seen.items():
                 self.delivered[pid] = (seq, offset.timestamp)
         self.rounds = 0
 
-    # -- dedup -------------------------------------------------------------------------------
+    # -- each pid once and in order ----------------------------------------------------------
 
-    def is_new(self, r: StoredEvent) -> bool:
-        got = self.delivered.get(r.persistence_id)
-        return got is None or r.seq_nr > got[0]
+    def first_undelivered(self, pid: str, seq_nr: int) -> int | None:
+        """For an event about to be delivered: None when it was delivered already; else the first
+        seq_nr of its pid still to deliver (``seq_nr`` itself when nothing is missing before it),
+        or UNKNOWN for a pid not in memory with ``seq_nr`` > 1 (its previous event's timestamp
+        decides: :meth:`covered`). A lower number means earlier events of the pid committed late,
+        below the live position, and must be delivered first (read by pid)."""
+        got = self.delivered.get(pid)
+        if got is not None:
+            return None if seq_nr <= got[0] else got[0] + 1
+        return 1 if seq_nr == 1 else UNKNOWN
 
-    def mark(self, r: StoredEvent) -> None:
-        got = self.delivered.get(r.persistence_id)
-        if got is None or r.seq_nr > got[0]:
-            self.delivered[r.persistence_id] = (r.seq_nr, r.db_timestamp)
+    def covered(self, ts: datetime) -> bool:
+        """An event below this was delivered before (by this query within the window, whose
+        pids are then pruned, or before the offset it started from)."""
+        return ts < self.covered_below
 
-    def first_delivery(self, env: EventEnvelope) -> bool:
-        """For a live envelope: True when new (and record it); False for a duplicate."""
+    def mark(self, pid: str, seq_nr: int, ts: datetime) -> None:
+        got = self.delivered.get(pid)
+        if got is None or seq_nr > got[0]:
+            self.delivered[pid] = (seq_nr, ts)
+
+    def count_live(self) -> None:
         self.live_rows += 1
-        got = self.delivered.get(env.persistence_id)
-        if got is not None and env.seq_nr <= got[0]:
-            return False
-        self.delivered[env.persistence_id] = (env.seq_nr, env.db_timestamp)
-        return True
 
     # -- rounds ------------------------------------------------------------------------------
 
@@ -126,6 +138,7 @@ class BacktrackingState:
         return min(live_floor, self.pager.safe_timestamp)
 
     def _prune(self, lower: datetime) -> None:
+        self.covered_below = max(self.covered_below, lower)
         old = [pid for pid, (_, ts) in self.delivered.items() if ts < lower]
         for pid in old:
             del self.delivered[pid]

@@ -11,11 +11,19 @@ then lists the lock holders:
   to any snapshot taken after the reading.
 
 Hence ``min(now, xact_start of every listed writer)`` is safe for a data query whose snapshot
-is taken after the reading. When a writer's start is not visible (another role without
-pg_read_all_stats, or a prepared transaction), the bound for it is the ``now`` of the previous
-reading if it was not listed then (it took the lock after that listing), or the bound already
-given to it; a writer listed in the very first reading with an unknown start blocks the
-horizon at the epoch until it ends. Every such fallback is logged, never guessed.
+is taken after the reading. pg_locks and pg_stat_activity are two readings, one after the other
+(both after ``now``): a listed writer whose activity row shows no transaction (idle, or a next
+statement not yet in its transaction) or no row at all has ended its listed transaction before
+the activity reading, or began it after that reading (so after ``now``); either way it needs
+no bound, and the backend leaves it out. Under write load that happens on most readings; it
+was once taken for "start not visible" and logged several times a second.
+
+When a writer's start is really not visible (another role without pg_read_all_stats, or a
+prepared transaction), the bound for it is the ``now`` of the previous reading if it was not
+listed then (it took the lock after that listing), or the bound already given to it; a writer
+listed in the very first reading with an unknown start blocks the horizon at the epoch until it
+ends. That condition is logged once when it starts and once when it clears (it persists for as
+long as the role lacks the privilege), never guessed.
 """
 
 from __future__ import annotations
@@ -25,18 +33,24 @@ import logging
 from datetime import datetime
 
 from ..backend import HorizonReading, SliceQueryBackend
+from ..conditions import Condition
 from ..offsets import EPOCH
 
 log = logging.getLogger("journal.query.horizon")
+
+INVISIBLE_QUIET = 60.0
+"""Seconds without a writer whose start is not visible before that condition counts as cleared."""
 
 
 class HorizonTracker:
     """Turns successive readings into safe bounds (a plain state machine, no I/O)."""
 
-    def __init__(self) -> None:
+    def __init__(self, quiet: float = INVISIBLE_QUIET) -> None:
         self._prev_now: datetime | None = None
         self._bounds: dict[str, datetime | None] = {}
         self._logged_prepared = False
+        self.invisible = Condition(log, logging.INFO, quiet=quiet)
+        """Writers whose start this role cannot see (logged once, and when it clears)."""
 
     def observe(self, reading: HorizonReading) -> datetime:
         bound = reading.now
@@ -49,9 +63,10 @@ class HorizonTracker:
                 b = self._bounds[w.vxid]
             else:
                 b = self._prev_now
-                log.info(
+                self.invisible.occurred(
                     "horizon: start of writer %s (pid %s) not visible%s; bounding it by %s",
-                    w.vxid, w.pid, " (prepared transaction)" if w.pid is None else "",
+                    w.vxid, w.pid,
+                    " (prepared transaction)" if w.pid is None else " (this role lacks pg_read_all_stats?)",
                     b.isoformat() if b else "the epoch (it was already writing at the first check)",
                 )  # fmt: skip
             bounds[w.vxid] = b
@@ -62,6 +77,8 @@ class HorizonTracker:
                 reading.prepared,
             )
             self._logged_prepared = True
+        if all(w.xact_start is not None for w in reading.writers):
+            self.invisible.idle("horizon: writers whose start is not visible")
         self._bounds = bounds
         self._prev_now = reading.now
         return bound

@@ -15,9 +15,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..backend import SliceQueryBackend, StoredEvent
+from ..conditions import Condition
 from ..envelope import EventEnvelope, lazy_page_envelopes
 from ..errors import JournalUnavailable, SerializationError
-from ..ids import entity_type_of, slice_for
+from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
 from ..offsets import Sequence as SeqOffset
 from ..offsets import TimestampOffset
 from ..serialization import SerializerRegistry
@@ -25,12 +26,10 @@ from ..settings import JournalSettings, QueryMode
 from .backtracking import BacktrackingState
 from .horizon import Horizon
 from .notifications import NotificationHub, Subscription
+from .pid_order import PidOrder
 from .slice_query import PageRequest, SliceQueryState, poll_delay
 
 log = logging.getLogger("journal.query.slices")
-
-MAX_SEQ_NR = 2**63 - 1
-
 
 class SliceQueries:
     """Slice queries of one journal: shares one horizon and one notification listener."""
@@ -168,6 +167,8 @@ class SliceQueries:
         sub = await self.hub.subscribe(et, lo, hi)
         state = SliceQueryState(offset, q.buffer_size, q.catch_up_buffer_size)
         bt = BacktrackingState(offset, q) if mode == "backtracking" else None
+        order = PidOrder(self.backend, bt, q.buffer_size) if bt is not None else None
+        down = Condition(log, logging.WARNING)  # an outage: logged once, and when it ends
         last_emit = loop.time()
         last_heartbeat: TimestampOffset | None = None
         failures = 0
@@ -178,26 +179,34 @@ class SliceQueries:
                 try:
                     bound = await self.bound(mode, fresh_after=loop.time())
                     async for env in self._catch_up(state, bound, et, lo, hi):
-                        if bt is not None and not bt.first_delivery(env):
-                            continue
+                        if bt is not None and order is not None:
+                            bt.count_live()
+                            pid, seq_nr = env.persistence_id, env.seq_nr
+                            first = bt.first_undelivered(pid, seq_nr)
+                            if first is None:
+                                continue
+                            if first != seq_nr:  # earlier events of this pid committed late
+                                for r in await self._earlier(order, pid, first, seq_nr, env.db_timestamp):
+                                    yield self.envelope(r, bt.offset_for(r), source="backtracking")
+                            bt.mark(pid, seq_nr, env.db_timestamp)
                         yield env
                         last_emit = loop.time()
-                    if bt is not None:
-                        async for env in self._backtrack(bt, state, et, lo, hi):
+                    if bt is not None and order is not None:
+                        async for env in self._backtrack(bt, order, state, et, lo, hi):
                             yield env
                             last_emit = loop.time()
                     failures = 0
                 except JournalUnavailable as e:
                     delay = min(
                         self.settings.retry.max_backoff,
-                        self.settings.retry.initial_backoff * 2**failures,
+                        self.settings.retry.initial_backoff * 2 ** min(failures, 30),
                     )
                     failures += 1
-                    log.warning(
-                        "live slice query %s %d-%d: %s; retrying in %.2fs", et, lo, hi, e, delay
-                    )
+                    down.occurred("live slice query %s %d-%d: %s; retrying with backoff", et, lo, hi, e)
                     await asyncio.sleep(delay)
                     continue
+                if down.active:
+                    down.clear(f"live slice query {et} {lo}-{hi}: database available again")
                 if heartbeats:
                     hb = self._heartbeat_offset(state, bt)
                     if (
@@ -222,6 +231,24 @@ class SliceQueries:
         finally:
             sub.close()
 
+    async def _earlier(
+        self, order: PidOrder, pid: str, first: int, seq_nr: int, ts: datetime
+    ) -> list[StoredEvent]:
+        """``order.before``, retried here until the database answers: the live page around it is
+        already counted as read, so giving up would skip the rest of the page."""
+        failures = 0
+        while True:
+            self._check_open()
+            try:
+                return await order.before(pid, first, seq_nr, ts)
+            except JournalUnavailable as e:
+                retry = self.settings.retry
+                delay = min(retry.max_backoff, retry.initial_backoff * 2 ** min(failures, 30))
+                failures += 1
+                level = logging.WARNING if failures == 1 else logging.DEBUG
+                log.log(level, "earlier events of %s: %s; retrying", pid, e)
+                await asyncio.sleep(delay)
+
     def _heartbeat_offset(
         self, state: SliceQueryState, bt: BacktrackingState | None
     ) -> TimestampOffset | None:
@@ -235,7 +262,7 @@ class SliceQueries:
         return TimestampOffset(safe)
 
     async def _backtrack(
-        self, bt: BacktrackingState, state: SliceQueryState, et: str, lo: int, hi: int
+        self, bt: BacktrackingState, order: PidOrder, state: SliceQueryState, et: str, lo: int, hi: int
     ) -> AsyncIterator[EventEnvelope]:
         """Re-read the window behind the live position without payloads; deliver what is new."""
         b = self.backend
@@ -255,13 +282,16 @@ class SliceQueries:
                 with_payload=False,
             )
             for r in rows:
-                if not bt.is_new(r):
+                pid, seq_nr = r.persistence_id, r.seq_nr
+                first = bt.first_undelivered(pid, seq_nr)
+                if first is None:
                     continue
-                full = await b.load_event(r.persistence_id, r.seq_nr)
+                for e in await order.before(pid, first, seq_nr, r.db_timestamp):
+                    yield self.envelope(e, bt.offset_for(e), source="backtracking")
+                full = await b.load_event(pid, seq_nr)
+                bt.mark(pid, seq_nr, r.db_timestamp)
                 if full is None:  # deleted meanwhile
-                    bt.mark(r)
                     continue
-                bt.mark(r)
                 yield self.envelope(full, bt.offset_for(r), source="backtracking")
             bt.accept(req, rows)
 
@@ -276,6 +306,7 @@ class SliceQueries:
         nxt = from_seq_nr
         failures = 0
         page = self.q.buffer_size
+        down = Condition(log, logging.WARNING)
         try:
             while True:
                 self._check_open()
@@ -286,12 +317,14 @@ class SliceQueries:
                 except JournalUnavailable as e:
                     delay = min(
                         self.settings.retry.max_backoff,
-                        self.settings.retry.initial_backoff * 2**failures,
+                        self.settings.retry.initial_backoff * 2 ** min(failures, 30),
                     )
                     failures += 1
-                    log.warning("live events of %s: %s; retrying in %.2fs", pid, e, delay)
+                    down.occurred("live events of %s: %s; retrying with backoff", pid, e)
                     await asyncio.sleep(delay)
                     continue
+                if down.active:
+                    down.clear(f"live events of {pid}: database available again")
                 for r in rows:
                     yield self.envelope(r, SeqOffset(r.seq_nr))
                     nxt = r.seq_nr + 1

@@ -6,7 +6,7 @@ from typing import get_args
 
 from ..errors import InvalidArgument, OffsetError
 from ..ids import validate_entity_type, validate_slice_range
-from ..offsets import NoOffset, TimestampOffset
+from ..offsets import NoOffset, Sequence, TimestampOffset
 from ..settings import QueryMode
 
 
@@ -33,8 +33,13 @@ def check_slice_query(
     if offset is None or isinstance(offset, NoOffset):
         return None, mode  # type: ignore[return-value]
     if not isinstance(offset, TimestampOffset):
+        hint = (
+            f"; a {type(offset).__name__} offset belongs to events_by_persistence_id"
+            if isinstance(offset, Sequence)
+            else ""
+        )
         raise OffsetError(
             f"slice queries take a TimestampOffset (or None / NoOffset), got {type(offset).__name__}: "
-            f"{offset!r}; a Sequence offset belongs to events_by_persistence_id"
+            f"{offset!r:.80}{hint}"
         )
     return offset, mode  # type: ignore[return-value]

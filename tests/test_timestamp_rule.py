@@ -1,0 +1,63 @@
+"""``journal timestamp-rule``: the database stamps foreign writers' rows after the table lock."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+
+from journal import Journal, slice_for
+from journal.postgres import timestamp_rule
+
+FOREIGN_INSERT = """
+INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,
+  event_ser_manifest, event_payload, writer)
+VALUES ($1, 'Foreign', $2, $3, transaction_timestamp(), 1, '', '{}'::bytea, 'jvm') RETURNING db_timestamp"""
+
+
+async def test_rule_stamps_foreign_rows_and_skips_the_journals_own(journal: Journal, dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await timestamp_rule.install(conn)
+        await timestamp_rule.install(conn)  # idempotent
+        assert await timestamp_rule.installed(conn)
+        # a foreign writer stamping at transaction start: the rule raises it past the statement's lock
+        async with conn.transaction():
+            started = await conn.fetchval("SELECT transaction_timestamp()")
+            await conn.execute("SELECT pg_sleep(0.05)")
+            pid = "Foreign|f-1"
+            stamped = await conn.fetchval(FOREIGN_INSERT, slice_for(pid), pid, 1)
+        assert stamped > started
+        # this library's own writes obey the rule already: untouched, one timestamp per call
+        written = await journal.persist("Own|o-1", [{"n": 1}, {"n": 2}, {"n": 3}])
+        stored = await conn.fetch("SELECT db_timestamp FROM event_journal WHERE persistence_id = 'Own|o-1'")
+        assert {r[0] for r in stored} == {written[0].db_timestamp}
+        # persist_in inside the caller's transaction: skipped too
+        async with conn.transaction():
+            mine = await journal.persist_in(conn, "Own|o-2", [{"n": 1}, {"n": 2}])
+        stored = await conn.fetch("SELECT db_timestamp FROM event_journal WHERE persistence_id = 'Own|o-2'")
+        assert {r[0] for r in stored} == {mine[0].db_timestamp}
+        await timestamp_rule.remove(conn)
+        assert not await timestamp_rule.installed(conn)
+        async with conn.transaction():
+            started = await conn.fetchval("SELECT transaction_timestamp()")
+            stamped = await conn.fetchval(FOREIGN_INSERT, slice_for("Foreign|f-2"), "Foreign|f-2", 1)
+        assert stamped == started, "without the rule a foreign row keeps its transaction-start stamp"
+    finally:
+        await timestamp_rule.remove(conn)
+        await conn.close()
+
+
+def test_cli_installs_reports_and_removes_the_rule(dsn: str) -> None:
+    cli = str(Path(sys.executable).parent / "journal")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([cli, "timestamp-rule", *args, "--dsn", dsn], capture_output=True, text=True, timeout=60)
+
+    assert "timestamp rule installed" in run("install").stdout
+    assert "timestamp rule installed" in run("status").stdout
+    assert "not installed" in run("remove").stdout
+    bad = run("enable")
+    assert bad.returncode == 2 and "install, remove or status" in bad.stderr
