@@ -28,6 +28,7 @@ from ..tags.buckets import bucket_of
 from ..tags.store import TaggedEvent
 from ..tags.timeuuid import datetime_of, new_timeuuid
 from ..tags.writer import TagWriters
+from .cleanup import CassandraCleanup
 from .cql import statements, validate_keyspace
 from .partitions import PartitionCursor, PartitionLayout
 from .session import build_cluster, consistency, is_read
@@ -91,16 +92,33 @@ async def _run(session: Any, stmt: Any, params: Sequence[Any] | None = None) -> 
     return await fut
 
 
+_SENT = {"WriteTimeout", "WriteFailure", "OperationTimedOut", "ConnectionShutdown", "ConnectionBusy"}
+"""Driver errors after which a statement may have reached a replica: a write's outcome is unknown."""
+_NOT_SENT = {"Unavailable", "ReadTimeout", "ReadFailure", "OverloadedErrorMessage", "IsBootstrappingErrorMessage"}
+"""Coordinator refusals and read failures: nothing was written."""
+
+
 def _map(exc: BaseException) -> BaseException:
-    """Driver errors into the library's tree (one place)."""
+    """Driver errors into the library's tree (one place). ``outcome_unknown`` is set when the
+    statement may have been applied: a timeout, or a connection lost while it was in flight
+    (also when NoHostAvailable wraps one); a host that was down or refused the connection, or a
+    coordinator that answered Unavailable, means it was not."""
+    from cassandra import RequestValidationException
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.connection import ConnectionException
+
     name = type(exc).__name__
-    errors = getattr(exc, "errors", None) or {}
-    causes = list(errors.values()) if isinstance(errors, dict) else [exc]
-    if causes and all(type(c).__name__ == "AuthenticationFailed" for c in causes):
-        return ConfigurationError(f"cassandra: authentication failed (username/password settings): {causes[0]}")
-    if name in {"NoHostAvailable", "OperationTimedOut", "Unavailable", "ReadTimeout", "WriteTimeout"}:
-        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=name == "WriteTimeout")
-    if name in {"InvalidRequest", "WriteFailure", "ReadFailure"}:
+    if isinstance(exc, NoHostAvailable):
+        inner = list((exc.errors or {}).values())
+        if inner and all(type(e).__name__ == "AuthenticationFailed" for e in inner):
+            return ConfigurationError(f"cassandra: authentication failed: {exc}")
+        sent = any(type(e).__name__ in _SENT for e in inner)
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=sent)
+    if name in _SENT:
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=True)
+    if name in _NOT_SENT or isinstance(exc, ConnectionException | OSError):
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=False)
+    if isinstance(exc, RequestValidationException):  # the server refused the statement: nothing applied
         return StorageError(f"cassandra: {name}: {exc}")
     return exc
 
@@ -136,6 +154,7 @@ class CassandraBackend:
         self._tag_store = CassandraTagStore(self)
         self._states: OrderedDict[str, WriteState] = OrderedDict()
         self._pid_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._unlisted: set[str] = set()  # pids whose all_persistence_ids row may be missing
         self.tag_writers = TagWriters(self._tag_store, settings.tags)
 
     async def start(self) -> None:
@@ -168,6 +187,11 @@ class CassandraBackend:
                 f"{self.keyspace}.messages lacks the single-writer check's static column: run "
                 f"ALTER TABLE {self.keyspace}.messages ADD highest_sequence_nr bigint static"
             )
+        if type(e).__name__ == "InvalidRequest":  # "keyspace x does not exist", "unconfigured table"
+            return ConfigurationError(
+                f"keyspace {self.keyspace!r} or its tables are missing ({e}): create them (development: "
+                f"journal cassandra-schema --create --keyspace {self.keyspace})"
+            )
         return _map(e)
 
     def _check_datacenter(self, dc: str | None) -> None:
@@ -185,6 +209,15 @@ class CassandraBackend:
     def tag_store(self) -> CassandraTagStore:
         return self._tag_store
 
+    def cleanup_store(self) -> CassandraCleanup:
+        """The cleanup tool's deletions (:mod:`journal.cleanup`)."""
+        return CassandraCleanup(self)
+
+    def forget(self, persistence_id: str) -> None:
+        """Drop what this journal remembers of the pid's write state (its events were removed
+        behind the journal's back, by the cleanup tool): the next call reads it again."""
+        self._states.pop(persistence_id, None)
+
     async def run(self, name: str, *params: Any) -> list[Any]:
         return await _run(self.session, self.prepared[name], params)
 
@@ -201,11 +234,14 @@ class CassandraBackend:
         self._check_size(r)
         lock = self._pid_locks.setdefault(pid, asyncio.Lock())
         async with lock:
-            if r.tags:
-                await self.tag_writers.ensure_recovered(pid)
             state = self._states.pop(pid, None)
-            if state is None or (r.expected_seq_nr is not None and r.expected_seq_nr != state.highest):
-                state = await self.write_state(pid)
+            try:
+                if r.tags:
+                    await self.tag_writers.ensure_recovered(pid)
+                if state is None or (r.expected_seq_nr is not None and r.expected_seq_nr != state.highest):
+                    state = await self.write_state(pid)
+            except JournalUnavailable as e:  # nothing of this call was sent yet
+                raise JournalUnavailable(str(e), outcome_unknown=False) from e
             result = await self.store(r, state)  # on any error the state is forgotten
             last = result.first_seq_nr + len(r.events) - 1
             same = self.layout.write_partition(last + 1) == self.layout.write_partition(result.first_seq_nr)
@@ -251,15 +287,31 @@ class CassandraBackend:
             ))  # fmt: skip
             if r.tags:
                 tagged.append(TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, m))
-        rows = await _run(self.session, batch)
+        try:
+            rows = await _run(self.session, batch)
+        except BaseException:
+            # the events may be stored (outcome unknown) without their tag rows or listing:
+            # the pid's next write recovers its tag rows and lists it
+            self.tag_writers.forget(pid)
+            if first == 1:
+                self._unlisted.add(pid)
+            raise
         if check and rows and not rows[0][0]:
             raise SequenceConflict(
                 pid, r.expected_seq_nr, f"another writer stored sequence numbers from {first} on meanwhile"
             )
-        if first == 1:
-            await self.run("insert_persistence_id", pid)
-        if tagged:
-            await self.tag_writers.write(tagged)
+        try:
+            if first == 1 or pid in self._unlisted:
+                await self.run("insert_persistence_id", pid)
+                self._unlisted.discard(pid)
+            if tagged:
+                await self.tag_writers.write(tagged)
+        except Exception as e:  # the events are stored: never report "nothing written" now
+            if r.tags:
+                self.tag_writers.forget(pid)
+            if isinstance(e, JournalUnavailable) and e.outcome_unknown:  # a TagWriteTimeout says so already
+                raise
+            raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
         return WriteResult(first, datetime_of(stamps[0]))
 
     def _check_size(self, r: WriteRequest) -> None:
