@@ -140,6 +140,48 @@ class TagSettings:
     """Seconds between polls of an idle live events-by-tag query."""
     query_page_size: int = 5000
     """Tag rows fetched per round trip by events-by-tag (catch-up is bound by round trips)."""
+    max_message_batch_bytes: int = 4 * 1024 * 1024
+    """Tag writer: a batch is also cut at this many payload bytes (one row always fits), so a
+    batch of large events stays far below Cassandra's mutation size limit."""
+
+
+CONSISTENCY_LEVELS = ("ANY", "ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE")
+SERIAL_CONSISTENCY_LEVELS = ("SERIAL", "LOCAL_SERIAL")
+
+
+@dataclass(frozen=True)
+class CassandraSettings:
+    """The Cassandra backend (defaults from the reference's Cassandra journal where it has one).
+
+    See docs/cassandra-settings.md for the guarantees and trade-offs behind each value."""
+
+    target_partition_size: int = 500_000
+    """Events per (persistence_id, partition_nr) partition of ``messages`` (reference default).
+    Cannot change once a pid has events; a single persist call holds at most this many events."""
+    read_consistency: str = "QUORUM"
+    """Consistency level of every read (reference default QUORUM)."""
+    write_consistency: str = "QUORUM"
+    """Consistency level of every write (reference default QUORUM); with QUORUM reads a read
+    sees every acknowledged write."""
+    serial_consistency: str = "SERIAL"
+    """Paxos consistency of the single-writer check (LOCAL_SERIAL for one-datacenter Paxos)."""
+    single_writer_check: bool = True
+    """Each write is a lightweight transaction that fails with SequenceConflict when another
+    writer took its sequence numbers. False: plain batches, faster, for deployments that
+    guarantee one writer per pid (as the reference assumes)."""
+    username: str | None = None
+    """PasswordAuthenticator user (None: no authentication)."""
+    password: str | None = field(default=None, repr=False)
+    """Password of ``username`` (kept out of repr)."""
+    local_datacenter: str | None = None
+    """Datacenter whose nodes serve requests (DC-aware load balancing); None: the driver's default."""
+    max_write_bytes: int = 8 * 1024 * 1024
+    """A persist call whose events and metadata exceed this many bytes is refused before any I/O.
+    The server refuses a request above ``native_transport_max_message_size`` (by default 1/40 of
+    its heap: about 12 MiB with a 512 MiB heap) and a mutation above half its commitlog segment
+    (16 MiB by default)."""
+    request_timeout: float = 10.0
+    """Seconds to wait for the cluster connection and for each request's answer."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +280,7 @@ class JournalSettings:
     tags: TagSettings = field(default_factory=TagSettings)
     projection: ProjectionSettings = field(default_factory=ProjectionSettings)
     entities: EntitySettings = field(default_factory=EntitySettings)
+    cassandra: CassandraSettings = field(default_factory=CassandraSettings)
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
@@ -282,6 +325,19 @@ class JournalSettings:
                   "back_track_interval")
         _non_negative(t, "flush_interval", "eventual_consistency_delay", "new_persistence_id_scan_timeout",
                       "offset_scanning_period", "back_track_period")
+        _positive(t, "max_message_batch_bytes")
+        c = self.cassandra
+        _positive(c, "target_partition_size", "max_write_bytes", "request_timeout")
+        for name in ("read_consistency", "write_consistency"):
+            level = getattr(c, name)
+            if level not in CONSISTENCY_LEVELS:
+                raise ConfigurationError(f"cassandra {name} must be one of {CONSISTENCY_LEVELS}, got {level!r}")
+        if c.serial_consistency not in SERIAL_CONSISTENCY_LEVELS:
+            raise ConfigurationError(
+                f"cassandra serial_consistency must be one of {SERIAL_CONSISTENCY_LEVELS}, got {c.serial_consistency!r}"
+            )
+        if (c.username is None) != (c.password is None):
+            raise ConfigurationError("cassandra username and password must be set together")
         from .tags.buckets import parse_first_bucket
 
         parse_first_bucket(t.first_time_bucket, t.bucket_size)
@@ -334,6 +390,7 @@ _GROUPS: dict[str, type] = {
     "tags": TagSettings,
     "projection": ProjectionSettings,
     "entities": EntitySettings,
+    "cassandra": CassandraSettings,
 }
 
 

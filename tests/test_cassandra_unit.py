@@ -13,13 +13,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from journal.cassandra.backend import parse_target
-from journal.cassandra.cql import (
-    atomic_partition,
-    group_by_partition,
-    partition_nr,
-    schema_statements,
-    statements,
-)
+from journal.cassandra.cql import schema_statements, statements
+from journal.cassandra.partitions import PartitionLayout
 from journal.cli import app
 from journal.errors import ConfigurationError
 
@@ -85,15 +80,15 @@ def test_parse_target() -> None:
 
 @given(st.integers(1, 10**12), st.integers(1, 10**6))
 def test_partition_math(seq: int, size: int) -> None:
-    p = partition_nr(seq, size)
+    lay = PartitionLayout(size)
+    p = lay.partition_nr(seq)
     assert p * size < seq <= (p + 1) * size
-    assert atomic_partition(seq, size) == p
+    assert lay.write_partition(seq) == p + 1
 
 
-def test_default_partition_size_and_grouping() -> None:
-    assert [partition_nr(s) for s in (1, 500_000, 500_001, 1_000_001)] == [0, 0, 1, 2]
-    seqs = [499_998, 499_999, 500_000, 500_001, 500_002]
-    assert group_by_partition(seqs, partition_nr) == [(0, [499_998, 499_999, 500_000]), (1, [500_001, 500_002])]
+def test_default_partition_size() -> None:
+    lay = PartitionLayout(500_000)
+    assert [lay.partition_nr(s) for s in (1, 500_000, 500_001, 1_000_001)] == [0, 0, 1, 2]
 
 
 def test_cli_prints_the_schema() -> None:

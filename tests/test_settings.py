@@ -40,3 +40,22 @@ def test_env_then_keywords() -> None:
 def test_bad_settings(kwargs: dict[str, object], env: dict[str, str], match: str) -> None:
     with pytest.raises(ConfigurationError, match=match):
         JournalSettings.load(env=env, **kwargs)
+
+
+def test_cassandra_defaults_and_validation() -> None:
+    c = JournalSettings.load(env={}).cassandra
+    assert (c.target_partition_size, c.read_consistency, c.write_consistency) == (500_000, "QUORUM", "QUORUM")
+    assert (c.serial_consistency, c.single_writer_check, c.username, c.local_datacenter) == ("SERIAL", True, None, None)
+    env = {"JOURNAL_CASSANDRA_USERNAME": "u", "JOURNAL_CASSANDRA_PASSWORD": "p", "JOURNAL_SINGLE_WRITER_CHECK": "off"}
+    c = JournalSettings.load(env=env, read_consistency="LOCAL_QUORUM", target_partition_size=5).cassandra
+    assert (c.username, c.password, c.single_writer_check, c.read_consistency) == ("u", "p", False, "LOCAL_QUORUM")
+    assert "password" not in repr(c)
+    for bad, match in [
+        ({"write_consistency": "MOST"}, "write_consistency must be one of"),
+        ({"serial_consistency": "QUORUM"}, "serial_consistency must be one of"),
+        ({"target_partition_size": 0}, "target_partition_size must be > 0"),
+        ({"username": "u"}, "username and password must be set together"),
+        ({"max_message_batch_bytes": 0}, "max_message_batch_bytes must be > 0"),
+    ]:
+        with pytest.raises(ConfigurationError, match=match):
+            JournalSettings.load(env={}, **bad)

@@ -24,7 +24,7 @@ from journal.tags.timeuuid import (
     timeuuid_for_event,
     unix_millis,
 )
-from journal.tags.writer import TagWriterState
+from journal.tags.writer import TagWriterState, row_bytes
 
 SIZES = st.sampled_from(["Day", "Hour", "Minute"])
 MILLIS = st.integers(min_value=0, max_value=4_000_000_000_000)
@@ -139,6 +139,24 @@ def test_flush_rules_size_interval_and_failure() -> None:
     state.completed()
     dropped = state.reset_pid("a", None)
     assert len(dropped) == 4 and not state.buffer and state.counters["a"] == 0
+
+
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=60), st.integers(1, 12_000))
+def test_batches_bounded_by_bytes_one_row_always_fits(sizes: list[int], max_bytes: int) -> None:
+    state = TagWriterState("t", "Hour", 1000, flush_interval=0.0, max_buffered=10_000, max_bytes=max_bytes)
+    for i, n in enumerate(sizes):
+        ev = TaggedEvent("a", i + 1, timeuuid_for_event(datetime(2025, 1, 1, tzinfo=UTC), "a", i + 1), ("t",),
+                         Serialized(1, "", b"x" * n), "w")  # fmt: skip
+        state.add(ev, now=0.0)
+    written = []
+    while (batch := state.next_batch(now=0.0)) is not None:
+        weight = sum(row_bytes(r) for r in batch)
+        assert len(batch) == 1 or weight <= max_bytes
+        if state.buffer:  # cut only where the next row would not fit
+            assert weight + row_bytes(state.buffer[0]) > max_bytes
+        state.completed()
+        written.extend(batch)
+    assert [r.seq_nr for r in written] == list(range(1, len(sizes) + 1))
 
 
 def test_bucket_change_flushes_before_full() -> None:

@@ -1,10 +1,12 @@
 """Journal storage on Cassandra (DataStax cassandra-driver), composed, not derived from Postgres.
 
 The driver is callback based: :func:`_run` bridges ``execute_async`` to asyncio futures. Every
-statement is prepared once with QUORUM. Messages of one call go in one unlogged batch to one
-(persistence_id, partition_nr) partition; tag rows go through the tag writers (one per tag).
-Single writer per pid is assumed (as in the reference): the stored highest number is checked
-before writing, not atomically.
+statement is prepared once, reads with ``read_consistency`` and writes with ``write_consistency``
+(settings). The events of one call go in one batch to one (persistence_id, partition_nr)
+partition (:class:`~journal.cassandra.partitions.PartitionLayout` says which); with
+``single_writer_check`` the batch is a lightweight transaction on that partition's static
+``highest_sequence_nr``, so a second writer of the same numbers gets SequenceConflict and
+nothing of its call is stored. Tag rows go through the tag writers (one per tag).
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
-from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
+from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import Serialized
 from ..settings import JournalSettings
 from ..tags.buckets import bucket_of
@@ -25,7 +29,9 @@ from ..tags.store import TaggedEvent
 from ..tags.timeuuid import datetime_of, new_timeuuid
 from ..tags.writer import TagWriters
 from .cleanup import CassandraCleanup
-from .cql import TARGET_PARTITION_SIZE, atomic_partition, partition_nr, statements, validate_keyspace
+from .cql import statements, validate_keyspace
+from .partitions import PartitionCursor, PartitionLayout
+from .session import build_cluster, consistency, is_read
 from .tag_store import CassandraTagStore
 
 
@@ -117,6 +123,21 @@ def _map(exc: BaseException) -> BaseException:
     return exc
 
 
+KNOWN_STATES = 10_000
+"""Pids whose write state this journal remembers after writing them (least recently written
+forgotten first): their next call needs no read. A stale state is safe with the single-writer
+check (the lightweight transaction fails: SequenceConflict); without it one writer per pid is
+assumed anyway."""
+
+
+class WriteState(NamedTuple):
+    """A pid's highest stored number, and the ``highest_sequence_nr`` static column of the
+    partition its next call goes to (None: not set), as read before a write."""
+
+    highest: int
+    guard: int | None
+
+
 class CassandraBackend:
     name = "cassandra"
 
@@ -124,35 +145,60 @@ class CassandraBackend:
         self.contact_points, self.port, self.keyspace = contact_points, port, keyspace
         self.settings = settings
         self.writer_id = settings.write.writer_id or str(uuid.uuid4())
-        self.target_partition_size = TARGET_PARTITION_SIZE
+        self.layout = PartitionLayout(settings.cassandra.target_partition_size)
+        self.write_cl = consistency(settings.cassandra.write_consistency)
         self.cql = statements(keyspace)
         self.session: Any = None
         self._cluster: Any = None
         self.prepared: dict[str, Any] = {}
         self._tag_store = CassandraTagStore(self)
+        self._states: OrderedDict[str, WriteState] = OrderedDict()
+        self._pid_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._unlisted: set[str] = set()  # pids whose all_persistence_ids row may be missing
         self.tag_writers = TagWriters(self._tag_store, settings.tags)
 
     async def start(self) -> None:
-        from cassandra import ConsistencyLevel
-        from cassandra.cluster import Cluster
-
-        self._cluster = Cluster(self.contact_points, port=self.port)
+        s = self.settings.cassandra
+        self._cluster = build_cluster(self.contact_points, self.port, s)
+        read_cl = consistency(s.read_consistency)
         try:
             self.session = await asyncio.to_thread(self._cluster.connect)
             for name, text in self.cql.items():
                 stmt = await asyncio.to_thread(self.session.prepare, text)
-                stmt.consistency_level = ConsistencyLevel.QUORUM
+                stmt.consistency_level = read_cl if is_read(text) else self.write_cl
                 self.prepared[name] = stmt
+            self._check_datacenter(s.local_datacenter)
         except Exception as e:
+            error = self._open_error(e)
             await self.close()
-            if type(e).__name__ == "InvalidRequest":  # "keyspace x does not exist", "unconfigured table"
-                raise ConfigurationError(
-                    f"keyspace {self.keyspace!r} or its tables are missing ({e}): create them (development: "
-                    f"journal cassandra-schema --create --keyspace {self.keyspace})"
-                ) from e
-            raise _map(e) from e
+            raise error from e
         await self._tag_store.ensure_bucket_size(self.settings.tags.bucket_size)
+
+    def _open_error(self, e: Exception) -> BaseException:
+        """Why opening failed, in the library's terms."""
+        if isinstance(e, ConfigurationError):
+            return e
+        try:  # a local datacenter with no node: the driver connects to nothing at all
+            self._check_datacenter(self.settings.cassandra.local_datacenter)
+        except ConfigurationError as bad:
+            return bad
+        if "highest_sequence_nr" in str(e):
+            return ConfigurationError(
+                f"{self.keyspace}.messages lacks the single-writer check's static column: run "
+                f"ALTER TABLE {self.keyspace}.messages ADD highest_sequence_nr bigint static"
+            )
+        if type(e).__name__ == "InvalidRequest":  # "keyspace x does not exist", "unconfigured table"
+            return ConfigurationError(
+                f"keyspace {self.keyspace!r} or its tables are missing ({e}): create them (development: "
+                f"journal cassandra-schema --create --keyspace {self.keyspace})"
+            )
+        return _map(e)
+
+    def _check_datacenter(self, dc: str | None) -> None:
+        """A local datacenter that no node belongs to would route nothing: refused at open."""
+        known = {h.datacenter for h in self._cluster.metadata.all_hosts()}
+        if dc is not None and dc not in known:
+            raise ConfigurationError(f"cassandra local_datacenter {dc!r} is not one of the cluster's: {sorted(known)}")
 
     async def close(self) -> None:
         await self.tag_writers.close()
@@ -167,6 +213,11 @@ class CassandraBackend:
         """The cleanup tool's deletions (:mod:`journal.cleanup`)."""
         return CassandraCleanup(self)
 
+    def forget(self, persistence_id: str) -> None:
+        """Drop what this journal remembers of the pid's write state (its events were removed
+        behind the journal's back, by the cleanup tool): the next call reads it again."""
+        self._states.pop(persistence_id, None)
+
     async def run(self, name: str, *params: Any) -> list[Any]:
         return await _run(self.session, self.prepared[name], params)
 
@@ -177,23 +228,51 @@ class CassandraBackend:
         return [r if isinstance(r, WriteResult | Exception) else JournalUnavailable(str(r)) for r in results]
 
     async def _write_one(self, r: WriteRequest) -> WriteResult:
+        """One call: the pid's calls one at a time (in this journal), each from the state the last
+        one left (read from the table when unknown, or when ``expected_seq_nr`` disagrees)."""
+        pid = r.persistence_id
+        self._check_size(r)
+        lock = self._pid_locks.setdefault(pid, asyncio.Lock())
+        async with lock:
+            state = self._states.pop(pid, None)
+            try:
+                if r.tags:
+                    await self.tag_writers.ensure_recovered(pid)
+                if state is None or (r.expected_seq_nr is not None and r.expected_seq_nr != state.highest):
+                    state = await self.write_state(pid)
+            except JournalUnavailable as e:  # nothing of this call was sent yet
+                raise JournalUnavailable(str(e), outcome_unknown=False) from e
+            result = await self.store(r, state)  # on any error the state is forgotten
+            last = result.first_seq_nr + len(r.events) - 1
+            same = self.layout.write_partition(last + 1) == self.layout.write_partition(result.first_seq_nr)
+            self._states[pid] = WriteState(last, last if same else None)
+            if len(self._states) > KNOWN_STATES:
+                self._states.popitem(last=False)
+            return result
+
+    async def write_state(self, persistence_id: str) -> WriteState:
+        """What a write of ``persistence_id`` starts from (read before the write)."""
+        return WriteState(*await self._highest_and_guard(persistence_id))
+
+    async def store(self, r: WriteRequest, state: WriteState) -> WriteResult:
+        """Write ``r`` after ``state.highest``, in one batch to one partition; with the check, only
+        if that partition's ``highest_sequence_nr`` is still ``state.guard`` (a lightweight
+        transaction: SequenceConflict and nothing stored when another writer came first)."""
         from cassandra.query import BatchStatement, BatchType
 
         pid = r.persistence_id
-        try:
-            if r.tags:
-                await self.tag_writers.ensure_recovered(pid)
-            highest = await self.highest_seq_nr(pid)
-        except JournalUnavailable as e:  # nothing of this call was sent yet
-            raise JournalUnavailable(str(e), outcome_unknown=False) from e
+        highest, guard = state
         if r.expected_seq_nr is not None and r.expected_seq_nr != highest:
             raise SequenceConflict(pid, r.expected_seq_nr, "expected_seq_nr is not the stored highest sequence number")
         first = highest + 1
-        part = atomic_partition(first, self.target_partition_size)
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        from cassandra import ConsistencyLevel
-
-        batch.consistency_level = ConsistencyLevel.QUORUM
+        last = first + len(r.events) - 1
+        part = self.layout.write_partition(first)
+        check = self.settings.cassandra.single_writer_check
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.write_cl)
+        if check:
+            batch.add(self.prepared["guard_partition"], (last, pid, part, guard))
+        else:
+            batch.add(self.prepared["mark_partition"], (last, pid, part))
         tagged: list[TaggedEvent] = []
         m = r.metadata
         stamps = []
@@ -209,7 +288,7 @@ class CassandraBackend:
             if r.tags:
                 tagged.append(TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, m))
         try:
-            await _run(self.session, batch)
+            rows = await _run(self.session, batch)
         except BaseException:
             # the events may be stored (outcome unknown) without their tag rows or listing:
             # the pid's next write recovers its tag rows and lists it
@@ -217,6 +296,10 @@ class CassandraBackend:
             if first == 1:
                 self._unlisted.add(pid)
             raise
+        if check and rows and not rows[0][0]:
+            raise SequenceConflict(
+                pid, r.expected_seq_nr, f"another writer stored sequence numbers from {first} on meanwhile"
+            )
         try:
             if first == 1 or pid in self._unlisted:
                 await self.run("insert_persistence_id", pid)
@@ -231,6 +314,18 @@ class CassandraBackend:
             raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
         return WriteResult(first, datetime_of(stamps[0]))
 
+    def _check_size(self, r: WriteRequest) -> None:
+        """Refuse, before any I/O, a call the server would refuse (or that breaks the layout)."""
+        self.layout.check_call(r.persistence_id, len(r.events))
+        meta = len(r.metadata.payload) + len(r.metadata.manifest) if r.metadata else 0
+        size = sum(len(e.payload) + len(e.manifest) + meta for e in r.events)
+        limit = self.settings.cassandra.max_write_bytes
+        if size > limit:
+            raise InvalidArgument(
+                f"persist({r.persistence_id!r}) of {size} bytes: one call is one Cassandra request and mutation, "
+                f"at most max_write_bytes={limit} (the server refuses larger requests and mutations)"
+            )
+
     # -- reads -------------------------------------------------------------------------------
 
     async def _deleted_to(self, pid: str) -> int:
@@ -238,45 +333,45 @@ class CassandraBackend:
         return int(rows[0].deleted_to or 0) if rows else 0
 
     async def highest_seq_nr(self, persistence_id: str) -> int:
-        """Partitions below the one holding ``deleted_to + 1`` may be deleted (empty), so the scan
-        starts there; it stops at the first empty partition past the highest number's partition
-        (an atomic write may run past its partition's target size, one partition on)."""
-        deleted_to = await self._deleted_to(persistence_id)
-        highest = deleted_to
-        p = partition_nr(deleted_to + 1, self.target_partition_size)
-        while True:
-            rows = await self.run("highest_in_partition", persistence_id, p)
-            if rows:
-                highest = max(highest, int(rows[0].sequence_nr))
-            elif p > partition_nr(max(highest, 1), self.target_partition_size):
-                break
-            p += 1
-        return highest
+        return (await self._highest_and_guard(persistence_id))[0]
+
+    async def _highest_and_guard(self, persistence_id: str) -> tuple[int, int | None]:
+        """The highest stored number, and the static ``highest_sequence_nr`` of the partition the
+        next call goes to (what the single-writer check expects to find unchanged). Partitions
+        before the one of ``deleted_to + 1`` may be empty (deleted); the scan ends past the last
+        partition that may hold ``highest + 1`` (:meth:`PartitionLayout.may_hold`)."""
+        cursor = PartitionCursor(self.layout, await self._deleted_to(persistence_id) + 1)
+        guards: dict[int, int | None] = {}
+        while cursor.more():
+            rows = await self.run("highest_in_partition", persistence_id, cursor.partition)
+            guards[cursor.partition] = rows[0].highest_sequence_nr if rows else None
+            cursor.advance(rows[0].sequence_nr if rows else None)
+        highest = cursor.next_seq_nr - 1
+        return highest, guards.get(self.layout.write_partition(highest + 1))
 
     async def read_events(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> list[StoredEvent]:
         return [_event(x) for x in await self.read_rows(persistence_id, from_seq_nr, to_seq_nr, limit)]
 
     async def read_rows(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> list[Any]:
-        """Raw messages rows (with their timeuuid), partition after partition."""
-        lo = max(from_seq_nr, await self._deleted_to(persistence_id) + 1)
+        """Raw messages rows (with their timeuuid), partition after partition, from the partition of
+        ``from_seq_nr`` on while a partition may still hold the next number."""
+        cursor = PartitionCursor(self.layout, max(from_seq_nr, await self._deleted_to(persistence_id) + 1))
         out: list[Any] = []
-        p = partition_nr(max(lo, 1), self.target_partition_size)
-        empty = 0
-        while len(out) < limit and lo <= to_seq_nr and empty < 2:
-            rows = await self.run("read_messages", persistence_id, p, lo, to_seq_nr, limit - len(out))
-            empty = 0 if rows else empty + 1
+        while len(out) < limit and cursor.next_seq_nr <= to_seq_nr and cursor.more():
+            rows = await self.run(
+                "read_messages", persistence_id, cursor.partition, cursor.next_seq_nr, to_seq_nr, limit - len(out)
+            )
             out.extend(rows)
-            if rows:
-                lo = int(out[-1].sequence_nr) + 1
-            p += 1
+            cursor.advance(int(rows[-1].sequence_nr) if rows else None)
         return out
 
     async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None:
+        done = await self._deleted_to(persistence_id)
         upto = min(to_seq_nr, await self.highest_seq_nr(persistence_id))
-        if upto <= 0:
+        if upto <= done:
             return
         await self.run("write_deleted_to", upto, persistence_id)
-        for p in range(partition_nr(upto, self.target_partition_size) + 1):
+        for p in self.layout.delete_partitions(done + 1, upto):
             await self.run("delete_messages", persistence_id, p, upto)
 
     async def persistence_ids(self, entity_type: str | None, after: str | None, limit: int) -> list[str]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..backend import PidFootprint
 from ..tags.buckets import bucket_of
 from ..tags.store import TagProgress
-from .cql import partition_nr, statements
+from .cql import statements
 
 if TYPE_CHECKING:
     from .backend import CassandraBackend
@@ -107,8 +107,8 @@ class CassandraCleanup:
         if highest > 0:
             await self.b.delete_events_to(persistence_id, highest)
         if reset_seq_nr:
-            # a call may run past its partition's target size into the next one: one more
-            for p in range(partition_nr(max(highest, 1), self.b.target_partition_size) + 2):
+            for p in self.b.layout.delete_partitions(1, max(highest, 1)):  # every partition that may hold one
                 await self._run("delete_partition", persistence_id, p)
             await self._run("delete_metadata", persistence_id)
             await self._run("delete_persistence_id", persistence_id)
+            self.b.forget(persistence_id)

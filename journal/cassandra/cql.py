@@ -1,19 +1,11 @@
-"""The CQL of the package's .cql files, and the pure partition math around it."""
+"""The CQL of the package's .cql files (partition math: :mod:`journal.cassandra.partitions`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
 from importlib import resources
-from itertools import groupby
-from typing import TypeVar
 
 from ..errors import ConfigurationError
-
-T = TypeVar("T")
-
-TARGET_PARTITION_SIZE = 500_000
-"""Reference default: events per (persistence_id, partition_nr) partition of ``messages``."""
 
 _KEYSPACE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 
@@ -57,22 +49,3 @@ def statements(keyspace: str, file: str = "statements.cql") -> dict[str, str]:
 
 def _render(text: str, keyspace: str) -> str:
     return text.replace("{keyspace}", validate_keyspace(keyspace))
-
-
-def partition_nr(seq_nr: int, target_partition_size: int = TARGET_PARTITION_SIZE) -> int:
-    """``(seq_nr - 1) // target_partition_size`` (sequence numbers start at 1)."""
-    if seq_nr < 1:
-        raise ValueError(f"seq_nr must be >= 1, got {seq_nr}")
-    return (seq_nr - 1) // target_partition_size
-
-
-def atomic_partition(first_seq_nr: int, target_partition_size: int = TARGET_PARTITION_SIZE) -> int:
-    """An atomic write stays in one partition: the partition of its first event (it may run past
-    the target size, as the reference allows)."""
-    return partition_nr(first_seq_nr, target_partition_size)
-
-
-def group_by_partition(items: Sequence[T], key: Callable[[T], int]) -> list[tuple[int, list[T]]]:
-    """Consecutive items grouped by partition (one unlogged batch each)."""
-    return [(k, list(g)) for k, g in groupby(items, key=key)]
-

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -50,13 +51,11 @@ class CassandraTagStore:
 
     async def write_tag_rows(self, rows: Sequence[TagRow]) -> None:
         """One unlogged batch per (tag, bucket) partition: an idempotent upsert."""
-        from cassandra import ConsistencyLevel
         from cassandra.query import BatchStatement, BatchType
 
         from .backend import _run
 
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-        batch.consistency_level = ConsistencyLevel.QUORUM
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.b.write_cl)
         for r in rows:
             m = r.meta
             batch.add(self.b.prepared["insert_tag_view"], (
@@ -67,8 +66,12 @@ class CassandraTagStore:
         await _run(self.b.session, batch)
 
     async def write_progress(self, progress: Sequence[TagProgress]) -> None:
-        for p in progress:
-            await self.b.run("write_progress", p.persistence_id, p.tag, p.seq_nr, p.tag_pid_seq_nr, p.offset)
+        """One row per pid, each its own partition: written concurrently (a batch's pids at once),
+        not one round trip after another."""
+        await asyncio.gather(*(
+            self.b.run("write_progress", p.persistence_id, p.tag, p.seq_nr, p.tag_pid_seq_nr, p.offset)
+            for p in progress
+        ))  # fmt: skip
 
     async def read_progress(self, persistence_id: str) -> dict[str, TagProgress]:
         rows = await self.b.run("read_progress", persistence_id)

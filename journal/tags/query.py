@@ -211,9 +211,10 @@ class TagQuery:
                     after = rows[-1][TIMEUUID]
             n = lo
             while n in found:
-                yield found[n]
+                if not self._before_start(found[n][TIMEUUID]):  # else delivered before the offset
+                    yield found[n]
+                    self.delivered += 1
                 self.tracker.delivered(pid, n)
-                self.delivered += 1
                 n += 1
             lo = n
             if lo > hi:
@@ -228,6 +229,10 @@ class TagQuery:
         self.tracker.delivered(pid, held[TAG_PID_SEQ_NR])
         self.delivered += 1
         yield held
+
+    def _before_start(self, u: uuid.UUID) -> bool:
+        """At or before the query's start offset: a resumed query never hands such a row out again."""
+        return self.after is not None and (u == self.after or ticks(u) < ticks(self.after))
 
     async def _scan_start(self, after: uuid.UUID) -> None:
         """Learn each pid's lowest number just after the start offset (seeding the tracker)."""

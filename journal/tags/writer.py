@@ -5,7 +5,8 @@ step in tests; :class:`TagWriter` is the thin asyncio loop around it and :class:
 routes a pid's tagged events to the writers and runs the crash recovery.
 
 Rules (the reference's): ``tag_pid_seq_nr`` is previous + 1 per (tag, pid), from 1; a batch holds
-at most ``max_message_batch_size`` rows and never spans two time buckets; flush when full, when
+at most ``max_message_batch_size`` rows (and ``max_message_batch_bytes``, one row always fits)
+and never spans two time buckets; flush when full, when
 the bucket changes, or when the oldest buffered row waited ``flush_interval``; one write in
 flight per tag (rows arriving meanwhile wait, so batches grow under load); progress is written
 after the rows; a failed write is retried with backoff. The buffer is bounded: ``add`` waits for
@@ -29,6 +30,16 @@ from .store import TaggedEvent, TagProgress, TagRow, TagStore
 log = logging.getLogger("journal.tags.writer")
 
 
+ROW_OVERHEAD = 200
+"""Bytes counted per tag row beside its payloads: keys, TimeUUID, numbers, manifests."""
+
+
+def row_bytes(row: TagRow) -> int:
+    """What a row weighs in a batch (a close upper estimate of its mutation size)."""
+    meta = len(row.meta.payload) + len(row.meta.manifest) if row.meta else 0
+    return ROW_OVERHEAD + len(row.event.payload) + len(row.event.manifest) + meta
+
+
 @dataclass
 class TagWriterState:
     tag: str
@@ -36,6 +47,7 @@ class TagWriterState:
     max_batch: int
     flush_interval: float
     max_buffered: int
+    max_bytes: int = 4 * 1024 * 1024
     buffer: deque[TagRow] = field(default_factory=deque)
     counters: dict[str, int] = field(default_factory=dict)
     in_flight: list[TagRow] | None = None
@@ -69,12 +81,17 @@ class TagWriterState:
         if self.in_flight is not None or not self.buffer:
             return None
         bucket = self.buffer[0].timebucket
-        n = 0
+        n = size = 0
+        full = False
         for row in self.buffer:
+            size += row_bytes(row)
+            if n and size > self.max_bytes:
+                full = True
+                break
             if row.timebucket != bucket or n == self.max_batch:
                 break
             n += 1
-        full = n == self.max_batch
+        full = full or n == self.max_batch
         bucket_change = n < len(self.buffer)
         due = self.oldest_at is None or now - self.oldest_at >= self.flush_interval
         if not (full or bucket_change or due):
@@ -127,6 +144,7 @@ class TagWriter:
             settings.max_message_batch_size,
             settings.flush_interval,
             settings.max_buffered_events,
+            settings.max_message_batch_bytes,
         )
         self._store = store
         self._settings = settings

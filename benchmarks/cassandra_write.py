@@ -1,0 +1,112 @@
+"""Writes on Cassandra: the journal vs the driver's own batched insert of the same rows, in the
+same run, with the single-writer check (a lightweight transaction per call) on and off.
+
+Many entities persist concurrently, ``--per-call`` events per call; the raw ceiling writes the
+same rows (same partitions, one unlogged batch per call's rows) with the driver's
+``execute_concurrent`` at the same concurrency. Uses CASSANDRA_CONTACT_POINTS, else starts a
+local node through the project's runner. Run it alone (flock /tmp/sj-bench.lock).
+
+    python -m benchmarks.cassandra_write [--entities 50] [--events 200] [--per-call 10] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+
+from journal import JournalSettings, open_journal
+from journal.cassandra.cql import statements
+from journal.cassandra.partitions import PartitionLayout
+
+try:
+    from benchmarks._cassandra import BenchCassandra, cassandra_keyspace
+    from benchmarks._common import header
+except ImportError:  # run as a script from benchmarks/
+    from _cassandra import BenchCassandra, cassandra_keyspace  # type: ignore[no-redef]
+    from _common import header  # type: ignore[no-redef]
+
+
+def payload(i: int) -> bytes:
+    return json.dumps({"item": f"sku-{i % 977}", "qty": i % 7 + 1, "price": 1999}).encode()
+
+
+def raw_batched(c: BenchCassandra, prefix: str, entities: int, per_entity: int, per_call: int) -> float:
+    """The same rows as the journal writes (partition of the layout, static column set), one
+    unlogged batch per call, ``entities`` batches in flight."""
+    from cassandra.concurrent import execute_concurrent
+    from cassandra.query import BatchStatement, BatchType
+    from cassandra.util import uuid_from_time
+
+    cql = statements(c.keyspace)
+    insert = c.session.prepare(cql["insert_message"])
+    mark = c.session.prepare(cql["mark_partition"])
+    layout = PartitionLayout(500_000)
+    writer = str(uuid.uuid4())
+    batches = []
+    for first in range(1, per_entity + 1, per_call):
+        for e in range(entities):
+            pid = f"{prefix}|{e}"
+            part = layout.write_partition(first)
+            b = BatchStatement(batch_type=BatchType.UNLOGGED)
+            b.add(mark, (first + per_call - 1, pid, part))
+            for n in range(first, first + per_call):
+                b.add(insert, (pid, part, n, uuid_from_time(time.time()), "0", writer, 1, "", payload(n),
+                               None, None, None, None))  # fmt: skip
+            batches.append((b, ()))
+    start = time.perf_counter()
+    results = execute_concurrent(c.session, batches, concurrency=entities, raise_on_first_error=True)
+    elapsed = time.perf_counter() - start
+    assert all(ok for ok, _ in results)
+    return entities * per_entity / elapsed
+
+
+async def journal_writes(c: BenchCassandra, prefix: str, entities: int, per_entity: int, per_call: int,
+                         check: bool) -> float:  # fmt: skip
+    settings = JournalSettings.load(env={}, single_writer_check=check)
+    async with open_journal(c.dsn, settings=settings) as j:
+
+        async def entity(e: int) -> None:
+            pid = f"{prefix}|{e}"
+            for n in range(0, per_entity, per_call):
+                events = [json.loads(payload(n + k + 1)) for k in range(per_call)]
+                await j.persist(pid, events, expected_seq_nr=n)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(entity(e) for e in range(entities)))
+        return entities * per_entity / (time.perf_counter() - start)
+
+
+def line(name: str, ours: float, raw: float) -> None:
+    print(f"{name:<52} journal {ours:>9,.0f} ev/s   raw driver {raw:>9,.0f} ev/s   ratio {ours / raw:.2f}")
+
+
+def main(args: argparse.Namespace) -> None:
+    per_entity = args.events - args.events % args.per_call
+    header("cassandra_write")
+    with cassandra_keyspace() as c:
+        # warm up both paths (connections, prepared statements, JIT of the node)
+        raw_batched(c, "warmraw", args.entities, args.per_call * 4, args.per_call)
+        asyncio.run(journal_writes(c, "warmj", args.entities, args.per_call * 4, args.per_call, True))
+        raws, offs, ons = [], [], []
+        for r in range(args.rounds):  # interleaved rounds, best of each: the node warms up, the machine is shared
+            raws.append(raw_batched(c, f"raw{r}", args.entities, per_entity, args.per_call))
+            offs.append(asyncio.run(journal_writes(c, f"off{r}", args.entities, per_entity, args.per_call, False)))
+            ons.append(asyncio.run(journal_writes(c, f"on{r}", args.entities, per_entity, args.per_call, True)))
+        ceiling, off, on = max(raws), max(offs), max(ons)
+        print(f"# {args.entities} entities x {per_entity} events, {args.per_call} per call, best of {args.rounds} "
+              f"interleaved rounds (raw {', '.join(f'{x:,.0f}' for x in raws)} ev/s)")  # fmt: skip
+        line("single_writer_check off (plain batch)", off, ceiling)
+        line("single_writer_check on (lightweight transaction)", on, ceiling)
+        print(f"# the check costs {1 - on / off:.0%} of the unchecked throughput")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--entities", type=int, default=50)
+    p.add_argument("--events", type=int, default=200, help="events per entity")
+    p.add_argument("--per-call", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
+    main(p.parse_args())
