@@ -77,3 +77,42 @@ class SnapCounter(Counter):
 class SkipCounter(Counter):
     entity_type = "skip"
     replay_from_seq_nr = 3
+
+
+class Booking(Entity[list[Any]]):
+    """Stashing and behaviour changes: after ``("reserve", x)`` the entity waits for the
+    confirmation command; other commands are stashed meanwhile and handled once confirmed."""
+
+    entity_type = "booking"
+
+    def initial_state(self) -> list[Any]:
+        return []
+
+    def on_command(self, command: Any) -> Any:
+        kind = command[0]
+        if kind == "reserve":
+            self.persist(f"requested {command[1]}")
+            self.become(self.awaiting_confirmation)
+            return after_persist(lambda: list(self.state))
+        if kind == "read":
+            return list(self.state)
+        raise ValueError(f"unknown {command!r}")
+
+    async def awaiting_confirmation(self, command: Any) -> Any:
+        kind = command[0]
+        if kind == "confirm":
+            self.persist(f"confirmed {command[1]}")
+            self.unbecome()
+            self.unstash_all()
+            return after_persist(lambda: list(self.state))
+        if kind == "cancel_wait_and_fail":
+            self.unbecome()
+            raise ValueError("refused: behaviour unchanged")
+        if kind == "stash_and_persist":
+            self.stash()
+            self.persist("never")
+        self.stash()
+        return None
+
+    def on_event(self, state: list[Any], event: Any) -> list[Any]:
+        return [*state, event]

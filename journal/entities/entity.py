@@ -21,6 +21,7 @@ from ..ids import persistence_id_of, validate_persistence_id
 S = TypeVar("S")
 
 Callback = Callable[[EventEnvelope], None]
+CommandHandler = Callable[[Any], Any]
 
 
 @dataclass
@@ -32,6 +33,10 @@ class Collected:
     destinations: list[tuple[str, ...]] = field(default_factory=list)
     callbacks: list[Callback | None] = field(default_factory=list)
     snapshot: bool = False
+    stash: bool = False
+    unstash: bool = False
+    behaviours: list[CommandHandler | None] = field(default_factory=list)
+    """become (a handler) and unbecome (None) calls, applied in order if the handler succeeds."""
 
 
 _current: contextvars.ContextVar[Collected | None] = contextvars.ContextVar(
@@ -80,6 +85,7 @@ class Entity(Generic[S]):
         )
         self.state: S = self.initial_state()
         self._seq_nr = 0
+        self._behaviours: list[CommandHandler] = []
 
     # -- to implement ------------------------------------------------------------------------
 
@@ -124,6 +130,7 @@ class Entity(Generic[S]):
         ``on_persisted(envelope)`` runs after the event handler, only if the write succeeded.
         """
         c = self._collector("persist")
+        _refuse_if_stashed(c)
         c.events.append(event)
         c.destinations.append(_clean_destinations(destinations))
         c.callbacks.append(on_persisted)
@@ -133,6 +140,7 @@ class Entity(Generic[S]):
         if not isinstance(events, list | tuple):
             raise InvalidArgument(f"persist_all needs a list or tuple, got {type(events).__name__}")
         c = self._collector("persist_all")
+        _refuse_if_stashed(c)
         d = _clean_destinations(destinations)
         for e in events:
             c.events.append(e)
@@ -143,6 +151,39 @@ class Entity(Generic[S]):
         """Save ``snapshot_state()`` once this command's events are written and applied."""
         self._collector("save_snapshot").snapshot = True
 
+    # -- stashing and behaviour changes (inside a command handler) ------------------------------
+
+    def stash(self) -> None:
+        """Keep the current command for later, its reply pending, instead of handling it now.
+
+        A stashed command is delivered again (to the command handler current then) after a
+        later command that calls :meth:`unstash_all`. It cannot persist events itself.
+        """
+        c = self._collector("stash")
+        if c.events:
+            raise InvalidArgument("a command that persists events cannot be stashed")
+        c.stash = True
+
+    def unstash_all(self) -> None:
+        """Deliver every stashed command again, in stash order, right after the current one."""
+        self._collector("unstash_all").unstash = True
+
+    def become(self, handler: CommandHandler) -> None:
+        """Handle the next commands with ``handler`` (sync or async, like :meth:`on_command`)
+        until :meth:`unbecome`; becomes stack. Takes effect when this handler returns without
+        raising. A restarted or recovered entity starts again with :meth:`on_command`."""
+        if not callable(handler):
+            raise InvalidArgument(f"become() needs a callable command handler, got {handler!r}")
+        self._collector("become").behaviours.append(handler)
+
+    def unbecome(self) -> None:
+        """Go back to the command handler before the last :meth:`become` (no-op at the bottom)."""
+        self._collector("unbecome").behaviours.append(None)
+
+    def current_command_handler(self) -> CommandHandler:
+        """The handler the next command goes to: the last :meth:`become`, else :meth:`on_command`."""
+        return self._behaviours[-1] if self._behaviours else self.on_command
+
     def _collector(self, what: str) -> Collected:
         c = _current.get()
         if c is None or c.owner is not self:
@@ -151,6 +192,20 @@ class Entity(Generic[S]):
                 "(not from an event handler, a callback, another entity or outside a command)"
             )
         return c
+
+
+def _refuse_if_stashed(c: Collected) -> None:
+    if c.stash:
+        raise InvalidArgument("a stashed command cannot persist events")
+
+
+def apply_behaviours(entity: Entity[Any], changes: list[CommandHandler | None]) -> None:
+    """Apply a successful command's become/unbecome calls, in order."""
+    for h in changes:
+        if h is not None:
+            entity._behaviours.append(h)
+        elif entity._behaviours:
+            entity._behaviours.pop()
 
 
 def _clean_destinations(destinations: Sequence[str]) -> tuple[str, ...]:

@@ -1,0 +1,69 @@
+"""Command stashing and behaviour changes (become/unbecome) on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from journal import EntityRegistry, EntityStopped, InvalidArgument, Journal
+from tests.entity_fixtures import Booking
+from tests.support.waiting import wait_until
+
+
+@pytest.fixture
+async def registry(journal: Journal) -> AsyncIterator[EntityRegistry]:
+    async with EntityRegistry(journal) as reg:
+        yield reg
+
+
+async def stored(journal: Journal, pid: str) -> list[object]:
+    return [e.event async for e in journal.current_events_by_persistence_id(pid)]
+
+
+async def test_commands_wait_stashed_until_the_confirmation_then_run_in_order(
+    registry: EntityRegistry, journal: Journal
+) -> None:
+    assert await registry.ask(Booking, "b1", ("reserve", "r1")) == ["requested r1"]
+    # while waiting: a second reservation and a read are stashed, their replies pending
+    second = asyncio.ensure_future(registry.ask(Booking, "b1", ("reserve", "r2")))
+    read = asyncio.ensure_future(registry.ask(Booking, "b1", ("read",)))
+    await wait_until(lambda: len(registry._cells["booking|b1"]._stash) == 2, timeout=30)
+    assert not second.done() and not read.done()
+    assert await stored(journal, "booking|b1") == ["requested r1"]
+    # the confirmation runs first, then the stashed commands in stash order under the old handler
+    assert await registry.ask(Booking, "b1", ("confirm", "r1")) == ["requested r1", "confirmed r1"]
+    assert await second == ["requested r1", "confirmed r1", "requested r2"]
+    # "reserve r2" made it wait again, so the unstashed read went back to the stash
+    await wait_until(lambda: len(registry._cells["booking|b1"]._stash) == 1, timeout=30)
+    assert not read.done()
+    await registry.ask(Booking, "b1", ("confirm", "r2"))
+    assert await read == ["requested r1", "confirmed r1", "requested r2", "confirmed r2"]
+
+
+async def test_a_failing_handler_changes_no_behaviour_and_a_stashed_command_cannot_persist(
+    registry: EntityRegistry, journal: Journal
+) -> None:
+    await registry.ask(Booking, "b2", ("reserve", "r1"))
+    with pytest.raises(ValueError, match="behaviour unchanged"):
+        await registry.ask(Booking, "b2", ("cancel_wait_and_fail",))
+    with pytest.raises(InvalidArgument, match="stashed command cannot persist"):
+        await registry.ask(Booking, "b2", ("stash_and_persist",))
+    # still waiting for the confirmation: a read is stashed, then answered after it
+    read = asyncio.ensure_future(registry.ask(Booking, "b2", ("read",)))
+    await registry.ask(Booking, "b2", ("confirm", "r1"))
+    assert await read == ["requested r1", "confirmed r1"]
+    assert await stored(journal, "booking|b2") == ["requested r1", "confirmed r1"]
+
+
+async def test_stashed_commands_fail_when_the_entity_stops(journal: Journal) -> None:
+    async with EntityRegistry(journal) as registry:
+        await registry.ask(Booking, "b3", ("reserve", "r1"))
+        read = asyncio.ensure_future(registry.ask(Booking, "b3", ("read",)))
+        await wait_until(lambda: len(registry._cells["booking|b3"]._stash) == 1, timeout=30)
+    with pytest.raises(EntityStopped):
+        await read
+    # a new instance recovers the state and starts with on_command again
+    async with EntityRegistry(journal) as registry:
+        assert await registry.ask(Booking, "b3", ("read",)) == ["requested r1"]
