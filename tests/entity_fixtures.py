@@ -116,3 +116,24 @@ class Booking(Entity[list[Any]]):
 
     def on_event(self, state: list[Any], event: Any) -> list[Any]:
         return [*state, event]
+
+
+class Tracer(Entity[list[Any]]):
+    """Records the metadata of every event its handler applies (``current_event``)."""
+
+    entity_type = "tracer"
+    seen: list[Any] = []  # (event, seq_nr, emitter_id, aggregate_id, destinations, replay, db_timestamp)
+
+    def initial_state(self) -> list[Any]:
+        return []
+
+    def on_command(self, command: Any) -> Any:
+        if command[0] == "read":
+            return list(self.state)
+        self.persist(command[1], destinations=command[2] if len(command) > 2 else ())
+        return after_persist(lambda: list(self.state))
+
+    def on_event(self, state: list[Any], event: Any) -> list[Any]:
+        e = self.current_event
+        Tracer.seen.append((event, e.seq_nr, e.emitter_id, e.aggregate_id, e.destinations, e.replay, e.db_timestamp))
+        return [*state, event]

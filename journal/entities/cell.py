@@ -35,6 +35,7 @@ from .entity import (
     Collected,
     Entity,
     apply_behaviours,
+    apply_event,
     begin_command,
     end_command,
     outside_command,
@@ -311,7 +312,7 @@ class EntityCell:
                 i += len(mine)
                 try:
                     for env in mine:
-                        self.entity.state = self.entity.on_event(self.entity.state, env.event)
+                        apply_event(self.entity, env, replay=False)
                         set_sequence_nr(self.entity, env.seq_nr)
                 except Exception as e:
                     # stored but not applicable: the journal is the truth, rebuild from it

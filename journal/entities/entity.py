@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..envelope import EventEnvelope
-from ..errors import InvalidArgument, PersistNotAllowed
+from ..errors import EntityError, InvalidArgument, PersistNotAllowed
 from ..ids import persistence_id_of, validate_persistence_id
+from .routing import destinations_of
 
 S = TypeVar("S")
 
@@ -42,6 +44,44 @@ class Collected:
 _current: contextvars.ContextVar[Collected | None] = contextvars.ContextVar(
     "slice_journal_entity_command", default=None
 )
+
+
+@dataclass(frozen=True, slots=True)
+class EventContext:
+    """The event an event handler is applying: :attr:`Entity.current_event` inside ``on_event``."""
+
+    envelope: EventEnvelope
+    replay: bool
+    """True while the entity recovers (replays stored events), False for an event just written."""
+
+    @property
+    def seq_nr(self) -> int:
+        return self.envelope.seq_nr
+
+    @property
+    def emitter_id(self) -> str:
+        """The persistence id of the entity that wrote the event."""
+        return self.envelope.persistence_id
+
+    @property
+    def aggregate_id(self) -> str:
+        """The emitter's aggregate id (its persistence id)."""
+        return self.envelope.persistence_id
+
+    @property
+    def destinations(self) -> tuple[str, ...]:
+        """The extra aggregate ids the event was routed to."""
+        return destinations_of(self.envelope)
+
+    @property
+    def db_timestamp(self) -> datetime:
+        """The system timestamp the database gave the event."""
+        return self.envelope.db_timestamp
+
+    @property
+    def writer(self) -> str:
+        """The id of the journal instance that wrote the event."""
+        return self.envelope.writer
 
 
 class AfterPersist:
@@ -86,6 +126,7 @@ class Entity(Generic[S]):
         self.state: S = self.initial_state()
         self._seq_nr = 0
         self._behaviours: list[CommandHandler] = []
+        self._event: EventContext | None = None
 
     # -- to implement ------------------------------------------------------------------------
 
@@ -108,6 +149,20 @@ class Entity(Generic[S]):
     def restore_snapshot(self, snapshot: Any) -> S:
         """Turn a stored snapshot back into state (default: the stored value itself)."""
         return snapshot  # type: ignore[no-any-return]
+
+    # -- inside an event handler ---------------------------------------------------------------
+
+    @property
+    def current_event(self) -> EventContext:
+        """The metadata of the event ``on_event`` is applying (sequence number, emitter and
+        aggregate id, database timestamp, whether it is a replay).
+
+        Raises:
+            EntityError: read outside ``on_event``.
+        """
+        if self._event is None:
+            raise EntityError(f"current_event of {self.persistence_id!r} is only available inside on_event")
+        return self._event
 
     # -- inside a command handler --------------------------------------------------------------
 
@@ -229,6 +284,15 @@ def end_command(token: contextvars.Token[Collected | None]) -> None:
 def outside_command() -> contextvars.Token[Collected | None]:
     """Mark the current context as not inside a command (while event handlers and callbacks run)."""
     return _current.set(None)
+
+
+def apply_event(entity: Entity[S], envelope: EventEnvelope, *, replay: bool) -> None:
+    """Run the event handler on a stored event with :attr:`Entity.current_event` set."""
+    entity._event = EventContext(envelope, replay)
+    try:
+        entity.state = entity.on_event(entity.state, envelope.event)
+    finally:
+        entity._event = None
 
 
 def set_sequence_nr(entity: Entity[Any], seq_nr: int) -> None:
