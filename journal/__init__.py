@@ -4,6 +4,7 @@ The public API is what ``__all__`` lists; everything else is internal.
 """
 
 from .backend import Backend
+from .bulk import Outcome, Write, Written, failures
 from .entities import (
     Entity,
     EntityRegistry,
@@ -58,6 +59,7 @@ __all__ = [
     "JournalUnavailable",
     "NoOffset",
     "OffsetError",
+    "Outcome",
     "PersistNotAllowed",
     "RecoveryFailed",
     "Sequence",
@@ -74,9 +76,12 @@ __all__ = [
     "TimeUUIDOffset",
     "TimestampOffset",
     "UnsupportedOperation",
+    "Write",
+    "Written",
     "after_persist",
     "destinations_of",
     "entity_type_of",
+    "failures",
     "open_journal",
     "persistence_id_of",
     "routed_to",

@@ -207,3 +207,49 @@ class SliceQueryBackend(Protocol):
         ``"<slice // 64>:<entity_type>"``); reconnects with backoff and calls ``on_reconnect``
         after each (re)connection, since notifications sent meanwhile are lost."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class PidFootprint:
+    """What a persistence id holds, as the cleanup tool reports it (before and after, dry runs)."""
+
+    persistence_id: str
+    events: int
+    """Stored event rows (a Postgres tombstone row counts)."""
+    highest_seq_nr: int
+    snapshot_seq_nr: int | None
+    tag_rows: int
+    """Rows of the pid in the tag view (events by tag)."""
+
+
+@runtime_checkable
+class CleanupStore(Protocol):
+    """Per-pid deletions of the cleanup tool (:mod:`journal.cleanup`). Each is idempotent, so an
+    interrupted cleanup is finished by running it again."""
+
+    async def footprint(self, persistence_id: str) -> PidFootprint: ...
+
+    async def delete_tag_rows(self, persistence_id: str, *, keep_numbering: bool) -> None:
+        """The pid's tag view rows (nothing of other pids). ``keep_numbering``: its tag writer
+        progress stays, raised to the deleted rows' numbers, so later tagged events of the pid
+        continue each tag's ``tag_pid_seq_nr`` (a consumer that saw the old numbers would drop
+        repeated ones as duplicates); False deletes its progress and scanning rows too."""
+        ...
+
+    async def delete_all_events(self, persistence_id: str, *, reset_seq_nr: bool) -> None:
+        """Every event of the pid. ``reset_seq_nr`` False keeps the highest sequence number (a
+        later write continues after it); True forgets the pid, which may then start at 1."""
+        ...
+
+
+@runtime_checkable
+class CleanupBackend(Protocol):
+    """A backend the cleanup tool can drive (PostgreSQL and Cassandra)."""
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None: ...
+
+    async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None: ...
+
+    async def delete_snapshot(self, persistence_id: str) -> None: ...
+
+    def cleanup_store(self) -> CleanupStore: ...

@@ -69,6 +69,26 @@ class BatchPlanner:
             self.in_flight_pids.discard(p.request.persistence_id)
 
 
+MIN_BULK_CHUNK_EVENTS = 250
+"""A bulk write is split across connections only into statements of at least this many events."""
+
+
+def plan_chunks(requests: Sequence[WriteRequest], max_events: int) -> list[tuple[int, int]]:
+    """Consecutive ``[start, end)`` slices of at most ``max_events`` events (a larger request
+    goes alone), in order: the statements of one bulk write."""
+    chunks: list[tuple[int, int]] = []
+    start, events = 0, 0
+    for i, r in enumerate(requests):
+        n = len(r.events)
+        if i > start and events + n > max_events:
+            chunks.append((start, i))
+            start, events = i, 0
+        events += n
+    if start < len(requests):
+        chunks.append((start, len(requests)))
+    return chunks
+
+
 class GroupCommit:
     """Coalesces concurrent write requests into batches written by ``write_batch``."""
 
@@ -79,11 +99,13 @@ class GroupCommit:
         max_batch_events: int,
         max_in_flight: int,
         max_batch_wait: float = 0.0,
+        bulk_in_flight: int = 1,
     ) -> None:
         self._write_batch = write_batch
         self._planner = BatchPlanner(max_batch_events)
         self._max_in_flight = max_in_flight
         self._max_batch_wait = max_batch_wait
+        self._bulk_in_flight = bulk_in_flight
         self._running: set[asyncio.Task[None]] = set()
         self._scheduled = False
         self._direct = 0
@@ -106,6 +128,102 @@ class GroupCommit:
             else:
                 loop.call_soon(self._pump)
         return await fut
+
+    async def submit_many(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+        """Write many requests (distinct pids), each atomic and failing alone; results in order.
+
+        When idle, they are written in the caller's task in chunks of at most
+        ``max_batch_events`` events (no future per request); as soon as other calls queue up,
+        the rest joins the queue behind them, so a large bulk write does not starve them.
+        """
+        if self._closed:
+            raise JournalUnavailable("the journal is closed")
+        out: list[WriteResult | Exception] = []
+        todo = list(requests)
+        if not self._running and not self._direct and not self._planner.queue:
+            done = await self._write_many_now(todo, out)
+            todo = todo[done:]
+        if todo:
+            out.extend(await self._queued(todo))
+        return out
+
+    async def _queued(self, requests: list[WriteRequest]) -> list[WriteResult | Exception]:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[WriteResult]] = []
+        for r in requests:
+            fut: asyncio.Future[WriteResult] = loop.create_future()
+            self._planner.queue.append(Pending(r, fut))
+            futures.append(fut)
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._pump)
+        got = await asyncio.gather(*futures, return_exceptions=True)
+        return [g if isinstance(g, WriteResult | Exception) else JournalUnavailable(repr(g)) for g in got]
+
+    async def _write_many_now(self, requests: list[WriteRequest], out: list[WriteResult | Exception]) -> int:
+        """Idle fast path of :meth:`submit_many`: chunks written from the caller's task, up to
+        ``bulk_in_flight`` at once, until other calls queue up. Appends the results of the
+        requests it handled (a prefix) to ``out`` and returns their number."""
+        # at least bulk_in_flight statements when there is enough to share, so they overlap
+        total = sum(len(r.events) for r in requests)
+        size = max(MIN_BULK_CHUNK_EVENTS, -(-total // self._bulk_in_flight))
+        chunks = plan_chunks(requests, min(size, self._planner.max_batch_events))
+        in_flight = self._planner.in_flight_pids
+        running: list[asyncio.Task[list[WriteResult | Exception]]] = []
+        failed: Exception | None = None
+        done = 0
+
+        async def write(chunk: list[WriteRequest]) -> list[WriteResult | Exception]:
+            pids = [r.persistence_id for r in chunk]
+            in_flight.update(pids)
+            try:
+                return await self._write_batch(chunk)
+            finally:
+                in_flight.difference_update(pids)
+
+        def collect(task: asyncio.Task[list[WriteResult | Exception]], size: int) -> None:
+            nonlocal failed
+            e = task.exception()
+            if e is None:
+                out.extend(task.result())
+            elif isinstance(e, Exception):  # the whole statement failed: this chunk, and stop
+                failed = failed or e
+                out.extend([e] * size)
+            else:
+                raise e
+            self.batches_written += 1
+            self.calls_written += size
+
+        self._direct += 1
+        try:
+            loop = asyncio.get_running_loop()
+            sizes: list[int] = []
+            for start, end in chunks:
+                if failed is not None or self._planner.queue:
+                    break
+                if len(running) >= self._bulk_in_flight:
+                    await asyncio.wait([running[0]])
+                    collect(running.pop(0), sizes.pop(0))
+                    if failed is not None:
+                        break
+                running.append(loop.create_task(write(requests[start:end])))
+                sizes.append(end - start)
+                done = end
+            for task, size in zip(running, sizes, strict=True):
+                await asyncio.wait([task])
+                collect(task, size)
+            running = []
+            if failed is not None and done < len(requests):
+                rest = JournalUnavailable(f"not attempted after an earlier part failed: {failed}")
+                out.extend([rest] * (len(requests) - done))
+                done = len(requests)
+        finally:
+            for task in running:  # the caller was cancelled: so are its statements
+                task.cancel()
+            self._direct -= 1
+            if self._planner.queue:
+                self._pump()
+        return done
 
     async def _write_now(self, request: WriteRequest) -> WriteResult:
         """Idle fast path: nothing queued or in flight, so write at once in the caller's task."""

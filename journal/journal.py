@@ -7,14 +7,22 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
 from .backend import Backend, SliceQueryBackend, SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from .bulk import Outcome, Write, Written
 from .envelope import EventEnvelope
-from .errors import ConfigurationError, InvalidArgument, SerializationError, UnsupportedOperation
+from .errors import (
+    ConfigurationError,
+    InvalidArgument,
+    JournalError,
+    SerializationError,
+    StorageError,
+    UnsupportedOperation,
+)
 from .group_commit import GroupCommit
 from .ids import (
     MAX_SEQ_NR,
@@ -58,6 +66,7 @@ class Journal:
             max_batch_events=w.max_batch_events,
             max_in_flight=w.max_in_flight,
             max_batch_wait=w.max_batch_wait,
+            bulk_in_flight=w.bulk_in_flight,
         )
         self._slices: SliceQueries | None = None
 
@@ -105,6 +114,38 @@ class Journal:
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self._group_commit.submit(request)
         return self._written(request, result, events, metadata)
+
+    async def persist_many(self, writes: Iterable[Write | tuple[Any, ...]]) -> list[Outcome]:
+        """Write many persistence ids at once: each part atomic and conflict-checked on its own.
+
+        ``writes``: :class:`Write` values (or plain tuples of its fields), one per pid. Parts go
+        out in multi-row statements of up to ``write.max_batch_events`` events, sharing the
+        group commit's connections and ordering with concurrent :meth:`persist` calls. Returns
+        one outcome per part, in order: :class:`Written`, or the typed error of that part alone
+        (``SequenceConflict``, ``StorageError``, ``JournalUnavailable``); the other parts are
+        written regardless. See docs/bulk-writes.md.
+
+        Raises (before anything is written): InvalidArgument for a bad part, or the same pid in
+        two parts; SerializationError for an event that cannot be serialized. The message names
+        the part's index.
+        """
+        requests: list[WriteRequest] = []
+        seen: set[str] = set()
+        for i, w in enumerate(writes):
+            try:
+                if type(w) is not Write:
+                    w = _as_write(w)
+                pid = w.persistence_id
+                requests.append(self._request(pid, w.events, w.expected_seq_nr, w.tags, w.metadata))
+            except (InvalidArgument, SerializationError) as e:
+                raise type(e)(f"persist_many part {i}: {e}") from e
+            if pid in seen:
+                raise InvalidArgument(f"persist_many part {i}: {pid!r} appears in an earlier part; one part per pid")
+            seen.add(pid)
+        if not requests:
+            return []
+        results = await self._group_commit.submit_many(requests)
+        return [_outcome(r, res) for r, res in zip(requests, results, strict=True)]
 
     async def persist_in(
         self,
@@ -166,17 +207,13 @@ class Journal:
             # the call's last event, expected + len(events), must still fit the bigint column
             validate_seq_nr("expected_seq_nr", expected, maximum=MAX_SEQ_NR - len(events))
         clean_tags = validate_tags(tags) if tags else ()
-        serialize = self.serializers.serialize
         try:
-            serialized = [serialize(e) for e in events]
+            serialized = self.serializers.serialize_all(events)
         except SerializationError:
             for i, e in enumerate(events):  # say which event failed
-                serialize(e, what=f"event {i} of {pid!r}")
+                self.serializers.serialize(e, what=f"event {i} of {pid!r}")
             raise
-        meta = serialize(metadata, what="metadata") if metadata is not None else None
-        for s in serialized if meta is None else (*serialized, meta):
-            if len(s.manifest) > 255:
-                raise SerializationError(f"serializer manifest longer than 255 characters: {s.manifest[:40]!r}...")
+        meta = self.serializers.serialize(metadata, what="metadata") if metadata is not None else None
         return WriteRequest(pid, entity_type_of(pid), slice_for(pid), expected, serialized, clean_tags, meta)
 
     # -- reading by persistence id -----------------------------------------------------------
@@ -410,6 +447,25 @@ class Journal:
 
     async def delete_snapshot(self, persistence_id: str) -> None:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
+
+
+def _as_write(w: object) -> Write:
+    if not isinstance(w, tuple) or not 2 <= len(w) <= 5:
+        raise InvalidArgument(
+            f"expected a Write or a (pid, events[, expected_seq_nr, tags, metadata]) tuple, got {w!r:.80}"
+        )
+    return Write(*w)
+
+
+def _outcome(r: WriteRequest, res: WriteResult | Exception) -> Outcome:
+    if isinstance(res, Exception):
+        if isinstance(res, JournalError):
+            return res
+        err = StorageError(f"write of {r.persistence_id!r} failed: {type(res).__name__}: {res}")
+        err.__cause__ = res
+        return err
+    first = res.first_seq_nr
+    return Written(r.persistence_id, first, first + len(r.events) - 1, res.db_timestamp)
 
 
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:

@@ -9,7 +9,7 @@ serializer for your own types with :meth:`SerializerRegistry.register`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import orjson
@@ -96,7 +96,7 @@ class JsonSerializer:
         return _type_name(t)
 
     def to_bytes(self, value: Any) -> bytes:
-        return orjson.dumps(value, default=_to_jsonable, option=orjson.OPT_NON_STR_KEYS)
+        return orjson.dumps(value, default=_to_jsonable, option=_OPTS)
 
     def from_bytes(self, payload: bytes, manifest: str) -> Any:
         data = orjson.loads(payload)
@@ -106,6 +106,9 @@ class JsonSerializer:
 
 
 _PLAIN = frozenset({dict, list, str, int, float, bool})
+_OPTS = orjson.OPT_NON_STR_KEYS
+MAX_MANIFEST_LENGTH = 255
+"""The stored manifest columns' width."""
 
 
 def _type_name(cls: type) -> str:
@@ -137,6 +140,11 @@ class SerializerRegistry:
         for t in types if isinstance(types, tuple) else (types,):
             self._by_type[t] = serializer
         self._resolved.clear()
+        self._plain_json = frozenset(
+            t for t in _PLAIN if all(self._by_type.get(k, self.json) is self.json for k in t.__mro__)
+        )
+        bytes_ser = self._by_type.get(bytes)
+        self._plain_bytes: type | None = bytes if isinstance(bytes_ser, BytesSerializer) else None
 
     def register_type(self, cls: type, manifest: str | None = None) -> None:
         """Shortcut: read JSON rows of ``cls`` back as ``cls`` instances."""
@@ -151,10 +159,11 @@ class SerializerRegistry:
         return s
 
     def serialize(self, value: Any, *, what: str = "event") -> Serialized:
-        """Serialize or raise :class:`SerializationError` naming the value's type."""
+        """Serialize or raise :class:`SerializationError` naming the value's type (also for a
+        manifest longer than the stored column's 255 characters)."""
         s = self._for_value(value)
         try:
-            return Serialized(s.identifier, s.manifest(value), s.to_bytes(value))
+            out = Serialized(s.identifier, s.manifest(value), s.to_bytes(value))
         except SerializationError:
             raise
         except Exception as e:  # user serializers may raise anything
@@ -162,6 +171,31 @@ class SerializerRegistry:
                 f"cannot serialize {what} of type {type(value).__name__} "
                 f"with {type(s).__name__}: {e}"
             ) from e
+        if len(out.manifest) > MAX_MANIFEST_LENGTH:
+            raise SerializationError(
+                f"serializer manifest longer than {MAX_MANIFEST_LENGTH} characters: {out.manifest[:40]!r}..."
+            )
+        return out
+
+    def serialize_all(self, values: Sequence[Any], *, what: str = "event") -> list[Serialized]:
+        """:meth:`serialize` of each value. The write path's hot loop: plain JSON values and
+        bytes that no registered serializer claims skip the lookup and the manifest call."""
+        plain, raw = self._plain_json, self._plain_bytes
+        out: list[Serialized] = []
+        append = out.append
+        for v in values:
+            t = type(v)
+            if t in plain:
+                try:
+                    append(Serialized(JSON_SERIALIZER_ID, "", orjson.dumps(v, default=_to_jsonable, option=_OPTS)))
+                    continue
+                except Exception:  # the general path below raises with the full message
+                    pass
+            elif t is raw:
+                append(Serialized(BYTES_SERIALIZER_ID, "", v))
+                continue
+            append(self.serialize(v, what=what))
+        return out
 
     def deserialize(self, ser_id: int, manifest: str, payload: bytes, *, what: str = "event") -> Any:
         s = self._by_id.get(ser_id)

@@ -59,6 +59,9 @@ class WriteSettings:
     max_in_flight: int = 1
     """Group commit batches written at once. 1 (the default) lets calls pile up into large batches
     while one is written, which measured fastest on 2 cores; more overlaps network round trips."""
+    bulk_in_flight: int = 2
+    """persist_many: statements of one bulk call written at once (on separate connections), so
+    the client encodes the next chunk while the server writes the last one."""
     notify: bool = True
     """Send NOTIFY in the write transaction so live queries wake at once."""
     writer_id: str | None = None
@@ -157,6 +160,8 @@ class SparkSettings:
     """JDBC rows per batched INSERT when writing a read model."""
     driver_memory: str = "1g"
     """``spark.driver.memory`` of a session this library starts."""
+    executor_memory: str = "1g"
+    """``spark.executor.memory`` on a cluster master (at most what each worker offers)."""
     shuffle_partitions: int = 8
     """``spark.sql.shuffle.partitions`` of a session this library starts (small data, small machine)."""
 
@@ -240,7 +245,7 @@ class JournalSettings:
         _non_negative(self.connection, "pool_min_size")
         if self.connection.pool_min_size > self.connection.pool_max_size:
             raise ConfigurationError("pool_min_size must not exceed pool_max_size")
-        _positive(self.write, "max_batch_events", "max_in_flight")
+        _positive(self.write, "max_batch_events", "max_in_flight", "bulk_in_flight")
         _non_negative(self.write, "max_batch_wait")
         _positive(self.retry, "attempts", "initial_backoff", "max_backoff")
         _positive(self.query, "buffer_size", "catch_up_buffer_size", "refresh_interval", "heartbeat_interval")

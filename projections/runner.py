@@ -24,6 +24,7 @@ from journal.settings import ProjectionSettings, QueryMode
 from .handlers import Mode
 from .outage import Outage, database_unavailable
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
+from .read_ahead import ReadAhead
 from .stats import Stats
 from .validation import Validator, Verdict
 
@@ -97,6 +98,8 @@ class RangeProcessor:
         self._stopping = asyncio.Event()
         self._last_flush = time.monotonic()
         self._unflushed = 0
+        self._delivered_upto: datetime | None = None
+        """Horizon mode: every event of the range below it is delivered and committed."""
 
     def stop(self) -> None:
         """Ask to stop after the current batch (committed, or rolled back if it cannot commit)."""
@@ -118,7 +121,7 @@ class RangeProcessor:
         start = self.validator.start_timestamp(range(self.lo, self.hi + 1))
         offset = TimestampOffset(start) if start is not None else None
         log.info("%s %s: starting at %s", self.name, self.key, start or "the beginning")
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.s.queue_size)
+        queue: ReadAhead[Any] = ReadAhead(self.s.queue_size)
         reader = asyncio.create_task(self._read(offset, queue))
         try:
             while not self._stopping.is_set():
@@ -129,13 +132,15 @@ class RangeProcessor:
                     await self._maybe_flush(force=False)
             if self.mode == "at-least-once" and self.validator.pending:
                 await self._maybe_flush(force=True)
+            else:
+                await self._settle_on_stop()
         finally:
             # never let a reader that is slow to unwind (a query being cancelled) hold up the
             # hand-over of these slices: it finishes in the background
             reader.add_done_callback(_consume)
             reader.cancel()
 
-    async def _read(self, offset: TimestampOffset | None, queue: asyncio.Queue[Any]) -> None:
+    async def _read(self, offset: TimestampOffset | None, queue: ReadAhead[Any]) -> None:
         try:
             async for env in self.journal.events_by_slices(
                 self.entity_type, self.lo, self.hi, offset, heartbeats=True
@@ -148,22 +153,25 @@ class RangeProcessor:
             return
         await queue.put(_END)
 
-    async def _next_batch(self, queue: asyncio.Queue[Any], reader: asyncio.Task[None]) -> list[EventEnvelope]:
+    async def _next_batch(self, queue: ReadAhead[Any], reader: asyncio.Task[None]) -> list[EventEnvelope]:
         size = 1 if self.mode == "exactly-once" else self.s.group_size
         batch: list[EventEnvelope] = []
         deadline: float | None = None
         while len(batch) < size:
-            if batch:
-                assert deadline is not None
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
+            if queue.empty():  # only then is the clock read: items already read ahead are free
+                if batch:
+                    assert deadline is not None
+                    timeout = deadline - time.monotonic()
+                    if timeout <= 0:
+                        break
+                else:
+                    timeout = 0.2
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout)
+                except TimeoutError:
                     break
             else:
-                timeout = 0.2
-            try:
-                item = queue.get_nowait() if not queue.empty() else await asyncio.wait_for(queue.get(), timeout)
-            except TimeoutError:
-                break
+                item = queue.get_nowait()
             if item is _END:
                 self._stopping.set()
                 break
@@ -183,10 +191,15 @@ class RangeProcessor:
     async def _process(self, batch: list[EventEnvelope]) -> None:
         accepted: list[EventEnvelope] = []
         heartbeat: datetime | None = None
+        v, per_pid = self.validator, self.query_mode == "backtracking"
         for env in batch:
             if env.source == "heartbeat":
                 assert isinstance(env.offset, TimestampOffset)
                 heartbeat = env.offset.timestamp
+                continue
+            if v.check(env, per_pid=per_pid).verdict is Verdict.ACCEPT:  # the common case, inline
+                accepted.append(self._loaded(env))
+                v.record(env)
                 continue
             await self._validate_into(env, accepted)
         # Idle slices of the range may advance their stored offset (keeps restarts and rebalances
@@ -210,9 +223,31 @@ class RangeProcessor:
             self._pending_hb = {**getattr(self, "_pending_hb", {}), **hb_slices}
             await self._maybe_flush(force=False)
             return
-        if not accepted and not hb_slices:
+        if accepted or hb_slices:
+            await self._commit(accepted, hb_slices)
+        if upto is not None and self.query_mode == "horizon":
+            self._delivered_upto = upto
+
+    async def _settle_on_stop(self) -> None:
+        """Horizon mode, when the range is handed over or stopped: store the position delivered
+        and committed so far for every slice of the range (heartbeat rows, the rule ``_process``
+        applies to idle slices, without waiting ``heartbeat_offset_interval``). The next owner of
+        any of these slices then resumes there, not at the oldest offset among them, which made
+        it re-read (and skip as duplicates) most of what was processed since."""
+        upto = self._delivered_upto
+        if upto is None or self.validator.pending:
             return
-        await self._commit(accepted, hb_slices)
+        hb: dict[int, datetime] = {}
+        for s in range(self.lo, self.hi + 1):
+            st = self.validator.slices.get(s)
+            if st is None or st.latest is None or st.latest < upto:
+                hb[s] = upto
+        if not hb:
+            return
+        try:
+            await self._commit([], hb)
+        except (LeaseLost, HandlerFailed) as e:  # a slice already moved on: its owner resumes as before
+            log.debug("%s %s: position not stored at stop: %s", self.name, self.key, e)
 
     def _heartbeat_slices(self, ts: datetime) -> dict[int, datetime]:
         every = timedelta(seconds=self.s.heartbeat_offset_interval)

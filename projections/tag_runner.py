@@ -25,6 +25,7 @@ from journal.envelope import EventEnvelope
 from journal.offsets import Offset, TimeUUIDOffset
 from journal.settings import JournalSettings
 
+from .read_ahead import ReadAhead
 from .runner import _END, RangeProcessor
 from .tag_offset_store import TagOffsetSql
 from .worker import Worker
@@ -54,7 +55,7 @@ class TagProcessor(RangeProcessor):
             stored = await self.tag_sql.load(conn, self.name, self.tag)
         self.seq_nrs = dict(stored.seq_nrs)
         log.info("%s %s: starting after %s", self.name, self.key, stored.latest or "the first time bucket")
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.s.queue_size)
+        queue: ReadAhead[Any] = ReadAhead(self.s.queue_size)
         reader = asyncio.create_task(self._read_tag(stored.latest, queue))
         try:
             while not self._stopping.is_set():
@@ -70,7 +71,7 @@ class TagProcessor(RangeProcessor):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
 
-    async def _read_tag(self, after: uuid.UUID | None, queue: asyncio.Queue[Any]) -> None:
+    async def _read_tag(self, after: uuid.UUID | None, queue: ReadAhead[Any]) -> None:
         source: TagEventSource = self.journal  # type: ignore[assignment]
         try:
             async for env in source.events_by_tag(self.tag, TimeUUIDOffset(after) if after else None):

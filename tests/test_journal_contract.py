@@ -15,7 +15,16 @@ import pytest
 from cassandra_fixtures import recent_first_bucket
 from conftest import truncate_all
 
-from journal import Journal, JournalSettings, SequenceConflict, UnsupportedOperation, open_journal
+from journal import (
+    Journal,
+    JournalSettings,
+    SequenceConflict,
+    UnsupportedOperation,
+    Write,
+    Written,
+    failures,
+    open_journal,
+)
 
 FAST: dict[str, Any] = dict(eventual_consistency_delay=0.0, query_refresh_interval=0.05)
 
@@ -134,3 +143,23 @@ async def test_slice_queries_on_cassandra_raise_unsupported(j: Journal) -> None:
         j.current_events_by_slices("A", 0, 1023)
     with pytest.raises(UnsupportedOperation, match="use events_by_tag"):
         j.events_by_slices("A", 0, 1023)
+
+
+async def test_persist_many_each_part_atomic_and_conflict_checked_alone(j: Journal) -> None:
+    await j.persist("pm|taken", ["a", "b"])
+    out = await j.persist_many(
+        [
+            Write("pm|1", [1, 2], expected_seq_nr=0),
+            Write("pm|taken", ["stale"], expected_seq_nr=1),
+            Write("pm|2", [{"x": 3}], tags=["t"]),
+            Write("pm|taken2", ["c"], expected_seq_nr=0),
+        ]
+    )
+    assert [i for i, _ in failures(out)] == [1]
+    assert isinstance(out[1], SequenceConflict)
+    first = out[0]
+    assert isinstance(first, Written) and (first.first_seq_nr, first.last_seq_nr) == (1, 2)
+    assert await events(j, "pm|1") == [1, 2]
+    assert await events(j, "pm|taken") == ["a", "b"]
+    assert await events(j, "pm|2") == [{"x": 3}]
+    assert await events(j, "pm|taken2") == ["c"]

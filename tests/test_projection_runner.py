@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -185,3 +186,37 @@ async def test_pause_resume_reset(journal: Journal, conn: asyncpg.Connection, fa
 
 async def _no_processors(w: Worker) -> bool:
     return not w.processors
+
+
+async def test_a_stopped_range_stores_its_position_for_every_slice(
+    journal: Journal, conn: asyncpg.Connection, dsn: str
+) -> None:
+    """Horizon mode: a range that stops (hand-over, shutdown) stores the delivered position for
+    all its slices, also those whose last event is older, so whoever takes any of them over
+    resumes there instead of re-reading from the oldest slice's offset."""
+    slow = JournalSettings.load(
+        env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, heartbeat_offset_interval=3600.0
+    )  # idle slices get no heartbeat row during the test but from the rule under test
+    first = await write(journal, "S", 30, 2)
+    worker = Worker(journal, slow, "settle", "S", grouped, "grouped")
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_until(lambda: _equals(count(conn), first), 20, "the first events")
+        await journal.persist("S|late", [{"n": 1}])  # later than all: only its own slice moves on
+        await wait_until(lambda: _equals(count(conn), first + 1), 20, "the last event")
+    finally:
+        worker.stop()
+        await task
+    newest = await journal.timestamp_of("S|late", 1)
+    own = await asyncpg.connect(dsn)
+    try:
+        loaded = await SQL.load_offsets(own, "settle", list(range(1024)), timedelta(hours=1))
+    finally:
+        await own.close()
+    assert len(loaded) == 1024  # every slice of the range has a stored position...
+    assert {latest for latest, _ in loaded.values()} == {newest}  # ...at the last delivered event
+    await no_duplicates(conn)
+
+
+async def _equals(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected

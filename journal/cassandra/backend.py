@@ -24,6 +24,7 @@ from ..tags.buckets import bucket_of
 from ..tags.store import TaggedEvent
 from ..tags.timeuuid import datetime_of, new_timeuuid
 from ..tags.writer import TagWriters
+from .cleanup import CassandraCleanup
 from .cql import TARGET_PARTITION_SIZE, atomic_partition, partition_nr, statements, validate_keyspace
 from .tag_store import CassandraTagStore
 
@@ -132,6 +133,10 @@ class CassandraBackend:
 
     def tag_store(self) -> CassandraTagStore:
         return self._tag_store
+
+    def cleanup_store(self) -> CassandraCleanup:
+        """The cleanup tool's deletions (:mod:`journal.cleanup`)."""
+        return CassandraCleanup(self)
 
     async def run(self, name: str, *params: Any) -> list[Any]:
         return await _run(self.session, self.prepared[name], params)

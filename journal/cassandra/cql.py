@@ -37,12 +37,12 @@ def schema_statements(keyspace: str) -> list[str]:
     return [s.strip() for s in body.split(";") if s.strip()]
 
 
-def statements(keyspace: str) -> dict[str, str]:
-    """The named statements of ``statements.cql`` (``-- name: x`` starts one)."""
+def statements(keyspace: str, file: str = "statements.cql") -> dict[str, str]:
+    """The named statements of a .cql file of the package (``-- name: x`` starts one)."""
     out: dict[str, str] = {}
     current: str | None = None
     lines: list[str] = []
-    for line in _read("statements.cql").splitlines():
+    for line in _read(file).splitlines():
         m = re.match(r"^-- name: (\w+)\s*$", line)
         if m:
             if current:

@@ -20,6 +20,7 @@ app = typer.Typer(
 
 from . import cassandra as _cassandra  # noqa: E402,F401
 from . import cassandra_local as _cassandra_local  # noqa: E402,F401
+from . import cleanup as _cleanup  # noqa: E402,F401
 from . import demo as _demo  # noqa: E402,F401
 from . import endpoint as _endpoint  # noqa: E402,F401
 from . import migrate as _migrate  # noqa: E402,F401  (registers commands)

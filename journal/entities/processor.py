@@ -5,12 +5,13 @@ writes the 0..n events ``process(envelope)`` returns for each source event. Outp
 ``<type>|<id>`` goes to target pid ``<target_type>|<id>``, in source order. Idempotency without a
 shared transaction (the journal writes through its own group-commit connections): every output
 row carries ``{"processor": id, "source_seq_nr": n}`` in its metadata, written in the same atomic
-``persist`` call, with ``expected_seq_nr`` = the target pid's highest as last read. So the
-progress is stored in the target journal, atomically with the output; ``read`` recovers it from
-the last target row; a re-delivered source event at or below it is dropped; a write racing
-another writer of the same target pid fails with ``SequenceConflict`` (nothing written) and the
-batch is retried after re-reading. ``process`` must be deterministic: a source event mapped to no
-output leaves no trace and is simply evaluated again after a crash.
+part (one per target pid) of one ``persist_many`` call, with ``expected_seq_nr`` = the target
+pid's highest as last read. So the progress is stored in the target journal, atomically with
+the output; ``read`` recovers it from the last target row; a re-delivered source event at or
+below it is dropped; a part racing another writer of the same target pid fails with
+``SequenceConflict`` (nothing of it written) and the batch is retried after re-reading.
+``process`` must be deterministic: a source event mapped to no output leaves no trace and is
+simply evaluated again after a crash.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..bulk import Write, Written
 from ..envelope import EventEnvelope
+from ..errors import JournalError
 from ..ids import persistence_id_of, validate_entity_type
 from ..journal import Journal
 from .writer import Writer
@@ -80,24 +83,29 @@ class Processor(Writer):
         todo = {pid: outs for pid, outs in outputs.items() if outs}
         if not todo:
             return
+        writes = []
+        for source_pid, outs in todo.items():
+            expected = self._target_seq.get(source_pid)
+            if expected is None:
+                raise RuntimeError(f"processor {self.processor_id!r}: write for {source_pid!r} before read()")
+            meta = {"processor": self.processor_id, PROGRESS_KEY: progress[source_pid]}
+            writes.append(Write(self.target_pid(source_pid), outs, expected, metadata=meta))
         self.before_write()
-        results = await asyncio.gather(
-            *(self._persist(pid, outs, progress[pid]) for pid, outs in todo.items()), return_exceptions=True
-        )
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        self.after_write()
-
-    async def _persist(self, source_pid: str, outs: list[Any], source_seq_nr: int) -> None:
-        meta = {"processor": self.processor_id, PROGRESS_KEY: source_seq_nr}
-        expected = self._target_seq.get(source_pid)
-        if expected is None:
-            raise RuntimeError(f"processor {self.processor_id!r}: write for {source_pid!r} before read()")
         try:
-            envs = await self.target.persist(self.target_pid(source_pid), outs, expected_seq_nr=expected, metadata=meta)
+            # one bulk write: every target pid's part atomic on its own, all in a few statements
+            outcomes = await self.target.persist_many(writes)
         except BaseException:
-            self._target_seq.pop(source_pid, None)
+            for source_pid in todo:
+                self._target_seq.pop(source_pid, None)
             raise
-        self._target_seq[source_pid] = envs[-1].seq_nr
-        self.written += len(envs)
+        error: JournalError | None = None
+        for source_pid, out in zip(todo, outcomes, strict=True):
+            if isinstance(out, Written):
+                self._target_seq[source_pid] = out.last_seq_nr
+                self.written += out.last_seq_nr - out.first_seq_nr + 1
+            else:  # re-read before the runner retries the batch
+                self._target_seq.pop(source_pid, None)
+                error = error or out
+        if error is not None:
+            raise error
+        self.after_write()

@@ -14,13 +14,14 @@ import asyncpg
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
-from ..serialization import Serialized
+from ..serialization import JSON_SERIALIZER_ID, Serialized
 from ..settings import JournalSettings
 from ..tags.buckets import bucket_millis
+from .cleanup import PostgresCleanup
 from .dsn import asyncpg_dsn
 from .errors import backoff_delays, is_transient, with_retries
 from .slice_reader import PostgresSliceReader
-from .statements import Statements
+from .statements import SLICE_GROUP_SIZE, Statements
 from .tag_statements import TagStatements
 from .tag_store import PostgresTagStore
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
@@ -68,13 +69,15 @@ class PostgresBackend:
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
         self._insert_one = self.sql.insert_one(notify=settings.write.notify)
         self.tag_sql = TagStatements(settings.schema)
+        self._notify = settings.write.notify
+        bucket = self.sql.tag_bucket_param(self._notify)
         self._insert_tagged = self.sql.insert_events_tagged(
-            on_conflict_do_nothing=False, notify=settings.write.notify,
-            tag_rows=self.tag_sql.insert_from_events("src", "$9", "$14", ""),
+            on_conflict_do_nothing=False, notify=self._notify,
+            tag_rows=self.tag_sql.insert_from_events("src", "$9", bucket, ""),
         )  # fmt: skip
         self._insert_tagged_probe = self.sql.insert_events_tagged(
-            on_conflict_do_nothing=True, notify=settings.write.notify,
-            tag_rows=self.tag_sql.insert_from_events("src", "$9", "$14", "ON CONFLICT DO NOTHING"),
+            on_conflict_do_nothing=True, notify=self._notify,
+            tag_rows=self.tag_sql.insert_from_events("src", "$9", bucket, "ON CONFLICT DO NOTHING"),
         )  # fmt: skip
         self._bucket_millis = bucket_millis(settings.tags.bucket_size)
         self._tag_store: PostgresTagStore | None = None
@@ -123,6 +126,10 @@ class PostgresBackend:
         if self._tag_store is None:
             self._tag_store = PostgresTagStore(self)
         return self._tag_store
+
+    def cleanup_store(self) -> PostgresCleanup:
+        """The cleanup tool's deletions (:mod:`journal.cleanup`)."""
+        return PostgresCleanup(self)
 
     def _statement(self, batch: Sequence[WriteRequest], *, probe: bool) -> tuple[str, tuple[Any, ...]]:
         """The untagged statement (fast path), the one that also writes tag rows, or a lone event's."""
@@ -175,38 +182,49 @@ class PostgresBackend:
         """Parallel per-event arrays for the insert statement.
 
         Arrays that would hold only NULLs, 1s or empty manifests (tags, metadata, ordinals of
-        one-event calls: the common case) are sent empty: a multi-argument unnest pads them with
+        one-event calls, JSON serializer ids: the common case) are sent empty: a multi-argument unnest pads them with
         NULLs, the statement reads those as the default, and asyncpg skips encoding every element.
+        With notifications on, the last parameter is the distinct notification payloads.
         """
-        rows = [(r, i, ev) for r in requests for i, ev in enumerate(r.events, 1)]
-        any_tags = any(r.tags for r in requests)
-        any_meta = any(r.metadata is not None for r in requests)
+        if any(len(r.events) > 1 for r in requests):
+            rr: Sequence[WriteRequest] = [r for r in requests for _ in r.events]
+            evs = [ev for r in requests for ev in r.events]
+            ordinals = [i for r in requests for i in range(1, len(r.events) + 1)]
+        else:  # one event per call, the common case: no per-row tuples
+            rr, evs, ordinals = requests, [r.events[0] for r in requests], []
         tags: list[str | None] = []
         meta_ids: list[int | None] = []
         meta_manifests: list[str | None] = []
         meta_payloads: list[bytes | None] = []
-        if any_tags:
+        if any(r.tags for r in requests):
             tag_json = {id(r): json.dumps(list(r.tags)) if r.tags else None for r in requests}
-            tags = [tag_json[id(r)] for r, _, _ in rows]
-        if any_meta:
-            metas = [r.metadata for r, _, _ in rows]
+            tags = [tag_json[id(r)] for r in rr]
+        if any(r.metadata is not None for r in requests):
+            metas = [r.metadata for r in rr]
             meta_ids = [m.ser_id if m else None for m in metas]
             meta_manifests = [m.manifest if m else None for m in metas]
             meta_payloads = [m.payload if m else None for m in metas]
+        ser_ids: list[int] = [ev.ser_id for ev in evs]
+        if ser_ids.count(JSON_SERIALIZER_ID) == len(ser_ids):
+            ser_ids = []
+        notify: tuple[list[str], ...] = ()
+        if self._notify:
+            notify = (list({f"{r.slice // SLICE_GROUP_SIZE}:{r.entity_type}" for r in requests}),)
         return (
-            [r.persistence_id for r, _, _ in rows],
-            [r.entity_type for r, _, _ in rows],
-            [r.slice for r, _, _ in rows],
-            [i for _, i, _ in rows] if any(len(r.events) > 1 for r in requests) else [],
-            [r.expected_seq_nr for r, _, _ in rows],
-            [ev.ser_id for _, _, ev in rows],
-            [ev.manifest for _, _, ev in rows] if any(ev.manifest for _, _, ev in rows) else [],
-            [ev.payload for _, _, ev in rows],
+            [r.persistence_id for r in rr],
+            [r.entity_type for r in rr],
+            [r.slice for r in rr],
+            ordinals,
+            [r.expected_seq_nr for r in rr],
+            ser_ids,
+            [ev.manifest for ev in evs] if any(ev.manifest for ev in evs) else [],
+            [ev.payload for ev in evs],
             self.writer_id,
             tags,
             meta_ids,
             meta_manifests,
             meta_payloads,
+            *notify,
         )
 
     async def write_batch(

@@ -60,7 +60,9 @@ class TagStatements:
 
     def insert_from_events(self, src: str, writer_param: str, bucket_param: str, conflict: str) -> str:
         """The data-modifying CTE body that inserts the tag rows of the events in CTE ``src``
-        (same statement, same transaction as the events). Numbers continue per (tag, pid)."""
+        (same statement, same transaction as the events). Numbers continue per (tag, pid), after
+        the pid's tag rows or its progress row, whichever is higher (the cleanup tool deletes the
+        rows and keeps the progress)."""
         t = "tvs.uuid_time"
         return f"""
   INSERT INTO {self.tv} ({TAG_ROW_COLUMNS})
@@ -76,7 +78,8 @@ class TagStatements:
     FROM {src} s CROSS JOIN LATERAL unnest(s.tags) AS tg(tag)
   ) tvs
   LEFT JOIN LATERAL (
-    SELECT max(v.tag_pid_sequence_nr) AS n FROM {self.tv} v
+    SELECT GREATEST(max(v.tag_pid_sequence_nr), (SELECT p.tag_pid_sequence_nr FROM {self.progress} p
+      WHERE p.persistence_id = tvs.persistence_id AND p.tag = tvs.tag)) AS n FROM {self.tv} v
     WHERE v.tag_name = tvs.tag AND v.persistence_id = tvs.persistence_id
   ) pm ON true
   {conflict}

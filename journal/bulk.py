@@ -1,0 +1,48 @@
+"""The bulk write API's value types: one :class:`Write` per persistence id in, one
+:class:`Written` or typed error per part out (see :meth:`journal.Journal.persist_many`).
+
+Results are plain tuples rather than envelopes: a bulk caller writing thousands of parts reads
+the sequence numbers and the timestamp, and building an envelope per event would cost about as
+much as writing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from .errors import JournalError
+
+
+class Write(NamedTuple):
+    """One part of :meth:`~journal.Journal.persist_many`: what one ``persist`` call would take.
+
+    ``expected_seq_nr`` is the highest sequence number the caller believes is stored for the
+    pid (None: append after whatever is stored).
+    """
+
+    persistence_id: str
+    events: Sequence[Any]
+    expected_seq_nr: int | None = None
+    tags: Sequence[str] = ()
+    metadata: Any = None
+
+
+class Written(NamedTuple):
+    """A part that was written: its events got ``first_seq_nr..last_seq_nr`` and one timestamp."""
+
+    persistence_id: str
+    first_seq_nr: int
+    last_seq_nr: int
+    db_timestamp: datetime
+
+
+Outcome = Written | JournalError
+"""Per part: :class:`Written`, or the error that part alone got (nothing of it was written,
+except for ``JournalUnavailable(outcome_unknown=True)``, which says it may have been)."""
+
+
+def failures(outcomes: Sequence[Outcome]) -> list[tuple[int, JournalError]]:
+    """The failed parts of a :meth:`~journal.Journal.persist_many` result, as (index, error)."""
+    return [(i, o) for i, o in enumerate(outcomes) if isinstance(o, JournalError)]

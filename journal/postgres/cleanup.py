@@ -1,0 +1,152 @@
+"""The cleanup tool's deletions on PostgreSQL (:class:`journal.backend.CleanupStore`).
+
+Tag rows are found through the ``(tag_name, persistence_id, ...)`` index: the tag names are
+listed with a loose index scan (one probe per distinct tag), then the pid's rows of each tag are
+deleted, so rows whose events were deleted earlier are found too, without a table scan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from ..backend import PidFootprint
+from ..settings import validate_identifier
+from .errors import with_retries
+
+if TYPE_CHECKING:
+    from .backend import PostgresBackend
+
+DELETE_BATCH_SIZE = 10_000
+"""Event rows deleted per statement (each batch commits: an interrupted run keeps its progress)."""
+
+_ALL = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class CleanupStatements:
+    schema: str
+
+    def __post_init__(self) -> None:
+        validate_identifier(self.schema, "schema")
+
+    def _t(self, table: str) -> str:
+        return f'"{self.schema}".{table}'
+
+    @property
+    def event_count(self) -> str:
+        return f"SELECT count(*), COALESCE(max(seq_nr), 0) FROM {self._t('event_journal')} WHERE persistence_id = $1"
+
+    @property
+    def snapshot_seq_nr(self) -> str:
+        return f"SELECT seq_nr FROM {self._t('snapshot')} WHERE persistence_id = $1"
+
+    @property
+    def tag_names(self) -> str:
+        """Every distinct tag of the tag view, by a loose index scan (a probe per tag)."""
+        tv = self._t("tag_views")
+        return f"""
+WITH RECURSIVE t AS (
+  (SELECT tag_name FROM {tv} ORDER BY tag_name LIMIT 1)
+  UNION ALL
+  SELECT (SELECT v.tag_name FROM {tv} v WHERE v.tag_name > t.tag_name ORDER BY v.tag_name LIMIT 1)
+  FROM t WHERE t.tag_name IS NOT NULL
+) SELECT tag_name FROM t WHERE tag_name IS NOT NULL"""
+
+    @property
+    def tag_row_count(self) -> str:
+        return f"SELECT count(*) FROM {self._t('tag_views')} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1"
+
+    @property
+    def delete_tag_rows(self) -> str:
+        return f"DELETE FROM {self._t('tag_views')} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1"
+
+    @property
+    def raise_tag_progress(self) -> str:
+        """The pid's progress per tag raised to its highest tag row (never lowered)."""
+        pr = self._t("tag_write_progress")
+        return f"""
+INSERT INTO {pr} AS pr (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset")
+SELECT DISTINCT ON (tag_name) persistence_id, tag_name, sequence_nr, tag_pid_sequence_nr, timestamp
+FROM {self._t("tag_views")} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1
+ORDER BY tag_name, tag_pid_sequence_nr DESC
+ON CONFLICT (persistence_id, tag) DO UPDATE SET
+  sequence_nr = GREATEST(pr.sequence_nr, EXCLUDED.sequence_nr),
+  "offset" = CASE WHEN EXCLUDED.tag_pid_sequence_nr > pr.tag_pid_sequence_nr
+    THEN EXCLUDED."offset" ELSE pr."offset" END,
+  tag_pid_sequence_nr = GREATEST(pr.tag_pid_sequence_nr, EXCLUDED.tag_pid_sequence_nr)"""
+
+    @property
+    def delete_tag_progress(self) -> str:
+        return f"DELETE FROM {self._t('tag_write_progress')} WHERE persistence_id = $1"
+
+    @property
+    def delete_tag_scanning(self) -> str:
+        return f"DELETE FROM {self._t('tag_scanning')} WHERE persistence_id = $1"
+
+    @property
+    def delete_events_batch(self) -> str:
+        ej = self._t("event_journal")
+        return (
+            f"DELETE FROM {ej} WHERE persistence_id = $1 AND seq_nr IN ("
+            f"SELECT seq_nr FROM {ej} WHERE persistence_id = $1 ORDER BY seq_nr LIMIT $2)"
+        )
+
+
+class PostgresCleanup:
+    def __init__(self, backend: PostgresBackend) -> None:
+        self.backend = backend
+        self.sql = CleanupStatements(backend.settings.schema)
+        self._retry = backend.settings.retry
+
+    async def _run(self, what: str, fn: Any) -> Any:
+        async def op() -> Any:
+            async with self.backend.pool.acquire() as conn:
+                return await fn(conn)
+
+        return await with_retries(what, self._retry, op)
+
+    async def footprint(self, persistence_id: str) -> PidFootprint:
+        async def op(conn: asyncpg.Connection) -> PidFootprint:
+            counted = await conn.fetchrow(self.sql.event_count, persistence_id)
+            assert counted is not None  # an aggregate always returns a row
+            events, highest = counted
+            snap = await conn.fetchval(self.sql.snapshot_seq_nr, persistence_id)
+            tags = [r[0] for r in await conn.fetch(self.sql.tag_names)]
+            tag_rows = await conn.fetchval(self.sql.tag_row_count, persistence_id, tags) if tags else 0
+            return PidFootprint(persistence_id, int(events), int(highest), snap, int(tag_rows))
+
+        result: PidFootprint = await self._run("cleanup footprint", op)
+        return result
+
+    async def delete_tag_rows(self, persistence_id: str, *, keep_numbering: bool) -> None:
+        """One transaction: the progress raised (journal writes continue after it, see
+        ``TagStatements.insert_from_events``) and the rows deleted, or all of it deleted."""
+
+        async def op(conn: asyncpg.Connection) -> None:
+            async with conn.transaction():
+                tags = [r[0] for r in await conn.fetch(self.sql.tag_names)]
+                if tags and keep_numbering:
+                    await conn.execute(self.sql.raise_tag_progress, persistence_id, tags)
+                if tags:
+                    await conn.execute(self.sql.delete_tag_rows, persistence_id, tags)
+                if not keep_numbering:
+                    await conn.execute(self.sql.delete_tag_progress, persistence_id)
+                    await conn.execute(self.sql.delete_tag_scanning, persistence_id)
+
+        await self._run("cleanup tag rows", op)
+
+    async def delete_all_events(self, persistence_id: str, *, reset_seq_nr: bool) -> None:
+        if not reset_seq_nr:
+            # the highest row stays as the reference's tombstone: the next write continues after it
+            await self.backend.delete_events_to(persistence_id, _ALL)
+            return
+        while True:
+            status = await self._run(
+                "cleanup events",
+                lambda conn: conn.execute(self.sql.delete_events_batch, persistence_id, DELETE_BATCH_SIZE),
+            )
+            if int(status.split()[-1]) < DELETE_BATCH_SIZE:
+                return
