@@ -67,3 +67,13 @@ async def test_stashed_commands_fail_when_the_entity_stops(journal: Journal) -> 
     # a new instance recovers the state and starts with on_command again
     async with EntityRegistry(journal) as registry:
         assert await registry.ask(Booking, "b3", ("read",)) == ["requested r1"]
+
+
+async def test_a_stash_whose_callers_gave_up_does_not_keep_the_entity_alive(registry: EntityRegistry) -> None:
+    await registry.ask(Booking, "b4", ("reserve", "r1"))
+    read = asyncio.ensure_future(registry.ask(Booking, "b4", ("read",)))
+    await wait_until(lambda: len(registry._cells["booking|b4"]._stash) == 1, timeout=30)
+    assert await registry.passivate_idle(older_than=0) == 0  # a caller is waiting: stays
+    read.cancel()
+    await wait_until(lambda: registry._cells["booking|b4"].idle, timeout=30)
+    assert await registry.passivate_idle(older_than=0) == 1

@@ -108,7 +108,7 @@ class EntityCell:
     def idle(self) -> bool:
         return (
             not self._queue
-            and not self._stash
+            and all(c.future.done() for c in self._stash)  # only callers that gave up
             and not self._pending
             and (self._writer is None or self._writer.done())
         )
