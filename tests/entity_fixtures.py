@@ -137,3 +137,8 @@ class Tracer(Entity[list[Any]]):
         e = self.current_event
         Tracer.seen.append((event, e.seq_nr, e.emitter_id, e.aggregate_id, e.destinations, e.replay, e.db_timestamp))
         return [*state, event]
+
+
+class LazyBooking(Booking):
+    entity_type = "lazybooking"
+    state_sync = False

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from journal import EntityRegistry, EntityStopped, InvalidArgument, Journal
-from tests.entity_fixtures import Booking
+from tests.entity_fixtures import Booking, LazyBooking
 from tests.support.waiting import wait_until
 
 
@@ -22,24 +22,29 @@ async def stored(journal: Journal, pid: str) -> list[object]:
     return [e.event async for e in journal.current_events_by_persistence_id(pid)]
 
 
+@pytest.mark.parametrize("cls", [Booking, LazyBooking], ids=["stateSync", "no-stateSync"])
 async def test_commands_wait_stashed_until_the_confirmation_then_run_in_order(
-    registry: EntityRegistry, journal: Journal
+    registry: EntityRegistry, journal: Journal, cls: type[Booking]
 ) -> None:
-    assert await registry.ask(Booking, "b1", ("reserve", "r1")) == ["requested r1"]
+    pid = f"{cls.entity_type}|b1"
+    assert await registry.ask(cls, "b1", ("reserve", "r1")) == ["requested r1"]
     # while waiting: a second reservation and a read are stashed, their replies pending
-    second = asyncio.ensure_future(registry.ask(Booking, "b1", ("reserve", "r2")))
-    read = asyncio.ensure_future(registry.ask(Booking, "b1", ("read",)))
-    await wait_until(lambda: len(registry._cells["booking|b1"]._stash) == 2, timeout=30)
+    second = asyncio.ensure_future(registry.ask(cls, "b1", ("reserve", "r2")))
+    read = asyncio.ensure_future(registry.ask(cls, "b1", ("read",)))
+    await wait_until(lambda: len(registry._cells[pid]._stash) == 2, timeout=30)
     assert not second.done() and not read.done()
-    assert await stored(journal, "booking|b1") == ["requested r1"]
+    assert await stored(journal, pid) == ["requested r1"]
     # the confirmation runs first, then the stashed commands in stash order under the old handler
-    assert await registry.ask(Booking, "b1", ("confirm", "r1")) == ["requested r1", "confirmed r1"]
+    assert await registry.ask(cls, "b1", ("confirm", "r1")) == ["requested r1", "confirmed r1"]
     assert await second == ["requested r1", "confirmed r1", "requested r2"]
     # "reserve r2" made it wait again, so the unstashed read went back to the stash
-    await wait_until(lambda: len(registry._cells["booking|b1"]._stash) == 1, timeout=30)
+    await wait_until(lambda: len(registry._cells[pid]._stash) == 1, timeout=30)
     assert not read.done()
-    await registry.ask(Booking, "b1", ("confirm", "r2"))
-    assert await read == ["requested r1", "confirmed r1", "requested r2", "confirmed r2"]
+    await registry.ask(cls, "b1", ("confirm", "r2"))
+    everything = ["requested r1", "confirmed r1", "requested r2", "confirmed r2"]
+    # without stateSync the read runs before "confirmed r2" is written and applied
+    assert await read == (everything if cls.state_sync is None else everything[:3])
+    assert await stored(journal, pid) == everything
 
 
 async def test_a_failing_handler_changes_no_behaviour_and_a_stashed_command_cannot_persist(
