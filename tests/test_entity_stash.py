@@ -36,14 +36,14 @@ async def test_commands_wait_stashed_until_the_confirmation_then_run_in_order(
     assert await stored(journal, pid) == ["requested r1"]
     # the confirmation runs first, then the stashed commands in stash order under the old handler
     assert await registry.ask(cls, "b1", ("confirm", "r1")) == ["requested r1", "confirmed r1"]
-    assert await second == ["requested r1", "confirmed r1", "requested r2"]
+    assert await asyncio.wait_for(second, 30) == ["requested r1", "confirmed r1", "requested r2"]
     # "reserve r2" made it wait again, so the unstashed read went back to the stash
     await wait_until(lambda: len(registry._cells[pid]._stash) == 1, timeout=30)
     assert not read.done()
     await registry.ask(cls, "b1", ("confirm", "r2"))
     everything = ["requested r1", "confirmed r1", "requested r2", "confirmed r2"]
     # without stateSync the read runs before "confirmed r2" is written and applied
-    assert await read == (everything if cls.state_sync is None else everything[:3])
+    assert await asyncio.wait_for(read, 30) == (everything if cls.state_sync is None else everything[:3])
     assert await stored(journal, pid) == everything
 
 
@@ -58,7 +58,7 @@ async def test_a_failing_handler_changes_no_behaviour_and_a_stashed_command_cann
     # still waiting for the confirmation: a read is stashed, then answered after it
     read = asyncio.ensure_future(registry.ask(Booking, "b2", ("read",)))
     await registry.ask(Booking, "b2", ("confirm", "r1"))
-    assert await read == ["requested r1", "confirmed r1"]
+    assert await asyncio.wait_for(read, 30) == ["requested r1", "confirmed r1"]
     assert await stored(journal, "booking|b2") == ["requested r1", "confirmed r1"]
 
 
@@ -68,7 +68,7 @@ async def test_stashed_commands_fail_when_the_entity_stops(journal: Journal) -> 
         read = asyncio.ensure_future(registry.ask(Booking, "b3", ("read",)))
         await wait_until(lambda: len(registry._cells["booking|b3"]._stash) == 1, timeout=30)
     with pytest.raises(EntityStopped):
-        await read
+        await asyncio.wait_for(read, 30)
     # a new instance recovers the state and starts with on_command again
     async with EntityRegistry(journal) as registry:
         assert await registry.ask(Booking, "b3", ("read",)) == ["requested r1"]
