@@ -132,7 +132,13 @@ class ProjectionBusy(ProjectionError):
 
 class TagWriteTimeout(JournalUnavailable):
     """The tag view write did not finish within ``tag_write_timeout``. The events are stored;
-    the pid's next recovery (its next write through this journal) resends the tag rows."""
+    the pid's next recovery (its next write through this journal) resends the tag rows.
+
+    ``outcome_unknown`` is True: the call's events may be (here: are) stored, so a caller must
+    read before writing them again (``outcome_unknown=False`` promises nothing was written)."""
+
+    def __init__(self, message: str, *, outcome_unknown: bool = True) -> None:
+        super().__init__(message, outcome_unknown=outcome_unknown)
 
 
 class CircuitBreakerOpen(JournalUnavailable):

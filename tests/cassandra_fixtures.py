@@ -170,7 +170,13 @@ def journal_target(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("dsn"))
 
 
-def test_settings(target: str, **overrides: Any) -> Any:
+@pytest.fixture
+def target_session(journal_target: str, request: pytest.FixtureRequest) -> Any:
+    """The Cassandra driver session when ``journal_target`` is Cassandra, else None."""
+    return request.getfixturevalue("cassandra_session") if journal_target.startswith("cassandra://") else None
+
+
+def settings_for(target: str, **overrides: Any) -> Any:
     """Settings for a test journal on ``target``: a recent ``first_time_bucket`` on Cassandra."""
     from journal import JournalSettings
 
@@ -189,5 +195,5 @@ async def open_test_journal(target: str, clean: bool = True, **overrides: Any) -
 
     if clean and not target.startswith("cassandra://"):
         await truncate_all(target)
-    async with open_journal(target, settings=test_settings(target, **overrides)) as j:
+    async with open_journal(target, settings=settings_for(target, **overrides)) as j:
         yield j

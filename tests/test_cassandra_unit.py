@@ -1,5 +1,7 @@
 """Cassandra backend parts that need no server: CQL vs the reference schema, partition math,
-DSN parsing, the CLI output. (No Cassandra mocks: the server suite is test_cassandra_journal.py.)"""
+DSN parsing, the CLI output. (No Cassandra mocks: the suites on a real Cassandra are
+test_journal_contract.py, test_tag_store_contract.py, test_tags_backends.py, test_entities.py,
+test_cassandra_faults.py and test_cassandra_local.py.)"""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from cassandra_fixtures import recent_first_bucket
+from cassandra_fixtures import open_test_journal, recent_first_bucket
 from conftest import truncate_all
 
 from journal import (
@@ -163,3 +163,36 @@ async def test_persist_many_each_part_atomic_and_conflict_checked_alone(j: Journ
     assert await events(j, "pm|taken") == ["a", "b"]
     assert await events(j, "pm|2") == [{"x": 3}]
     assert await events(j, "pm|taken2") == ["c"]
+
+
+async def test_replay_and_pid_listing_page_by_buffer_size(backend: str) -> None:
+    async with open_test_journal(backend, buffer_size=3, **FAST) as j:
+        for chunk in ([0, 1, 2, 3], [4], [5, 6, 7], [8, 9]):
+            await j.persist("Page|1", chunk)
+        assert await events(j, "Page|1") == list(range(10))
+        assert [e.seq_nr async for e in j.current_events_by_persistence_id("Page|1", 4, 8)] == [4, 5, 6, 7, 8]
+        await j.delete_events_to("Page|1", 5)
+        assert [e.seq_nr async for e in j.current_events_by_persistence_id("Page|1", 1, 7)] == [6, 7]
+        for i in range(7):
+            await j.persist(f"Lst|{i}", [i])
+        assert [p async for p in j.current_persistence_ids("Lst")] == [f"Lst|{i}" for i in range(7)]
+
+
+async def test_live_events_by_tag_sees_later_writes_with_metadata(j: Journal) -> None:
+    await j.persist("Live|1", [1], tags=["live"])
+    got: list[tuple[str, int, Any]] = []
+
+    async def consume() -> None:
+        async for e in j.events_by_tag("live"):
+            got.append((e.persistence_id, e.seq_nr, e.metadata))
+            if len(got) == 4:
+                return
+
+    task = asyncio.create_task(consume())
+    await j.persist("Live|2", [1, 2], tags=["live", "other"], metadata={"m": 2})
+    await j.persist("Live|1", [2], tags=["live"])
+    await asyncio.wait_for(task, 30)
+    assert sorted(got, key=lambda g: (g[0], g[1])) == [
+        ("Live|1", 1, None), ("Live|1", 2, None), ("Live|2", 1, {"m": 2}), ("Live|2", 2, {"m": 2}),
+    ]  # fmt: skip
+    assert [s for p, s, _ in got if p == "Live|2"] == [1, 2]

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
-from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
+from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import Serialized
 from ..settings import JournalSettings
 from ..tags.buckets import bucket_of
@@ -86,11 +86,34 @@ async def _run(session: Any, stmt: Any, params: Sequence[Any] | None = None) -> 
     return await fut
 
 
+_SENT = {"WriteTimeout", "WriteFailure", "OperationTimedOut", "ConnectionShutdown", "ConnectionBusy"}
+"""Driver errors after which a statement may have reached a replica: a write's outcome is unknown."""
+_NOT_SENT = {"Unavailable", "ReadTimeout", "ReadFailure", "OverloadedErrorMessage", "IsBootstrappingErrorMessage"}
+"""Coordinator refusals and read failures: nothing was written."""
+
+
 def _map(exc: BaseException) -> BaseException:
-    """Driver errors into the library's tree (one place)."""
+    """Driver errors into the library's tree (one place). ``outcome_unknown`` is set when the
+    statement may have been applied: a timeout, or a connection lost while it was in flight
+    (also when NoHostAvailable wraps one); a host that was down or refused the connection, or a
+    coordinator that answered Unavailable, means it was not."""
+    from cassandra import RequestValidationException
+    from cassandra.cluster import NoHostAvailable
+    from cassandra.connection import ConnectionException
+
     name = type(exc).__name__
-    if name in {"NoHostAvailable", "OperationTimedOut", "Unavailable", "ReadTimeout", "WriteTimeout"}:
-        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=name == "WriteTimeout")
+    if isinstance(exc, NoHostAvailable):
+        inner = list((exc.errors or {}).values())
+        if inner and all(type(e).__name__ == "AuthenticationFailed" for e in inner):
+            return ConfigurationError(f"cassandra: authentication failed: {exc}")
+        sent = any(type(e).__name__ in _SENT for e in inner)
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=sent)
+    if name in _SENT:
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=True)
+    if name in _NOT_SENT or isinstance(exc, ConnectionException | OSError):
+        return JournalUnavailable(f"cassandra: {name}: {exc}", outcome_unknown=False)
+    if isinstance(exc, RequestValidationException):  # the server refused the statement: nothing applied
+        return StorageError(f"cassandra: {name}: {exc}")
     return exc
 
 
@@ -107,6 +130,7 @@ class CassandraBackend:
         self._cluster: Any = None
         self.prepared: dict[str, Any] = {}
         self._tag_store = CassandraTagStore(self)
+        self._unlisted: set[str] = set()  # pids whose all_persistence_ids row may be missing
         self.tag_writers = TagWriters(self._tag_store, settings.tags)
 
     async def start(self) -> None:
@@ -122,6 +146,11 @@ class CassandraBackend:
                 self.prepared[name] = stmt
         except Exception as e:
             await self.close()
+            if type(e).__name__ == "InvalidRequest":  # "keyspace x does not exist", "unconfigured table"
+                raise ConfigurationError(
+                    f"keyspace {self.keyspace!r} or its tables are missing ({e}): create them (development: "
+                    f"journal cassandra-schema --create --keyspace {self.keyspace})"
+                ) from e
             raise _map(e) from e
         await self._tag_store.ensure_bucket_size(self.settings.tags.bucket_size)
 
@@ -151,9 +180,12 @@ class CassandraBackend:
         from cassandra.query import BatchStatement, BatchType
 
         pid = r.persistence_id
-        if r.tags:
-            await self.tag_writers.ensure_recovered(pid)
-        highest = await self.highest_seq_nr(pid)
+        try:
+            if r.tags:
+                await self.tag_writers.ensure_recovered(pid)
+            highest = await self.highest_seq_nr(pid)
+        except JournalUnavailable as e:  # nothing of this call was sent yet
+            raise JournalUnavailable(str(e), outcome_unknown=False) from e
         if r.expected_seq_nr is not None and r.expected_seq_nr != highest:
             raise SequenceConflict(pid, r.expected_seq_nr, "expected_seq_nr is not the stored highest sequence number")
         first = highest + 1
@@ -176,11 +208,27 @@ class CassandraBackend:
             ))  # fmt: skip
             if r.tags:
                 tagged.append(TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, m))
-        await _run(self.session, batch)
-        if first == 1:
-            await self.run("insert_persistence_id", pid)
-        if tagged:
-            await self.tag_writers.write(tagged)
+        try:
+            await _run(self.session, batch)
+        except BaseException:
+            # the events may be stored (outcome unknown) without their tag rows or listing:
+            # the pid's next write recovers its tag rows and lists it
+            self.tag_writers.forget(pid)
+            if first == 1:
+                self._unlisted.add(pid)
+            raise
+        try:
+            if first == 1 or pid in self._unlisted:
+                await self.run("insert_persistence_id", pid)
+                self._unlisted.discard(pid)
+            if tagged:
+                await self.tag_writers.write(tagged)
+        except Exception as e:  # the events are stored: never report "nothing written" now
+            if r.tags:
+                self.tag_writers.forget(pid)
+            if isinstance(e, JournalUnavailable) and e.outcome_unknown:  # a TagWriteTimeout says so already
+                raise
+            raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
         return WriteResult(first, datetime_of(stamps[0]))
 
     # -- reads -------------------------------------------------------------------------------

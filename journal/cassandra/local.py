@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -191,12 +192,24 @@ def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progr
 # -- configuration -------------------------------------------------------------------------------
 
 
-def cassandra_yaml(data: Path, host: str, native_port: int, storage_port: int, authenticator: bool) -> str:
-    """A minimal single-node ``cassandra.yaml`` (Cassandra 5.0 key names)."""
+def cassandra_yaml(
+    data: Path,
+    host: str,
+    native_port: int,
+    storage_port: int,
+    authenticator: bool,
+    durable: bool = False,
+    cluster_name: str = "slice-journal-local",
+) -> str:
+    """A minimal single-node ``cassandra.yaml`` (Cassandra 5.0 key names). ``durable``: the
+    commit log is synced before a write is acknowledged (``batch``); otherwise Cassandra's default
+    ``periodic`` sync every 10 s, with which a crash (SIGKILL) of a lone node loses the writes it
+    acknowledged in its last seconds (a cluster with replication factor 3 would keep them)."""
+    sync = "commitlog_sync: batch" if durable else "commitlog_sync: periodic\ncommitlog_sync_period: 10000ms"
     auth = "PasswordAuthenticator" if authenticator else "AllowAllAuthenticator"
     authz = "CassandraAuthorizer" if authenticator else "AllowAllAuthorizer"
     return f"""\
-cluster_name: slice-journal-local
+cluster_name: {cluster_name}
 num_tokens: 1
 initial_token: 0
 partitioner: org.apache.cassandra.dht.Murmur3Partitioner
@@ -219,8 +232,7 @@ commitlog_directory: {data / "commitlog"}
 saved_caches_directory: {data / "saved_caches"}
 hints_directory: {data / "hints"}
 cdc_raw_directory: {data / "cdc_raw"}
-commitlog_sync: periodic
-commitlog_sync_period: 10000ms
+{sync}
 auto_snapshot: false
 snapshot_before_compaction: false
 memtable_heap_space: 64MiB
@@ -246,6 +258,10 @@ _LOGBACK = """<configuration scan="false">
 
 
 # -- the node ------------------------------------------------------------------------------------
+
+
+class _PortTaken(CassandraStartError):
+    """Another process took a port of this node."""
 
 
 @dataclasses.dataclass
@@ -313,7 +329,8 @@ class LocalCassandra:
     (a fresh temporary directory, removed on :meth:`stop`, when None).
 
     Use as a context manager, or :meth:`start` / :meth:`stop`. With ``authenticator=True`` the node
-    runs PasswordAuthenticator and the superuser is :data:`SUPERUSER`.
+    runs PasswordAuthenticator and the superuser is :data:`SUPERUSER`; with ``durable=True`` it
+    syncs its commit log before acknowledging a write (see :func:`cassandra_yaml`).
     """
 
     def __init__(
@@ -325,6 +342,7 @@ class LocalCassandra:
         storage_port: int | None = None,
         heap: str = "512M",
         authenticator: bool = False,
+        durable: bool = False,
         version: str = DEFAULT_VERSION,
         cache: Path | None = None,
         startup_timeout: float = 240.0,
@@ -335,14 +353,23 @@ class LocalCassandra:
         self.storage_port = storage_port or free_port(host)
         self.heap = heap
         self.authenticator = authenticator
+        self.durable = durable
         self.version = version
         self.cache = cache
         self.startup_timeout = startup_timeout
         self.progress = progress
+        self._auto_ports = port is None and storage_port is None
         self.throwaway = data_dir is None
         fresh = data_dir is None
         self.data_dir = Path(tempfile.mkdtemp(prefix="sj-cassandra-")) if fresh else Path(data_dir or "").resolve()
         self.process: subprocess.Popen[bytes] | None = None
+        name_file = self.data_dir / "cluster_name"  # kept with the data: a restart must reuse it
+        if name_file.exists():
+            self.cluster_name = name_file.read_text(encoding="utf-8").strip()
+        else:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.cluster_name = f"slice-journal-{uuid.uuid4().hex[:12]}"
+            name_file.write_text(self.cluster_name, encoding="utf-8")
 
     @property
     def contact_point(self) -> str:
@@ -372,25 +399,41 @@ class LocalCassandra:
 
     def start(self, *, detach: bool = False) -> LocalCassandra:
         """Start the node and wait until CQL answers (:class:`CassandraStartError` with the
-        log's tail otherwise). ``detach``: the node outlives this process (the CLI)."""
+        log's tail otherwise). ``detach``: the node outlives this process (the CLI).
+
+        Free ports are picked just before the start, so another process may take one first: the
+        node then fails to bind (or another node answers on its port, told apart by its unique
+        cluster name) and, when the ports were not given, it starts again on new ones."""
         lib = ensure_jars(self.version, self.cache, self.progress)
+        for attempt in range(1, 4):
+            self._launch(lib, detach)
+            try:
+                self.wait_until_ready()
+                return self
+            except _PortTaken:
+                self.stop(keep_data=True)
+                if not self._auto_ports or attempt == 3:
+                    self.stop()
+                    raise
+                self.port, self.storage_port = free_port(self.host), free_port(self.host)
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, lib: Path, detach: bool) -> None:
         conf = self.data_dir / "conf"
         conf.mkdir(parents=True, exist_ok=True)
-        (conf / "cassandra.yaml").write_text(
-            cassandra_yaml(self.data_dir, self.host, self.port, self.storage_port, self.authenticator), encoding="utf-8"
+        yaml = cassandra_yaml(
+            self.data_dir, self.host, self.port, self.storage_port, self.authenticator, self.durable, self.cluster_name
         )
+        (conf / "cassandra.yaml").write_text(yaml, encoding="utf-8")
         (conf / "logback.xml").write_text(_LOGBACK, encoding="utf-8")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(lib), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.data_dir, start_new_session=detach,
             )  # fmt: skip
-        try:
-            self.wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def wait_until_ready(self) -> str:
         """Poll until ``SELECT release_version FROM system.local`` answers; return the version."""
@@ -398,15 +441,21 @@ class LocalCassandra:
         last: BaseException | None = None
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise CassandraStartError(
-                    f"Cassandra exited with code {self.process.returncode} while starting; "
-                    f"{self.log_path}:\n{log_tail(self.log_path)}"
+                tail = log_tail(self.log_path)
+                taken = "Address already in use" in tail or "is in use by another process" in tail
+                error = _PortTaken if taken else CassandraStartError
+                raise error(
+                    f"Cassandra exited with code {self.process.returncode} while starting; {self.log_path}:\n{tail}"
                 )
             if _port_open(self.host, self.port):
                 try:
-                    return self.release_version()
+                    version, cluster_name = self._system_local()
                 except Exception as e:  # not ready yet (auth setup, schema agreement)
                     last = e
+                else:
+                    if cluster_name != self.cluster_name:
+                        raise _PortTaken(f"another Cassandra ({cluster_name}) answers on {self.contact_point}")
+                    return version
             time.sleep(0.5)
         raise CassandraStartError(
             f"Cassandra did not answer CQL on {self.contact_point} within {self.startup_timeout:.0f} s"
@@ -415,17 +464,24 @@ class LocalCassandra:
 
     def release_version(self) -> str:
         """Connect with the driver and read ``release_version`` from ``system.local``."""
+        return self._system_local()[0]
+
+    def _system_local(self) -> tuple[str, str]:
         with self.session() as session:
-            return str(session.execute("SELECT release_version FROM system.local").one().release_version)
+            row = session.execute("SELECT release_version, cluster_name FROM system.local").one()
+            return str(row.release_version), str(row.cluster_name)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Any]:
         """A driver session on this node (superuser credentials when authentication is on)."""
-        from cassandra.cluster import Cluster
+        from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+        from cassandra.policies import RoundRobinPolicy
 
+        profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy(), request_timeout=60)
         cluster = Cluster(
-            [self.host], port=self.port, auth_provider=self.auth_provider(), connect_timeout=5, protocol_version=5
-        )
+            [self.host], port=self.port, auth_provider=self.auth_provider(), connect_timeout=5, protocol_version=5,
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        )  # fmt: skip
         try:
             yield cluster.connect()
         finally:

@@ -20,6 +20,11 @@ local_app = typer.Typer(help="A local single-node Cassandra (resolved from Maven
 cassandra_app.add_typer(local_app, name="local")
 app.add_typer(cassandra_app, name="cassandra")
 
+StateDirOption = Annotated[
+    Path | None,
+    typer.Option(help="Directory of the node's state file (default: the user cache dir; one node per directory)."),
+]
+
 
 @local_app.command("start")
 def start(
@@ -31,27 +36,30 @@ def start(
     heap: Annotated[str, typer.Option(help="JVM heap (-Xms/-Xmx), at most 1G is plenty.")] = "512M",
     auth: Annotated[bool, typer.Option("--auth", help="PasswordAuthenticator (user cassandra/cassandra).")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait until CQL answers.")] = 240.0,
+    state_dir: StateDirOption = None,
 ) -> None:
     """Start a node in the background and wait until CQL answers; print its contact point."""
     from ..cassandra.local import LocalCassandra, NodeState
 
-    state = NodeState.load()
+    state = NodeState.load(state_dir)
     if state is not None and state.alive():
         typer.echo(f"already running (pid {state.pid}): {state.contact_point}")
         return
+    if state is not None and state.throwaway:  # it died: its throwaway data goes
+        shutil.rmtree(state.data_dir, ignore_errors=True)
     node = LocalCassandra(data_dir, host=host, port=port, heap=heap, authenticator=auth, startup_timeout=timeout)
     node.start(detach=True)
-    node.state().save()
+    node.state().save(state_dir)
     typer.echo(f"Cassandra {node.version} running (pid {node.state().pid}), data in {node.data_dir}")
     _print_contact(node.contact_point, auth)
 
 
 @local_app.command("status")
-def status() -> None:
+def status(state_dir: StateDirOption = None) -> None:
     """Print the contact point of the running node (exit code 1 when none runs)."""
     from ..cassandra.local import NodeState
 
-    state = NodeState.load()
+    state = NodeState.load(state_dir)
     if state is None or not state.alive():
         typer.echo("no local Cassandra running (journal cassandra local start)")
         raise typer.Exit(1)
@@ -62,11 +70,12 @@ def status() -> None:
 @local_app.command("stop")
 def stop(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for a clean shutdown before SIGKILL.")] = 60.0,
+    state_dir: StateDirOption = None,
 ) -> None:
     """Stop the running node (a throwaway data directory is removed)."""
     from ..cassandra.local import NodeState, stop_pid
 
-    state = NodeState.load()
+    state = NodeState.load(state_dir)
     if state is None:
         typer.echo("no local Cassandra recorded")
         return
@@ -74,7 +83,7 @@ def stop(
         stop_pid(state.pid, timeout=timeout)
     if state.throwaway:
         shutil.rmtree(state.data_dir, ignore_errors=True)
-    NodeState.path().unlink(missing_ok=True)
+    NodeState.path(state_dir).unlink(missing_ok=True)
     typer.echo(f"stopped Cassandra (pid {state.pid})")
 
 

@@ -7,22 +7,28 @@ the missing rows, re-querying until ``gap_timeout``, then fails with :class:`Tag
 naming the pid, the tag and the missing range. A live query also back-tracks: every
 ``back_track_interval`` it rescans ``back_track_period`` behind its position for rows that
 arrived late. Starting in the current bucket it first scans ``offset_scanning_period`` ahead to
-learn each pid's lowest number.
+learn each pid's lowest number. A live query rides out outages: a read that fails with
+:class:`JournalUnavailable` is retried with backoff until the store answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
-from ..errors import TagEventsMissing
+from ..errors import JournalUnavailable, TagEventsMissing
 from ..settings import TagSettings
 from .buckets import bucket_end, bucket_of, bucket_of_millis, parse_first_bucket, previous_bucket
 from .gaps import PidTracker, Verdict
 from .store import PID, TAG_PID_SEQ_NR, TIMEBUCKET, TIMEUUID, TagPageRow, TagRow, TagStore, row_of
 from .timeuuid import ticks, ticks_of_micros, unix_millis
+
+log = logging.getLogger("journal.tags.query")
+T = TypeVar("T")
 
 SEARCH_POLL = 0.25
 """Seconds between re-queries while searching for missing rows."""
@@ -71,10 +77,27 @@ class TagQuery:
             for p in page:
                 yield row_of(p)
 
+    async def _read_rows(self, bucket: int, after: uuid.UUID | None, before_ticks: int) -> Sequence[TagPageRow]:
+        return await self._ride_out(lambda: self.store.read_tag_rows(self.tag, bucket, after, before_ticks, self.page))
+
+    async def _next_bucket(self, from_bucket: int, to_bucket: int) -> int | None:
+        return await self._ride_out(lambda: self.store.next_bucket(self.tag, from_bucket, to_bucket))
+
+    async def _ride_out(self, read: Callable[[], Awaitable[T]]) -> T:
+        """One store read; in a live query retried with backoff while the store is unavailable."""
+        backoff = self.s.retry_initial_backoff
+        while True:
+            try:
+                return await read()
+            except JournalUnavailable as e:
+                if not self.live:
+                    raise
+                log.warning("live events_by_tag %r: %s; retrying in %.2fs", self.tag, e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.s.retry_max_backoff)
+
     def _read(self, bucket: int, after: uuid.UUID | None, upper_ms: int) -> asyncio.Task[Sequence[TagPageRow]]:
-        t = asyncio.ensure_future(
-            self.store.read_tag_rows(self.tag, bucket, after, ticks_of_micros(upper_ms * 1000), self.page)
-        )
+        t = asyncio.ensure_future(self._read_rows(bucket, after, ticks_of_micros(upper_ms * 1000)))
         t.add_done_callback(_retrieve)
         return t
 
@@ -111,7 +134,7 @@ class TagQuery:
                     continue
                 if bucket_end(self.bucket, size) <= upper_ms:
                     last = bucket_of_millis(upper_ms, size)
-                    nb = await self.store.next_bucket(self.tag, bucket_end(self.bucket, size), last)
+                    nb = await self._next_bucket(bucket_end(self.bucket, size), last)
                     self.bucket = last if nb is None else nb
                     after_in_bucket = None
                     continue
@@ -179,7 +202,7 @@ class TagQuery:
             for b in (previous_bucket(held[TIMEBUCKET], size), held[TIMEBUCKET]):
                 after: uuid.UUID | None = None
                 while True:
-                    rows = await self.store.read_tag_rows(self.tag, b, after, ticks(held[TIMEUUID]), self.page)
+                    rows = await self._read_rows(b, after, ticks(held[TIMEUUID]))
                     for r in rows:
                         if r[PID] == pid and lo <= r[TAG_PID_SEQ_NR] <= hi:
                             found[r[TAG_PID_SEQ_NR]] = r
@@ -212,7 +235,7 @@ class TagQuery:
         lowest: dict[str, int] = {}
         cursor: uuid.UUID | None = after
         while True:
-            rows = await self.store.read_tag_rows(self.tag, self.bucket, cursor, end_ticks, self.page)
+            rows = await self._read_rows(self.bucket, cursor, end_ticks)
             for r in rows:
                 lowest[r[PID]] = min(lowest.get(r[PID], r[TAG_PID_SEQ_NR]), r[TAG_PID_SEQ_NR])
             if len(rows) < self.page:
@@ -233,7 +256,7 @@ class TagQuery:
         while b <= bucket_of(self.position, size):
             cursor: uuid.UUID | None = None
             while True:
-                rows = await self.store.read_tag_rows(self.tag, b, cursor, end, self.page)
+                rows = await self._read_rows(b, cursor, end)
                 for r in rows:
                     if unix_millis(r[TIMEUUID]) >= lower_ms:
                         async for x in self._handle(r):

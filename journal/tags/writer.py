@@ -238,6 +238,11 @@ class TagWriters:
         for w in self.writers.values():
             await w.close()
 
+    def forget(self, pid: str) -> None:
+        """The pid's events may be stored without their tag rows (a write whose outcome is
+        unknown): recover it again before its next write."""
+        self._recovered.discard(pid)
+
     async def ensure_recovered(self, pid: str) -> None:
         """Call before storing a pid's new events: recovers it on first use (and after a timeout)."""
         if pid not in self._recovered:
