@@ -161,6 +161,10 @@ class PersistNotAllowed(EntityError):
     (for example from an event handler, a callback or another entity)."""
 
 
+class EntityStopped(EntityError):
+    """The entity stopped (passivated, registry closed) while this command was stashed."""
+
+
 class RecoveryFailed(EntityError):
     """An entity could not be recovered; it is not used, and its waiting commands get this error.
 

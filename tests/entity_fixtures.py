@@ -77,3 +77,68 @@ class SnapCounter(Counter):
 class SkipCounter(Counter):
     entity_type = "skip"
     replay_from_seq_nr = 3
+
+
+class Booking(Entity[list[Any]]):
+    """Stashing and behaviour changes: after ``("reserve", x)`` the entity waits for the
+    confirmation command; other commands are stashed meanwhile and handled once confirmed."""
+
+    entity_type = "booking"
+
+    def initial_state(self) -> list[Any]:
+        return []
+
+    def on_command(self, command: Any) -> Any:
+        kind = command[0]
+        if kind == "reserve":
+            self.persist(f"requested {command[1]}")
+            self.become(self.awaiting_confirmation)
+            return after_persist(lambda: list(self.state))
+        if kind == "read":
+            return list(self.state)
+        raise ValueError(f"unknown {command!r}")
+
+    async def awaiting_confirmation(self, command: Any) -> Any:
+        kind = command[0]
+        if kind == "confirm":
+            self.persist(f"confirmed {command[1]}")
+            self.unbecome()
+            self.unstash_all()
+            return after_persist(lambda: list(self.state))
+        if kind == "cancel_wait_and_fail":
+            self.unbecome()
+            raise ValueError("refused: behaviour unchanged")
+        if kind == "stash_and_persist":
+            self.stash()
+            self.persist("never")
+        self.stash()
+        return None
+
+    def on_event(self, state: list[Any], event: Any) -> list[Any]:
+        return [*state, event]
+
+
+class Tracer(Entity[list[Any]]):
+    """Records the metadata of every event its handler applies (``current_event``)."""
+
+    entity_type = "tracer"
+    seen: list[Any] = []  # (event, seq_nr, emitter_id, aggregate_id, destinations, replay, db_timestamp)
+
+    def initial_state(self) -> list[Any]:
+        return []
+
+    def on_command(self, command: Any) -> Any:
+        if command[0] == "read":
+            return list(self.state)
+        self.persist(command[1], destinations=command[2] if len(command) > 2 else ())
+        return after_persist(lambda: list(self.state))
+
+    def on_event(self, state: list[Any], event: Any) -> list[Any]:
+        e = self.current_event
+        Tracer.seen.append((event, e.seq_nr, e.emitter_id, e.aggregate_id, e.destinations, e.replay, e.db_timestamp))
+        return [*state, event]
+
+
+class LazyBooking(Booking):
+    entity_type = "lazybooking"
+    state_sync = False

@@ -5,7 +5,7 @@ circuit breaker; writers and processors on the projection runner.
 """
 
 from .circuit_breaker import BreakerState, CircuitBreaker
-from .entity import AfterPersist, Entity, after_persist
+from .entity import AfterPersist, Entity, EventContext, after_persist
 from .processor import Processor
 from .registry import EntityRegistry
 from .routing import destinations_of, routed_to
@@ -17,6 +17,7 @@ __all__ = [
     "CircuitBreaker",
     "Entity",
     "EntityRegistry",
+    "EventContext",
     "Processor",
     "Writer",
     "WriterHandler",

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..envelope import EventEnvelope
-from ..errors import JournalError, JournalUnavailable, RecoveryFailed, SequenceConflict
+from ..errors import (
+    EntityStopped,
+    JournalError,
+    JournalUnavailable,
+    RecoveryFailed,
+    SequenceConflict,
+)
 from ..journal import Journal
 from ..settings import EntitySettings
 from .circuit_breaker import CircuitBreaker
@@ -28,6 +34,8 @@ from .entity import (
     AfterPersist,
     Collected,
     Entity,
+    apply_behaviours,
+    apply_event,
     begin_command,
     end_command,
     outside_command,
@@ -75,6 +83,7 @@ class EntityCell:
         self._queue: deque[_Command] = deque()
         self._wake = asyncio.Event()
         self._pending: list[_Command] = []  # stateSync=False: handled, not yet written
+        self._stash: deque[_Command] = deque()  # stashed by the entity, replies pending
         self._writer: asyncio.Task[None] | None = None
         self._needs_restart = False
         self._stopping = False
@@ -98,7 +107,10 @@ class EntityCell:
     @property
     def idle(self) -> bool:
         return (
-            not self._queue and not self._pending and (self._writer is None or self._writer.done())
+            not self._queue
+            and all(c.future.done() for c in self._stash)  # only callers that gave up
+            and not self._pending
+            and (self._writer is None or self._writer.done())
         )
 
     async def stop(self) -> None:
@@ -136,6 +148,11 @@ class EntityCell:
                     self._pending.append(handled)
                     self._kick_writer()
             await self._drain_writer()
+            self._fail(
+                list(self._stash),
+                EntityStopped(f"{self.persistence_id!r} stopped with this command stashed"),
+            )
+            self._stash.clear()
             if self._background:
                 await asyncio.gather(*self._background, return_exceptions=True)
         finally:
@@ -173,6 +190,7 @@ class EntityCell:
         log.info("restarting %s from the journal", self.persistence_id)
         self.restarts += 1
         self._needs_restart = False
+        self._unstash()  # the new instance decides about them again
         self.entity = self._factory(self.entity_id)
         return await self._recover()
 
@@ -182,7 +200,7 @@ class EntityCell:
         """Run the command handler; return the command if it has events to write."""
         collected, token = begin_command(self.entity)
         try:
-            reply = self.entity.on_command(cmd.command)
+            reply = self.entity.current_command_handler()(cmd.command)
             if inspect.isawaitable(reply):
                 reply = await reply
         except Exception as e:
@@ -192,12 +210,23 @@ class EntityCell:
         finally:
             end_command(token)
         cmd.collected, cmd.reply = collected, reply
+        apply_behaviours(self.entity, collected.behaviours)
+        if collected.unstash:
+            self._unstash()
+        if collected.stash:
+            self._stash.append(cmd)
+            return None
         if collected.events:
             return cmd
         if collected.snapshot:
             await self._save_snapshot()
         self._reply(cmd)
         return None
+
+    def _unstash(self) -> None:
+        """Stashed commands go to the front of the queue, in stash order."""
+        self._queue.extendleft(reversed(self._stash))
+        self._stash.clear()
 
     def _reply(self, cmd: _Command) -> None:
         if cmd.future.done():
@@ -283,7 +312,7 @@ class EntityCell:
                 i += len(mine)
                 try:
                     for env in mine:
-                        self.entity.state = self.entity.on_event(self.entity.state, env.event)
+                        apply_event(self.entity, env, replay=False)
                         set_sequence_nr(self.entity, env.seq_nr)
                 except Exception as e:
                     # stored but not applicable: the journal is the truth, rebuild from it

@@ -12,15 +12,18 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..envelope import EventEnvelope
-from ..errors import InvalidArgument, PersistNotAllowed
+from ..errors import EntityError, InvalidArgument, PersistNotAllowed
 from ..ids import persistence_id_of, validate_persistence_id
+from .routing import destinations_of
 
 S = TypeVar("S")
 
 Callback = Callable[[EventEnvelope], None]
+CommandHandler = Callable[[Any], Any]
 
 
 @dataclass
@@ -32,11 +35,53 @@ class Collected:
     destinations: list[tuple[str, ...]] = field(default_factory=list)
     callbacks: list[Callback | None] = field(default_factory=list)
     snapshot: bool = False
+    stash: bool = False
+    unstash: bool = False
+    behaviours: list[CommandHandler | None] = field(default_factory=list)
+    """become (a handler) and unbecome (None) calls, applied in order if the handler succeeds."""
 
 
 _current: contextvars.ContextVar[Collected | None] = contextvars.ContextVar(
     "slice_journal_entity_command", default=None
 )
+
+
+@dataclass(frozen=True, slots=True)
+class EventContext:
+    """The event an event handler is applying: :attr:`Entity.current_event` inside ``on_event``."""
+
+    envelope: EventEnvelope
+    replay: bool
+    """True while the entity recovers (replays stored events), False for an event just written."""
+
+    @property
+    def seq_nr(self) -> int:
+        return self.envelope.seq_nr
+
+    @property
+    def emitter_id(self) -> str:
+        """The persistence id of the entity that wrote the event."""
+        return self.envelope.persistence_id
+
+    @property
+    def aggregate_id(self) -> str:
+        """The emitter's aggregate id (its persistence id)."""
+        return self.envelope.persistence_id
+
+    @property
+    def destinations(self) -> tuple[str, ...]:
+        """The extra aggregate ids the event was routed to."""
+        return destinations_of(self.envelope)
+
+    @property
+    def db_timestamp(self) -> datetime:
+        """The system timestamp the database gave the event."""
+        return self.envelope.db_timestamp
+
+    @property
+    def writer(self) -> str:
+        """The id of the journal instance that wrote the event."""
+        return self.envelope.writer
 
 
 class AfterPersist:
@@ -80,6 +125,8 @@ class Entity(Generic[S]):
         )
         self.state: S = self.initial_state()
         self._seq_nr = 0
+        self._behaviours: list[CommandHandler] = []
+        self._event: EventContext | None = None
 
     # -- to implement ------------------------------------------------------------------------
 
@@ -103,6 +150,20 @@ class Entity(Generic[S]):
         """Turn a stored snapshot back into state (default: the stored value itself)."""
         return snapshot  # type: ignore[no-any-return]
 
+    # -- inside an event handler ---------------------------------------------------------------
+
+    @property
+    def current_event(self) -> EventContext:
+        """The metadata of the event ``on_event`` is applying (sequence number, emitter and
+        aggregate id, database timestamp, whether it is a replay).
+
+        Raises:
+            EntityError: read outside ``on_event``.
+        """
+        if self._event is None:
+            raise EntityError(f"current_event of {self.persistence_id!r} is only available inside on_event")
+        return self._event
+
     # -- inside a command handler --------------------------------------------------------------
 
     @property
@@ -124,6 +185,7 @@ class Entity(Generic[S]):
         ``on_persisted(envelope)`` runs after the event handler, only if the write succeeded.
         """
         c = self._collector("persist")
+        _refuse_if_stashed(c)
         c.events.append(event)
         c.destinations.append(_clean_destinations(destinations))
         c.callbacks.append(on_persisted)
@@ -133,6 +195,7 @@ class Entity(Generic[S]):
         if not isinstance(events, list | tuple):
             raise InvalidArgument(f"persist_all needs a list or tuple, got {type(events).__name__}")
         c = self._collector("persist_all")
+        _refuse_if_stashed(c)
         d = _clean_destinations(destinations)
         for e in events:
             c.events.append(e)
@@ -143,6 +206,39 @@ class Entity(Generic[S]):
         """Save ``snapshot_state()`` once this command's events are written and applied."""
         self._collector("save_snapshot").snapshot = True
 
+    # -- stashing and behaviour changes (inside a command handler) ------------------------------
+
+    def stash(self) -> None:
+        """Keep the current command for later, its reply pending, instead of handling it now.
+
+        A stashed command is delivered again (to the command handler current then) after a
+        later command that calls :meth:`unstash_all`. It cannot persist events itself.
+        """
+        c = self._collector("stash")
+        if c.events:
+            raise InvalidArgument("a command that persists events cannot be stashed")
+        c.stash = True
+
+    def unstash_all(self) -> None:
+        """Deliver every stashed command again, in stash order, right after the current one."""
+        self._collector("unstash_all").unstash = True
+
+    def become(self, handler: CommandHandler) -> None:
+        """Handle the next commands with ``handler`` (sync or async, like :meth:`on_command`)
+        until :meth:`unbecome`; becomes stack. Takes effect when this handler returns without
+        raising. A restarted or recovered entity starts again with :meth:`on_command`."""
+        if not callable(handler):
+            raise InvalidArgument(f"become() needs a callable command handler, got {handler!r}")
+        self._collector("become").behaviours.append(handler)
+
+    def unbecome(self) -> None:
+        """Go back to the command handler before the last :meth:`become` (no-op at the bottom)."""
+        self._collector("unbecome").behaviours.append(None)
+
+    def current_command_handler(self) -> CommandHandler:
+        """The handler the next command goes to: the last :meth:`become`, else :meth:`on_command`."""
+        return self._behaviours[-1] if self._behaviours else self.on_command
+
     def _collector(self, what: str) -> Collected:
         c = _current.get()
         if c is None or c.owner is not self:
@@ -151,6 +247,20 @@ class Entity(Generic[S]):
                 "(not from an event handler, a callback, another entity or outside a command)"
             )
         return c
+
+
+def _refuse_if_stashed(c: Collected) -> None:
+    if c.stash:
+        raise InvalidArgument("a stashed command cannot persist events")
+
+
+def apply_behaviours(entity: Entity[Any], changes: list[CommandHandler | None]) -> None:
+    """Apply a successful command's become/unbecome calls, in order."""
+    for h in changes:
+        if h is not None:
+            entity._behaviours.append(h)
+        elif entity._behaviours:
+            entity._behaviours.pop()
 
 
 def _clean_destinations(destinations: Sequence[str]) -> tuple[str, ...]:
@@ -174,6 +284,15 @@ def end_command(token: contextvars.Token[Collected | None]) -> None:
 def outside_command() -> contextvars.Token[Collected | None]:
     """Mark the current context as not inside a command (while event handlers and callbacks run)."""
     return _current.set(None)
+
+
+def apply_event(entity: Entity[S], envelope: EventEnvelope, *, replay: bool) -> None:
+    """Run the event handler on a stored event with :attr:`Entity.current_event` set."""
+    entity._event = EventContext(envelope, replay)
+    try:
+        entity.state = entity.on_event(entity.state, envelope.event)
+    finally:
+        entity._event = None
 
 
 def set_sequence_nr(entity: Entity[Any], seq_nr: int) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import JournalUnavailable, RecoveryFailed, SerializationError
 from ..journal import Journal
 from ..settings import EntitySettings
-from .entity import Entity, end_command, outside_command, set_sequence_nr
+from .entity import Entity, apply_event, end_command, outside_command, set_sequence_nr
 
 log = logging.getLogger("journal.entities")
 
@@ -70,7 +70,7 @@ async def _recover_once(entity: Entity[Any], journal: Journal, settings: EntityS
             upper = min(start + batch - 1, highest)
             async for env in journal.current_events_by_persistence_id(pid, start, upper):
                 try:
-                    entity.state = entity.on_event(entity.state, env.event)
+                    apply_event(entity, env, replay=True)
                 except Exception as e:
                     raise RecoveryFailed(
                         pid, env.seq_nr, f"event handler raised {type(e).__name__}: {e}"

@@ -7,7 +7,7 @@ event the location has (local and replicated), folded by :class:`~.conflicts.Con
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -15,6 +15,7 @@ from ..errors import LocalWritesRefused
 from ..ids import persistence_id_of, validate_persistence_id
 from ..journal import Journal
 from ..postgres.replication_store import PostgresReplicationStore
+from .concurrent_versions import ConcurrentVersions, Version
 from .conflicts import ConflictFold, Versioned
 from .vector_time import VectorTime
 
@@ -53,6 +54,11 @@ class ReplicatedState(Generic[S]):
     @property
     def concurrent(self) -> tuple[Versioned, ...]:
         return tuple(v for v in self.versions if v.concurrent)
+
+    def concurrent_versions(self, value_of: Callable[[Any], Any] = lambda event: event) -> ConcurrentVersions:
+        """The entity's events as versions of one value (``value_of(event)``, default the event):
+        the versions no other event happened after, for the application to resolve."""
+        return ConcurrentVersions(Version(value_of(v.event), v.vector_time, v.origin_location) for v in self.versions)
 
 
 class ReplicatedEntities:
