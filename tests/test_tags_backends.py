@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from cassandra_fixtures import open_test_journal
 from tag_backends import FAST, TagBackend, open_tag_backend
 
 from journal import ConfigurationError, TagEventsMissing, TimeUUIDOffset
@@ -61,19 +62,23 @@ async def test_tagged_persist_and_resume_after_an_offset(tb: TagBackend) -> None
 
 async def test_many_concurrent_writers_exactly_once_in_order_per_pid(tb: TagBackend) -> None:
     """Concurrent tagged persists; a live query running meanwhile sees every event once, each pid
-    in order."""
+    in order. On Cassandra the query keeps the reference's lower bound of eventual consistency
+    delay (2 s): a tag row lands after its TimeUUID was taken, and a live query with no delay may
+    pass a pid's last row before it lands (the reference's documented limit; seen in a loaded run)."""
     j = tb.journal
     pids = [f"Acc|{i}" for i in range(20)]
     per_pid = 15
     seen: list[tuple[str, int]] = []
     done = asyncio.Event()
+    delay = 2.0 if tb.name == "cassandra" else 0.0
 
     async def consume() -> None:
-        async for e in j.events_by_tag("shared"):
-            seen.append((e.persistence_id, e.seq_nr))
-            if len(seen) == len(pids) * per_pid:
-                done.set()
-                return
+        async with open_test_journal(tb.target, clean=False, **{**FAST, "eventual_consistency_delay": delay}) as q:
+            async for e in q.events_by_tag("shared"):
+                seen.append((e.persistence_id, e.seq_nr))
+                if len(seen) == len(pids) * per_pid:
+                    done.set()
+                    return
 
     consumer = asyncio.create_task(consume())
 
@@ -83,7 +88,12 @@ async def test_many_concurrent_writers_exactly_once_in_order_per_pid(tb: TagBack
             await asyncio.sleep(random.random() * 0.003)
 
     await asyncio.gather(*(writer(p) for p in pids))
-    await asyncio.wait_for(done.wait(), 60)
+    try:
+        await asyncio.wait_for(done.wait(), 60)
+    except TimeoutError:
+        consumer.cancel()
+        missing = sorted({(p, n) for p in pids for n in range(1, per_pid + 1)} - set(seen))
+        pytest.fail(f"{len(missing)} events not delivered within 60 s: {missing[:20]}")
     await consumer
     assert len(seen) == len(set(seen)) == len(pids) * per_pid
     for p in pids:
