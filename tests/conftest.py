@@ -12,6 +12,7 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -90,3 +91,12 @@ async def _fail_on_stray_loop_errors() -> AsyncIterator[None]:
     loop.set_exception_handler(previous)
     if errors:
         pytest.fail(f"unhandled exceptions on the event loop: {errors}")
+
+
+@pytest.fixture
+def private_server() -> Iterator[Any]:
+    """A private embedded PostgreSQL a test may crash (``tests.support.private_server.crash``)."""
+    from tests.support.private_server import private_server as server
+
+    with server() as s:
+        yield s

