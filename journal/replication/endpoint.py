@@ -105,11 +105,15 @@ class ReplicationEndpoint:
         log.info("endpoint %s serving %s on %s", c.location, list(c.logs), c.listen)
 
     async def stop(self) -> None:
+        pending = set(self._tasks)
+        while pending:
+            for t in pending:
+                t.cancel()
+            # a task that swallowed its cancellation (a library may) is cancelled again, never awaited forever
+            _, pending = await asyncio.wait(pending, timeout=1.0)
         for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            if not t.cancelled() and t.exception() is not None:
+                log.debug("%s: task ended with %r", self.config.location, t.exception())
         self._tasks = []
         if self._server is not None:
             await self._server.stop(grace=0.5)
@@ -203,8 +207,7 @@ class ReplicationEndpoint:
     async def _stamp_loop(self) -> None:
         """Stamp local events soon after they commit (reads stamp too, so this only bounds lag)."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._local_change.wait(), self.config.retry_delay)
+            await _wait(self._local_change, self.config.retry_delay)
             self._local_change.clear()
             try:
                 for name in self.config.logs:
@@ -249,8 +252,7 @@ class ReplicationEndpoint:
             except Exception as e:
                 detector.failure(e)
                 log.debug("%s: pull of %s from %s failed: %s", self.config.location, log_name, conn.address, e)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self.config.retry_delay)
+            await _wait(wake, self.config.retry_delay)
 
     # -- disaster recovery and deletion -------------------------------------------------------
 
@@ -322,3 +324,12 @@ class ReplicationEndpoint:
             "logs": logs,
             "connections": conns,
         }
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    """Wait until ``event`` is set, at most ``seconds``. ``asyncio.timeout`` rather than
+    ``asyncio.wait_for``: before Python 3.12 the latter can swallow a cancellation that arrives as
+    its timeout fires, and a loop around it then never stops."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
