@@ -206,7 +206,8 @@ async def test_journal_process_killed_between_events_and_tag_rows(cassandra_dsn:
         await proc.wait()
         await reader
     raw = CassandraRaw(cassandra_session, ks)
-    settings = JournalSettings.load(env={}, first_time_bucket=first, **SETTINGS)
+    # a current query after every write was acknowledged: nothing is in flight, no delay needed
+    settings = JournalSettings.load(env={}, first_time_bucket=first, **{**SETTINGS, "eventual_consistency_delay": 0.0})
     async with open_journal(cassandra_dsn, settings=settings) as j:
         pids = [p async for p in j.current_persistence_ids("K")]
         stored = {p: [e.seq_nr async for e in j.current_events_by_persistence_id(p)] for p in pids}
