@@ -35,7 +35,7 @@ from .errors import (
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
-from .offsets import NO_OFFSET, NoOffset, Sequence, TimestampOffset, TimeUUIDOffset
+from .offsets import NO_OFFSET, NoOffset, SequenceOffset, TimestampOffset, TimeUUIDOffset
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings
 from .snapshots import Snapshot
@@ -62,7 +62,7 @@ __all__ = [
     "Outcome",
     "PersistNotAllowed",
     "RecoveryFailed",
-    "Sequence",
+    "SequenceOffset",
     "SequenceConflict",
     "SerializationError",
     "Serialized",

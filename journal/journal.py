@@ -35,7 +35,7 @@ from .ids import (
 )
 from .metrics import instrumented
 from .offsets import NoOffset, Offset, TimestampOffset
-from .offsets import Sequence as SeqOffset
+from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries
 from .query.validation import check_slice_query
 from .serialization import Serialized, SerializerRegistry
@@ -376,7 +376,7 @@ class Journal:
         return await self._slice_queries("horizon").horizon.bound()
 
     def events_by_persistence_id(self, persistence_id: str, from_seq_nr: int = 1) -> AsyncIterator[EventEnvelope]:
-        """Live events of one pid from ``from_seq_nr`` on (offset: ``Sequence(seq_nr)``); never ends."""
+        """Live events of one pid from ``from_seq_nr`` on (offset: ``SequenceOffset(seq_nr)``); never ends."""
         validate_persistence_id(persistence_id)
         validate_seq_nr("from_seq_nr", from_seq_nr, minimum=1)
         return self._slice_queries("events_by_persistence_id").events_by_persistence_id(

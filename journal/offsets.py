@@ -2,7 +2,7 @@
 
 ``TimestampOffset`` is the slice queries' offset: a database timestamp plus the sequence numbers
 already seen *at exactly that timestamp*, so events sharing a timestamp are neither repeated nor
-skipped on resume. ``Sequence`` is a plain per-pid sequence number offset. ``NoOffset`` means
+skipped on resume. ``SequenceOffset`` is a plain per-pid sequence number offset. ``NoOffset`` means
 "from the beginning".
 """
 
@@ -27,7 +27,7 @@ NO_OFFSET = NoOffset()
 
 
 @dataclass(frozen=True, slots=True)
-class Sequence:
+class SequenceOffset:
     """A sequence number offset (events by persistence id)."""
 
     value: int
@@ -117,4 +117,4 @@ _SET_READ_TIMESTAMP = _SLOTS["read_timestamp"].__set__
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-Offset = NoOffset | Sequence | TimestampOffset | TimeUUIDOffset
+Offset = NoOffset | SequenceOffset | TimestampOffset | TimeUUIDOffset

@@ -6,7 +6,7 @@ import asyncpg
 import pytest
 
 from journal import InvalidArgument, Journal, OffsetError, TimestampOffset
-from journal.offsets import Sequence
+from journal.offsets import SequenceOffset
 
 MAX = 2**63 - 1
 
@@ -57,12 +57,12 @@ async def test_sequence_numbers_beyond_bigint_on_reads_and_deletes(dsn: str, jou
 
 @pytest.mark.parametrize(
     ("offset", "named"),
-    [("2024-01-01", "str"), ({"timestamp": 1}, "dict"), (17, "int"), (Sequence(3), "Sequence")],
+    [("2024-01-01", "str"), ({"timestamp": 1}, "dict"), (17, "int"), (SequenceOffset(3), "SequenceOffset")],
 )
 async def test_offset_error_names_the_type_received(journal: Journal, offset: object, named: str) -> None:
     with pytest.raises(OffsetError) as info:
         journal.current_events_by_slices("x", 0, 5, offset)  # type: ignore[arg-type]
     msg = str(info.value)
     assert f"got {named}" in msg
-    assert ("Sequence" in msg) == (named == "Sequence"), msg
+    assert ("SequenceOffset" in msg) == (named == "SequenceOffset"), msg
     assert TimestampOffset.__name__ in msg

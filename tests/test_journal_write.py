@@ -22,7 +22,7 @@ from journal import (
     open_journal,
     slice_for,
 )
-from journal.offsets import Sequence
+from journal.offsets import SequenceOffset
 
 
 async def events_of(j: Journal, pid: str, **kw: int) -> list[object]:
@@ -46,7 +46,7 @@ async def test_round_trip_with_everything(journal: Journal) -> None:
     assert envs[0].db_timestamp.tzinfo is not None
     assert envs[0].slice == slice_for("cart|a") and envs[0].entity_type == "cart"
     more = await journal.persist("cart|a", [b"raw"], expected_seq_nr=2)
-    assert more[0].seq_nr == 3 and more[0].offset == Sequence(3)
+    assert more[0].seq_nr == 3 and more[0].offset == SequenceOffset(3)
     stored = [e async for e in journal.current_events_by_persistence_id("cart|a")]
     assert [e.event for e in stored] == [{"n": 1}, {"n": 2}, b"raw"]
     assert stored[0].tags == ("t1", "t2") and stored[0].metadata == {"by": "me"}

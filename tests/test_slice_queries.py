@@ -17,7 +17,7 @@ from journal import (
     JournalUnavailable,
     NoOffset,
     OffsetError,
-    Sequence,
+    SequenceOffset,
     TimestampOffset,
     open_journal,
     slice_ranges,
@@ -142,7 +142,7 @@ async def test_bad_input_is_refused_before_io(journal: Journal) -> None:
     with pytest.raises(InvalidArgument):
         journal.current_events_by_slices(42, 0, 5)  # type: ignore[arg-type]
     with pytest.raises(OffsetError):
-        journal.current_events_by_slices("x", 0, 5, Sequence(3))  # type: ignore[arg-type]
+        journal.current_events_by_slices("x", 0, 5, SequenceOffset(3))  # type: ignore[arg-type]
     with pytest.raises(OffsetError):
         journal.events_by_slices("x", 0, 5, "2024-01-01")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="mode"):
@@ -190,7 +190,7 @@ async def test_timestamp_of_load_envelope_and_live_by_pid(journal: Journal) -> N
         await wait_until(lambda: len(c.events) == 1, 10, "seq 2")
         await journal.persist("p|1", ["c"])
         await wait_until(lambda: len(c.events) == 2, 5, "seq 3 (woken by NOTIFY)")
-        assert [(e.seq_nr, e.event, e.offset) for e in c.events] == [(2, "b", Sequence(2)), (3, "c", Sequence(3))]
+        assert [(e.seq_nr, e.event, e.offset) for e in c.events] == [(2, "b", SequenceOffset(2)), (3, "c", SequenceOffset(3))]
     finally:
         await c.stop()
     assert slice_for("p|1") == env.slice

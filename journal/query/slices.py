@@ -19,7 +19,7 @@ from ..conditions import Condition
 from ..envelope import EventEnvelope, lazy_page_envelopes
 from ..errors import JournalUnavailable, SerializationError
 from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
-from ..offsets import Sequence as SeqOffset
+from ..offsets import SequenceOffset as SeqOffset
 from ..offsets import TimestampOffset
 from ..serialization import SerializerRegistry
 from ..settings import JournalSettings, QueryMode

@@ -6,7 +6,7 @@ from typing import get_args
 
 from ..errors import InvalidArgument, OffsetError
 from ..ids import validate_entity_type, validate_slice_range
-from ..offsets import NoOffset, Sequence, TimestampOffset
+from ..offsets import NoOffset, SequenceOffset, TimestampOffset
 from ..settings import QueryMode
 
 
@@ -35,7 +35,7 @@ def check_slice_query(
     if not isinstance(offset, TimestampOffset):
         hint = (
             f"; a {type(offset).__name__} offset belongs to events_by_persistence_id"
-            if isinstance(offset, Sequence)
+            if isinstance(offset, SequenceOffset)
             else ""
         )
         raise OffsetError(
