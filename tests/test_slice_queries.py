@@ -163,7 +163,13 @@ async def test_slice_page_uses_the_slice_index(journal: Journal, dsn: str) -> No
         sql = SliceStatements("public").page(with_payload=True)
         plan = await conn.fetch(
             "EXPLAIN " + sql,
-            "ix", list(range(256)), now - timedelta(seconds=20), now - timedelta(seconds=19), [], [], 1000,
+            "ix",
+            list(range(256)),
+            now - timedelta(seconds=20),
+            now - timedelta(seconds=19),
+            [],
+            [],
+            1000,
         )
         text = "\n".join(r[0] for r in plan)
         assert "event_journal_slice_idx" in text, text
@@ -190,7 +196,10 @@ async def test_timestamp_of_load_envelope_and_live_by_pid(journal: Journal) -> N
         await wait_until(lambda: len(c.events) == 1, 10, "seq 2")
         await journal.persist("p|1", ["c"])
         await wait_until(lambda: len(c.events) == 2, 5, "seq 3 (woken by NOTIFY)")
-        assert [(e.seq_nr, e.event, e.offset) for e in c.events] == [(2, "b", SequenceOffset(2)), (3, "c", SequenceOffset(3))]
+        assert [(e.seq_nr, e.event, e.offset) for e in c.events] == [
+            (2, "b", SequenceOffset(2)),
+            (3, "c", SequenceOffset(3)),
+        ]
     finally:
         await c.stop()
     assert slice_for("p|1") == env.slice
