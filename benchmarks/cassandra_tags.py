@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from journal import JournalSettings, open_journal
-from journal.tags.buckets import BUCKET_MILLIS, parse_first_bucket
+from journal.buckets import BUCKET_MILLIS, parse_first_bucket
 
 try:
     from benchmarks._cassandra import BenchCassandra, cassandra_keyspace

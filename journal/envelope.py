@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from .ids import entity_type_of, slice_for
 from .offsets import Offset
-from .tags.timeuuid import datetime_of
+from .timeuuid import datetime_of
 
 _FIELDS = (
     "persistence_id", "entity_type", "slice", "seq_nr", "db_timestamp", "event", "offset",

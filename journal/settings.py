@@ -338,7 +338,7 @@ class JournalSettings:
             )
         if (c.username is None) != (c.password is None):
             raise ConfigurationError("cassandra username and password must be set together")
-        from .tags.buckets import parse_first_bucket
+        from .buckets import parse_first_bucket
 
         parse_first_bucket(t.first_time_bucket, t.bucket_size)
 

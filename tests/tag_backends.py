@@ -122,8 +122,8 @@ class CassandraRaw:
         await self._q(f"DELETE FROM {self.ks}.tag_scanning WHERE persistence_id = %s", pid)
 
     async def store_event(self, pid: str, seq_nr: int, ts: datetime, tags: Sequence[str], payload: bytes) -> None:
-        from journal.tags.buckets import bucket_of
-        from journal.tags.timeuuid import timeuuid_for_event
+        from journal.buckets import bucket_of
+        from journal.timeuuid import timeuuid_for_event
 
         u = timeuuid_for_event(ts, pid, seq_nr)
         await self._q(

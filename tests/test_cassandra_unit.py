@@ -102,7 +102,7 @@ def test_timeuuid_bounds_are_cassandras_minimum() -> None:
     min_uuid_from_time makes it; a bound with 0x00 bytes would cut rows at the bucket's first tick."""
     util = pytest.importorskip("cassandra.util")
     from journal.cassandra.tag_store import lower_bound, upper_bound
-    from journal.tags.timeuuid import GREGORIAN_OFFSET
+    from journal.timeuuid import GREGORIAN_OFFSET
 
     ms = 1_700_000_000_000
     assert lower_bound(ms) == util.min_uuid_from_time(ms / 1000)

@@ -21,7 +21,7 @@ from journal import (
 )
 from journal.postgres.backend import PostgresBackend
 from journal.tags.store import TagStore
-from journal.tags.timeuuid import timeuuid_for_event
+from journal.timeuuid import timeuuid_for_event
 
 FAST = dict(
     eventual_consistency_delay=0.0,

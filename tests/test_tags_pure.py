@@ -9,13 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from journal.buckets import BUCKET_MILLIS, bucket_of, bucket_of_millis, parse_first_bucket
 from journal.errors import ConfigurationError
 from journal.serialization import Serialized
 from journal.settings import JournalSettings
-from journal.tags.buckets import BUCKET_MILLIS, bucket_of, bucket_of_millis, parse_first_bucket
 from journal.tags.gaps import PidTracker, Verdict
 from journal.tags.store import TaggedEvent
-from journal.tags.timeuuid import (
+from journal.tags.writer import TagWriterState, row_bytes
+from journal.timeuuid import (
     datetime_of,
     max_timeuuid,
     min_timeuuid,
@@ -24,7 +25,6 @@ from journal.tags.timeuuid import (
     timeuuid_for_event,
     unix_millis,
 )
-from journal.tags.writer import TagWriterState, row_bytes
 
 SIZES = st.sampled_from(["Day", "Hour", "Minute"])
 MILLIS = st.integers(min_value=0, max_value=4_000_000_000_000)

@@ -21,13 +21,13 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from ..buckets import bucket_of
 from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import Serialized
 from ..settings import JournalSettings
-from ..tags.buckets import bucket_of
 from ..tags.store import TaggedEvent
-from ..tags.timeuuid import datetime_of, new_timeuuid
 from ..tags.writer import TagWriters
+from ..timeuuid import datetime_of, new_timeuuid
 from .cleanup import CassandraCleanup
 from .cql import statements, validate_keyspace
 from .partitions import PartitionCursor, PartitionLayout

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from ..backend import PidFootprint
-from ..tags.buckets import bucket_of
+from ..buckets import bucket_of
 from ..tags.store import TagProgress
 from .cql import statements
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ConfigurationError
 from ..serialization import Serialized
 from ..tags.store import TaggedEvent, TagPageRow, TagProgress, TagRow, page_row
-from ..tags.timeuuid import GREGORIAN_OFFSET
+from ..timeuuid import GREGORIAN_OFFSET
 
 if TYPE_CHECKING:
     from .backend import CassandraBackend

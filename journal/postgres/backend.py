@@ -13,10 +13,10 @@ from typing import Any
 import asyncpg
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from ..buckets import bucket_millis
 from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import JSON_SERIALIZER_ID, Serialized
 from ..settings import JournalSettings
-from ..tags.buckets import bucket_millis
 from .cleanup import PostgresCleanup
 from .dsn import asyncpg_dsn
 from .errors import backoff_delays, is_transient, with_retries

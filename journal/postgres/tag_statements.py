@@ -10,7 +10,7 @@ GREGORIAN_OFFSET = 0x01B21DD213814000
 
 
 def timeuuid_sql(uuid_time: str, pid: str, seq_nr: str) -> str:
-    """SQL building :func:`journal.tags.timeuuid.timeuuid_for_event` from a 60-bit time, the pid
+    """SQL building :func:`journal.timeuuid.timeuuid_for_event` from a 60-bit time, the pid
     and the seq_nr (a test checks both sides agree)."""
     v = f"((({seq_nr} % 1073741824) << 32) | ('x' || substr(md5({pid}), 1, 8))::bit(32)::bigint)"
     return (

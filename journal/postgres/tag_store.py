@@ -16,7 +16,7 @@ import asyncpg
 from ..errors import ConfigurationError
 from ..serialization import Serialized
 from ..tags.store import TaggedEvent, TagPageRow, TagProgress, TagRow
-from ..tags.timeuuid import ticks, timeuuid_for_event
+from ..timeuuid import ticks, timeuuid_for_event
 from .errors import with_retries
 
 if TYPE_CHECKING:

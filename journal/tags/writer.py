@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..buckets import bucket_of
 from ..errors import TagWriteTimeout
 from ..settings import TagSettings
-from .buckets import bucket_of
 from .store import TaggedEvent, TagProgress, TagRow, TagStore
 
 log = logging.getLogger("journal.tags.writer")

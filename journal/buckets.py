@@ -11,7 +11,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Literal
 
-from ..errors import ConfigurationError
+from .errors import ConfigurationError
 from .timeuuid import unix_millis
 
 BucketSize = Literal["Day", "Hour", "Minute"]
