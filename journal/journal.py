@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from .backend import Backend, SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from .backend import Backend, Found, SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from .backends import open_backend
 from .bulk import Outcome, Write, Written
 from .envelope import EventEnvelope
@@ -19,6 +19,8 @@ from .errors import (
     ConfigurationError,
     InvalidArgument,
     JournalError,
+    JournalUnavailable,
+    SequenceConflict,
     SerializationError,
     StorageError,
     UnsupportedOperation,
@@ -170,6 +172,41 @@ class Journal:
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self.backend.write_on(conn, request)
         return self._written(request, result, events, metadata)
+
+    async def resolve_persist(
+        self,
+        persistence_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq_nr: int,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+    ) -> list[EventEnvelope]:
+        """Was a :meth:`persist` that raised ``JournalUnavailable(outcome_unknown=True)`` written?
+
+        Pass the same arguments (``expected_seq_nr`` is required: without it the rows cannot be
+        told apart from another writer's). Reads only; call again while the database is away.
+
+        Returns the call's envelopes when every event is stored by this journal's writer with
+        these payloads.
+
+        Raises:
+            JournalUnavailable: with ``outcome_unknown=False`` when nothing of it is stored and
+                the highest is still ``expected_seq_nr`` (it may be sent again); with
+                ``outcome_unknown=True`` when the database cannot be reached yet.
+            SequenceConflict: another writer's rows are there (or the pid moved on).
+        """
+        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
+        got = await self.backend.check_write(request)
+        if got.outcome is Found.WRITTEN:
+            assert got.db_timestamp is not None
+            return self._written(request, WriteResult(expected_seq_nr + 1, got.db_timestamp), events, metadata)
+        if got.outcome is Found.NOT_WRITTEN and await self.backend.highest_seq_nr(persistence_id) == expected_seq_nr:
+            raise JournalUnavailable(
+                f"write of {persistence_id!r} failed: not stored (checked once the database answered)",
+                outcome_unknown=False,
+            )
+        raise SequenceConflict(persistence_id, expected_seq_nr, "another writer stored these sequence numbers")
 
     def _written(
         self, request: WriteRequest, result: WriteResult, events: Sequence[Any], metadata: Any
