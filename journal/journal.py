@@ -38,7 +38,7 @@ from .ids import (
 from .metrics import instrumented
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
-from .query.slices import SliceQueries
+from .query.slices import SliceQueries, envelope_of
 from .query.validation import check_slice_query
 from .serialization import Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
@@ -295,29 +295,7 @@ class Journal:
 
     def envelope(self, r: StoredEvent) -> EventEnvelope:
         """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""
-        event = (
-            self.serializers.deserialize(r.ser_id, r.ser_manifest, r.payload, what=f"{r.persistence_id}#{r.seq_nr}")
-            if r.payload is not None
-            else None
-        )
-        meta = (
-            self.serializers.deserialize(r.meta.ser_id, r.meta.manifest, r.meta.payload, what="metadata")
-            if r.meta is not None
-            else None
-        )
-        return EventEnvelope(
-            persistence_id=r.persistence_id,
-            entity_type=r.entity_type,
-            slice=r.slice,
-            seq_nr=r.seq_nr,
-            db_timestamp=r.db_timestamp,
-            event=event,
-            offset=SeqOffset(r.seq_nr),
-            tags=r.tags,
-            metadata=meta,
-            writer=r.writer,
-            has_payload=r.payload is not None,
-        )
+        return envelope_of(r, self.serializers, SeqOffset(r.seq_nr))
 
     # -- events by tag -----------------------------------------------------------------------
 
