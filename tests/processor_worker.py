@@ -13,8 +13,9 @@ import sys
 import time
 
 from journal import EventEnvelope, JournalSettings, open_journal
-from journal.entities import Processor, WriterHandler, processed_up_to
+from journal.entities import Processor, WriterHandler
 from projections import Worker
+from projections.management import processed_up_to
 
 
 def double(env: EventEnvelope) -> list[object]:

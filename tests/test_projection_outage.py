@@ -25,7 +25,7 @@ from projection_helpers import FAST_ENV
 from journal import JournalSettings, JournalUnavailable, SequenceConflict, open_journal
 from journal.postgres.dsn import asyncpg_dsn
 from journal.postgres.migrations import upgrade
-from projections.demo_cart import cart_event, prepare, verify
+from projections.demo.cart import cart_event, prepare, verify
 from projections.postgres_store import ProjectionSql
 from tests.support.private_server import crash
 from tests.support.waiting import wait_until
@@ -74,7 +74,7 @@ def spawn(dsn: str, log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "projections", "run", NAME, "--entity-type", ET,
-             "--handler", "projections.demo_cart:project_carts", "--mode", "grouped", "--dsn", dsn, "--no-progress"],
+             "--handler", "projections.demo.cart:project_carts", "--mode", "grouped", "--dsn", dsn, "--no-progress"],
             env={**os.environ, **FAST_ENV},
             stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
