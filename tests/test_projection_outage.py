@@ -63,7 +63,7 @@ class Writers:
                     self.acknowledged += len(events)
             except (JournalUnavailable, SequenceConflict):
                 self.failed += 1
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.2)  # the load's back-off and pace (the scenario, not a wait)
             await asyncio.sleep(0.01)
 
     def stop(self) -> None:
@@ -106,7 +106,7 @@ async def test_a_worker_rides_through_a_60_second_outage_under_load(private_serv
         t0 = time.monotonic()
         while time.monotonic() - t0 < OUTAGE_SECONDS:
             assert worker.poll() is None, f"the worker exited during the outage: {_tail(log_path)}"
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the thing under test: the outage lasts OUTAGE_SECONDS
         await asyncio.to_thread(private_server.ensure_postgres_running)
         await wait_until(lambda: _acknowledged_after(load, 300), 60, "writes after the outage")
     finally:
