@@ -14,17 +14,27 @@ from .entities import (
 )
 from .envelope import EventEnvelope
 from .errors import (
+    CassandraSetupError,
+    CassandraStartError,
     CircuitBreakerOpen,
     ConfigurationError,
     EntityError,
     EntityStopped,
     EventsMissing,
+    HandlerFailed,
+    IncompatibleVersion,
     InvalidArgument,
     JournalError,
     JournalUnavailable,
+    LeaseLost,
+    LocalWritesRefused,
+    LocationMismatch,
     OffsetError,
     PersistNotAllowed,
+    ProjectionBusy,
+    ProjectionError,
     RecoveryFailed,
+    ReplicationError,
     SequenceConflict,
     SerializationError,
     SparkSetupError,
@@ -35,15 +45,17 @@ from .errors import (
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
-from .offsets import NO_OFFSET, NoOffset, SequenceOffset, TimestampOffset, TimeUUIDOffset
+from .offsets import NO_OFFSET, NoOffset, Offset, SequenceOffset, TimestampOffset, TimeUUIDOffset
 from .serialization import Serialized, Serializer, SerializerRegistry
-from .settings import JournalSettings
+from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
 
 __all__ = [
     "NO_OFFSET",
     "NUMBER_OF_SLICES",
     "Backend",
+    "CassandraSetupError",
+    "CassandraStartError",
     "CircuitBreakerOpen",
     "ConfigurationError",
     "Entity",
@@ -52,16 +64,26 @@ __all__ = [
     "EntityStopped",
     "EventEnvelope",
     "EventsMissing",
+    "HandlerFailed",
+    "IncompatibleVersion",
     "InvalidArgument",
     "Journal",
     "JournalError",
     "JournalSettings",
     "JournalUnavailable",
+    "LeaseLost",
+    "LocalWritesRefused",
+    "LocationMismatch",
     "NoOffset",
+    "Offset",
     "OffsetError",
     "Outcome",
     "PersistNotAllowed",
+    "ProjectionBusy",
+    "ProjectionError",
+    "QueryMode",
     "RecoveryFailed",
+    "ReplicationError",
     "SequenceConflict",
     "SequenceOffset",
     "SerializationError",

@@ -9,7 +9,7 @@ from .entity import AfterPersist, Entity, EventContext, after_persist
 from .processor import Processor
 from .registry import EntityRegistry
 from .routing import destinations_of, routed_to
-from .writer import Writer, WriterHandler, processed_up_to
+from .writer import Writer, WriterHandler
 
 __all__ = [
     "AfterPersist",
@@ -23,6 +23,5 @@ __all__ = [
     "WriterHandler",
     "after_persist",
     "destinations_of",
-    "processed_up_to",
     "routed_to",
 ]
