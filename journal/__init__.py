@@ -8,13 +8,18 @@ from .bulk import Outcome, Write, Written, failures
 from .entities import (
     Entity,
     EntityRegistry,
+    EventRouter,
+    TimedReply,
+    View,
     after_persist,
     destinations_of,
+    routed_from,
     routed_to,
 )
 from .envelope import EventEnvelope
 from .errors import (
     CircuitBreakerOpen,
+    ConditionTimeout,
     ConfigurationError,
     EntityError,
     EntityStopped,
@@ -36,6 +41,7 @@ from .errors import (
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
 from .offsets import NO_OFFSET, NoOffset, SequenceOffset, TimestampOffset, TimeUUIDOffset
+from .replication.vector_time import VectorTime
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings
 from .snapshots import Snapshot
@@ -45,12 +51,14 @@ __all__ = [
     "NUMBER_OF_SLICES",
     "Backend",
     "CircuitBreakerOpen",
+    "ConditionTimeout",
     "ConfigurationError",
     "Entity",
     "EntityError",
     "EntityRegistry",
     "EntityStopped",
     "EventEnvelope",
+    "EventRouter",
     "EventsMissing",
     "InvalidArgument",
     "Journal",
@@ -74,8 +82,11 @@ __all__ = [
     "TagEventsMissing",
     "TagWriteTimeout",
     "TimeUUIDOffset",
+    "TimedReply",
     "TimestampOffset",
     "UnsupportedOperation",
+    "VectorTime",
+    "View",
     "Write",
     "Written",
     "after_persist",
@@ -84,6 +95,7 @@ __all__ = [
     "failures",
     "open_journal",
     "persistence_id_of",
+    "routed_from",
     "routed_to",
     "slice_for",
     "slice_ranges",
