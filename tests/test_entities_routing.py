@@ -92,3 +92,23 @@ def test_bad_router_arguments() -> None:
         EventRouter(reg, "order")
     with pytest.raises(ValueError):
         EventRouter(reg, [])
+
+
+async def test_a_destination_recovered_from_a_snapshot_of_its_last_row_still_drops_redeliveries(
+    journal: Journal,
+) -> None:
+    async with EntityRegistry(journal) as reg:
+        reg.register(SnapAccount)
+        for i in range(3):
+            await reg.ask(Order, "o1", ("place", f"e{i}", ["snapaccount|s"]))
+        async with EventRouter(reg, ["order"], router_id="r") as router:
+            await wait_until(lambda: router.delivered == 3, what="delivery")
+        await reg.passivate_idle(0)
+        snap = await journal.load_snapshot("snapaccount|s")
+        assert snap is not None and snap.seq_nr == 3  # nothing left to replay after it
+        await journal.delete_snapshot(f"{ROUTER_TYPE}|r")
+        async with EventRouter(reg, ["order"], router_id="r") as again:
+            await wait_until(lambda: again.duplicates == 3, what="re-delivery dropped")
+            assert again.delivered == 0
+        assert len(await reg.ask(SnapAccount, "s", ("read",))) == 3
+    assert_once_in_order(await routed_rows(journal, "snapaccount|s"), {"order|o1": [1, 2, 3]})
