@@ -77,3 +77,24 @@ class OrderCount(View[dict[str, int]]):
 
     def on_query(self, state: dict[str, int], query: Any) -> Any:
         return dict(state) if query == "all" else state.get(query, 0)
+
+
+class Trail(View[list[Any]]):
+    """Every applied (pid, seq_nr), in order: a double application shows as a repeated pair."""
+
+    view_id = "trail"
+    entity_types = ("order",)
+    event_types = ()
+
+    def initial_state(self) -> list[Any]:
+        return []
+
+    def on_event(self, state: list[Any], event: Any) -> list[Any]:
+        env = self.current_event.envelope
+        return [*state, [env.persistence_id, env.seq_nr]]
+
+    def on_query(self, state: list[Any], query: Any) -> Any:
+        return list(state)
+
+    def restore_snapshot(self, snapshot: Any) -> list[Any]:
+        return [list(x) for x in snapshot]

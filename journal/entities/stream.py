@@ -9,7 +9,6 @@ streams run side by side.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -63,11 +62,14 @@ class TypeStreams:
         self._tasks = [loop.create_task(self._run(t), name=f"{self._name} stream {t}") for t in self.entity_types]
 
     async def stop(self) -> None:
+        """Cancel the streams, again until each has ended (a wait inside the query may swallow
+        one cancellation on Python < 3.12)."""
         for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+            while not t.done():
+                t.cancel()
+                await asyncio.wait([t], timeout=0.5)
+            if not t.cancelled():
+                t.exception()  # retrieved: failures are reported through ``error``
         self._tasks = []
 
     async def _run(self, entity_type: str) -> None:

@@ -214,7 +214,7 @@ class View(Generic[S]):
             self.positions[pid] = env.seq_nr
             self._marks.note(env)
             if self.snapshot_every and self.applied % self.snapshot_every == 0:
-                task = asyncio.get_running_loop().create_task(self._auto_snapshot())
+                task = asyncio.get_running_loop().create_task(self._auto_snapshot(self._snapshot_now()))
                 self._snapshots.add(task)
                 task.add_done_callback(self._snapshots.discard)
         else:
@@ -230,9 +230,9 @@ class View(Generic[S]):
         }
         return sum(self.positions.values()), self.snapshot_state(), meta
 
-    async def _auto_snapshot(self) -> None:
+    async def _auto_snapshot(self, snap: tuple[int, Any, dict[str, Any]]) -> None:
         try:
-            await self._write_snapshot(self._snapshot_now())
+            await self._write_snapshot(snap)
         except Exception:
             pass  # logged; the next one may succeed
 
