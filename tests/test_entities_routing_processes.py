@@ -69,8 +69,10 @@ async def test_router_killed_mid_stream_delivers_every_event_once_in_order(journ
         assert second.returncode == 0, err.decode()
     stats = dict(kv.split("=") for kv in out.decode().split())
     # everything the killed router had written came again (no offset was saved) and was dropped
-    assert int(stats["duplicates"]) == sum(before.values()), (stats, before)
-    assert int(stats["delivered"]) == 400 - sum(before.values())
+    # (a write in flight at the kill may still commit after ``before`` was counted: >=)
+    delivered, duplicates = int(stats["delivered"]), int(stats["duplicates"])
+    assert duplicates >= sum(before.values()), (stats, before)
+    assert delivered + duplicates >= 400 and delivered <= 400 - sum(before.values()), (stats, before)
     for d in DESTS:
         got = await copies(journal, d)
         per_source: dict[str, list[int]] = {}
