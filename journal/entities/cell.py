@@ -30,6 +30,8 @@ from ..errors import (
 from ..journal import Journal
 from ..settings import EntitySettings
 from .circuit_breaker import CircuitBreaker
+from .conditional import TimedReply
+from .delivery import RoutedDelivery, routed_handler
 from .entity import (
     AfterPersist,
     Collected,
@@ -42,7 +44,7 @@ from .entity import (
     set_sequence_nr,
 )
 from .recovery import recover
-from .routing import routes_metadata
+from .routing import complete_route_marks, route_marks, routes_metadata, vector_time_of
 
 log = logging.getLogger("journal.entities")
 
@@ -53,6 +55,7 @@ class _Command:
     future: asyncio.Future[Any]
     collected: Collected | None = None
     reply: Any = None
+    timed: bool = False
 
 
 class EntityCell:
@@ -97,9 +100,10 @@ class EntityCell:
 
     # -- API used by the registry ----------------------------------------------------------
 
-    def submit(self, command: Any) -> asyncio.Future[Any]:
+    def submit(self, command: Any, *, timed: bool = False) -> asyncio.Future[Any]:
+        """Queue ``command``; with ``timed`` the reply is a :class:`TimedReply`."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Command(command, fut))
+        self._queue.append(_Command(command, fut, timed=timed))
         self.last_used = time.monotonic()
         self._wake.set()
         return fut
@@ -161,6 +165,7 @@ class EntityCell:
     async def _recover(self) -> bool:
         try:
             await recover(self.entity, self._journal, self._settings)
+            await complete_route_marks(self.entity, self._journal)
         except RecoveryFailed as e:
             self._fail_recovery(e)
             return False
@@ -198,9 +203,12 @@ class EntityCell:
 
     async def _handle(self, cmd: _Command) -> _Command | None:
         """Run the command handler; return the command if it has events to write."""
+        if isinstance(cmd.command, RoutedDelivery) and not self.state_sync:
+            await self._drain_writer()  # the dedupe check needs every earlier write applied
         collected, token = begin_command(self.entity)
         try:
-            reply = self.entity.current_command_handler()(cmd.command)
+            handler = routed_handler(self.entity, cmd.command) or self.entity.current_command_handler()
+            reply = handler(cmd.command)
             if inspect.isawaitable(reply):
                 reply = await reply
         except Exception as e:
@@ -236,7 +244,7 @@ class EntityCell:
         except Exception as e:
             cmd.future.set_exception(e)
         else:
-            cmd.future.set_result(value)
+            cmd.future.set_result(TimedReply(value, vector_time_of(self.entity)) if cmd.timed else value)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -259,10 +267,13 @@ class EntityCell:
     async def _write(self, batch: list[_Command]) -> None:
         events: list[Any] = []
         dests: list[tuple[str, ...]] = []
+        routed: dict[int, tuple[str, int]] = {}
         for cmd in batch:
             assert cmd.collected is not None
+            routed.update({len(events) + i: src for i, src in cmd.collected.routed.items()})
             events.extend(cmd.collected.events)
             dests.extend(cmd.collected.destinations)
+        marks = route_marks(self.entity)
         expected = self.entity.sequence_nr
         try:
             self._breaker.check()
@@ -275,7 +286,7 @@ class EntityCell:
                 events,
                 expected_seq_nr=expected,
                 tags=self.entity.tags,
-                metadata=routes_metadata(expected + 1, dests),
+                metadata=routes_metadata(expected + 1, dests, routed, marks.after(routed.values())),
             )
             self._breaker.record_success()
         except SequenceConflict as e:
