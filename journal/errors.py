@@ -11,6 +11,7 @@ __all__ = [
     "CassandraSetupError",
     "CassandraStartError",
     "CircuitBreakerOpen",
+    "ConditionTimeout",
     "ConfigurationError",
     "EntityError",
     "EntityStopped",
