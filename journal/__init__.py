@@ -8,8 +8,12 @@ from .bulk import Outcome, Write, Written, failures
 from .entities import (
     Entity,
     EntityRegistry,
+    EventRouter,
+    TimedReply,
+    View,
     after_persist,
     destinations_of,
+    routed_from,
     routed_to,
 )
 from .envelope import EventEnvelope
@@ -17,6 +21,7 @@ from .errors import (
     CassandraSetupError,
     CassandraStartError,
     CircuitBreakerOpen,
+    ConditionTimeout,
     ConfigurationError,
     EntityError,
     EntityStopped,
@@ -46,6 +51,7 @@ from .errors import (
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
 from .offsets import NO_OFFSET, NoOffset, Offset, SequenceOffset, TimestampOffset, TimeUUIDOffset
+from .replication.vector_time import VectorTime
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
@@ -57,12 +63,14 @@ __all__ = [
     "CassandraSetupError",
     "CassandraStartError",
     "CircuitBreakerOpen",
+    "ConditionTimeout",
     "ConfigurationError",
     "Entity",
     "EntityError",
     "EntityRegistry",
     "EntityStopped",
     "EventEnvelope",
+    "EventRouter",
     "EventsMissing",
     "HandlerFailed",
     "IncompatibleVersion",
@@ -96,8 +104,11 @@ __all__ = [
     "TagEventsMissing",
     "TagWriteTimeout",
     "TimeUUIDOffset",
+    "TimedReply",
     "TimestampOffset",
     "UnsupportedOperation",
+    "VectorTime",
+    "View",
     "Write",
     "Written",
     "after_persist",
@@ -106,6 +117,7 @@ __all__ = [
     "failures",
     "open_journal",
     "persistence_id_of",
+    "routed_from",
     "routed_to",
     "slice_for",
     "slice_ranges",

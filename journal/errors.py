@@ -11,6 +11,7 @@ __all__ = [
     "CassandraSetupError",
     "CassandraStartError",
     "CircuitBreakerOpen",
+    "ConditionTimeout",
     "ConfigurationError",
     "EntityError",
     "EntityStopped",
@@ -230,3 +231,15 @@ class IncompatibleVersion(ReplicationError):
 
 class LocalWritesRefused(ReplicationError):
     """The location is being recovered from its peers; local writes wait until it completes."""
+
+
+class ConditionTimeout(EntityError, TimeoutError):
+    """A conditional request gave up: the view or entity had not seen the requested vector time
+    within the timeout. ``missing`` maps each unmet entry to (wanted, seen)."""
+
+    def __init__(self, component: str, missing: dict[str, tuple[int, int]], timeout: float) -> None:
+        self.component = component
+        self.missing = missing
+        self.timeout = timeout
+        shown = ", ".join(f"{k}: {s} < {w}" for k, (w, s) in sorted(missing.items())[:5])
+        super().__init__(f"{component} had not seen the requested vector time after {timeout}s ({shown})")

@@ -25,6 +25,8 @@ JOURNAL_API = {
     "Backend",
     # entities
     "Entity", "EntityRegistry", "after_persist", "destinations_of", "routed_to",
+    # collaboration: routing that delivers, views, conditional requests (vector time)
+    "EventRouter", "routed_from", "View", "TimedReply", "VectorTime", "ConditionTimeout",
     # the error tree
     "JournalError", "ConfigurationError", "SparkSetupError", "CassandraSetupError", "CassandraStartError",
     "InvalidArgument", "OffsetError", "SerializationError", "SequenceConflict", "JournalUnavailable",
