@@ -199,7 +199,7 @@ class View(Generic[S]):
     def _wants(self, env: EventEnvelope) -> bool:
         return env.entity_type in self._types or env.persistence_id in self._aggregates
 
-    async def _read(self, env: EventEnvelope) -> None:
+    async def _read(self, env: EventEnvelope, _offset: TimestampOffset) -> None:
         pid = env.persistence_id
         if env.seq_nr <= self.positions.get(pid, 0):
             self.duplicates += 1
