@@ -166,7 +166,7 @@ class View(Generic[S]):
         Raises:
             ConditionTimeout: ``after`` not seen within ``timeout`` seconds (default 10).
             EntityError: the view stopped because reading or an event handler failed.
-            and what ``on_query`` raises.
+            Exception: whatever ``on_query`` raises.
         """
         wanted = as_vector_time(after)
         limit = check_timeout(timeout)
