@@ -18,18 +18,28 @@ from .entities import (
 )
 from .envelope import EventEnvelope
 from .errors import (
+    CassandraSetupError,
+    CassandraStartError,
     CircuitBreakerOpen,
     ConditionTimeout,
     ConfigurationError,
     EntityError,
     EntityStopped,
     EventsMissing,
+    HandlerFailed,
+    IncompatibleVersion,
     InvalidArgument,
     JournalError,
     JournalUnavailable,
+    LeaseLost,
+    LocalWritesRefused,
+    LocationMismatch,
     OffsetError,
     PersistNotAllowed,
+    ProjectionBusy,
+    ProjectionError,
     RecoveryFailed,
+    ReplicationError,
     SequenceConflict,
     SerializationError,
     SparkSetupError,
@@ -40,16 +50,18 @@ from .errors import (
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
-from .offsets import NO_OFFSET, NoOffset, SequenceOffset, TimestampOffset, TimeUUIDOffset
+from .offsets import NO_OFFSET, NoOffset, Offset, SequenceOffset, TimestampOffset, TimeUUIDOffset
 from .replication.vector_time import VectorTime
 from .serialization import Serialized, Serializer, SerializerRegistry
-from .settings import JournalSettings
+from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
 
 __all__ = [
     "NO_OFFSET",
     "NUMBER_OF_SLICES",
     "Backend",
+    "CassandraSetupError",
+    "CassandraStartError",
     "CircuitBreakerOpen",
     "ConditionTimeout",
     "ConfigurationError",
@@ -60,16 +72,26 @@ __all__ = [
     "EventEnvelope",
     "EventRouter",
     "EventsMissing",
+    "HandlerFailed",
+    "IncompatibleVersion",
     "InvalidArgument",
     "Journal",
     "JournalError",
     "JournalSettings",
     "JournalUnavailable",
+    "LeaseLost",
+    "LocalWritesRefused",
+    "LocationMismatch",
     "NoOffset",
+    "Offset",
     "OffsetError",
     "Outcome",
     "PersistNotAllowed",
+    "ProjectionBusy",
+    "ProjectionError",
+    "QueryMode",
     "RecoveryFailed",
+    "ReplicationError",
     "SequenceConflict",
     "SequenceOffset",
     "SerializationError",

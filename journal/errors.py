@@ -7,6 +7,38 @@ Driver errors are mapped into this tree in one place per backend, with ``raise .
 
 from __future__ import annotations
 
+__all__ = [
+    "CassandraSetupError",
+    "CassandraStartError",
+    "CircuitBreakerOpen",
+    "ConditionTimeout",
+    "ConfigurationError",
+    "EntityError",
+    "EntityStopped",
+    "EventsMissing",
+    "HandlerFailed",
+    "IncompatibleVersion",
+    "InvalidArgument",
+    "JournalError",
+    "JournalUnavailable",
+    "LeaseLost",
+    "LocalWritesRefused",
+    "LocationMismatch",
+    "OffsetError",
+    "PersistNotAllowed",
+    "ProjectionBusy",
+    "ProjectionError",
+    "RecoveryFailed",
+    "ReplicationError",
+    "SequenceConflict",
+    "SerializationError",
+    "SparkSetupError",
+    "StorageError",
+    "TagEventsMissing",
+    "TagWriteTimeout",
+    "UnsupportedOperation",
+]
+
 
 class JournalError(Exception):
     """Root of every error this library raises."""
@@ -110,6 +142,8 @@ class TagEventsMissing(EventsMissing):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
 class ProjectionError(JournalError):
     """A projection cannot go on (see the subclasses)."""
 
@@ -180,33 +214,6 @@ class RecoveryFailed(EntityError):
         if detail:
             msg += f": {detail}"
         super().__init__(msg)
-
-
-__all__ = [
-    "CassandraSetupError",
-    "CassandraStartError",
-    "CircuitBreakerOpen",
-    "ConfigurationError",
-    "EntityError",
-    "EventsMissing",
-    "HandlerFailed",
-    "InvalidArgument",
-    "JournalError",
-    "JournalUnavailable",
-    "LeaseLost",
-    "OffsetError",
-    "PersistNotAllowed",
-    "ProjectionBusy",
-    "ProjectionError",
-    "RecoveryFailed",
-    "SequenceConflict",
-    "SerializationError",
-    "SparkSetupError",
-    "StorageError",
-    "TagEventsMissing",
-    "TagWriteTimeout",
-    "UnsupportedOperation",
-]
 
 
 class ReplicationError(JournalError):

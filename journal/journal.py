@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from .backend import Backend, SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from .backend import Backend, Found, SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from .backends import open_backend
 from .bulk import Outcome, Write, Written
 from .envelope import EventEnvelope
@@ -19,6 +19,8 @@ from .errors import (
     ConfigurationError,
     InvalidArgument,
     JournalError,
+    JournalUnavailable,
+    SequenceConflict,
     SerializationError,
     StorageError,
     UnsupportedOperation,
@@ -36,7 +38,7 @@ from .ids import (
 from .metrics import instrumented
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
-from .query.slices import SliceQueries
+from .query.slices import SliceQueries, envelope_of
 from .query.validation import check_slice_query
 from .serialization import Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
@@ -171,6 +173,41 @@ class Journal:
         result = await self.backend.write_on(conn, request)
         return self._written(request, result, events, metadata)
 
+    async def resolve_persist(
+        self,
+        persistence_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq_nr: int,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+    ) -> list[EventEnvelope]:
+        """Was a :meth:`persist` that raised ``JournalUnavailable(outcome_unknown=True)`` written?
+
+        Pass the same arguments (``expected_seq_nr`` is required: without it the rows cannot be
+        told apart from another writer's). Reads only; call again while the database is away.
+
+        Returns the call's envelopes when every event is stored by this journal's writer with
+        these payloads.
+
+        Raises:
+            JournalUnavailable: with ``outcome_unknown=False`` when nothing of it is stored and
+                the highest is still ``expected_seq_nr`` (it may be sent again); with
+                ``outcome_unknown=True`` when the database cannot be reached yet.
+            SequenceConflict: another writer's rows are there (or the pid moved on).
+        """
+        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
+        got = await self.backend.check_write(request)
+        if got.outcome is Found.WRITTEN:
+            assert got.db_timestamp is not None
+            return self._written(request, WriteResult(expected_seq_nr + 1, got.db_timestamp), events, metadata)
+        if got.outcome is Found.NOT_WRITTEN and await self.backend.highest_seq_nr(persistence_id) == expected_seq_nr:
+            raise JournalUnavailable(
+                f"write of {persistence_id!r} failed: not stored (checked once the database answered)",
+                outcome_unknown=False,
+            )
+        raise SequenceConflict(persistence_id, expected_seq_nr, "another writer stored these sequence numbers")
+
     def _written(
         self, request: WriteRequest, result: WriteResult, events: Sequence[Any], metadata: Any
     ) -> list[EventEnvelope]:
@@ -258,29 +295,7 @@ class Journal:
 
     def envelope(self, r: StoredEvent) -> EventEnvelope:
         """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""
-        event = (
-            self.serializers.deserialize(r.ser_id, r.ser_manifest, r.payload, what=f"{r.persistence_id}#{r.seq_nr}")
-            if r.payload is not None
-            else None
-        )
-        meta = (
-            self.serializers.deserialize(r.meta.ser_id, r.meta.manifest, r.meta.payload, what="metadata")
-            if r.meta is not None
-            else None
-        )
-        return EventEnvelope(
-            persistence_id=r.persistence_id,
-            entity_type=r.entity_type,
-            slice=r.slice,
-            seq_nr=r.seq_nr,
-            db_timestamp=r.db_timestamp,
-            event=event,
-            offset=SeqOffset(r.seq_nr),
-            tags=r.tags,
-            metadata=meta,
-            writer=r.writer,
-            has_payload=r.payload is not None,
-        )
+        return envelope_of(r, self.serializers, SeqOffset(r.seq_nr))
 
     # -- events by tag -----------------------------------------------------------------------
 

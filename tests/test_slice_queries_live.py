@@ -150,7 +150,7 @@ async def test_listen_wakes_live_queries_well_below_refresh_interval(fast: Journ
             await fast.persist(f"wake|{i}", [i])
             await wait_until(lambda i=i: len(c.events) == i + 1, 4.0, "a NOTIFY wake-up")
             latencies.append(c.arrived[-1] - t0)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # apart, so that each write has its own NOTIFY (the scenario)
         assert statistics.median(latencies) < 0.5, latencies
     finally:
         await c.stop()

@@ -14,7 +14,7 @@ from .registry import EntityRegistry
 from .router import EventRouter
 from .routing import destinations_of, routed_from, routed_to
 from .view import View
-from .writer import Writer, WriterHandler, processed_up_to
+from .writer import Writer, WriterHandler
 
 __all__ = [
     "AfterPersist",
@@ -32,7 +32,6 @@ __all__ = [
     "WriterHandler",
     "after_persist",
     "destinations_of",
-    "processed_up_to",
     "routed_from",
     "routed_to",
 ]

@@ -300,7 +300,7 @@ class EntityCell:
                 return
             log.warning("write of %s interrupted (%s): resolving its outcome", self.persistence_id, e)
             try:
-                envs = await self._resolve(expected, len(events))
+                envs = await self._resolve(expected, events, routes_metadata(expected + 1, dests))
             except SequenceConflict as c:
                 self._conflict(batch, c)
                 return
@@ -361,39 +361,30 @@ class EntityCell:
                 "snapshot of %s failed (recovery will replay more events)", self.persistence_id
             )
 
-    async def _resolve(self, expected: int, n: int) -> list[EventEnvelope]:
-        """Learn whether an interrupted write committed; retry (reads only) until known.
-
-        Our rows at ``expected+1..expected+n`` written by this journal's writer id: it did.
-        Nothing there and the highest is still ``expected``: it did not (JournalUnavailable with
-        ``outcome_unknown=False``). Someone else's rows: SequenceConflict.
-        """
+    async def _resolve(self, expected: int, events: list[Any], metadata: Any) -> list[EventEnvelope]:
+        """Learn whether an interrupted write committed (:meth:`Journal.resolve_persist`);
+        retry (reads only) until known."""
         pid = self.persistence_id
         delay = self._settings.breaker_reset_timeout / 4
         while True:
             try:
-                envs = [
-                    e
-                    async for e in self._journal.current_events_by_persistence_id(
-                        pid, expected + 1, expected + n
-                    )
-                ]
-                highest = await self._journal.highest_seq_nr(pid)
+                envs = await self._journal.resolve_persist(
+                    pid, events, expected_seq_nr=expected, tags=self.entity.tags, metadata=metadata
+                )
             except JournalUnavailable as e:
+                if not e.outcome_unknown:
+                    self._breaker.record_success()
+                    raise
                 self._breaker.record_failure()
                 log.warning("outcome of the write of %s still unknown (%s)", pid, e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._settings.resolve_max_backoff)
                 continue
+            except SequenceConflict:
+                self._breaker.record_success()
+                raise
             self._breaker.record_success()
-            if len(envs) == n and all(e.writer == self._journal.writer_id for e in envs):
-                return envs
-            if not envs and highest == expected:
-                raise JournalUnavailable(
-                    f"write of {pid!r} failed: not stored (checked once the database answered)",
-                    outcome_unknown=False,
-                )
-            raise SequenceConflict(pid, expected, "another writer stored these sequence numbers")
+            return envs
 
     def _conflict(self, batch: list[_Command], e: SequenceConflict) -> None:
         """Our view of the pid is stale: fail these and every handled-unwritten command, restart."""

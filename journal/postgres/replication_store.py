@@ -23,7 +23,7 @@ from ..replication.model import ReplicatedEvent, WriteOutcome
 from ..replication.vector_time import VectorTime
 from ..serialization import Serialized
 from ..settings import validate_identifier
-from .backend import PostgresBackend
+from .writes import PostgresWrites
 
 
 class _Sql:
@@ -116,7 +116,7 @@ def _dump(vt: VectorTime) -> str:
 class PostgresReplicationStore:
     """The replicated logs of one location in one journal database (log name = entity type)."""
 
-    def __init__(self, backend: PostgresBackend, location: str) -> None:
+    def __init__(self, backend: PostgresWrites, location: str) -> None:
         self.backend = backend
         self.location = location
         self._sql = _Sql(backend.settings.schema)

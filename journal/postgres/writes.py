@@ -12,7 +12,7 @@ from typing import Any
 
 import asyncpg
 
-from ..backend import WriteCheck, WriteRequest, WriteResult, Written, check_rows
+from ..backend import Found, WriteCheck, WriteRequest, WriteResult, check_rows
 from ..buckets import bucket_millis
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import JSON_SERIALIZER_ID
@@ -300,10 +300,10 @@ class PostgresWrites(PostgresPart):
                 got = await self.check_write(r)
             except JournalUnavailable as e:
                 raise JournalUnavailable(str(e), outcome_unknown=True) from e
-            if got.outcome is Written.WRITTEN:
+            if got.outcome is Found.WRITTEN:
                 assert got.db_timestamp is not None
                 out[r.persistence_id] = (r.expected_seq_nr + 1, len(r.events), got.db_timestamp)
-            elif got.outcome is Written.NOT_WRITTEN:
+            elif got.outcome is Found.NOT_WRITTEN:
                 resend.append(r)
             # else: another writer's rows are there: the call is reported as a conflict
         return out, resend
