@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from .ids import entity_type_of, slice_for
-from .offsets import Offset
+from .offsets import Offset, SequenceOffset
 from .timeuuid import datetime_of
 
 _FIELDS = (
@@ -104,6 +104,30 @@ class EventEnvelope:
               _UNSET if has_payload else None, _UNSET, tags, metadata, writer,
               has_payload, source, src, index)  # fmt: skip
         return e
+
+    @classmethod
+    def written(
+        cls,
+        persistence_id: str,
+        entity_type: str,
+        slice: int,
+        first_seq_nr: int,
+        db_timestamp: datetime,
+        events: Sequence[Any],
+        tags: tuple[str, ...],
+        metadata: Any,
+        writer: str,
+    ) -> list[EventEnvelope]:
+        """Hot-path constructor of what one ``persist`` call returns: its events, numbered from
+        ``first_seq_nr``, each with its :class:`~journal.offsets.SequenceOffset`."""
+        out: list[EventEnvelope] = []
+        for i, ev in enumerate(events):
+            e = _NEW(cls)
+            seq_nr = first_seq_nr + i
+            _INIT(e, persistence_id, entity_type, slice, seq_nr, db_timestamp, ev, SequenceOffset(seq_nr),
+                  tags, metadata, writer, True, "query", None, 0)  # fmt: skip
+            out.append(e)
+        return out
 
     @property
     def event(self) -> Any:

@@ -53,13 +53,13 @@ def instrumented(write_batch: WriteBatch) -> WriteBatch:
             raise
         WRITE_SECONDS.observe(time.perf_counter() - started)
         WRITE_BATCH_CALLS.observe(len(requests))
-        total = written = 0
-        for request, result in zip(requests, results, strict=True):
-            total += len(request.events)
-            if isinstance(result, Exception):
-                record_failure(result)
-            else:
-                written += len(request.events)
+        total = sum([len(r.events) for r in requests])
+        written = total
+        if not all([type(x) is WriteResult for x in results]):  # the common case: all written
+            for request, result in zip(requests, results, strict=True):
+                if isinstance(result, Exception):
+                    record_failure(result)
+                    written -= len(request.events)
         WRITE_BATCH_EVENTS.observe(total)
         EVENTS_WRITTEN.inc(written)
         return results

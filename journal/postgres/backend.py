@@ -20,6 +20,7 @@ from ..settings import JournalSettings
 from .cleanup import PostgresCleanup
 from .dsn import asyncpg_dsn
 from .errors import backoff_delays, is_transient, with_retries
+from .known_insert import KnownSeqInsert
 from .slice_reader import PostgresSliceReader
 from .statements import SLICE_GROUP_SIZE, Statements
 from .tag_statements import TagStatements
@@ -68,6 +69,7 @@ class PostgresBackend:
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=settings.write.notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=settings.write.notify)
         self._insert_one = self.sql.insert_one(notify=settings.write.notify)
+        self._known = KnownSeqInsert(self.sql, notify=settings.write.notify)
         self.tag_sql = TagStatements(settings.schema)
         self._notify = settings.write.notify
         bucket = self.sql.tag_bucket_param(self._notify)
@@ -237,6 +239,10 @@ class PostgresBackend:
         those fail with SequenceConflict and the rest are written again. If the connection breaks
         mid-statement, the calls found not written are sent again (a bounded number of times).
         """
+        if interruptions == 0 and len(requests) > 1 and self._known.accepts(requests):
+            done = await self._write_known(requests)
+            if done is not None:
+                return done
         results: dict[int, WriteResult | Exception] = {}
         pending = list(range(len(requests)))
         for _ in range(8):
@@ -287,6 +293,24 @@ class PostgresBackend:
         for i in pending:
             results[i] = _conflict(requests[i], "kept conflicting")
         return [results[i] for i in range(len(requests))]
+
+    async def _write_known(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception] | None:
+        stmt, params = self._known.statement(requests, self.writer_id)
+        conn = await self.writers.take()
+        try:
+            row = await conn.fetchrow(stmt, *params)
+        except asyncpg.exceptions.PostgresError:
+            self._release(conn)
+            return None
+        except BaseException:
+            self._release(conn, broken=True)
+            raise
+        self._release(conn)
+        assert row is not None
+        if row[1]:
+            return None
+        ts = row[0]
+        return [WriteResult(r.expected_seq_nr + 1, ts) for r in requests]  # type: ignore[operator]
 
     async def write_on(self, conn: asyncpg.Connection, request: WriteRequest) -> WriteResult:
         """Write one request on the caller's connection (inside its transaction, if any)."""
