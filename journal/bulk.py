@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from .backend import WriteRequest, WriteResult
+from .columns import WriteColumns
 from .errors import InvalidArgument, JournalError, SerializationError, StorageError
 from .ids import ENTITY_TYPE_SEPARATOR, MAX_PERSISTENCE_ID_LENGTH, MAX_SEQ_NR, slice_for
 from .serialization import BYTES_SERIALIZER_ID, JSON_SERIALIZER_ID, Serialized, SerializerRegistry, dump_plain_json
@@ -56,6 +57,74 @@ MAX_EVENTS_PER_CALL = 10_000
 
 FullRequest = Callable[[str, Sequence[Any], "int | None", Sequence[str], Any], WriteRequest]
 """Validates one part in full and builds its request, or raises (``Journal._request``)."""
+
+
+def bulk_columns(writes: Sequence[Write | tuple[Any, ...]], serializers: SerializerRegistry) -> WriteColumns | None:
+    """The parts of a ``persist_many`` call as columns, when every part is one plain event (a
+    plain JSON value or bytes) with an int ``expected_seq_nr``, no tags and no metadata, and no
+    pid repeats; else None (then :func:`bulk_requests` checks every part and raises for a bad one).
+    """
+    plain = serializers.plain_json_types
+    raw = serializers.plain_bytes_type
+    pids: list[str] = []
+    entity_types: list[str] = []
+    expected_seq_nrs: list[int] = []
+    payloads: list[bytes] = []
+    ser_ids: list[int] = []
+    cut = ENTITY_TYPE_SEPARATOR
+    try:
+        for w in writes:
+            if type(w) is Write:
+                pid, events, expected, tags, metadata = w
+            elif type(w) is tuple and len(w) == 3:
+                (pid, events, expected), tags, metadata = w, (), None
+            else:
+                return None
+            if not (
+                type(pid) is str
+                and 0 < len(pid) <= MAX_PERSISTENCE_ID_LENGTH
+                and (type(events) is list or type(events) is tuple)
+                and len(events) == 1
+                and type(expected) is int
+                and 0 <= expected < MAX_SEQ_NR
+                and not tags
+                and metadata is None
+                and "\x00" not in pid
+            ):
+                return None
+            ev = events[0]
+            t = type(ev)
+            if t in plain:
+                payloads.append(dump_plain_json(ev))
+                ser_ids.append(JSON_SERIALIZER_ID)
+            elif t is raw:
+                payloads.append(ev)
+                ser_ids.append(BYTES_SERIALIZER_ID)
+            else:
+                return None
+            pids.append(pid)
+            expected_seq_nrs.append(expected)
+            i = pid.find(cut)
+            entity_types.append(pid[:i] if i >= 0 else "")
+    except Exception:  # a value that does not serialize: bulk_requests raises the error naming it
+        return None
+    if not pids or len(set(pids)) != len(pids):
+        return None
+    return WriteColumns(pids, entity_types, [slice_for(p) for p in pids], expected_seq_nrs, payloads, ser_ids)
+
+
+def column_outcomes(columns: WriteColumns, results: Sequence[datetime | WriteResult | Exception]) -> list[Outcome]:
+    """:func:`outcomes` of a bulk write sent as columns."""
+    out: list[Outcome] = []
+    append = out.append
+    for pid, expected, res in zip(columns.persistence_ids, columns.expected_seq_nrs, results, strict=True):
+        if type(res) is datetime:
+            append(Written(pid, expected + 1, expected + 1, res))
+        elif type(res) is WriteResult:
+            append(Written(pid, res.first_seq_nr, res.first_seq_nr, res.db_timestamp))
+        else:
+            append(_failed_pid(pid, res))
+    return out
 
 
 def bulk_requests(
@@ -152,8 +221,12 @@ def outcomes(requests: Sequence[WriteRequest], results: Sequence[WriteResult | E
 
 
 def _failed(r: WriteRequest, res: WriteResult | Exception) -> JournalError:
+    return _failed_pid(r.persistence_id, res)
+
+
+def _failed_pid(pid: str, res: object) -> JournalError:
     if isinstance(res, JournalError):
         return res
-    err = StorageError(f"write of {r.persistence_id!r} failed: {type(res).__name__}: {res}")
+    err = StorageError(f"write of {pid!r} failed: {type(res).__name__}: {res}")
     err.__cause__ = res if isinstance(res, BaseException) else None
     return err

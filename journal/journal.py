@@ -13,7 +13,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .backend import Backend, SliceQueryBackend, SnapshotRow, StoredEvent, WriteRequest, WriteResult
-from .bulk import MAX_EVENTS_PER_CALL, Outcome, Write, bulk_requests, outcomes, plain_request
+from .bulk import (
+    MAX_EVENTS_PER_CALL,
+    Outcome,
+    Write,
+    bulk_columns,
+    bulk_requests,
+    column_outcomes,
+    outcomes,
+    plain_request,
+)
 from .envelope import EventEnvelope
 from .errors import (
     ConfigurationError,
@@ -31,7 +40,7 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
-from .metrics import instrumented
+from .metrics import instrumented, instrumented_columns
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries
@@ -126,7 +135,14 @@ class Journal:
         two parts; SerializationError for an event that cannot be serialized. The message names
         the part's index.
         """
-        requests = bulk_requests(writes, self.serializers, self._request)
+        parts = writes if type(writes) is list else list(writes)
+        write_columns = getattr(self.backend, "write_columns", None)
+        if write_columns is not None:
+            columns = bulk_columns(parts, self.serializers)  # the commonest shape: no object per part
+            if columns is not None:
+                written = await self._group_commit.submit_columns(columns, instrumented_columns(write_columns))
+                return column_outcomes(columns, written)
+        requests = bulk_requests(parts, self.serializers, self._request)
         if not requests:
             return []
         return outcomes(requests, await self._group_commit.submit_many(requests))

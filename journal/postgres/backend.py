@@ -8,12 +8,14 @@ import logging
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 import asyncpg
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from ..buckets import bucket_millis
+from ..columns import WriteColumns
 from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
 from ..serialization import JSON_SERIALIZER_ID, Serialized
 from ..settings import JournalSettings
@@ -230,7 +232,7 @@ class PostgresBackend:
         )
 
     async def write_batch(
-        self, requests: Sequence[WriteRequest], *, interruptions: int = 0
+        self, requests: Sequence[WriteRequest], *, interruptions: int = 0, interrupted: bool = False
     ) -> list[WriteResult | Exception]:
         """One multi-row statement for the whole batch; conflicts isolate the failing calls.
 
@@ -238,11 +240,17 @@ class PostgresBackend:
         run in a rolled-back transaction (ON CONFLICT DO NOTHING) finds which calls conflict;
         those fail with SequenceConflict and the rest are written again. If the connection breaks
         mid-statement, the calls found not written are sent again (a bounded number of times).
+
+        A batch whose every call names its expected_seq_nr is first sent as the optimistic
+        insert (:mod:`.known_insert`); only if that writes nothing (a conflict) is the general
+        statement run. ``interrupted``: the batch was sent once and its connection broke (and its
+        server process has settled): resolve its outcome from the rows before sending anything.
         """
-        if interruptions == 0 and len(requests) > 1 and self._known.accepts(requests):
-            done = await self._write_known(requests)
-            if done is not None:
-                return done
+        if not interrupted and interruptions == 0 and len(requests) > 1 and self._known.accepts(requests):
+            optimistic = await self._insert_known(requests)
+            if isinstance(optimistic, datetime):
+                return [WriteResult(r.expected_seq_nr + 1, optimistic) for r in requests]  # type: ignore[operator]
+            interrupted = optimistic is _Unwritten.INTERRUPTED
         results: dict[int, WriteResult | Exception] = {}
         pending = list(range(len(requests)))
         for _ in range(8):
@@ -250,7 +258,11 @@ class PostgresBackend:
                 break
             batch = [requests[i] for i in pending]
             try:
-                written, resend = await self._insert_batch(batch)
+                if interrupted:
+                    interrupted = False
+                    written, resend = await self._resolve_unknown(batch)
+                else:
+                    written, resend = await self._insert_batch(batch)
             except asyncpg.exceptions.PostgresError as e:
                 if isinstance(e, asyncpg.exceptions.UniqueViolationError) and len(pending) == 1:
                     results[pending[0]] = _conflict(batch[0], "another writer took these sequence numbers")
@@ -294,24 +306,6 @@ class PostgresBackend:
             results[i] = _conflict(requests[i], "kept conflicting")
         return [results[i] for i in range(len(requests))]
 
-    async def _write_known(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception] | None:
-        stmt, params = self._known.statement(requests, self.writer_id)
-        conn = await self.writers.take()
-        try:
-            row = await conn.fetchrow(stmt, *params)
-        except asyncpg.exceptions.PostgresError:
-            self._release(conn)
-            return None
-        except BaseException:
-            self._release(conn, broken=True)
-            raise
-        self._release(conn)
-        assert row is not None
-        if row[1]:
-            return None
-        ts = row[0]
-        return [WriteResult(r.expected_seq_nr + 1, ts) for r in requests]  # type: ignore[operator]
-
     async def write_on(self, conn: asyncpg.Connection, request: WriteRequest) -> WriteResult:
         """Write one request on the caller's connection (inside its transaction, if any)."""
         stmt, params = self._statement([request], probe=False)
@@ -338,6 +332,55 @@ class PostgresBackend:
             out.extend(await self.write_batch([r]))
         return out
 
+    async def write_columns(self, columns: WriteColumns) -> datetime | list[WriteResult | Exception]:
+        """Write calls given as columns (see :class:`~journal.columns.WriteColumns`): the
+        optimistic insert, with no object per call; returns the timestamp every call got. If it
+        wrote nothing (a conflict) or its outcome is unknown, the calls are built and go through
+        :meth:`write_batch`, which isolates or resolves them; returns its per-call results."""
+        got = await self._insert_known(columns)
+        if isinstance(got, datetime):
+            return got
+        return await self.write_batch(columns.requests(), interrupted=got is _Unwritten.INTERRUPTED)
+
+    async def _take_writer(self) -> asyncpg.Connection:
+        """A write connection; failures to get one are retried with backoff (transient only)."""
+        delays = iter(backoff_delays(self.settings.retry))
+        while True:
+            try:
+                return await self.writers.take()
+            except Exception as e:
+                delay = next(delays, None)
+                if not is_transient(e):
+                    raise
+                if delay is None:
+                    raise _unavailable("write", e) from e
+                await asyncio.sleep(delay)
+
+    async def _insert_known(self, batch: Sequence[WriteRequest] | WriteColumns) -> datetime | _Unwritten:
+        """The optimistic insert: its timestamp when every call was written; NOTHING when nothing
+        was written (the check failed, or the database refused a row); INTERRUPTED when the
+        connection broke once the statement was sent (its server process has settled since)."""
+        stmt, params = self._known.statement(batch, self.writer_id)
+        conn = await self._take_writer()
+        server_pid = conn.get_server_pid()
+        try:
+            row = await conn.fetchrow(stmt, *params)
+        except Exception as e:
+            if not is_transient(e):
+                self._release(conn)
+                return _Unwritten.NOTHING
+            self._release(conn, broken=True)
+            log.warning("write interrupted (%s), resolving its outcome", e)
+            await self._wait_until_settled(server_pid)
+            return _Unwritten.INTERRUPTED
+        except BaseException:  # cancelled mid-statement: the connection's state is unknown
+            self._release(conn, broken=True)
+            raise
+        self._release(conn)
+        assert row is not None
+        ts: datetime = row[0]
+        return ts if row[1] == 0 else _Unwritten.NOTHING
+
     async def _insert_batch(self, batch: Sequence[WriteRequest]) -> tuple[dict[str, _Written], list[WriteRequest]]:
         """The atomic autocommit insert, with the database's outcome made known.
 
@@ -346,34 +389,23 @@ class PostgresBackend:
         (:meth:`_resolve_unknown`): returns the calls written, and those known not to be written.
         """
         stmt, params = self._statement(batch, probe=False)
-        delays = iter(backoff_delays(self.settings.retry))
-        while True:
-            try:
-                conn = await self.writers.take()
-            except Exception as e:
-                delay = next(delays, None)
-                if not is_transient(e):
-                    raise
-                if delay is None:
-                    raise _unavailable("write", e) from e
-                await asyncio.sleep(delay)
-                continue
-            server_pid = conn.get_server_pid()
-            try:
-                rows = await conn.fetch(stmt, *params)
-            except Exception as e:
-                if not is_transient(e):
-                    self._release(conn)
-                    raise
-                self._release(conn, broken=True)
-                log.warning("write interrupted (%s), resolving its outcome", e)
-                await self._wait_until_settled(server_pid)
-                return await self._resolve_unknown(batch)
-            except BaseException:  # cancelled mid-statement: the connection's state is unknown
-                self._release(conn, broken=True)
+        conn = await self._take_writer()
+        server_pid = conn.get_server_pid()
+        try:
+            rows = await conn.fetch(stmt, *params)
+        except Exception as e:
+            if not is_transient(e):
+                self._release(conn)
                 raise
-            self._release(conn)  # the write is done, whatever happens to the connection now
-            return _by_pid(rows), []
+            self._release(conn, broken=True)
+            log.warning("write interrupted (%s), resolving its outcome", e)
+            await self._wait_until_settled(server_pid)
+            return await self._resolve_unknown(batch)
+        except BaseException:  # cancelled mid-statement: the connection's state is unknown
+            self._release(conn, broken=True)
+            raise
+        self._release(conn)  # the write is done, whatever happens to the connection now
+        return _by_pid(rows), []
 
     async def _probe_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
         """Which calls would be written in full? (ON CONFLICT DO NOTHING, always rolled back.)"""
@@ -547,6 +579,12 @@ class PostgresBackend:
                 rev = None
         return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
 
+
+class _Unwritten(Enum):
+    """Why the optimistic insert did not report every call written."""
+
+    NOTHING = "nothing written"
+    INTERRUPTED = "connection broke mid-statement: outcome to be resolved"
 
 _Written = tuple[int, int, datetime]
 """Per written pid: first seq_nr, number of rows, db_timestamp."""

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..backend import WriteRequest
+from ..columns import WriteColumns
 from ..serialization import JSON_SERIALIZER_ID
 from .statements import SLICE_GROUP_SIZE, Statements
 
@@ -89,9 +90,12 @@ WITH chk AS (
 )
 SELECT ts, bad{notify} FROM stamp"""
 
-    def statement(self, requests: Sequence[WriteRequest], writer: str) -> tuple[str, tuple[Any, ...]]:
-        """The statement and its parameters for ``requests`` (all :meth:`accepts`-ed), built in
-        one pass; arrays whose every element is the default are sent empty."""
+    def statement(self, batch: Sequence[WriteRequest] | WriteColumns, writer: str) -> tuple[str, tuple[Any, ...]]:
+        """The statement and its parameters for ``batch`` (requests :meth:`accepts`-ed, or
+        columns), built in one pass; arrays whose every element is the default are sent empty."""
+        if isinstance(batch, WriteColumns):
+            return self._columns(batch, writer)
+        requests = batch
         pids: list[str] = []
         slices: list[int] = []
         seqs: list[int] = []
@@ -153,3 +157,18 @@ SELECT ts, bad{notify} FROM stamp"""
         if self._notify:
             params += (list({f"{r.slice // SLICE_GROUP_SIZE}:{r.entity_type}" for r in requests}),)
         return (self.many_events if many else self.one_event), params
+
+    def _columns(self, c: WriteColumns, writer: str) -> tuple[str, tuple[Any, ...]]:
+        et = c.entity_types[0]
+        entity_types = [] if c.entity_types.count(et) == len(c.entity_types) else c.entity_types
+        ser_ids = [] if c.ser_ids.count(JSON_SERIALIZER_ID) == len(c.ser_ids) else c.ser_ids
+        params: tuple[Any, ...] = (
+            c.persistence_ids, c.slices, [e + 1 for e in c.expected_seq_nrs], c.payloads, writer,
+            entity_types, et, ser_ids, [], [], [], [],
+        )  # fmt: skip
+        if self._notify:
+            groups = {f"{s // SLICE_GROUP_SIZE}:{et}" for s in c.slices} if not entity_types else {
+                f"{s // SLICE_GROUP_SIZE}:{t}" for s, t in zip(c.slices, entity_types, strict=True)
+            }
+            params += (list(groups),)
+        return self.one_event, params
