@@ -246,3 +246,31 @@ def test_columns_chunk_and_requests_line_up() -> None:
         ("b|2", "b", 2, 4), ("a|3", "a", 3, 7),
     ]  # fmt: skip
     assert [(e.ser_id, e.payload) for r in reqs for e in r.events] == [(0, b"y"), (1, b"z")]
+
+
+async def test_column_parts_of_every_plain_kind_read_back(dsn: str, journal: Journal) -> None:
+    """JSON values, bytes and plain tuples all travel as columns and read back as written."""
+    values: list[object] = [{"a": 1}, [1, 2], "text", 7, 1.5, True, b"\x00raw"]
+    writes: list[object] = [Write(f"kind|{i}", [v], 0) for i, v in enumerate(values)]
+    writes.append(("kind|tuple", ({"t": 1},), 0))
+    writes.append(Write("other|1", ["another entity type"], 0))
+    out = await journal.persist_many(writes)  # type: ignore[arg-type]
+    assert failures(out) == []
+    for i, v in enumerate(values):
+        assert [e.event async for e in journal.current_events_by_persistence_id(f"kind|{i}")] == [v]
+    assert [e.event async for e in journal.current_events_by_persistence_id("kind|tuple")] == [{"t": 1}]
+    stored = [e async for e in journal.current_events_by_persistence_id("other|1")]
+    assert stored[0].entity_type == "other" and stored[0].event == "another entity type"
+
+
+async def test_bad_column_parts_raise_before_anything_is_written(dsn: str, journal: Journal) -> None:
+    from journal import InvalidArgument, SerializationError
+
+    good = [Write(f"bad|{i}", [i], 0) for i in range(5)]
+    with pytest.raises(SerializationError, match="part 5"):
+        await journal.persist_many([*good, Write("bad|x", [object()], 0)])
+    with pytest.raises(InvalidArgument, match="part 5.*appears in an earlier part"):
+        await journal.persist_many([*good, Write("bad|0", [1], 0)])
+    with pytest.raises(InvalidArgument, match="part 5"):
+        await journal.persist_many([*good, Write("bad|y", [1], 2**63 - 1)])  # its event would overflow
+    assert await count(dsn) == 0
