@@ -175,7 +175,13 @@ def plain_request(
         and metadata is None
         and "\x00" not in pid
     ):
-        serialized = _plain_events(events, plain, raw)
+        if len(events) == 1 and type(events[0]) in plain:  # the commonest call
+            try:
+                serialized: list[Serialized] | None = [Serialized(JSON_SERIALIZER_ID, "", dump_plain_json(events[0]))]
+            except Exception:  # the full path raises the error that names it
+                return None
+        else:
+            serialized = _plain_events(events, plain, raw)
         if serialized is not None:
             cut = pid.find(ENTITY_TYPE_SEPARATOR)
             return WriteRequest(pid, pid[:cut] if cut >= 0 else "", slice_for(pid), expected, serialized)

@@ -274,3 +274,19 @@ async def test_bad_column_parts_raise_before_anything_is_written(dsn: str, journ
     with pytest.raises(InvalidArgument, match="part 5"):
         await journal.persist_many([*good, Write("bad|y", [1], 2**63 - 1)])  # its event would overflow
     assert await count(dsn) == 0
+
+
+async def test_written_envelopes_build_their_offsets_on_first_access(journal: Journal) -> None:
+    import pickle
+
+    from journal import EventEnvelope
+    from journal.offsets import SequenceOffset
+
+    envs = await journal.persist("env|1", ["a", "b"], expected_seq_nr=0)
+    assert [e.offset for e in envs] == [SequenceOffset(1), SequenceOffset(2)]
+    e = envs[1]
+    same = EventEnvelope(
+        e.persistence_id, e.entity_type, e.slice, 2, e.db_timestamp, "b", SequenceOffset(2), writer=e.writer
+    )
+    assert e == same and hash(e) == hash(same) and repr(e) == repr(same)
+    assert pickle.loads(pickle.dumps(e)) == same
