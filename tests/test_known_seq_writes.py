@@ -290,3 +290,28 @@ async def test_written_envelopes_build_their_offsets_on_first_access(journal: Jo
     )
     assert e == same and hash(e) == hash(same) and repr(e) == repr(same)
     assert pickle.loads(pickle.dumps(e)) == same
+
+
+async def test_parts_with_metadata_and_several_events_keep_them(journal: Journal) -> None:
+    """Such parts travel as requests through the optimistic insert (the processor's shape)."""
+    await journal.persist("md|1", ["first"])
+    out = await journal.persist_many(
+        [
+            Write("md|1", ["x", "y", "z"], 1, metadata={"source_seq_nr": 9}),
+            Write("md|2", [b"raw"], 0, metadata={"source_seq_nr": 3}),
+            Write("md|3", ["plain"], 0),
+        ]
+    )
+    assert failures(out) == []
+    first = out[0]
+    assert isinstance(first, Written) and (first.first_seq_nr, first.last_seq_nr) == (2, 4)
+    stored = [e async for e in journal.current_events_by_persistence_id("md|1")]
+    meta = {"source_seq_nr": 9}
+    assert [(e.seq_nr, e.event, e.metadata) for e in stored] == [
+        (1, "first", None), (2, "x", meta), (3, "y", meta), (4, "z", meta),
+    ]  # fmt: skip
+    assert len({e.db_timestamp for e in stored[1:]}) == 1
+    two = [e async for e in journal.current_events_by_persistence_id("md|2")]
+    assert [(e.event, e.metadata) for e in two] == [(b"raw", {"source_seq_nr": 3})]
+    three = [e async for e in journal.current_events_by_persistence_id("md|3")]
+    assert [(e.event, e.metadata) for e in three] == [("plain", None)]
