@@ -14,12 +14,12 @@ import asyncpg
 
 from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from ..buckets import bucket_millis
-from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict, StorageError
+from ..errors import ConfigurationError, JournalUnavailable, SequenceConflict
 from ..serialization import JSON_SERIALIZER_ID, Serialized
 from ..settings import JournalSettings
 from .cleanup import PostgresCleanup
 from .dsn import asyncpg_dsn
-from .errors import backoff_delays, is_transient, with_retries
+from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, with_retries, write_error
 from .slice_reader import PostgresSliceReader
 from .statements import SLICE_GROUP_SIZE, Statements
 from .tag_statements import TagStatements
@@ -297,6 +297,10 @@ class PostgresBackend:
             rows = await conn.fetch(stmt, *params)
         except asyncpg.exceptions.UniqueViolationError as e:
             raise _conflict(request, "another writer took these sequence numbers") from e
+        except asyncpg.exceptions.PostgresError as e:  # the recovery guard's refusal, typed
+            if e.sqlstate == LOCAL_WRITES_REFUSED_SQLSTATE:
+                raise write_error(request.persistence_id, e) from e
+            raise
         got = _by_pid(rows).get(request.persistence_id)
         if got is None or got[1] != len(request.events):
             raise _conflict(request, "expected_seq_nr is not the stored highest sequence number")
@@ -308,7 +312,7 @@ class PostgresBackend:
 
     async def _write_each(self, batch: Sequence[WriteRequest], cause: Exception) -> list[WriteResult | Exception]:
         if len(batch) == 1:
-            return [StorageError(f"write of {batch[0].persistence_id!r} failed: {cause}")]
+            return [write_error(batch[0].persistence_id, cause)]
         out: list[WriteResult | Exception] = []
         for r in batch:
             out.extend(await self.write_batch([r]))

@@ -23,6 +23,7 @@ from ..replication.model import ReplicatedEvent, WriteOutcome
 from ..replication.vector_time import VectorTime
 from ..serialization import Serialized
 from ..settings import validate_identifier
+from . import recovery_guard
 from .backend import PostgresBackend
 
 
@@ -45,6 +46,7 @@ class _Sql:
         )
         self.log_row = f"SELECT location, log_seq_nr, version_vector, recovering FROM {rl} WHERE log_name = $1"
         self.set_recovering = f"UPDATE {rl} SET recovering = $2 WHERE log_name = $1"
+        self.any_recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering)"
         self.lock_log = self.log_row + " FOR UPDATE"
         self.save_log = f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
         self.unstamped = (
@@ -216,6 +218,7 @@ class PostgresReplicationStore:
         """Write a batch from ``source_location`` in its order, dropping every event the log's
         version vector already covers, and store the progress, all in one transaction."""
         async with self.backend.pool.acquire() as conn, conn.transaction():
+            await conn.execute(recovery_guard.MARK_REPLICATED_SQL)
             head = await _head(conn, self._sql.lock_log, log_name)
             pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
             cols: list[list[Any]] = [[], [], [], [], [], []]
@@ -236,9 +239,29 @@ class PostgresReplicationStore:
             await conn.execute(self._sql.save_progress, log_name, source_location, last_scanned)
         return WriteOutcome(written=len(cols[0]), dropped=dropped, progress=last_scanned)
 
-    async def set_recovering(self, log_name: str, recovering: bool) -> None:
+    async def begin_recovery(self, log_names: Sequence[str]) -> None:
+        """Flag the logs as recovering and install the recovery guard: from its commit on, every
+        local write to them, by any process or writer, is refused (:mod:`.recovery_guard`)."""
+        async with self.backend.pool.acquire() as conn, conn.transaction():
+            for name in log_names:
+                await conn.execute(self._sql.set_recovering, name, True)
+            await conn.execute(recovery_guard.install_sql(self.backend.settings.schema))
+
+    async def end_recovery(self, log_names: Sequence[str]) -> None:
+        """Clear the logs' recovering flags; drop the guard when no log is recovering any more."""
+        async with self.backend.pool.acquire() as conn, conn.transaction():
+            for name in log_names:
+                await conn.execute(self._sql.set_recovering, name, False)
+            if not await conn.fetchval(self._sql.any_recovering):
+                await conn.execute(recovery_guard.remove_sql(self.backend.settings.schema))
+
+    async def guard_installed(self) -> bool:
+        schema = self.backend.settings.schema
         async with self.backend.pool.acquire() as conn:
-            await conn.execute(self._sql.set_recovering, log_name, recovering)
+            found = await conn.fetchval(
+                recovery_guard.INSTALLED_SQL, f'"{schema}".event_journal', recovery_guard.TRIGGER
+            )
+        return bool(found)
 
     async def recovering(self, log_name: str) -> bool:
         async with self.backend.pool.acquire() as conn:
