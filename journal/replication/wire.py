@@ -27,6 +27,7 @@ def encode_read(r: ReadRequest) -> bytes:
         {
             "log": r.log_name, "after": r.after, "limit": r.limit, "target": r.target_location,
             "vv": r.target_vv.to_json(), "app": [r.target_application.name, r.target_application.version],
+            "ids": [list(i) for i in r.ids],
         }
     )  # fmt: skip
 
@@ -34,8 +35,9 @@ def encode_read(r: ReadRequest) -> bytes:
 def decode_read(b: bytes) -> ReadRequest:
     d = orjson.loads(b)
     return ReadRequest(
-        d["log"], int(d["after"]), int(d["limit"]), d["target"], VectorTime(d["vv"]), Application(*d["app"])
-    )
+        d["log"], int(d["after"]), int(d["limit"]), d["target"], VectorTime(d["vv"]), Application(*d["app"]),
+        tuple((str(o), int(n)) for o, n in d.get("ids", ())),
+    )  # fmt: skip
 
 
 def encode_batch(b: ReplicationBatch) -> bytes:
@@ -44,6 +46,7 @@ def encode_batch(b: ReplicationBatch) -> bytes:
             "source": b.source_location,
             "log": b.log_name,
             "last": b.last_scanned,
+            "covered": [list(i) for i in b.covered],
             "events": [
                 [e.persistence_id, _ser(e.event), e.origin_location, e.origin_seq_nr, e.vector_time.to_json(),
                  e.log_seq_nr, list(e.tags), _ser(e.metadata)]
@@ -62,4 +65,5 @@ def decode_batch(b: bytes) -> ReplicationBatch:
         events.append(
             ReplicatedEvent(pid, event, origin, int(origin_seq), VectorTime(vt), int(pos), tuple(tags), _unser(meta))
         )
-    return ReplicationBatch(d["source"], d["log"], tuple(events), int(d["last"]))
+    covered = tuple((str(o), int(n)) for o, n in d.get("covered", ()))
+    return ReplicationBatch(d["source"], d["log"], tuple(events), int(d["last"]), covered)
