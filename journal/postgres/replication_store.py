@@ -298,8 +298,12 @@ class PostgresReplicationStore:
         self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent], pos: int, vv: VectorTime
     ) -> tuple[int, VectorTime]:
         positions = list(range(pos + 1, pos + 1 + len(events)))
+        highest: dict[str, int] = {}
         for e in events:
-            vv = vv.merge(e.vector_time)
+            for location, counter in e.vector_time.items():
+                if counter > highest.get(location, 0):
+                    highest[location] = counter
+        vv = vv.merge(highest)
         b = self.backend
         tagged = any(e.tags for e in events)
         params: list[Any] = [

@@ -235,6 +235,14 @@ class ReplicationEndpoint:
         replicator = Replicator(
             self.store, source, log_name, batch_size=self.config.batch_size, application=self.config.application
         )
+        try:
+            await self._pull(replicator, conn, log_name, wake, detector)
+        finally:
+            await replicator.close()
+
+    async def _pull(
+        self, replicator: Replicator, conn: Connection, log_name: str, wake: asyncio.Event, detector: FailureDetector
+    ) -> None:
         while True:
             wake.clear()
             try:
