@@ -16,7 +16,7 @@ from replication_helpers import Location, location_databases, open_location
 
 from journal.postgres.dsn import asyncpg_dsn
 from journal.replication.filters import EndpointFilters, tagged
-from journal.replication.replicator import LocalSource, Replicator
+from journal.replication.replicator import LocalSource, ReadRequest, Replicator
 
 LOG = "Ticket"
 
@@ -115,3 +115,40 @@ async def test_a_batch_keeps_causal_order_in_timestamps_and_sequence_numbers(loc
     tag_rows = await rows(b, "SELECT sequence_nr FROM tag_views WHERE tag_name = 't' ORDER BY timestamp")
     assert len(tag_rows) == 6
     assert (await b.store.version_vector(LOG)).get("A") == 30
+
+
+async def test_a_read_ahead_is_not_counted_as_stored_at_the_source(locs: dict[str, Location]) -> None:
+    """The target reads the next batch while it writes one; deferred physical deletion at the
+    source must count only what the target committed (``stored``), not where it reads from."""
+    a, b = locs["A"], locs["B"]
+    for i in range(10):
+        await a.journal.persist(f"{LOG}|{i}", [{"v": i}])
+    source = LocalSource(a.store)
+    batch = await source.read(ReadRequest(LOG, 4, 3, "B", stored=2))
+    assert [e.origin_seq_nr for e in batch.events] == [5, 6, 7] and batch.last_scanned == 7
+    assert await a.store.target_progress(LOG) == {"B": 2}
+    replicator = Replicator(b.store, source, LOG, batch_size=4)
+    assert (await replicator.step()).written == 4
+    await replicator.close()
+    assert await a.store.target_progress(LOG) == {"B": 2}  # the read ahead told nothing new
+    assert await replicator.catch_up() == 6
+    assert (await a.store.target_progress(LOG))["B"] <= await b.store.progress(LOG, "A")
+
+
+def test_the_wire_carries_payloads_identities_and_the_stored_position() -> None:
+    from journal.replication.model import ReplicatedEvent, ReplicationBatch
+    from journal.replication.vector_time import VectorTime
+    from journal.replication.wire import decode_batch, decode_read, encode_batch, encode_read
+    from journal.serialization import Serialized
+
+    request = ReadRequest(LOG, 4, 3, "B", VectorTime({"A": 3}), ids=(("A", 1), ("C", 9)), stored=2)
+    assert decode_read(encode_read(request)) == request
+    events = tuple(
+        ReplicatedEvent(f"{LOG}|{i}", Serialized(7, "m", bytes([i]) * i), "A", i, VectorTime({"A": i}), i + 10,
+                        ("t",) if i % 2 else (), Serialized(1, "", b"\x00meta") if i == 2 else None)
+        for i in range(4)
+    )  # fmt: skip
+    batch = ReplicationBatch("A", LOG, events, 14, covered=(("B", 3),))
+    assert decode_batch(encode_batch(batch)) == batch
+    with pytest.raises(ValueError, match="truncated"):
+        decode_batch(encode_batch(batch)[:-1])
