@@ -306,9 +306,10 @@ class PostgresReplicationStore:
         vv = vv.merge(highest)
         b = self.backend
         tagged = any(e.tags for e in events)
+        slices = [slice_for(e.persistence_id) for e in events]
         params: list[Any] = [
             [e.persistence_id for e in events],
-            [slice_for(e.persistence_id) for e in events],
+            slices,
             [e.event.ser_id for e in events],
             [e.event.manifest for e in events],
             [e.event.payload for e in events],
@@ -325,7 +326,7 @@ class PostgresReplicationStore:
         ]
         notify = b.settings.write.notify
         if notify:
-            params.append(sorted({f"{slice_for(e.persistence_id) // SLICE_GROUP_SIZE}:{log_name}" for e in events}))
+            params.append(sorted({f"{sl // SLICE_GROUP_SIZE}:{log_name}" for sl in set(slices)}))
         if tagged:
             params.append(bucket_millis(b.settings.tags.bucket_size))
         row = await conn.fetchrow(self._sql.insert(notify=notify, tagged=tagged), *params)
