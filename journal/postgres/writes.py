@@ -16,10 +16,10 @@ import asyncpg
 from ..backend import Found, WriteCheck, WriteRequest, WriteResult, check_rows
 from ..buckets import bucket_millis
 from ..columns import WriteColumns
-from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict, StorageError
+from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict
 from ..serialization import JSON_SERIALIZER_ID
 from .connections import PostgresConnections, PostgresPart
-from .errors import backoff_delays, is_transient, with_retries
+from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, with_retries, write_error
 from .known_insert import KnownSeqInsert
 from .statements import SLICE_GROUP_SIZE
 from .tag_statements import TagStatements
@@ -200,6 +200,10 @@ class PostgresWrites(PostgresPart):
             rows = await conn.fetch(stmt, *params)
         except asyncpg.exceptions.UniqueViolationError as e:
             raise _conflict(request, "another writer took these sequence numbers") from e
+        except asyncpg.exceptions.PostgresError as e:  # the recovery guard's refusal, typed
+            if e.sqlstate == LOCAL_WRITES_REFUSED_SQLSTATE:
+                raise write_error(request.persistence_id, e) from e
+            raise
         got = _by_pid(rows).get(request.persistence_id)
         if got is None or got[1] != len(request.events):
             raise _conflict(request, "expected_seq_nr is not the stored highest sequence number")
@@ -211,7 +215,7 @@ class PostgresWrites(PostgresPart):
 
     async def _write_each(self, batch: Sequence[WriteRequest], cause: Exception) -> list[WriteResult | Exception]:
         if len(batch) == 1:
-            return [StorageError(f"write of {batch[0].persistence_id!r} failed: {cause}")]
+            return [write_error(batch[0].persistence_id, cause)]
         out: list[WriteResult | Exception] = []
         for r in batch:
             out.extend(await self.write_batch([r]))
