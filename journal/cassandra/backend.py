@@ -386,9 +386,19 @@ class CassandraBackend:
 
     # -- snapshots ---------------------------------------------------------------------------
 
-    async def save_snapshot(self, row: SnapshotRow) -> None:
+    async def save_snapshot(self, row: SnapshotRow, keep: int = 1) -> None:
         m = row.meta
+        if keep > 1:  # the table keeps a row per snapshot: insert, then drop all but the newest
+            await self._insert_snapshot(row, m)
+            seqs = [r.sequence_nr for r in await self.run("snapshot_seq_nrs", row.persistence_id)]
+            seqs = sorted((s for s in seqs if s <= row.seq_nr), reverse=True)
+            if len(seqs) > keep:
+                await self.run("delete_snapshots_below", row.persistence_id, seqs[keep - 1])
+            return
         await self.run("delete_snapshots", row.persistence_id)
+        await self._insert_snapshot(row, m)
+
+    async def _insert_snapshot(self, row: SnapshotRow, m: Serialized | None) -> None:
         await self.run(
             "insert_snapshot", row.persistence_id, row.seq_nr, row.write_timestamp, row.state.ser_id,
             row.state.manifest, row.state.payload, m.ser_id if m else None, m.manifest if m else None,
@@ -396,21 +406,27 @@ class CassandraBackend:
         )  # fmt: skip
 
     async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None:
-        from ..ids import entity_type_of, slice_for
-
         rows = await self.run("load_snapshot", persistence_id)
-        if not rows:
-            return None
-        r = rows[0]
-        meta = _meta(r)
-        return SnapshotRow(
-            persistence_id=persistence_id, entity_type=entity_type_of(persistence_id), slice=slice_for(persistence_id),
-            seq_nr=r.sequence_nr, write_timestamp=r.timestamp or int(time.time() * 1000),
-            state=Serialized(r.ser_id, r.ser_manifest, bytes(r.snapshot_data)), meta=meta,
-        )  # fmt: skip
+        return _snapshot_row(persistence_id, rows[0]) if rows else None
+
+    async def load_snapshots(self, persistence_id: str, limit: int) -> list[SnapshotRow]:
+        """The pid's snapshots, newest first."""
+        rows = await self.run("load_snapshots", persistence_id)
+        return [_snapshot_row(persistence_id, r) for r in list(rows)[:limit]]
 
     async def delete_snapshot(self, persistence_id: str) -> None:
         await self.run("delete_snapshots", persistence_id)
+
+
+def _snapshot_row(persistence_id: str, r: Any) -> SnapshotRow:
+    from ..ids import entity_type_of, slice_for
+
+    meta = _meta(r)
+    return SnapshotRow(
+        persistence_id=persistence_id, entity_type=entity_type_of(persistence_id), slice=slice_for(persistence_id),
+        seq_nr=r.sequence_nr, write_timestamp=r.timestamp or int(time.time() * 1000),
+        state=Serialized(r.ser_id, r.ser_manifest, bytes(r.snapshot_data)), meta=meta,
+    )  # fmt: skip
 
 
 def _meta(x: Any) -> Serialized | None:
