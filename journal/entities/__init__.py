@@ -5,20 +5,26 @@ circuit breaker; writers and processors on the projection runner.
 """
 
 from .circuit_breaker import BreakerState, CircuitBreaker
+from .delivery import Destination
 from .entity import AfterPersist, Entity, EventContext, after_persist
 from .processor import Processor
 from .registry import EntityRegistry
+from .reliable import Delivery
 from .routing import destinations_of, routed_to
+from .snapshot_result import SnapshotResult
 from .writer import Writer, WriterHandler, processed_up_to
 
 __all__ = [
     "AfterPersist",
     "BreakerState",
     "CircuitBreaker",
+    "Delivery",
+    "Destination",
     "Entity",
     "EntityRegistry",
     "EventContext",
     "Processor",
+    "SnapshotResult",
     "Writer",
     "WriterHandler",
     "after_persist",

@@ -98,6 +98,8 @@ class EntityCell:
         self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
         self.recovered = asyncio.Event()
+        self.failure: RecoveryFailed | None = None
+        """Why recovery failed (set with ``recovered``), else None."""
         self.restarts = 0
         self.last_used = time.monotonic()
         interval = cls.redeliver_interval or settings.redeliver_interval
@@ -192,6 +194,7 @@ class EntityCell:
 
     def _fail_recovery(self, e: RecoveryFailed) -> None:
         log.error("%s", e)
+        self.failure = e
         try:
             self.entity.on_recovery(e)
         except Exception:
