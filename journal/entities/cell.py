@@ -97,6 +97,7 @@ class EntityCell:
         self._needs_restart = False
         self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
+        self._snapshot_lock = asyncio.Lock()
         self.recovered = asyncio.Event()
         self.failure: RecoveryFailed | None = None
         """Why recovery failed (set with ``recovered``), else None."""
@@ -402,13 +403,13 @@ class EntityCell:
         entity, seq = self.entity, self.entity.sequence_nr
         result = SnapshotResult(self.persistence_id, seq)
         try:
-            await self._journal.save_snapshot(
-                self.persistence_id,
-                seq,
-                entity.snapshot_state(),
-                metadata=bookkeeping(entity).to_metadata(self._journal.serializers),
-                keep=self._settings.snapshots_per_emitter_max,
-            )
+            state = entity.snapshot_state()
+            meta = bookkeeping(entity).to_metadata(self._journal.serializers)
+            async with self._snapshot_lock:  # in order: an older one never lands after a newer one
+                await self._journal.save_snapshot(
+                    self.persistence_id, seq, state, metadata=meta,
+                    keep=self._settings.snapshots_per_emitter_max,
+                )  # fmt: skip
         except Exception as e:
             log.warning("snapshot of %s at %d failed (recovery will replay more events): %s",
                         self.persistence_id, seq, e)  # fmt: skip
