@@ -12,6 +12,7 @@ from .registry import EntityRegistry
 from .reliable import Delivery
 from .routing import destinations_of, routed_to
 from .snapshot_result import SnapshotResult
+from .stateful import StatefulProcessor, StatefulWriter
 from .writer import Writer, WriterHandler, processed_up_to
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "EventContext",
     "Processor",
     "SnapshotResult",
+    "StatefulProcessor",
+    "StatefulWriter",
     "Writer",
     "WriterHandler",
     "after_persist",
