@@ -480,7 +480,7 @@ class PostgresBackend:
 
         async def op() -> None:
             if keep <= 1:
-                await self.pool.execute(self.sql.upsert_snapshot, *args)
+                await self.pool.execute(self.sql.replace_snapshot, *args)
                 return
             pid, seq = row.persistence_id, row.seq_nr
             async with self.pool.acquire() as conn, conn.transaction():

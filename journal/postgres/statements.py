@@ -233,6 +233,11 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{noti
         )
 
     @property
+    def replace_snapshot(self) -> str:
+        """The upsert, also dropping the older snapshots kept before (one statement: atomic)."""
+        return f"WITH older AS (DELETE FROM {self.older} WHERE persistence_id = $3) {self.upsert_snapshot}"
+
+    @property
     def load_snapshot(self) -> str:
         return (
             "SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, "
