@@ -170,10 +170,10 @@ class EntityCell:
                 EntityStopped(f"{self.persistence_id!r} stopped with this command stashed"),
             )
             self._stash.clear()
-            await self.deliveries.stop()
             if self._background:
                 await asyncio.gather(*self._background, return_exceptions=True)
         finally:
+            await self.deliveries.stop()  # also when a restart's recovery failed
             self._on_stopped(self)
 
     async def _recover(self) -> bool:
