@@ -1,18 +1,32 @@
-"""The backend seam: a small Protocol of storage operations.
+"""The backend seam: every storage interface a backend implements, declared here and nowhere else.
 
-PostgreSQL and Cassandra implement it; SQL and CQL live only behind it. Rows cross the seam
-serialized (bytes plus serializer id and manifest); the :class:`~journal.Journal` facade does
-validation and (de)serialization above it.
+PostgreSQL (:mod:`journal.postgres`) and Cassandra (:mod:`journal.cassandra`) implement
+:class:`Backend` in full; :func:`journal.backends.open_backend` chooses one from the DSN. SQL and
+CQL live only behind this seam. Rows cross it serialized (bytes plus serializer id and manifest);
+the :class:`~journal.Journal` facade validates and (de)serializes above it, and the algorithms
+(group commit, slice and tag queries, tag writers, cleanup) run over these Protocols.
+
+A capability a backend lacks is still part of its interface: it raises
+:class:`~journal.errors.UnsupportedOperation` (Cassandra has no slice queries, no ``write_on``,
+no replicated logs).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from .serialization import Serialized
+
+if TYPE_CHECKING:
+    from .replication.model import ReplicatedEvent, WriteOutcome
+    from .replication.vector_time import VectorTime
+
+# -- what crosses the seam ------------------------------------------------------------------
 
 
 class WriteRequest(NamedTuple):
@@ -55,6 +69,26 @@ class StoredEvent(NamedTuple):
     deleted: bool = False
 
 
+SLICE_ROW_COLUMNS = (
+    "persistence_id", "entity_type", "slice", "seq_nr", "db_timestamp", "event_ser_id",
+    "event_ser_manifest", "event_payload", "writer", "tags", "meta_ser_id", "meta_ser_manifest",
+    "meta_payload", "deleted",
+)  # fmt: skip
+"""The positional row layout of event reads (:meth:`SliceReads.read_slice_rows` rows, and every
+row :func:`stored_event` decodes): the fields of :class:`StoredEvent`, with the metadata flat."""
+
+
+def stored_event(r: Any) -> StoredEvent:
+    """A row in the :data:`SLICE_ROW_COLUMNS` layout as a StoredEvent (the one decoder of it;
+    a NULL payload stays None: a payload-free read)."""
+    meta = None if r[10] is None else Serialized(r[10], r[11] or "", bytes(r[12] or b""))
+    payload = r[7]
+    return StoredEvent(
+        r[0], r[1], r[2], r[3], r[4], r[5], r[6], None if payload is None else bytes(payload), r[8],
+        tuple(r[9]) if r[9] else (), meta, r[13],
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotRow:
     persistence_id: str
@@ -69,53 +103,54 @@ class SnapshotRow:
     db_timestamp: datetime | None = None
 
 
+class Written(Enum):
+    """What the rows of an interrupted write say about it (:meth:`EventWrites.check_write`)."""
+
+    WRITTEN = "written"
+    """Every event is stored, by this writer, with these payloads."""
+    NOT_WRITTEN = "not written"
+    """No row at those sequence numbers: nothing of the call is stored."""
+    CONFLICT = "conflict"
+    """Another writer's rows are there."""
+
+
+class WriteCheck(NamedTuple):
+    outcome: Written
+    db_timestamp: datetime | None = None
+    """The written rows' timestamp (only when ``outcome`` is WRITTEN)."""
+
+
+def check_rows(request: WriteRequest, writer_id: str, rows: Sequence[tuple[str, bytes, datetime]]) -> WriteCheck:
+    """Classify the rows stored at a request's sequence numbers: (writer, payload, db_timestamp)
+    of each, ascending. Shared by every backend's :meth:`EventWrites.check_write`."""
+    if not rows:
+        return WriteCheck(Written.NOT_WRITTEN)
+    mine = [r for r in rows if r[0] == writer_id]
+    if len(mine) == len(request.events) and all(
+        bytes(r[1]) == ev.payload for r, ev in zip(mine, request.events, strict=True)
+    ):
+        return WriteCheck(Written.WRITTEN, mine[0][2])
+    return WriteCheck(Written.CONFLICT)
+
+
 @dataclass(frozen=True, slots=True)
-class BatchOutcome:
-    """Per request of a batch: a WriteResult, or the exception that request alone gets."""
+class SliceRange:
+    """The rows a slice query reads: one entity type, slices ``[min_slice, max_slice]``."""
 
-    results: list[WriteResult | Exception] = field(default_factory=list)
+    entity_type: str
+    min_slice: int
+    max_slice: int
 
 
-@runtime_checkable
-class Backend(Protocol):
-    """Storage operations every backend provides."""
+@dataclass(frozen=True, slots=True)
+class PageRequest:
+    """One page of a slice range: ``[from_timestamp, to_timestamp)``, at most ``limit`` rows,
+    skipping those at exactly ``from_timestamp`` that ``seen`` covers (pid -> highest seq_nr)."""
 
-    name: str
-    writer_id: str
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
-        """Write many requests at once; each is atomic on its own, and fails alone."""
-        ...
-
-    async def highest_seq_nr(self, persistence_id: str) -> int: ...
-
-    async def read_events(
-        self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int
-    ) -> list[StoredEvent]:
-        """Non-deleted events of one pid in ``[from, to]``, ascending, at most ``limit``."""
-        ...
-
-    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None: ...
-
-    async def persistence_ids(self, entity_type: str | None, after: str | None, limit: int) -> list[str]: ...
-
-    async def save_snapshot(self, row: SnapshotRow, keep: int = 1) -> None:
-        """Store ``row`` as the pid's newest snapshot; keep at most ``keep`` snapshots of it."""
-        ...
-
-    async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None: ...
-
-    async def load_snapshots(self, persistence_id: str, limit: int) -> list[SnapshotRow]:
-        """At most ``limit`` snapshots of the pid, newest first."""
-        ...
-
-    async def delete_snapshot(self, persistence_id: str) -> None:
-        """Every snapshot of the pid."""
-        ...
+    from_timestamp: datetime
+    seen: Mapping[str, int]
+    to_timestamp: datetime
+    limit: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,83 +175,6 @@ class HorizonReading:
     prepared: int = 0
 
 
-class Listening(Protocol):
-    """A running notification listener; ``close`` stops it."""
-
-    async def close(self) -> None: ...
-
-
-SLICE_ROW_COLUMNS = (
-    "persistence_id", "entity_type", "slice", "seq_nr", "db_timestamp", "event_ser_id",
-    "event_ser_manifest", "event_payload", "writer", "tags", "meta_ser_id", "meta_ser_manifest",
-    "meta_payload", "deleted",
-)  # fmt: skip
-"""Positions of the columns of :meth:`SliceQueryBackend.read_slice_rows` rows."""
-
-
-@runtime_checkable
-class SliceQueryBackend(Protocol):
-    """Storage operations of the slice queries (PostgreSQL; not Cassandra, which has tags)."""
-
-    async def read_slice_page(
-        self,
-        entity_type: str,
-        min_slice: int,
-        max_slice: int,
-        from_timestamp: datetime,
-        seen: Mapping[str, int],
-        to_timestamp: datetime,
-        limit: int,
-        *,
-        with_payload: bool = True,
-    ) -> list[StoredEvent]:
-        """Events of the range in ``[from, to)`` ordered by (db_timestamp, seq_nr, pid), at most
-        ``limit``, skipping those at exactly ``from`` that ``seen`` covers."""
-        ...
-
-    async def read_slice_rows(
-        self,
-        entity_type: str,
-        min_slice: int,
-        max_slice: int,
-        from_timestamp: datetime,
-        seen: Mapping[str, int],
-        to_timestamp: datetime,
-        limit: int,
-        *,
-        with_payload: bool = True,
-    ) -> list[Any]:
-        """The same page as positional rows (the hot path of catch-up: no per-row object), in
-        the column order of :data:`SLICE_ROW_COLUMNS`."""
-        ...
-
-    async def next_slice_timestamp(
-        self, entity_type: str, min_slice: int, max_slice: int, from_timestamp: datetime, to_timestamp: datetime
-    ) -> datetime | None:
-        """The smallest db_timestamp of the range in ``[from, to)``, or None."""
-        ...
-
-    async def horizon_reading(self) -> HorizonReading: ...
-
-    async def db_now(self) -> datetime: ...
-
-    async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None: ...
-
-    async def read_events(
-        self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int
-    ) -> list[StoredEvent]:
-        """Non-deleted events of one pid in ``[from, to]``, ascending, at most ``limit``."""
-        ...
-
-    async def load_event(self, persistence_id: str, seq_nr: int) -> StoredEvent | None: ...
-
-    async def listen(self, on_notify: Callable[[str], None], on_reconnect: Callable[[], None]) -> Listening:
-        """Start one listener connection for journal notifications (payload
-        ``"<slice // 64>:<entity_type>"``); reconnects with backoff and calls ``on_reconnect``
-        after each (re)connection, since notifications sent meanwhile are lost."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class PidFootprint:
     """What a persistence id holds, as the cleanup tool reports it (before and after, dry runs)."""
@@ -228,6 +186,242 @@ class PidFootprint:
     snapshot_seq_nr: int | None
     tag_rows: int
     """Rows of the pid in the tag view (events by tag)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaggedEvent:
+    """A stored event that carries tags, as the tag writer needs it (its TimeUUID included)."""
+
+    persistence_id: str
+    seq_nr: int
+    timeuuid: uuid.UUID
+    tags: tuple[str, ...]
+    event: Serialized
+    writer: str
+    meta: Serialized | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TagRow:
+    """One row of the tag view: an event under one tag, numbered per (tag, pid)."""
+
+    tag: str
+    timebucket: int
+    timeuuid: uuid.UUID
+    persistence_id: str
+    tag_pid_seq_nr: int
+    seq_nr: int
+    writer: str
+    event: Serialized
+    meta: Serialized | None = None
+
+
+TagPageRow = Sequence[Any]
+"""One row of a tag page as the query reads it: positional, so a store can hand over its driver's
+records without building an object per row. Columns (the slice page layout where they mean the
+same, so :func:`journal.envelope.lazy_tag_page_envelopes` builds envelopes straight from them):
+0 persistence_id, 1 timeuuid, 2 tag_pid_seq_nr, 3 seq_nr, 4 timebucket, 5 ser_id, 6 ser_manifest,
+7 payload, 8 writer, 9 tags (a one-element sequence: the tag), 10 meta_ser_id,
+11 meta_ser_manifest, 12 meta_payload."""
+
+PID, TIMEUUID, TAG_PID_SEQ_NR, SEQ_NR, TIMEBUCKET = 0, 1, 2, 3, 4
+"""Positions in a :data:`TagPageRow`."""
+
+
+def page_row(r: TagRow) -> tuple[Any, ...]:
+    """A :class:`TagRow` in the :data:`TagPageRow` layout (for stores that build TagRows)."""
+    m = r.meta
+    return (
+        r.persistence_id, r.timeuuid, r.tag_pid_seq_nr, r.seq_nr, r.timebucket, r.event.ser_id,
+        r.event.manifest, r.event.payload, r.writer, (r.tag,),
+        m.ser_id if m else None, m.manifest if m else None, m.payload if m else None,
+    )  # fmt: skip
+
+
+def row_of(p: TagPageRow) -> TagRow:
+    """The :class:`TagRow` of a page row."""
+    return TagRow(
+        p[9][0], p[4], p[1], p[0], p[2], p[3], p[8], Serialized(p[5], p[6], bytes(p[7])),
+        None if p[10] is None else Serialized(p[10], p[11] or "", bytes(p[12] or b"")),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class TagProgress:
+    """How far the tag writer got for one (pid, tag): written after the tag rows (best effort)."""
+
+    persistence_id: str
+    tag: str
+    seq_nr: int
+    tag_pid_seq_nr: int
+    offset: uuid.UUID
+
+
+# -- the interfaces -------------------------------------------------------------------------
+
+
+class EventWrites(Protocol):
+    """Writes of events, and what is known about a write that was interrupted."""
+
+    writer_id: str
+
+    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+        """Write many requests at once; each is atomic on its own, and fails alone."""
+        ...
+
+    async def write_on(self, conn: Any, request: WriteRequest) -> WriteResult:
+        """Write one request on the caller's connection, inside its transaction (PostgreSQL;
+        UnsupportedOperation elsewhere)."""
+        ...
+
+    async def check_write(self, request: WriteRequest) -> WriteCheck:
+        """The outcome of an interrupted write of ``request`` (which gave ``expected_seq_nr``),
+        from the rows at its sequence numbers (:func:`check_rows`)."""
+        ...
+
+    async def highest_seq_nr(self, persistence_id: str) -> int: ...
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None: ...
+
+
+class EventReads(Protocol):
+    """Reads by persistence id."""
+
+    async def read_events(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> list[StoredEvent]:
+        """Non-deleted events of one pid in ``[from, to]``, ascending, at most ``limit``."""
+        ...
+
+    async def persistence_ids(self, entity_type: str | None, after: str | None, limit: int) -> list[str]: ...
+
+
+class Snapshots(Protocol):
+    """Snapshots per persistence id: the newest, and older ones when asked to keep several."""
+
+    async def save_snapshot(self, row: SnapshotRow, keep: int = 1) -> None:
+        """Store ``row`` as the pid's newest snapshot; keep at most ``keep`` snapshots of it."""
+        ...
+
+    async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None: ...
+
+    async def load_snapshots(self, persistence_id: str, limit: int) -> list[SnapshotRow]:
+        """At most ``limit`` snapshots of the pid, newest first."""
+        ...
+
+    async def delete_snapshot(self, persistence_id: str) -> None:
+        """Every snapshot of the pid."""
+        ...
+
+
+class Listening(Protocol):
+    """A running notification listener; ``close`` stops it."""
+
+    async def close(self) -> None: ...
+
+
+class Notifications(Protocol):
+    """Journal notifications sent by the write path (live queries wake on them)."""
+
+    async def listen(self, on_notify: Callable[[str], None], on_reconnect: Callable[[], None]) -> Listening:
+        """Start one listener connection for journal notifications (payload
+        ``"<slice // 64>:<entity_type>"``); reconnects with backoff and calls ``on_reconnect``
+        after each (re)connection, since notifications sent meanwhile are lost."""
+        ...
+
+
+class SliceReads(Protocol):
+    """Reads of the slice queries (by slice range and db_timestamp)."""
+
+    async def read_slice_page(
+        self, slices: SliceRange, page: PageRequest, *, with_payload: bool = True
+    ) -> list[StoredEvent]:
+        """Events of the range in the page's ``[from, to)`` ordered by (db_timestamp, seq_nr,
+        pid), at most ``limit``, skipping those at exactly ``from`` that ``seen`` covers."""
+        ...
+
+    async def read_slice_rows(self, slices: SliceRange, page: PageRequest, *, with_payload: bool = True) -> list[Any]:
+        """The same page as positional rows (the hot path of catch-up: no per-row object), in
+        the column order of :data:`SLICE_ROW_COLUMNS`."""
+        ...
+
+    async def next_slice_timestamp(
+        self, slices: SliceRange, from_timestamp: datetime, to_timestamp: datetime
+    ) -> datetime | None:
+        """The smallest db_timestamp of the range in ``[from, to)``, or None."""
+        ...
+
+    async def horizon_reading(self) -> HorizonReading: ...
+
+    async def db_now(self) -> datetime: ...
+
+    async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None: ...
+
+    async def load_event(self, persistence_id: str, seq_nr: int) -> StoredEvent | None: ...
+
+
+@runtime_checkable
+class SliceQueryBackend(SliceReads, EventReads, Notifications, Protocol):
+    """What the slice query algorithms (:mod:`journal.query`) run over."""
+
+
+@runtime_checkable
+class TagStore(Protocol):
+    """Storage operations of the tag view (events by tag and the tag writers run over it)."""
+
+    async def write_tag_rows(self, rows: Sequence[TagRow]) -> None:
+        """Idempotent upsert of rows of one (tag, bucket): a resend writes nothing twice."""
+        ...
+
+    async def write_progress(self, progress: Sequence[TagProgress]) -> None: ...
+
+    async def read_progress(self, persistence_id: str) -> dict[str, TagProgress]: ...
+
+    async def read_scanning(self, persistence_id: str) -> int:
+        """The seq nr up to which recovery already rescanned this pid (0 when never)."""
+        ...
+
+    async def write_scanning(self, persistence_id: str, seq_nr: int) -> None: ...
+
+    async def tagged_events(self, persistence_id: str, from_seq_nr: int, limit: int) -> list[TaggedEvent]:
+        """Events of a pid with seq_nr >= from_seq_nr (tagged or not; ``tags`` may be empty), ascending."""
+        ...
+
+    async def read_tag_rows(
+        self, tag: str, bucket: int, after: uuid.UUID | None, before_ticks: int, limit: int
+    ) -> Sequence[TagPageRow]:
+        """Rows of (tag, bucket) strictly after ``after`` (None: from the start) and with a UUID time
+        strictly below ``before_ticks``, in TimeUUID order, at most ``limit`` (:data:`TagPageRow`)."""
+        ...
+
+    async def next_bucket(self, tag: str, from_bucket: int, to_bucket: int) -> int | None:
+        """The first bucket in ``[from_bucket, to_bucket]`` that may hold rows of the tag (a store
+        that cannot tell returns ``from_bucket``); None when none can."""
+        ...
+
+    async def ensure_bucket_size(self, size: str) -> None:
+        """Persist the bucket size on first use; refuse a different one once tagged data exists."""
+        ...
+
+
+class TagRowWriter(Protocol):
+    """The tag writers as a backend that stores tag rows after its events sees them (Cassandra).
+
+    The algorithm (:class:`journal.tags.writer.TagWriters`) is composed above the seam and handed
+    to the backend by the factory, so no backend imports it.
+    """
+
+    async def ensure_recovered(self, pid: str) -> None:
+        """Before storing a pid's new tagged events: its earlier tag rows are all written."""
+        ...
+
+    async def write(self, events: Sequence[TaggedEvent]) -> None:
+        """The tag rows of freshly stored events; waits (bounded) until they are written."""
+        ...
+
+    def forget(self, pid: str) -> None:
+        """The pid's events may be stored without their tag rows: recover it again first."""
+        ...
+
+    async def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -250,14 +444,75 @@ class CleanupStore(Protocol):
         ...
 
 
+class ReplicationStore(Protocol):
+    """The replicated logs of one location in one journal database (PostgreSQL)."""
+
+    location: str
+
+    async def ensure_log(self, log_name: str) -> None: ...
+
+    async def version_vector(self, log_name: str) -> VectorTime: ...
+
+    async def log_seq_nr(self, log_name: str) -> int: ...
+
+    async def stamp(self, log_name: str, limit: int = 1000) -> int: ...
+
+    async def read_log(
+        self, log_name: str, after: int, limit: int, skip_covered_by: VectorTime | None = None
+    ) -> tuple[list[ReplicatedEvent], int]: ...
+
+    async def progress(self, log_name: str, source_location: str) -> int: ...
+
+    async def all_progress(self, log_name: str) -> dict[str, int]: ...
+
+    async def write_replicated(
+        self, log_name: str, source_location: str, events: Sequence[ReplicatedEvent], last_scanned: int
+    ) -> WriteOutcome: ...
+
+    async def set_recovering(self, log_name: str, recovering: bool) -> None: ...
+
+    async def recovering(self, log_name: str) -> bool: ...
+
+    async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None: ...
+
+    async def target_progress(self, log_name: str) -> dict[str, int]: ...
+
+    async def reserve_positions(self, log_name: str, at_least: int) -> None: ...
+
+    async def delete_logically(self, log_name: str, to_log_seq_nr: int) -> int: ...
+
+    async def delete_physically(self, log_name: str, to_log_seq_nr: int, replicated_to: Sequence[str]) -> int: ...
+
+    async def delete_invalid_snapshots(self, log_name: str) -> int: ...
+
+    async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]: ...
+
+    async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]: ...
+
+
 @runtime_checkable
-class CleanupBackend(Protocol):
-    """A backend the cleanup tool can drive (PostgreSQL and Cassandra)."""
+class Backend(EventWrites, EventReads, Snapshots, Protocol):
+    """The whole interface of a backend: lifecycle, writes, reads by pid, snapshots, ``info``,
+    and its stores by capability (each raises UnsupportedOperation where the backend has none)."""
 
-    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None: ...
+    name: str
 
-    async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None: ...
+    async def start(self) -> None: ...
 
-    async def delete_snapshot(self, persistence_id: str) -> None: ...
+    async def close(self) -> None: ...
+
+    async def info(self) -> dict[str, Any]:
+        """What the storage reports: at least ``events``, the event count per entity type."""
+        ...
+
+    def slice_queries(self) -> SliceQueryBackend:
+        """The reads the slice queries run over (PostgreSQL)."""
+        ...
+
+    def tag_store(self) -> TagStore: ...
 
     def cleanup_store(self) -> CleanupStore: ...
+
+    def replication_store(self, location: str) -> ReplicationStore:
+        """The replicated logs of ``location`` in this database (PostgreSQL)."""
+        ...

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from .backend import CleanupBackend, CleanupStore, PidFootprint
+from .backend import Backend, CleanupStore, PidFootprint
 from .errors import InvalidArgument, UnsupportedOperation
 from .ids import validate_persistence_id
 
@@ -64,7 +64,7 @@ class Cleanup:
     """
 
     def __init__(self, backend: object, *, dry_run: bool = False) -> None:
-        if not isinstance(backend, CleanupBackend):
+        if not isinstance(backend, Backend):
             raise UnsupportedOperation(f"backend {type(backend).__name__} offers no cleanup operations")
         self.backend = backend
         self.store: CleanupStore = backend.cleanup_store()

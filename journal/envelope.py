@@ -209,7 +209,7 @@ _SET_ROW: Callable[[EventEnvelope, Any], None] = vars(_RowEnvelope)["_r"].__set_
 
 
 class _TagRowEnvelope(_RowEnvelope):
-    """A lazy page envelope over a tag page row (``journal.tags.store.TagPageRow``): same
+    """A lazy page envelope over a tag page row (``journal.backend.TagPageRow``): same
     columns as a slice row for pid, seq_nr, payload, writer, tags and metadata; entity type and
     slice come from the pid and the timestamp from the TimeUUID (column 1), when read."""
 
@@ -228,7 +228,7 @@ def _public(e: EventEnvelope) -> type[EventEnvelope]:
 def lazy_tag_page_envelopes(
     rows: Sequence[Any], src: LazySource, metadata: Callable[[Any], Any]
 ) -> list[EventEnvelope]:
-    """:func:`lazy_page_envelopes` for one page of tag rows (``journal.tags.store.TagPageRow``)."""
+    """:func:`lazy_page_envelopes` for one page of tag rows (``journal.backend.TagPageRow``)."""
     return lazy_page_envelopes(rows, src, metadata, _TagRowEnvelope)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -12,7 +11,8 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from .backend import Backend, SliceQueryBackend, SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from .backend import Backend, SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from .backends import open_backend
 from .bulk import Outcome, Write, Written
 from .envelope import EventEnvelope
 from .errors import (
@@ -168,10 +168,7 @@ class Journal:
         transaction is aborted and must be rolled back.
         """
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
-        write_on = getattr(self.backend, "write_on", None)
-        if write_on is None:
-            raise UnsupportedOperation(f"persist_in is not supported on the {self.backend.name} backend")
-        result = await write_on(conn, request)
+        result = await self.backend.write_on(conn, request)
         return self._written(request, result, events, metadata)
 
     def _written(
@@ -314,11 +311,11 @@ class Journal:
 
     def _slice_queries(self, what: str) -> SliceQueries:
         if self._slices is None:
-            if not isinstance(self.backend, SliceQueryBackend):
-                raise UnsupportedOperation(
-                    f"{what} is not supported on this backend: use events_by_tag"
-                )
-            self._slices = SliceQueries(self.backend, self.settings, self.serializers)
+            try:
+                reads = self.backend.slice_queries()
+            except UnsupportedOperation as e:
+                raise UnsupportedOperation(f"{what} is not supported on this backend: use events_by_tag") from e
+            self._slices = SliceQueries(reads, self.settings, self.serializers)
         return self._slices
 
     def current_events_by_slices(
@@ -523,31 +520,7 @@ async def open_journal(
     if settings is not None and overrides:
         raise ConfigurationError("pass either settings=... or keyword overrides, not both")
     settings = settings or JournalSettings.load(**overrides)
-    target = resolve_dsn(dsn, settings)
-    backend: Backend
-    if target is not None and target.startswith("cassandra://"):
-        try:
-            from .cassandra.backend import open_cassandra_backend  # type: ignore[import-untyped,unused-ignore]
-        except ImportError as e:
-            raise ConfigurationError(
-                f"the Cassandra backend needs the 'cassandra' extra: pip install 'slice-journal[cassandra]' ({e})"
-            ) from e
-        backend = await open_cassandra_backend(target, settings)
-    else:
-        from .postgres.backend import PostgresBackend
-        from .postgres.embedded import start_embedded
-
-        embedded = target is None
-        if embedded:
-            target = await asyncio.to_thread(start_embedded, settings.connection.data_dir)
-        assert target is not None
-        if migrate if migrate is not None else embedded:
-            from .postgres.migrations import upgrade
-
-            await asyncio.to_thread(upgrade, target, settings.schema)
-        settings = settings.with_dsn(target)
-        backend = PostgresBackend(target, settings)
-        await backend.start()
+    backend, settings = await open_backend(resolve_dsn(dsn, settings), settings, migrate=migrate)
     journal = Journal(backend, settings, serializers)
     try:
         yield journal

@@ -19,7 +19,7 @@ import asyncpg
 from cassandra_fixtures import open_test_journal
 
 from journal import Journal
-from journal.tags.store import TagStore
+from journal.backend import TagStore
 
 FAST: dict[str, Any] = dict(
     eventual_consistency_delay=0.0,

@@ -328,9 +328,9 @@ async def test_new_persistence_id_scan_waits_for_a_late_first_row(target: str) -
     """Y's tag row number 1 (earlier TimeUUID) becomes visible 0.5 s after its number 2: a query
     resumed in the current bucket holds Y#2, finds Y#1 within the 3 s scan timeout and delivers
     both in order (with a zero timeout it would hand out Y#2 alone)."""
+    from journal.backend import TagRow
     from journal.buckets import bucket_of
     from journal.serialization import Serialized
-    from journal.tags.store import TagRow
     from journal.timeuuid import new_timeuuid
 
     tag = f"late{uuid.uuid4().hex[:8]}"

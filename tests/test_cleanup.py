@@ -145,7 +145,7 @@ async def _populate(env: Env) -> None:
     for pid in ("Cart|v1", "Cart|b1"):
         await j.save_snapshot(pid, 3, {"state": pid})
     store = j.backend.tag_store()  # type: ignore[attr-defined]
-    from journal.tags.store import TagProgress
+    from journal.backend import TagProgress
 
     for pid in ("Cart|v1", "Cart|b1"):
         offset = next(iter(await store.tagged_events(pid, 4, 1))).timeuuid

@@ -13,9 +13,9 @@ import pytest
 from tag_backends import TagBackend, open_tag_backend
 
 from journal import ConfigurationError
+from journal.backend import TagProgress, TagRow, row_of
 from journal.buckets import bucket_of, bucket_of_millis
 from journal.serialization import Serialized
-from journal.tags.store import TagProgress, TagRow, row_of
 from journal.timeuuid import GREGORIAN_OFFSET, sort_key, ticks, timeuuid_for_event
 
 FAR = (1 << 60) - 1

@@ -17,10 +17,10 @@ from cassandra_fixtures import open_test_journal
 from tag_backends import FAST, TagBackend, open_tag_backend
 
 from journal import ConfigurationError, TagEventsMissing, TimeUUIDOffset
+from journal.backend import TaggedEvent, TagProgress, TagRow, TagStore
 from journal.buckets import bucket_of
 from journal.serialization import Serialized
 from journal.tags.query import TagQuery
-from journal.tags.store import TaggedEvent, TagProgress, TagRow, TagStore
 from journal.tags.writer import TagWriters, TagWriteTimeout
 from journal.timeuuid import timeuuid_for_event
 from tests.support.waiting import wait_until

@@ -19,8 +19,8 @@ from journal import (
     TimeUUIDOffset,
     open_journal,
 )
+from journal.backend import TagStore
 from journal.postgres.backend import PostgresBackend
-from journal.tags.store import TagStore
 from journal.timeuuid import timeuuid_for_event
 
 FAST = dict(

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from journal.backend import TaggedEvent
 from journal.buckets import BUCKET_MILLIS, bucket_of, bucket_of_millis, parse_first_bucket
 from journal.errors import ConfigurationError
 from journal.serialization import Serialized
 from journal.settings import JournalSettings
 from journal.tags.gaps import PidTracker, Verdict
-from journal.tags.store import TaggedEvent
 from journal.tags.writer import TagWriterState, row_bytes
 from journal.timeuuid import (
     datetime_of,

@@ -16,17 +16,35 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from ..backend import SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from ..backend import (
+    Backend,
+    ReplicationStore,
+    SliceQueryBackend,
+    SnapshotRow,
+    StoredEvent,
+    TaggedEvent,
+    TagRowWriter,
+    TagStore,
+    WriteCheck,
+    WriteRequest,
+    WriteResult,
+    check_rows,
+)
 from ..buckets import bucket_of
-from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable, SequenceConflict, StorageError
+from ..errors import (
+    ConfigurationError,
+    InvalidArgument,
+    JournalUnavailable,
+    SequenceConflict,
+    StorageError,
+    UnsupportedOperation,
+)
 from ..serialization import Serialized
 from ..settings import JournalSettings
-from ..tags.store import TaggedEvent
-from ..tags.writer import TagWriters
 from ..timeuuid import datetime_of, new_timeuuid
 from .cleanup import CassandraCleanup
 from .cql import statements, validate_keyspace
@@ -141,7 +159,16 @@ class WriteState(NamedTuple):
 class CassandraBackend:
     name = "cassandra"
 
-    def __init__(self, contact_points: list[str], port: int, keyspace: str, settings: JournalSettings) -> None:
+    def __init__(
+        self,
+        contact_points: list[str],
+        port: int,
+        keyspace: str,
+        settings: JournalSettings,
+        tag_writers: Callable[[TagStore], TagRowWriter],
+    ) -> None:
+        """``tag_writers``: makes the tag writers over this backend's tag store (composed above the
+        seam by :func:`journal.backends.open_backend`)."""
         self.contact_points, self.port, self.keyspace = contact_points, port, keyspace
         self.settings = settings
         self.writer_id = settings.write.writer_id or str(uuid.uuid4())
@@ -155,7 +182,7 @@ class CassandraBackend:
         self._states: OrderedDict[str, WriteState] = OrderedDict()
         self._pid_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._unlisted: set[str] = set()  # pids whose all_persistence_ids row may be missing
-        self.tag_writers = TagWriters(self._tag_store, settings.tags)
+        self.tag_writers = tag_writers(self._tag_store)
 
     async def start(self) -> None:
         s = self.settings.cassandra
@@ -209,6 +236,30 @@ class CassandraBackend:
     def tag_store(self) -> CassandraTagStore:
         return self._tag_store
 
+    def slice_queries(self) -> SliceQueryBackend:
+        raise UnsupportedOperation("slice queries are not supported on the cassandra backend: use events_by_tag")
+
+    def replication_store(self, location: str) -> ReplicationStore:
+        raise UnsupportedOperation("replicated logs are not supported on the cassandra backend")
+
+    async def info(self) -> dict[str, Any]:
+        """The server release, the keyspace, and the stored events per entity type (a scan of
+        every persistence id: a tool's call, not a hot path)."""
+        rows = await _run(self.session, "SELECT release_version FROM system.local")
+        events: dict[str, int] = {}
+        for pid in await self.persistence_ids(None, None, 2**31):
+            if "|" not in pid:
+                continue
+            n = await self.highest_seq_nr(pid) - await self._deleted_to(pid)
+            if n > 0:
+                et = pid.split("|", 1)[0]
+                events[et] = events.get(et, 0) + n
+        return {
+            "server_version": rows[0].release_version if rows else None,
+            "keyspace": self.keyspace,
+            "events": dict(sorted(events.items())),
+        }
+
     def cleanup_store(self) -> CassandraCleanup:
         """The cleanup tool's deletions (:mod:`journal.cleanup`)."""
         return CassandraCleanup(self)
@@ -249,6 +300,19 @@ class CassandraBackend:
             if len(self._states) > KNOWN_STATES:
                 self._states.popitem(last=False)
             return result
+
+    async def write_on(self, conn: Any, request: WriteRequest) -> WriteResult:
+        raise UnsupportedOperation("persist_in is not supported on the cassandra backend")
+
+    async def check_write(self, request: WriteRequest) -> WriteCheck:
+        """The rows at the request's numbers (``expected_seq_nr`` + 1 on): :func:`check_rows`."""
+        if request.expected_seq_nr is None:
+            raise InvalidArgument("check_write needs a request with expected_seq_nr")
+        first = request.expected_seq_nr + 1
+        rows = await self.read_rows(request.persistence_id, first, first + len(request.events) - 1, len(request.events))
+        return check_rows(
+            request, self.writer_id, [(r.writer_uuid, bytes(r.event), datetime_of(r.timestamp)) for r in rows]
+        )
 
     async def write_state(self, persistence_id: str) -> WriteState:
         """What a write of ``persistence_id`` starts from (read before the write)."""
@@ -447,10 +511,5 @@ def _event(x: Any) -> StoredEvent:
     )  # fmt: skip
 
 
-async def open_cassandra_backend(target: str, settings: JournalSettings) -> CassandraBackend:
-    """Connect to ``cassandra://host1,host2[:port]/keyspace`` (keyspace and tables must exist:
-    ``journal cassandra-schema --create`` makes them for development)."""
-    hosts, port, keyspace = parse_target(target)
-    backend = CassandraBackend(hosts, port, keyspace, settings)
-    await backend.start()
-    return backend
+_check: type[Backend] = CassandraBackend
+"""mypy checks here that the backend implements the whole seam."""

@@ -12,9 +12,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from ..backend import PidFootprint
+from ..backend import PidFootprint, TagProgress
 from ..buckets import bucket_of
-from ..tags.store import TagProgress
 from .cql import statements
 
 if TYPE_CHECKING:

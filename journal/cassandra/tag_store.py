@@ -7,9 +7,9 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..backend import TaggedEvent, TagPageRow, TagProgress, TagRow, page_row
 from ..errors import ConfigurationError
 from ..serialization import Serialized
-from ..tags.store import TaggedEvent, TagPageRow, TagProgress, TagRow, page_row
 from ..timeuuid import GREGORIAN_OFFSET
 
 if TYPE_CHECKING:

@@ -7,17 +7,14 @@ deleted, so rows whose events were deleted earlier are found too, without a tabl
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from ..backend import PidFootprint
 from ..settings import validate_identifier
-from .errors import with_retries
-
-if TYPE_CHECKING:
-    from .backend import PostgresBackend
+from .connections import PostgresConnections
 
 DELETE_BATCH_SIZE = 10_000
 """Event rows deleted per statement (each batch commits: an interrupted run keeps its progress)."""
@@ -96,17 +93,15 @@ ON CONFLICT (persistence_id, tag) DO UPDATE SET
 
 
 class PostgresCleanup:
-    def __init__(self, backend: PostgresBackend) -> None:
-        self.backend = backend
-        self.sql = CleanupStatements(backend.settings.schema)
-        self._retry = backend.settings.retry
+    """``delete_events_to``: the backend's own (the highest row kept as the tombstone)."""
 
-    async def _run(self, what: str, fn: Any) -> Any:
-        async def op() -> Any:
-            async with self.backend.pool.acquire() as conn:
-                return await fn(conn)
-
-        return await with_retries(what, self._retry, op)
+    def __init__(
+        self, conns: PostgresConnections, delete_events_to: Callable[[str, int], Awaitable[None]]
+    ) -> None:
+        self.conns = conns
+        self.sql = CleanupStatements(conns.settings.schema)
+        self._run = conns.run
+        self._delete_events_to = delete_events_to
 
     async def footprint(self, persistence_id: str) -> PidFootprint:
         async def op(conn: asyncpg.Connection) -> PidFootprint:
@@ -141,7 +136,7 @@ class PostgresCleanup:
     async def delete_all_events(self, persistence_id: str, *, reset_seq_nr: bool) -> None:
         if not reset_seq_nr:
             # the highest row stays as the reference's tombstone: the next write continues after it
-            await self.backend.delete_events_to(persistence_id, _ALL)
+            await self._delete_events_to(persistence_id, _ALL)
             return
         while True:
             status = await self._run(

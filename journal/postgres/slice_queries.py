@@ -101,14 +101,3 @@ class SliceStatements:
     @property
     def db_now(self) -> str:
         return "SELECT clock_timestamp()"
-
-    @property
-    def timestamp_of(self) -> str:
-        return f"SELECT db_timestamp FROM {self.ej} WHERE persistence_id = $1 AND seq_nr = $2"
-
-    @property
-    def load_event(self) -> str:
-        return (
-            f"SELECT {_PAYLOAD_COLUMNS} FROM {self.ej} "
-            "WHERE persistence_id = $1 AND seq_nr = $2 AND deleted = false"
-        )

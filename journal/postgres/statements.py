@@ -8,18 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..backend import SLICE_ROW_COLUMNS
 from ..settings import validate_identifier
 
 SLICE_GROUP_SIZE = 64
 """NOTIFY payloads name a group of 64 slices: ``"<slice // 64>:<entity_type>"``."""
 
 
-EVENT_COLUMNS = (
-    "persistence_id, entity_type, slice, seq_nr, db_timestamp, event_ser_id, "
-    "event_ser_manifest, event_payload, writer, tags, meta_ser_id, meta_ser_manifest, "
-    "meta_payload, deleted"
-)
-"""The event_journal columns every read selects, in the order row decoders rely on."""
+EVENT_COLUMNS = ", ".join(SLICE_ROW_COLUMNS)
+"""The event_journal columns every read selects, in the seam's row layout
+(:func:`journal.backend.stored_event` decodes it)."""
 
 
 def notify_channel(schema: str) -> str:
@@ -168,7 +166,7 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{noti
     def written_check(self) -> str:
         """Rows of one pid in a seq_nr range written by a writer (resolving unknown outcomes)."""
         return (
-            f"SELECT seq_nr, db_timestamp, event_payload, writer FROM {self.ej} "
+            f"SELECT writer, event_payload, db_timestamp FROM {self.ej} "
             "WHERE persistence_id = $1 AND seq_nr BETWEEN $2 AND $3 ORDER BY seq_nr"
         )
 
@@ -186,6 +184,17 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{noti
             f"SELECT {EVENT_COLUMNS} FROM {self.ej} WHERE persistence_id = $1 "
             "AND seq_nr >= $2 AND seq_nr <= $3 AND deleted = false ORDER BY seq_nr LIMIT $4"
         )
+
+    @property
+    def load_event(self) -> str:
+        return (
+            f"SELECT {EVENT_COLUMNS} FROM {self.ej} "
+            "WHERE persistence_id = $1 AND seq_nr = $2 AND deleted = false"
+        )
+
+    @property
+    def timestamp_of(self) -> str:
+        return f"SELECT db_timestamp FROM {self.ej} WHERE persistence_id = $1 AND seq_nr = $2"
 
     @property
     def delete_batch(self) -> str:
@@ -248,6 +257,16 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{noti
     @property
     def delete_snapshot(self) -> str:
         return f"DELETE FROM {self.snap} WHERE persistence_id = $1"
+
+    table_exists = "SELECT to_regclass($1)"
+    """The table (a regclass literal, :attr:`ej`) if it exists, else NULL."""
+
+    server_version = "SHOW server_version"
+
+    @property
+    def schema_revision(self) -> str:
+        """The Alembic revision of the journal's schema (its own version table)."""
+        return f'SELECT version_num FROM "{self.schema}".slice_journal_alembic_version'
 
     @property
     def older(self) -> str:

@@ -32,7 +32,7 @@ TAG_PAGE_COLUMNS = (
     "persistence_id, timestamp, tag_pid_sequence_nr, sequence_nr, timebucket, ser_id, ser_manifest, "
     "event, writer_uuid, ARRAY[tag_name], meta_ser_id, meta_ser_manifest, meta"
 )
-"""The columns of a tag page, in the layout of ``journal.tags.store.TagPageRow``."""
+"""The columns of a tag page, in the layout of ``journal.backend.TagPageRow``."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The tag view store on PostgreSQL (:class:`journal.tags.store.TagStore`).
+"""The tag view store on PostgreSQL (:class:`journal.backend.TagStore`).
 
 The journal's own tagged writes put their tag rows in the events statement (same transaction),
 so on PostgreSQL the tag writer is not needed for them; this store also serves the tag writer
@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
+from ..backend import TaggedEvent, TagPageRow, TagProgress, TagRow
 from ..errors import ConfigurationError
 from ..serialization import Serialized
-from ..tags.store import TaggedEvent, TagPageRow, TagProgress, TagRow
 from ..timeuuid import ticks, timeuuid_for_event
-from .errors import with_retries
-
-if TYPE_CHECKING:
-    from .backend import PostgresBackend
+from .connections import PostgresConnections
+from .tag_statements import TagStatements
 
 _ZERO_UUID = uuid.UUID(int=0)
 
@@ -30,17 +28,10 @@ def _meta(ser_id: int | None, manifest: str | None, payload: bytes | None) -> Se
 
 
 class PostgresTagStore:
-    def __init__(self, backend: PostgresBackend) -> None:
-        self.backend = backend
-        self.sql = backend.tag_sql
-        self._retry = backend.settings.retry
-
-    async def _run(self, what: str, fn: Any) -> Any:
-        async def op() -> Any:
-            async with self.backend.pool.acquire() as conn:
-                return await fn(conn)
-
-        return await with_retries(what, self._retry, op)
+    def __init__(self, conns: PostgresConnections) -> None:
+        self.conns = conns
+        self.sql = TagStatements(conns.settings.schema)
+        self._run = conns.run
 
     async def write_tag_rows(self, rows: Sequence[TagRow]) -> None:
         cols: list[list[Any]] = [[] for _ in range(14)]
@@ -81,7 +72,7 @@ class PostgresTagStore:
         )
 
     async def tagged_events(self, persistence_id: str, from_seq_nr: int, limit: int) -> list[TaggedEvent]:
-        stmt = self.sql.tagged_events(self.backend.sql.ej)
+        stmt = self.sql.tagged_events(self.conns.sql.ej)
         rows = await self._run("read tagged events", lambda conn: conn.fetch(stmt, persistence_id, from_seq_nr, limit))
         return [
             TaggedEvent(

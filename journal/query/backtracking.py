@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from ..backend import StoredEvent
+from ..backend import PageRequest, StoredEvent
 from ..offsets import EPOCH, TimestampOffset
 from ..settings import QuerySettings
-from .slice_query import PageRequest, SliceQueryState
+from .slice_query import SliceQueryState
 
 IDLE_TRIGGER = 5
 UNKNOWN = 0

@@ -14,25 +14,16 @@ comes back empty, a probe (one index lookup per slice) jumps to the next stored 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
-from ..backend import StoredEvent
+from ..backend import PageRequest, StoredEvent
 from ..offsets import EPOCH, TimestampOffset
 
 MIN_SPAN = timedelta(milliseconds=1)
 MAX_SPAN = timedelta(days=3650)
 INITIAL_SPAN = timedelta(seconds=10)
 _EMPTY: Mapping[str, int] = MappingProxyType({})
-
-
-@dataclass(frozen=True, slots=True)
-class PageRequest:
-    from_timestamp: datetime
-    seen: Mapping[str, int]
-    to_timestamp: datetime
-    limit: int
 
 
 class SliceQueryState:

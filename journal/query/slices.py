@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..backend import SliceQueryBackend, StoredEvent
+from ..backend import PageRequest, SliceQueryBackend, SliceRange, StoredEvent
 from ..conditions import Condition
 from ..envelope import EventEnvelope, lazy_page_envelopes
 from ..errors import JournalUnavailable, SerializationError
@@ -27,7 +27,7 @@ from .backtracking import BacktrackingState
 from .horizon import Horizon
 from .notifications import NotificationHub, Subscription
 from .pid_order import PidOrder
-from .slice_query import PageRequest, SliceQueryState, poll_delay
+from .slice_query import SliceQueryState, poll_delay
 
 log = logging.getLogger("journal.query.slices")
 
@@ -111,13 +111,10 @@ class SliceQueries:
         b = self.backend
         if not isinstance(bound, datetime):  # a mode: take the bound now (current queries)
             bound = await self.bound(bound)
+        slices = SliceRange(et, lo, hi)
 
         def read(req: PageRequest) -> asyncio.Task[list[Any]]:
-            t = asyncio.ensure_future(
-                b.read_slice_rows(
-                    et, lo, hi, req.from_timestamp, req.seen, req.to_timestamp, req.limit
-                )
-            )
+            t = asyncio.ensure_future(b.read_slice_rows(slices, req))
             t.add_done_callback(_retrieve)
             return t
 
@@ -134,7 +131,7 @@ class SliceQueries:
                     state.offset = page.offset_at(len(rows) - 1)
                 state.accept_page(req, len(rows), rows[-1][4] if rows else None, bound)
                 if state.needs_probe:
-                    found = await b.next_slice_timestamp(et, lo, hi, state.probe_from, bound)
+                    found = await b.next_slice_timestamp(slices, state.probe_from, bound)
                     state.skip_to(found if found is not None else bound)
                 nxt = None if state.caught_up else state.request(bound)
                 if nxt is not None:
@@ -269,21 +266,13 @@ class SliceQueries:
     ) -> AsyncIterator[EventEnvelope]:
         """Re-read the window behind the live position without payloads; deliver what is new."""
         b = self.backend
+        slices = SliceRange(et, lo, hi)
         now = await b.db_now()
         while True:
             req = bt.request(state, now)
             if req is None:
                 return
-            rows = await b.read_slice_page(
-                et,
-                lo,
-                hi,
-                req.from_timestamp,
-                req.seen,
-                req.to_timestamp,
-                req.limit,
-                with_payload=False,
-            )
+            rows = await b.read_slice_page(slices, req, with_payload=False)
             for r in rows:
                 pid, seq_nr = r.persistence_id, r.seq_nr
                 first = bt.first_undelivered(pid, seq_nr)

@@ -80,7 +80,7 @@ class ReplicationEndpoint:
         for name in c.logs:
             await self._store.ensure_log(name)
         self._source = LocalSource(self._store, c.application, self.filters)
-        self._listening = await backend.listen(self._on_notify, self._on_reconnect)
+        self._listening = await backend.slice_queries().listen(self._on_notify, self._on_reconnect)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers((generic_handler(self._serve_read, self.info, self._serve_watch),))
         self.bound_port = (

@@ -6,15 +6,14 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from ..backend import Backend
+from ..backend import Backend, TagPageRow
 from ..envelope import EventEnvelope, lazy_tag_page_envelopes
-from ..errors import OffsetError, UnsupportedOperation
+from ..errors import OffsetError
 from ..ids import validate_tags
 from ..offsets import NoOffset, Offset, TimeUUIDOffset
 from ..serialization import SerializerRegistry
 from ..settings import JournalSettings
 from .query import TagQuery
-from .store import HasTagStore, TagPageRow
 
 
 def start_after(offset: Offset | uuid.UUID | None) -> uuid.UUID | None:
@@ -34,15 +33,13 @@ def tag_query(
     """Validate (before any I/O) and build the query."""
     (clean,) = validate_tags([tag])
     after = start_after(offset)
-    if not isinstance(backend, HasTagStore):
-        raise UnsupportedOperation(f"events by tag are not supported on the {backend.name} backend")
     return TagQuery(
         backend.tag_store(), clean, settings.tags, after=after, live=live, page_size=settings.tags.query_page_size
     )
 
 
 class _TagPage:
-    """One run of tag page rows (:data:`~journal.tags.store.TagPageRow`): decodes an envelope's
+    """One run of tag page rows (:data:`~journal.backend.TagPageRow`): decodes an envelope's
     event and builds its offset when first asked (:class:`~journal.envelope.LazySource`)."""
 
     __slots__ = ("rows", "serializers")

@@ -20,12 +20,12 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from ..backend import PID, TAG_PID_SEQ_NR, TIMEBUCKET, TIMEUUID, TagPageRow, TagRow, TagStore, row_of
 from ..buckets import bucket_end, bucket_of, bucket_of_millis, parse_first_bucket, previous_bucket
 from ..errors import JournalUnavailable, TagEventsMissing
 from ..settings import TagSettings
 from ..timeuuid import ticks, ticks_of_micros, unix_millis
 from .gaps import PidTracker, Verdict
-from .store import PID, TAG_PID_SEQ_NR, TIMEBUCKET, TIMEUUID, TagPageRow, TagRow, TagStore, row_of
 
 log = logging.getLogger("journal.tags.query")
 T = TypeVar("T")

@@ -22,10 +22,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..backend import TaggedEvent, TagProgress, TagRow, TagStore
 from ..buckets import bucket_of
 from ..errors import TagWriteTimeout
 from ..settings import TagSettings
-from .store import TaggedEvent, TagProgress, TagRow, TagStore
 
 log = logging.getLogger("journal.tags.writer")
 

@@ -1,0 +1,363 @@
+"""Writes on PostgreSQL: the group commit's statement, conflict isolation, and the resolution
+of a write whose connection broke mid-statement (its outcome found from the rows)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from ..backend import WriteCheck, WriteRequest, WriteResult, Written, check_rows
+from ..buckets import bucket_millis
+from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict, StorageError
+from ..serialization import JSON_SERIALIZER_ID
+from .connections import PostgresConnections, PostgresPart
+from .errors import backoff_delays, is_transient, with_retries
+from .statements import SLICE_GROUP_SIZE
+from .tag_statements import TagStatements
+from .timestamp_rule import MARK_WRITER_LOCAL_SQL
+
+log = logging.getLogger("journal.postgres")
+
+DELETE_BATCH_SIZE = 10_000
+
+
+class PostgresWrites(PostgresPart):
+    """Event writes, highest sequence numbers and deletes (statements in :mod:`.statements`)."""
+
+    def __init__(self, conns: PostgresConnections) -> None:
+        super().__init__(conns)
+        settings = conns.settings
+        self.writer_id = conns.writer_id
+        self._notify = settings.write.notify
+        self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=self._notify)
+        self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=self._notify)
+        self._insert_one = self.sql.insert_one(notify=self._notify)
+        tag_sql = TagStatements(settings.schema)
+        bucket = self.sql.tag_bucket_param(self._notify)
+        self._insert_tagged = self.sql.insert_events_tagged(
+            on_conflict_do_nothing=False, notify=self._notify,
+            tag_rows=tag_sql.insert_from_events("src", "$9", bucket, ""),
+        )  # fmt: skip
+        self._insert_tagged_probe = self.sql.insert_events_tagged(
+            on_conflict_do_nothing=True, notify=self._notify,
+            tag_rows=tag_sql.insert_from_events("src", "$9", bucket, "ON CONFLICT DO NOTHING"),
+        )  # fmt: skip
+        self._bucket_millis = bucket_millis(settings.tags.bucket_size)
+
+    def _statement(self, batch: Sequence[WriteRequest], *, probe: bool) -> tuple[str, tuple[Any, ...]]:
+        """The untagged statement (fast path), the one that also writes tag rows, or a lone event's."""
+        if not probe and len(batch) == 1 and len(batch[0].events) == 1 and not batch[0].tags:
+            r, ev, m = batch[0], batch[0].events[0], batch[0].metadata
+            return self._insert_one, (
+                r.slice, r.entity_type, r.persistence_id, r.expected_seq_nr, ev.ser_id, ev.manifest, ev.payload,
+                self.writer_id, m.ser_id if m else None, m.manifest if m else None, m.payload if m else None,
+            )  # fmt: skip
+        params = self._params(batch)
+        if any(r.tags for r in batch):
+            return (self._insert_tagged_probe if probe else self._insert_tagged), (*params, self._bucket_millis)
+        return (self._insert_probe if probe else self._insert), params
+
+    def _params(self, requests: Sequence[WriteRequest]) -> tuple[Any, ...]:
+        """Parallel per-event arrays for the insert statement.
+
+        Arrays that would hold only NULLs, 1s or empty manifests (tags, metadata, ordinals of
+        one-event calls, JSON serializer ids: the common case) are sent empty: a multi-argument unnest pads them with
+        NULLs, the statement reads those as the default, and asyncpg skips encoding every element.
+        With notifications on, the last parameter is the distinct notification payloads.
+        """
+        if any(len(r.events) > 1 for r in requests):
+            rr: Sequence[WriteRequest] = [r for r in requests for _ in r.events]
+            evs = [ev for r in requests for ev in r.events]
+            ordinals = [i for r in requests for i in range(1, len(r.events) + 1)]
+        else:  # one event per call, the common case: no per-row tuples
+            rr, evs, ordinals = requests, [r.events[0] for r in requests], []
+        tags: list[str | None] = []
+        meta_ids: list[int | None] = []
+        meta_manifests: list[str | None] = []
+        meta_payloads: list[bytes | None] = []
+        if any(r.tags for r in requests):
+            tag_json = {id(r): json.dumps(list(r.tags)) if r.tags else None for r in requests}
+            tags = [tag_json[id(r)] for r in rr]
+        if any(r.metadata is not None for r in requests):
+            metas = [r.metadata for r in rr]
+            meta_ids = [m.ser_id if m else None for m in metas]
+            meta_manifests = [m.manifest if m else None for m in metas]
+            meta_payloads = [m.payload if m else None for m in metas]
+        ser_ids: list[int] = [ev.ser_id for ev in evs]
+        if ser_ids.count(JSON_SERIALIZER_ID) == len(ser_ids):
+            ser_ids = []
+        notify: tuple[list[str], ...] = ()
+        if self._notify:
+            notify = (list({f"{r.slice // SLICE_GROUP_SIZE}:{r.entity_type}" for r in requests}),)
+        return (
+            [r.persistence_id for r in rr],
+            [r.entity_type for r in rr],
+            [r.slice for r in rr],
+            ordinals,
+            [r.expected_seq_nr for r in rr],
+            ser_ids,
+            [ev.manifest for ev in evs] if any(ev.manifest for ev in evs) else [],
+            [ev.payload for ev in evs],
+            self.writer_id,
+            tags,
+            meta_ids,
+            meta_manifests,
+            meta_payloads,
+            *notify,
+        )
+
+    async def write_batch(
+        self, requests: Sequence[WriteRequest], *, interruptions: int = 0
+    ) -> list[WriteResult | Exception]:
+        """One multi-row statement for the whole batch; conflicts isolate the failing calls.
+
+        Fast path: a single autocommit INSERT (atomic). If it hits a unique violation, a probe
+        run in a rolled-back transaction (ON CONFLICT DO NOTHING) finds which calls conflict;
+        those fail with SequenceConflict and the rest are written again. If the connection breaks
+        mid-statement, the calls found not written are sent again (a bounded number of times).
+        """
+        results: dict[int, WriteResult | Exception] = {}
+        pending = list(range(len(requests)))
+        for _ in range(8):
+            if not pending:
+                break
+            batch = [requests[i] for i in pending]
+            try:
+                written, resend = await self._insert_batch(batch)
+            except asyncpg.exceptions.PostgresError as e:
+                if isinstance(e, asyncpg.exceptions.UniqueViolationError) and len(pending) == 1:
+                    results[pending[0]] = _conflict(batch[0], "another writer took these sequence numbers")
+                    pending = []
+                    continue
+                if not isinstance(e, asyncpg.exceptions.UniqueViolationError):
+                    # Some call poisons the statement: write each call alone so only it fails.
+                    for i, res in zip(pending, await self._write_each(batch, e), strict=True):
+                        results[i] = res
+                    pending = []
+                    continue
+                probed = await self._probe_batch(batch)
+                failed = {i for i in pending if not _complete(requests[i], probed)}
+                for i in failed:
+                    results[i] = _conflict(requests[i], "another writer took these sequence numbers")
+                pending = [i for i in pending if i not in failed]
+                continue
+            to_resend = {id(r) for r in resend}
+            retry = [i for i in pending if id(requests[i]) in to_resend]
+            for i in pending:
+                r = requests[i]
+                got = written.get(r.persistence_id)
+                if id(r) in to_resend:
+                    continue
+                if got is not None and got[1] == len(r.events):
+                    results[i] = WriteResult(got[0], got[2])
+                else:
+                    results[i] = _conflict(r, "expected_seq_nr is not the stored highest sequence number")
+            if retry:
+                if interruptions + 1 >= self.settings.retry.attempts:
+                    for i in retry:
+                        results[i] = JournalUnavailable(
+                            f"write of {requests[i].persistence_id!r} was interrupted {interruptions + 1} times; "
+                            "it is known not to be stored"
+                        )
+                else:
+                    again = await self.write_batch([requests[i] for i in retry], interruptions=interruptions + 1)
+                    results.update(zip(retry, again, strict=True))
+            pending = []
+        for i in pending:
+            results[i] = _conflict(requests[i], "kept conflicting")
+        return [results[i] for i in range(len(requests))]
+
+    async def write_on(self, conn: asyncpg.Connection, request: WriteRequest) -> WriteResult:
+        """Write one request on the caller's connection (inside its transaction, if any)."""
+        stmt, params = self._statement([request], probe=False)
+        if conn.is_in_transaction():  # the database's rule trigger (if installed) skips these rows
+            await conn.execute(MARK_WRITER_LOCAL_SQL)
+        try:
+            rows = await conn.fetch(stmt, *params)
+        except asyncpg.exceptions.UniqueViolationError as e:
+            raise _conflict(request, "another writer took these sequence numbers") from e
+        got = _by_pid(rows).get(request.persistence_id)
+        if got is None or got[1] != len(request.events):
+            raise _conflict(request, "expected_seq_nr is not the stored highest sequence number")
+        return WriteResult(got[0], got[2])
+
+    def _release(self, conn: asyncpg.Connection, *, broken: bool = False) -> None:
+        """Give a write connection back; one in an unknown state is closed, never used again."""
+        self.conns.writers.give_back(conn, broken=broken)
+
+    async def _write_each(self, batch: Sequence[WriteRequest], cause: Exception) -> list[WriteResult | Exception]:
+        if len(batch) == 1:
+            return [StorageError(f"write of {batch[0].persistence_id!r} failed: {cause}")]
+        out: list[WriteResult | Exception] = []
+        for r in batch:
+            out.extend(await self.write_batch([r]))
+        return out
+
+    async def _insert_batch(self, batch: Sequence[WriteRequest]) -> tuple[dict[str, _Written], list[WriteRequest]]:
+        """The atomic autocommit insert, with the database's outcome made known.
+
+        A failure before the statement was sent is retried. After a failure once it was sent, the
+        server process is waited for (:meth:`_wait_until_settled`) and the rows are checked
+        (:meth:`_resolve_unknown`): returns the calls written, and those known not to be written.
+        """
+        stmt, params = self._statement(batch, probe=False)
+        delays = iter(backoff_delays(self.settings.retry))
+        while True:
+            try:
+                conn = await self.conns.writers.take()
+            except Exception as e:
+                delay = next(delays, None)
+                if not is_transient(e):
+                    raise
+                if delay is None:
+                    raise _unavailable("write", e) from e
+                await asyncio.sleep(delay)
+                continue
+            server_pid = conn.get_server_pid()
+            try:
+                rows = await conn.fetch(stmt, *params)
+            except Exception as e:
+                if not is_transient(e):
+                    self._release(conn)
+                    raise
+                self._release(conn, broken=True)
+                log.warning("write interrupted (%s), resolving its outcome", e)
+                await self._wait_until_settled(server_pid)
+                return await self._resolve_unknown(batch)
+            except BaseException:  # cancelled mid-statement: the connection's state is unknown
+                self._release(conn, broken=True)
+                raise
+            self._release(conn)  # the write is done, whatever happens to the connection now
+            return _by_pid(rows), []
+
+    async def _probe_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
+        """Which calls would be written in full? (ON CONFLICT DO NOTHING, always rolled back.)"""
+
+        async def op() -> dict[str, _Written]:
+            async with self.pool.acquire() as conn:
+                tr = conn.transaction()
+                await tr.start()
+                try:
+                    stmt, params = self._statement(batch, probe=True)
+                    return _by_pid(await conn.fetch(stmt, *params))
+                finally:
+                    await tr.rollback()
+
+        return await with_retries("write (conflict probe)", self.settings.retry, op)
+
+    async def _wait_until_settled(self, server_pid: int, patience: float = 10.0) -> None:
+        """Wait until the interrupted statement's server process is no longer running it.
+
+        A client that lost its connection cannot tell whether the server is still executing the
+        statement; reading the rows before that ends could see "not written" for a write that
+        commits a moment later. Once the process is idle or gone its transaction is final. If it
+        is still busy after ``patience`` seconds it is terminated (only a process of this journal's
+        own write connections, found by application_name), which rolls the statement back; its row
+        leaves pg_stat_activity only after the abort.
+        """
+        app = self.conns.writers.application_name
+
+        async def op() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + patience
+            async with self.pool.acquire() as c:
+                while await c.fetchval(self.sql.writer_busy, server_pid, app):
+                    if loop.time() > deadline:
+                        await c.fetchval(self.sql.terminate_writer, server_pid, app)
+                        deadline = loop.time() + patience
+                    await asyncio.sleep(0.01)
+
+        try:
+            await with_retries("settle an interrupted write", self.settings.retry, op)
+        except JournalUnavailable as e:
+            raise JournalUnavailable(str(e), outcome_unknown=True) from e
+
+    async def _resolve_unknown(self, batch: Sequence[WriteRequest]) -> tuple[dict[str, _Written], list[WriteRequest]]:
+        """The connection died mid-write. Find out, for each call, whether it committed.
+
+        A call that gave ``expected_seq_nr`` can be checked exactly: its rows are there with
+        our writer id and the same payloads (it committed), or no row is there (it did not: it is
+        sent again), or another writer's rows are there (a conflict). Calls without it cannot be
+        told apart from another writer's, so they fail with ``JournalUnavailable(outcome_unknown=True)``.
+        Returns the calls found written and those to send again.
+        """
+        out: dict[str, _Written] = {}
+        resend: list[WriteRequest] = []
+        for r in batch:
+            if r.expected_seq_nr is None:
+                raise JournalUnavailable(
+                    f"write of {r.persistence_id!r} was interrupted and its outcome is unknown "
+                    "(pass expected_seq_nr to let the journal resolve it)",
+                    outcome_unknown=True,
+                )
+            try:
+                got = await self.check_write(r)
+            except JournalUnavailable as e:
+                raise JournalUnavailable(str(e), outcome_unknown=True) from e
+            if got.outcome is Written.WRITTEN:
+                assert got.db_timestamp is not None
+                out[r.persistence_id] = (r.expected_seq_nr + 1, len(r.events), got.db_timestamp)
+            elif got.outcome is Written.NOT_WRITTEN:
+                resend.append(r)
+            # else: another writer's rows are there: the call is reported as a conflict
+        return out, resend
+
+    async def check_write(self, request: WriteRequest) -> WriteCheck:
+        """The rows at the request's numbers (``expected_seq_nr`` + 1 on): :func:`check_rows`."""
+        if request.expected_seq_nr is None:
+            raise InvalidArgument("check_write needs a request with expected_seq_nr")
+        first = request.expected_seq_nr + 1
+        rows = await self.conns.fetch(
+            "resolve write", self.sql.written_check, request.persistence_id, first, first + len(request.events) - 1
+        )
+        return check_rows(request, self.writer_id, [(r[0], r[1], r[2]) for r in rows])
+
+    async def highest_seq_nr(self, persistence_id: str) -> int:
+        return int(await self.conns.fetchval("highest_seq_nr", self.sql.highest_seq_nr, persistence_id))
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None:
+        """Hard delete in batches; the highest event stays as a tombstone (deleted=true)."""
+
+        async def op() -> None:
+            async with self.pool.acquire() as conn, conn.transaction():
+                highest = await conn.fetchval(self.sql.highest_seq_nr, persistence_id)
+                upto = min(to_seq_nr, highest)
+                if upto <= 0:
+                    return
+                keep_tombstone = upto == highest
+                limit_to = upto - 1 if keep_tombstone else upto
+                while True:
+                    status = await conn.execute(self.sql.delete_batch, persistence_id, limit_to, DELETE_BATCH_SIZE)
+                    if int(status.split()[-1]) < DELETE_BATCH_SIZE:
+                        break
+                if keep_tombstone:
+                    await conn.execute(self.sql.tombstone, persistence_id, upto)
+
+        await with_retries("delete events", self.settings.retry, op)
+
+
+_Written = tuple[int, int, datetime]
+"""Per written pid: first seq_nr, number of rows, db_timestamp."""
+
+
+def _by_pid(rows: Sequence[asyncpg.Record]) -> dict[str, _Written]:
+    return {r["persistence_id"]: (r["first_seq_nr"], r["n"], r["db_timestamp"]) for r in rows}
+
+
+def _unavailable(what: str, e: Exception) -> JournalUnavailable:
+    return JournalUnavailable(f"{what}: database unavailable: {e}")
+
+
+def _complete(r: WriteRequest, written: dict[str, _Written]) -> bool:
+    got = written.get(r.persistence_id)
+    return got is not None and got[1] == len(r.events)
+
+
+def _conflict(r: WriteRequest, detail: str) -> SequenceConflict:
+    return SequenceConflict(r.persistence_id, r.expected_seq_nr, detail)
