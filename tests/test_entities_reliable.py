@@ -183,3 +183,24 @@ async def test_an_entity_with_unconfirmed_deliveries_is_not_passivated(journal: 
         assert await reg.passivate_idle(older_than=0) == 0
         await reg.ask(Sender, "s4", ("confirm", "d-1"))
         assert await reg.passivate_idle(older_than=0) == 1
+
+
+def test_bookkeeping_survives_snapshot_metadata() -> None:
+    from journal.entities.reliable import Bookkeeping, FollowUp
+    from journal.serialization import SerializerRegistry
+
+    serializers = SerializerRegistry()
+    book = Bookkeeping()
+    book.add_follow_up(FollowUp(3, {"reserved": "x"}, ("shipping|1",)))
+    book.add_delivery("d-1", "sink", ["m", 1], live=True)
+    book.take_follow_ups()  # in flight when the snapshot is taken: still saved
+    meta = book.to_metadata(serializers)
+    assert meta is not None
+    again = Bookkeeping()
+    again.load_metadata(meta, serializers)
+    assert again.take_follow_ups() == [FollowUp(3, {"reserved": "x"}, ("shipping|1",))]
+    assert {d: (u.destination, u.message) for d, u in again.unconfirmed.items()} == {"d-1": ("sink", ["m", 1])}
+    assert again.fresh == []  # delivered by recovery, not as fresh
+    assert Bookkeeping().to_metadata(serializers) is None
+    again.load_metadata({"other": 1}, serializers)
+    assert not again.follow_ups and not again.unconfirmed
