@@ -103,7 +103,7 @@ class SnapshotRow:
     db_timestamp: datetime | None = None
 
 
-class Written(Enum):
+class Found(Enum):
     """What the rows of an interrupted write say about it (:meth:`EventWrites.check_write`)."""
 
     WRITTEN = "written"
@@ -115,7 +115,7 @@ class Written(Enum):
 
 
 class WriteCheck(NamedTuple):
-    outcome: Written
+    outcome: Found
     db_timestamp: datetime | None = None
     """The written rows' timestamp (only when ``outcome`` is WRITTEN)."""
 
@@ -124,13 +124,13 @@ def check_rows(request: WriteRequest, writer_id: str, rows: Sequence[tuple[str, 
     """Classify the rows stored at a request's sequence numbers: (writer, payload, db_timestamp)
     of each, ascending. Shared by every backend's :meth:`EventWrites.check_write`."""
     if not rows:
-        return WriteCheck(Written.NOT_WRITTEN)
+        return WriteCheck(Found.NOT_WRITTEN)
     mine = [r for r in rows if r[0] == writer_id]
     if len(mine) == len(request.events) and all(
         bytes(r[1]) == ev.payload for r, ev in zip(mine, request.events, strict=True)
     ):
-        return WriteCheck(Written.WRITTEN, mine[0][2])
-    return WriteCheck(Written.CONFLICT)
+        return WriteCheck(Found.WRITTEN, mine[0][2])
+    return WriteCheck(Found.CONFLICT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,9 +457,11 @@ class ReplicationStore(Protocol):
 
     async def stamp(self, log_name: str, limit: int = 1000) -> int: ...
 
-    async def read_log(
-        self, log_name: str, after: int, limit: int, skip_covered_by: VectorTime | None = None
-    ) -> tuple[list[ReplicatedEvent], int]: ...
+    async def read_log(self, log_name: str, after: int, limit: int) -> tuple[list[ReplicatedEvent], int]: ...
+
+    async def read_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[ReplicatedEvent]: ...
+
+    async def missing_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[tuple[str, int]]: ...
 
     async def progress(self, log_name: str, source_location: str) -> int: ...
 
@@ -469,7 +471,11 @@ class ReplicationStore(Protocol):
         self, log_name: str, source_location: str, events: Sequence[ReplicatedEvent], last_scanned: int
     ) -> WriteOutcome: ...
 
-    async def set_recovering(self, log_name: str, recovering: bool) -> None: ...
+    async def begin_recovery(self, log_names: Sequence[str]) -> None: ...
+
+    async def end_recovery(self, log_names: Sequence[str]) -> None: ...
+
+    async def guard_installed(self) -> bool: ...
 
     async def recovering(self, log_name: str) -> bool: ...
 

@@ -10,9 +10,10 @@ import asyncpg
 import pytest
 
 from journal import EventEnvelope, Journal, JournalSettings
-from journal.entities import StatefulProcessor, StatefulWriter, WriterHandler, processed_up_to
+from journal.entities import StatefulProcessor, StatefulWriter, WriterHandler
 from journal.errors import HandlerFailed
 from projections import Worker
+from projections.management import processed_up_to
 from tests.support.waiting import wait_until
 
 

@@ -1,7 +1,7 @@
 """snapshot_older: the older snapshots of a pid, when more than one is kept
 
 Revision ID: 0007
-Revises: 0005 (to become 0006 once the replication migration 0006 is merged)
+Revises: 0006
 Create Date: 2026-11-23
 
 ``snapshot`` keeps one row per pid (the newest, as the reference DDL), so a JVM service sharing
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0007"
-down_revision = "0005"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

@@ -1,19 +1,25 @@
 """Event-sourced entities on the journal (the Eventuate programming model).
 
 See README, "Entities": :class:`Entity`, :class:`EntityRegistry`, routing helpers, the
-circuit breaker; writers and processors on the projection runner.
+circuit breaker; writers and processors on the projection runner; the :class:`EventRouter` that
+delivers routed events; :class:`View`; conditional requests (``ask(..., after=vector_time)``);
+confirmed delivery (:class:`Delivery`), snapshot results, stateful writers and processors.
 """
 
 from .circuit_breaker import BreakerState, CircuitBreaker
-from .delivery import Destination
+from .conditional import TimedReply
+from .confirmed_delivery import Destination
+from .delivery import RoutedEvent
 from .entity import AfterPersist, Entity, EventContext, after_persist
 from .processor import Processor
 from .registry import EntityRegistry
 from .reliable import Delivery
-from .routing import destinations_of, routed_to
+from .router import EventRouter
+from .routing import destinations_of, routed_from, routed_to
 from .snapshot_result import SnapshotResult
 from .stateful import StatefulProcessor, StatefulWriter
-from .writer import Writer, WriterHandler, processed_up_to
+from .view import View
+from .writer import Writer, WriterHandler
 
 __all__ = [
     "AfterPersist",
@@ -24,14 +30,18 @@ __all__ = [
     "Entity",
     "EntityRegistry",
     "EventContext",
+    "EventRouter",
     "Processor",
+    "RoutedEvent",
     "SnapshotResult",
     "StatefulProcessor",
     "StatefulWriter",
+    "TimedReply",
+    "View",
     "Writer",
     "WriterHandler",
     "after_persist",
     "destinations_of",
-    "processed_up_to",
+    "routed_from",
     "routed_to",
 ]

@@ -1,129 +1,60 @@
-"""Confirmed delivery: sends an entity's unconfirmed messages until a confirmation is persisted.
+"""Delivering routed events into a destination entity, exactly once per source event.
 
-The :class:`Deliverer` belongs to one live entity (its cell). A delivery asked for by an event
-just written goes out at once; after recovery every unconfirmed delivery goes out; then each
-unconfirmed delivery goes out again ``interval`` seconds after its previous attempt, until an
-event that confirms it is applied (:meth:`Entity.persist_confirmation`). Destinations are named
-callables registered on the registry, so a restarted sender finds them again by name.
-Delivery is at-least-once: a destination must tolerate a message it already received.
+The router sends a :class:`RoutedDelivery` to the destination's cell like a command. The cell
+runs :func:`routed_handler` instead of the entity's command handler: it drops every event at or
+below the entity's route mark for its source (already delivered: a re-delivery after a router
+restart) and collects the rest as ordinary events of the destination, marked with their source.
+The marks are part of the entity's state as rebuilt by recovery (see routing.py), and the write
+is checked against the pid's highest seq_nr, so the check and the write are one step of the
+pid's single writer: a concurrent writer makes the write fail (SequenceConflict), the entity
+restarts, and the re-sent delivery is checked again against the fresh marks.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import inspect
-import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from .reliable import Bookkeeping, Delivery
-
-log = logging.getLogger("journal.entities")
-
-Destination = Callable[[Delivery], Awaitable[Any] | Any]
-"""Receives a :class:`Delivery` (sync or async). Raising counts as not delivered (retried)."""
+from .entity import Entity
+from .routing import route_marks
 
 
-class Deliverer:
-    """Runs one entity's deliveries. ``book`` returns the current instance's bookkeeping (a
-    restarted entity is a new instance)."""
+@dataclass(frozen=True, slots=True)
+class RoutedEvent:
+    """One routed event: the source's pid and seq_nr identify it; ``event`` is its payload."""
 
-    def __init__(
-        self,
-        sender: str,
-        book: Callable[[], Bookkeeping],
-        destinations: Mapping[str, Destination],
-        interval: float,
-    ) -> None:
-        self.sender = sender
-        self._book = book
-        self._destinations = destinations
-        self.interval = interval
-        self.attempts: dict[str, int] = {}
-        """Delivery id -> attempts made by this cell (for tests and stats)."""
-        self._last: dict[str, float] = {}
-        self._running: dict[str, asyncio.Task[None]] = {}
-        self._wake = asyncio.Event()
-        self._timer: asyncio.Task[None] | None = None
+    source_pid: str
+    source_seq_nr: int
+    event: Any
 
-    @property
-    def pending(self) -> bool:
-        """True while some delivery is unconfirmed (the entity then stays in memory)."""
-        return bool(self._book().unconfirmed)
 
-    def recovered(self) -> None:
-        """After (re)covery: send every unconfirmed delivery now, then keep the timer running."""
-        self._last.clear()
-        self._book().fresh = []
-        self._wake.set()
-        if self._timer is None or self._timer.done():
-            self._timer = asyncio.get_running_loop().create_task(
-                self._tick(), name=f"deliveries of {self.sender}"
-            )
+@dataclass(frozen=True, slots=True)
+class RoutedDelivery:
+    """Internal command: routed events for one destination, in source order. Reply: how many
+    were new (the others had been delivered before)."""
 
-    def send_fresh(self) -> None:
-        """Send the deliveries that events just written asked for."""
-        now = time.monotonic()
-        for d in self._book().take_fresh():
-            self._send(d, now)
-        self._wake.set()
+    events: tuple[RoutedEvent, ...]
 
-    async def stop(self) -> None:
-        tasks = [t for t in (self._timer, *self._running.values()) if t is not None]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._running.clear()
 
-    async def _tick(self) -> None:
-        while True:
-            unconfirmed = self._book().unconfirmed
-            now = time.monotonic()
-            for d in [d for d in self._last if d not in unconfirmed]:
-                del self._last[d]
-            due = [d for d in unconfirmed if now - self._last.get(d, -self.interval) >= self.interval]
-            for d in due:
-                self._send(d, now)
-            waits = [self._last[d] + self.interval - now for d in unconfirmed if d in self._last]
-            self._wake.clear()
-            try:
-                async with asyncio.timeout(max(0.0, min(waits)) if waits else None):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+def routed_handler(entity: Entity[Any], command: Any) -> Callable[[Any], Any] | None:
+    """The handler for a :class:`RoutedDelivery` (None for any other command)."""
+    if not isinstance(command, RoutedDelivery):
+        return None
 
-    def _send(self, delivery_id: str, now: float) -> None:
-        running = self._running.get(delivery_id)
-        if running is not None and not running.done():
-            return  # the previous attempt has not returned yet
-        u = self._book().unconfirmed.get(delivery_id)
-        if u is None:
-            return
-        self._last[delivery_id] = now
-        n = self.attempts.get(delivery_id, 0) + 1
-        self.attempts[delivery_id] = n
-        delivery = Delivery(delivery_id, self.sender, u.message, n)
-        task = asyncio.get_running_loop().create_task(self._call(u.destination, delivery))
-        self._running[delivery_id] = task
-        task.add_done_callback(functools.partial(self._done, delivery_id))
+    def accept(_command: Any) -> int:
+        c = entity._collector("a routed delivery")
+        marks = dict(route_marks(entity).marks)
+        accepted = 0
+        for r in command.events:
+            if r.source_seq_nr <= marks.get(r.source_pid, 0):
+                continue
+            c.routed[len(c.events)] = (r.source_pid, r.source_seq_nr)
+            c.events.append(r.event)
+            c.destinations.append(())
+            c.callbacks.append(None)
+            marks[r.source_pid] = r.source_seq_nr
+            accepted += 1
+        return accepted
 
-    def _done(self, delivery_id: str, task: asyncio.Task[None]) -> None:
-        if self._running.get(delivery_id) is task:
-            del self._running[delivery_id]
-
-    async def _call(self, name: str, delivery: Delivery) -> None:
-        fn = self._destinations.get(name)
-        if fn is None:
-            log.warning("%s: no destination %r registered; retrying later", self.sender, name)
-            return
-        try:
-            result = fn(delivery)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            log.exception(
-                "delivery %s of %s to %r failed; retrying in %.1fs",
-                delivery.delivery_id, self.sender, name, self.interval,
-            )  # fmt: skip
+    return accept
