@@ -112,3 +112,26 @@ async def test_a_destination_recovered_from_a_snapshot_of_its_last_row_still_dro
             assert again.delivered == 0
         assert len(await reg.ask(SnapAccount, "s", ("read",))) == 3
     assert_once_in_order(await routed_rows(journal, "snapaccount|s"), {"order|o1": [1, 2, 3]})
+
+
+def test_progress_commits_an_offset_only_when_everything_before_it_is_written() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from journal import TimestampOffset
+    from journal.entities.router import Progress
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    offs = [TimestampOffset(t0 + timedelta(seconds=i)) for i in range(4)]
+    committed: dict[str, TimestampOffset] = {}
+    p = Progress(committed)
+    a = p.read("order", offs[0], 2)  # two destinations
+    b = p.read("order", offs[1], 1)
+    p.read("order", offs[2], 0)  # nothing to route
+    c = p.read("other", offs[3], 1)
+    assert committed == {} and p.open == 4
+    assert not p.written(b)  # b is done, a is not: nothing moves
+    assert not p.written(a) and committed == {}
+    assert p.written(a)  # a done: a, b and the unrouted event commit together
+    assert committed == {"order": offs[2]}
+    assert p.written(c) and committed == {"order": offs[2], "other": offs[3]}
+    assert p.open == 0

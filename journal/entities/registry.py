@@ -110,7 +110,7 @@ class EntityRegistry:
 
         Raises:
             ConfigurationError: no entity class is registered for the destination's type.
-            and what :meth:`ask` raises (retrying is safe).
+            JournalError: as :meth:`ask` (retrying is safe: copies already held are dropped).
         """
         validate_persistence_id(destination)
         cls = self._types.get(entity_type_of(destination))

@@ -20,7 +20,8 @@ from ..offsets import TimestampOffset
 
 log = logging.getLogger("journal.entities")
 
-Handle = Callable[[EventEnvelope], Awaitable[None]]
+Handle = Callable[[EventEnvelope, TimestampOffset], Awaitable[None]]
+"""Called with each envelope and the query's offset after it (where to resume)."""
 
 
 def offsets_to_json(offsets: Mapping[str, TimestampOffset]) -> dict[str, Any]:
@@ -35,7 +36,8 @@ def offsets_from_json(data: Any) -> dict[str, TimestampOffset]:
 
 class TypeStreams:
     """Runs one task per entity type; :meth:`stop` cancels them; a failing ``handle`` stops all
-    and is kept in :attr:`error` (and ``on_error`` is called)."""
+    and is kept in :attr:`error` (and ``on_error`` is called). With ``track_offsets=False`` the
+    owner records offsets itself (when what ``handle`` started has finished)."""
 
     def __init__(
         self,
@@ -46,6 +48,7 @@ class TypeStreams:
         *,
         name: str,
         on_error: Callable[[BaseException], None] = lambda e: None,
+        track_offsets: bool = True,
     ) -> None:
         self.journal = journal
         self.entity_types = tuple(sorted({validate_entity_type(t) for t in entity_types}))
@@ -54,6 +57,7 @@ class TypeStreams:
         self._handle = handle
         self._name = name
         self._on_error = on_error
+        self._track = track_offsets
         self.error: BaseException | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -77,13 +81,15 @@ class TypeStreams:
             query = self.journal.events_by_slices(entity_type, 0, NUMBER_OF_SLICES - 1, self.offsets.get(entity_type))
             async for env in query:
                 offset = env.offset  # the query's position (a loaded envelope carries its own)
+                if not isinstance(offset, TimestampOffset):
+                    continue
                 if not env.has_payload:  # found by a payload-free backtracking read
                     loaded = await self.journal.load_envelope(env.persistence_id, env.seq_nr)
                     if loaded is None:
                         continue
                     env = loaded
-                await self._handle(env)
-                if isinstance(offset, TimestampOffset):
+                await self._handle(env, offset)
+                if self._track:
                     self.offsets[entity_type] = offset
         except asyncio.CancelledError:
             raise

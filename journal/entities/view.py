@@ -166,7 +166,7 @@ class View(Generic[S]):
         Raises:
             ConditionTimeout: ``after`` not seen within ``timeout`` seconds (default 10).
             EntityError: the view stopped because reading or an event handler failed.
-            and what ``on_query`` raises.
+            Exception: whatever ``on_query`` raises.
         """
         wanted = as_vector_time(after)
         limit = check_timeout(timeout)
@@ -199,7 +199,7 @@ class View(Generic[S]):
     def _wants(self, env: EventEnvelope) -> bool:
         return env.entity_type in self._types or env.persistence_id in self._aggregates
 
-    async def _read(self, env: EventEnvelope) -> None:
+    async def _read(self, env: EventEnvelope, _offset: TimestampOffset) -> None:
         pid = env.persistence_id
         if env.seq_nr <= self.positions.get(pid, 0):
             self.duplicates += 1
