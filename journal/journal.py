@@ -13,16 +13,23 @@ from typing import Any
 
 from .backend import Backend, Found, SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from .backends import open_backend
-from .bulk import Outcome, Write, Written
+from .bulk import (
+    MAX_EVENTS_PER_CALL,
+    Outcome,
+    Write,
+    bulk_columns,
+    bulk_requests,
+    column_outcomes,
+    outcomes,
+    plain_request,
+)
 from .envelope import EventEnvelope
 from .errors import (
     ConfigurationError,
     InvalidArgument,
-    JournalError,
     JournalUnavailable,
     SequenceConflict,
     SerializationError,
-    StorageError,
     UnsupportedOperation,
 )
 from .group_commit import GroupCommit
@@ -35,7 +42,7 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
-from .metrics import instrumented
+from .metrics import instrumented, instrumented_columns
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries, envelope_of
@@ -46,7 +53,6 @@ from .snapshots import Snapshot
 
 log = logging.getLogger("journal")
 
-MAX_EVENTS_PER_CALL = 10_000
 
 
 class Journal:
@@ -131,23 +137,17 @@ class Journal:
         two parts; SerializationError for an event that cannot be serialized. The message names
         the part's index.
         """
-        requests: list[WriteRequest] = []
-        seen: set[str] = set()
-        for i, w in enumerate(writes):
-            try:
-                if type(w) is not Write:
-                    w = _as_write(w)
-                pid = w.persistence_id
-                requests.append(self._request(pid, w.events, w.expected_seq_nr, w.tags, w.metadata))
-            except (InvalidArgument, SerializationError) as e:
-                raise type(e)(f"persist_many part {i}: {e}") from e
-            if pid in seen:
-                raise InvalidArgument(f"persist_many part {i}: {pid!r} appears in an earlier part; one part per pid")
-            seen.add(pid)
+        parts = writes if type(writes) is list else list(writes)
+        write_columns = getattr(self.backend, "write_columns", None)
+        if write_columns is not None:
+            columns = bulk_columns(parts, self.serializers)  # the commonest shape: no object per part
+            if columns is not None:
+                written = await self._group_commit.submit_columns(columns, instrumented_columns(write_columns))
+                return column_outcomes(columns, written)
+        requests = bulk_requests(parts, self.serializers, self._request)
         if not requests:
             return []
-        results = await self._group_commit.submit_many(requests)
-        return [_outcome(r, res) for r, res in zip(requests, results, strict=True)]
+        return outcomes(requests, await self._group_commit.submit_many(requests))
 
     async def persist_in(
         self,
@@ -211,25 +211,18 @@ class Journal:
     def _written(
         self, request: WriteRequest, result: WriteResult, events: Sequence[Any], metadata: Any
     ) -> list[EventEnvelope]:
-        return [
-            EventEnvelope(
-                persistence_id=request.persistence_id,
-                entity_type=request.entity_type,
-                slice=request.slice,
-                seq_nr=result.first_seq_nr + i,
-                db_timestamp=result.db_timestamp,
-                event=ev,
-                offset=SeqOffset(result.first_seq_nr + i),
-                tags=request.tags,
-                metadata=metadata,
-                writer=self.writer_id,
-            )
-            for i, ev in enumerate(events)
-        ]
+        return EventEnvelope.written(
+            request.persistence_id, request.entity_type, request.slice, result.first_seq_nr,
+            result.db_timestamp, events, request.tags, metadata, self.writer_id,
+        )  # fmt: skip
 
     def _request(
         self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
     ) -> WriteRequest:
+        s = self.serializers
+        r = plain_request(pid, events, expected, tags, metadata, s.plain_json_types, s.plain_bytes_type)
+        if r is not None:
+            return r
         validate_persistence_id(pid)
         if type(events) is not list and not isinstance(events, list | tuple):
             raise InvalidArgument(f"events must be a list or tuple of events, got {type(events).__name__}")
@@ -459,25 +452,6 @@ class Journal:
 
     async def delete_snapshot(self, persistence_id: str) -> None:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
-
-
-def _as_write(w: object) -> Write:
-    if not isinstance(w, tuple) or not 2 <= len(w) <= 5:
-        raise InvalidArgument(
-            f"expected a Write or a (pid, events[, expected_seq_nr, tags, metadata]) tuple, got {w!r:.80}"
-        )
-    return Write(*w)
-
-
-def _outcome(r: WriteRequest, res: WriteResult | Exception) -> Outcome:
-    if isinstance(res, Exception):
-        if isinstance(res, JournalError):
-            return res
-        err = StorageError(f"write of {r.persistence_id!r} failed: {type(res).__name__}: {res}")
-        err.__cause__ = res
-        return err
-    first = res.first_seq_nr
-    return Written(r.persistence_id, first, first + len(r.events) - 1, res.db_timestamp)
 
 
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:

@@ -96,3 +96,17 @@ def test_sql_check_finds_sql(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text('"""SELECT in a docstring is prose."""\nA = "SELECT 1"\nB = f"DELETE FROM {A} WHERE x"\n')
     assert _sql_literals(probe) == [2, 3]
+
+
+def test_no_plain_runtime_errors() -> None:
+    """Errors raised to users come from the journal.errors tree, never a bare RuntimeError/Exception."""
+    plain = {"RuntimeError", "Exception", "BaseException"}
+    found = []
+    for package in ("journal", "projections"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Raise) and node.exc is not None:
+                    exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                    if isinstance(exc, ast.Name) and exc.id in plain:
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []

@@ -10,12 +10,16 @@ from typing import TypeVar
 
 import asyncpg
 
-from ..errors import JournalUnavailable
+from ..errors import JournalError, JournalUnavailable, LocalWritesRefused, StorageError
 from ..settings import RetrySettings
 
 log = logging.getLogger("journal.postgres")
 
 T = TypeVar("T")
+
+LOCAL_WRITES_REFUSED_SQLSTATE = "SJ014"
+"""Raised by the recovery guard (``journal.postgres.replication_store``) for a local write to a
+replicated log that is being recovered from its peers."""
 
 _TRANSIENT_SQLSTATE_PREFIXES = ("08", "57P", "53")  # connection, operator intervention, resources
 
@@ -64,3 +68,12 @@ async def with_retries(what: str, settings: RetrySettings, op: Callable[[], Awai
             log.debug("%s failed (%s), retry %d in %.2fs", what, e, attempt + 1, delays[attempt])
             await asyncio.sleep(delays[attempt])
     raise AssertionError("unreachable")
+
+
+def write_error(persistence_id: str, cause: BaseException) -> JournalError:
+    """A write the database refused (not a conflict, not an outage) as a typed error."""
+    if getattr(cause, "sqlstate", None) == LOCAL_WRITES_REFUSED_SQLSTATE:
+        refused = LocalWritesRefused(f"write of {persistence_id!r} refused: {getattr(cause, 'message', cause)}")
+        refused.__cause__ = cause
+        return refused
+    return StorageError(f"write of {persistence_id!r} failed: {cause}")

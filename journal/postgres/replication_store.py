@@ -10,19 +10,25 @@ never skips an event that commits late.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
 import orjson
 
-from ..backend import WriteRequest
+from ..buckets import bucket_millis
 from ..errors import ConfigurationError, LocationMismatch, ReplicationError
-from ..ids import entity_type_of, slice_for
+from ..ids import entity_type_of, slice_for, validate_entity_type
 from ..replication.model import ReplicatedEvent, WriteOutcome
 from ..replication.vector_time import VectorTime
 from ..serialization import Serialized
 from ..settings import validate_identifier
+from . import recovery_guard
+from .replicated_insert import WAIT_FOR_CLOCK, insert_replicated
+from .statements import SLICE_GROUP_SIZE
+from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .writes import PostgresWrites
 
 
@@ -45,12 +51,13 @@ class _Sql:
         )
         self.log_row = f"SELECT location, log_seq_nr, version_vector, recovering FROM {rl} WHERE log_name = $1"
         self.set_recovering = f"UPDATE {rl} SET recovering = $2 WHERE log_name = $1"
+        self.any_recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering)"
         self.lock_log = self.log_row + " FOR UPDATE"
         self.save_log = f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
-        self.unstamped = (
-            f"SELECT persistence_id, seq_nr FROM {ej} WHERE entity_type = $1 AND log_seq_nr IS NULL "
-            f"ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $2"
-        )
+        self.ej = ej
+        self.schema = schema
+        self._inserts: dict[tuple[bool, bool], str] = {}
+        self.origin_index = f'"{schema}".event_journal_origin_idx'
         self.stamp = (
             f"UPDATE {ej} e SET origin_location = s.origin, origin_seq_nr = s.origin_seq, "
             f"vector_time = s.vt::jsonb, log_seq_nr = s.log_seq "
@@ -58,10 +65,22 @@ class _Sql:
             f"AS s(pid, seq_nr, origin, origin_seq, vt, log_seq) "
             f"WHERE e.persistence_id = s.pid AND e.seq_nr = s.seq_nr"
         )
+        columns = (
+            "persistence_id, event_ser_id, event_ser_manifest, event_payload, tags, meta_ser_id, "
+            "meta_ser_manifest, meta_payload, origin_location, origin_seq_nr, vector_time, log_seq_nr, deleted"
+        )
         self.read_log = (
-            f"SELECT persistence_id, event_ser_id, event_ser_manifest, event_payload, tags, meta_ser_id, "
-            f"meta_ser_manifest, meta_payload, origin_location, origin_seq_nr, vector_time, log_seq_nr, deleted "
-            f"FROM {ej} WHERE entity_type = $1 AND log_seq_nr > $2 ORDER BY log_seq_nr LIMIT $3"
+            f"SELECT {columns} FROM {ej} WHERE entity_type = $1 AND log_seq_nr > $2 ORDER BY log_seq_nr LIMIT $3"
+        )
+        self.read_ids = (
+            f"SELECT {columns} FROM {ej} e JOIN unnest($2::text[], $3::bigint[]) AS s(origin, origin_seq) "
+            f"ON e.entity_type = $1 AND e.origin_location = s.origin AND e.origin_seq_nr = s.origin_seq "
+            f"ORDER BY e.log_seq_nr"
+        )
+        self.stored_ids = (
+            f"SELECT s.origin, s.origin_seq FROM unnest($2::text[], $3::bigint[]) AS s(origin, origin_seq) "
+            f"WHERE EXISTS (SELECT 1 FROM {ej} e WHERE e.entity_type = $1 AND e.origin_location = s.origin "
+            f"AND e.origin_seq_nr = s.origin_seq)"
         )
         self.progress = f"SELECT source_log_seq_nr FROM {rp} WHERE log_name = $1 AND source_location = $2"
         self.all_progress = f"SELECT source_location, source_log_seq_nr FROM {rp} WHERE log_name = $1"
@@ -97,6 +116,35 @@ class _Sql:
             f"AND log_seq_nr IS NOT NULL GROUP BY origin_location, origin_seq_nr"
         )
 
+    def insert(self, *, notify: bool, tagged: bool) -> str:
+        key = (notify, tagged)
+        if key not in self._inserts:
+            self._inserts[key] = insert_replicated(self.schema, notify=notify, tagged=tagged)
+        return self._inserts[key]
+
+    def unstamped(self, log_name: str) -> str:
+        """The log's local events not stamped yet, in commit-visible order. The log name is a
+        literal (quoted here), so even a generic plan matches the log's partial index."""
+        return (
+            f"SELECT persistence_id, seq_nr FROM {self.ej} WHERE entity_type = {_literal(log_name)} "
+            f"AND log_seq_nr IS NULL ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $1"
+        )
+
+    def unstamped_index(self, log_name: str) -> str:
+        """A partial index of the log's events not stamped yet: only locations that replicate,
+        and only for the logs they replicate, pay for it (migration 0006)."""
+        name = "event_journal_unstamped_" + hashlib.blake2b(log_name.encode(), digest_size=6).hexdigest()
+        return (
+            f'CREATE INDEX IF NOT EXISTS "{name}" ON {self.ej} (db_timestamp, seq_nr, persistence_id) '
+            f"WHERE entity_type = {_literal(log_name)} AND log_seq_nr IS NULL"
+        )
+
+
+def _literal(value: str) -> str:
+    """A SQL string literal (standard_conforming_strings); log names carry no NUL (validated)."""
+    validate_entity_type(value)
+    return "'" + value.replace("'", "''") + "'"
+
 
 def _vt(value: Any) -> VectorTime:
     return VectorTime.from_json(orjson.loads(value) if isinstance(value, str | bytes) else value)
@@ -131,6 +179,12 @@ class PostgresReplicationStore:
                     "this database has no replication tables: run `journal migrate` (migration 0005) first"
                 ) from e
             row = await _head(conn, self._sql.log_row, log_name)
+            if await conn.fetchval("SELECT to_regclass($1)", self._sql.origin_index) is None:
+                raise ConfigurationError(
+                    "this database lacks the replication indexes: run `journal migrate` (migration 0006) first"
+                )
+            with contextlib.suppress(asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
+                await conn.execute(self._sql.unstamped_index(log_name))  # another process won the race
         if row["location"] != self.location:
             raise LocationMismatch(
                 f"log {log_name!r} of this database belongs to location {row['location']!r}, not {self.location!r}"
@@ -151,7 +205,7 @@ class PostgresReplicationStore:
         origin and vector time, oldest first (the order of the slice queries). Returns how many."""
         async with self.backend.pool.acquire() as conn, conn.transaction():
             head = await _head(conn, self._sql.lock_log, log_name)
-            rows = await conn.fetch(self._sql.unstamped, log_name, limit)
+            rows = await conn.fetch(self._sql.unstamped(log_name), limit)
             if not rows:
                 return 0
             vv = _vt(head["version_vector"])
@@ -169,36 +223,27 @@ class PostgresReplicationStore:
             await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
             return len(rows)
 
-    async def read_log(
-        self, log_name: str, after: int, limit: int, skip_covered_by: VectorTime | None = None
-    ) -> tuple[list[ReplicatedEvent], int]:
-        """Events of the log after position ``after`` in log order, without those whose vector
-        time ``skip_covered_by`` covers; and the last position scanned (``after`` when none)."""
+    async def read_log(self, log_name: str, after: int, limit: int) -> tuple[list[ReplicatedEvent], int]:
+        """Events of the log after position ``after`` in log order, and the last position
+        scanned (``after`` when none)."""
         async with self.backend.pool.acquire() as conn:
             rows = await conn.fetch(self._sql.read_log, log_name, after, limit)
-        out: list[ReplicatedEvent] = []
-        for r in rows:
-            if r["deleted"] and not r["event_payload"]:
-                continue  # a tombstone of the journal's own delete_events_to: nothing to send
-            vt = _vt(r["vector_time"])
-            if skip_covered_by is not None and vt <= skip_covered_by:
-                continue
-            meta = None
-            if r["meta_ser_id"] is not None:
-                meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))
-            out.append(
-                ReplicatedEvent(
-                    persistence_id=r["persistence_id"],
-                    event=Serialized(r["event_ser_id"], r["event_ser_manifest"], bytes(r["event_payload"])),
-                    origin_location=r["origin_location"],
-                    origin_seq_nr=r["origin_seq_nr"],
-                    vector_time=vt,
-                    log_seq_nr=r["log_seq_nr"],
-                    tags=tuple(r["tags"] or ()),
-                    metadata=meta,
-                )
-            )
-        return out, (int(rows[-1]["log_seq_nr"]) if rows else after)
+        return _events(rows), (int(rows[-1]["log_seq_nr"]) if rows else after)
+
+    async def read_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[ReplicatedEvent]:
+        """The log's events with these identities (origin location, origin seq nr), in log order."""
+        async with self.backend.pool.acquire() as conn:
+            rows = await conn.fetch(self._sql.read_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
+        return _events(rows)
+
+    async def missing_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Those of ``ids`` this location has not stored (in the order given)."""
+        if not ids:
+            return []
+        async with self.backend.pool.acquire() as conn:
+            rows = await conn.fetch(self._sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
+        stored = {(r[0], int(r[1])) for r in rows}
+        return [i for i in ids if i not in stored]
 
     async def progress(self, log_name: str, source_location: str) -> int:
         async with self.backend.pool.acquire() as conn:
@@ -213,32 +258,104 @@ class PostgresReplicationStore:
     async def write_replicated(
         self, log_name: str, source_location: str, events: Sequence[ReplicatedEvent], last_scanned: int
     ) -> WriteOutcome:
-        """Write a batch from ``source_location`` in its order, dropping every event the log's
-        version vector already covers, and store the progress, all in one transaction."""
+        """Write a batch from ``source_location`` in its order and store the progress, in one
+        transaction, dropping every event this location already stored.
+
+        An event is dropped by its exact identity (origin location, origin seq nr), never
+        because the log's version vector covers it: a filter on one path can keep an event from
+        this location while a later event of the same origin arrives, and the event must still be
+        stored when it comes by another path. The version vector merges only stored events. The
+        stored events go in with one statement (:mod:`.replicated_insert`)."""
         async with self.backend.pool.acquire() as conn, conn.transaction():
+            await conn.execute(recovery_guard.MARK_REPLICATED_SQL)
+            await conn.execute(MARK_WRITER_LOCAL_SQL)  # the timestamp rule trigger (if any) skips these rows
             head = await _head(conn, self._sql.lock_log, log_name)
             pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
-            cols: list[list[Any]] = [[], [], [], [], [], []]
-            dropped = 0
             for e in events:
-                if e.vector_time <= vv:
-                    dropped += 1
-                    continue
-                result = await self.backend.write_on(conn, _request(log_name, e))  # type: ignore[arg-type]
-                pos += 1
-                vv = vv.merge(e.vector_time)
-                row = (e.persistence_id, result.first_seq_nr, e.origin_location, e.origin_seq_nr)
-                for col, v in zip(cols, (*row, _dump(e.vector_time), pos), strict=True):
-                    col.append(v)
-            if cols[0]:
-                await conn.execute(self._sql.stamp, *cols)
+                _check_log(log_name, e)
+            new = await self._not_stored(conn, log_name, events)
+            if new:
+                pos, vv = await self._insert(conn, log_name, new, pos, vv)
                 await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
             await conn.execute(self._sql.save_progress, log_name, source_location, last_scanned)
-        return WriteOutcome(written=len(cols[0]), dropped=dropped, progress=last_scanned)
+        return WriteOutcome(written=len(new), dropped=len(events) - len(new), progress=last_scanned)
 
-    async def set_recovering(self, log_name: str, recovering: bool) -> None:
+    async def _not_stored(self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent]) -> list[ReplicatedEvent]:
+        """The events not stored here yet, each once (a batch never repeats one; be safe)."""
+        if not events:
+            return []
+        ids = [e.event_id for e in events]
+        rows = await conn.fetch(self._sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
+        seen = {(r[0], int(r[1])) for r in rows}
+        out = []
+        for e in events:
+            if e.event_id not in seen:
+                seen.add(e.event_id)
+                out.append(e)
+        return out
+
+    async def _insert(
+        self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent], pos: int, vv: VectorTime
+    ) -> tuple[int, VectorTime]:
+        positions = list(range(pos + 1, pos + 1 + len(events)))
+        highest: dict[str, int] = {}
+        for e in events:
+            for location, counter in e.vector_time.items():
+                if counter > highest.get(location, 0):
+                    highest[location] = counter
+        vv = vv.merge(highest)
+        b = self.backend
+        tagged = any(e.tags for e in events)
+        slices = [slice_for(e.persistence_id) for e in events]
+        params: list[Any] = [
+            [e.persistence_id for e in events],
+            slices,
+            [e.event.ser_id for e in events],
+            [e.event.manifest for e in events],
+            [e.event.payload for e in events],
+            [orjson.dumps(list(e.tags)).decode() if e.tags else None for e in events],
+            [e.metadata.ser_id if e.metadata else None for e in events],
+            [e.metadata.manifest if e.metadata else None for e in events],
+            [e.metadata.payload if e.metadata else None for e in events],
+            [e.origin_location for e in events],
+            [e.origin_seq_nr for e in events],
+            [_dump(e.vector_time) for e in events],
+            positions,
+            log_name,
+            b.writer_id,
+        ]
+        notify = b.settings.write.notify
+        if notify:
+            params.append(sorted({f"{sl // SLICE_GROUP_SIZE}:{log_name}" for sl in set(slices)}))
+        if tagged:
+            params.append(bucket_millis(b.settings.tags.bucket_size))
+        row = await conn.fetchrow(self._sql.insert(notify=notify, tagged=tagged), *params)
+        await conn.execute(WAIT_FOR_CLOCK, row["last_timestamp"])
+        return positions[-1], vv
+
+    async def begin_recovery(self, log_names: Sequence[str]) -> None:
+        """Flag the logs as recovering and install the recovery guard: from its commit on, every
+        local write to them, by any process or writer, is refused (:mod:`.recovery_guard`)."""
+        async with self.backend.pool.acquire() as conn, conn.transaction():
+            for name in log_names:
+                await conn.execute(self._sql.set_recovering, name, True)
+            await conn.execute(recovery_guard.install_sql(self.backend.settings.schema))
+
+    async def end_recovery(self, log_names: Sequence[str]) -> None:
+        """Clear the logs' recovering flags; drop the guard when no log is recovering any more."""
+        async with self.backend.pool.acquire() as conn, conn.transaction():
+            for name in log_names:
+                await conn.execute(self._sql.set_recovering, name, False)
+            if not await conn.fetchval(self._sql.any_recovering):
+                await conn.execute(recovery_guard.remove_sql(self.backend.settings.schema))
+
+    async def guard_installed(self) -> bool:
+        schema = self.backend.settings.schema
         async with self.backend.pool.acquire() as conn:
-            await conn.execute(self._sql.set_recovering, log_name, recovering)
+            found = await conn.fetchval(
+                recovery_guard.INSTALLED_SQL, f'"{schema}".event_journal', recovery_guard.TRIGGER
+            )
+        return bool(found)
 
     async def recovering(self, log_name: str) -> bool:
         async with self.backend.pool.acquire() as conn:
@@ -304,8 +421,29 @@ class PostgresReplicationStore:
         return {(r["origin_location"], int(r["origin_seq_nr"])): int(r["n"]) for r in rows}
 
 
-def _request(log_name: str, e: ReplicatedEvent) -> WriteRequest:
-    entity_type = entity_type_of(e.persistence_id)
-    if entity_type != log_name:
+def _check_log(log_name: str, e: ReplicatedEvent) -> None:
+    if entity_type_of(e.persistence_id) != log_name:
         raise ReplicationError(f"event {e.persistence_id!r} does not belong to log {log_name!r}")
-    return WriteRequest(e.persistence_id, entity_type, slice_for(e.persistence_id), None, [e.event], e.tags, e.metadata)
+
+
+def _events(rows: Sequence[asyncpg.Record]) -> list[ReplicatedEvent]:
+    out: list[ReplicatedEvent] = []
+    for r in rows:
+        if r["deleted"] and not r["event_payload"]:
+            continue  # a tombstone of the journal's own delete_events_to: nothing to send
+        meta = None
+        if r["meta_ser_id"] is not None:
+            meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))
+        out.append(
+            ReplicatedEvent(
+                persistence_id=r["persistence_id"],
+                event=Serialized(r["event_ser_id"], r["event_ser_manifest"], bytes(r["event_payload"])),
+                origin_location=r["origin_location"],
+                origin_seq_nr=r["origin_seq_nr"],
+                vector_time=_vt(r["vector_time"]),
+                log_seq_nr=r["log_seq_nr"],
+                tags=tuple(r["tags"] or ()),
+                metadata=meta,
+            )
+        )
+    return out

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
@@ -55,7 +56,16 @@ event_journal = Table(
     Column("log_seq_nr", BigInteger),
     PrimaryKeyConstraint("persistence_id", "seq_nr", name="event_journal_pkey"),
     Index("event_journal_slice_idx", "slice", "entity_type", "db_timestamp", "seq_nr"),
-    Index("event_journal_log_idx", "entity_type", "log_seq_nr"),
+    # partial (migration 0006): rows that are not in a replicated log cost these indexes nothing
+    Index("event_journal_log_idx", "entity_type", "log_seq_nr", postgresql_where=text("log_seq_nr IS NOT NULL")),
+    Index(
+        "event_journal_origin_idx",
+        "entity_type",
+        "origin_location",
+        "origin_seq_nr",
+        unique=True,
+        postgresql_where=text("origin_location IS NOT NULL"),
+    ),
 )
 
 snapshot = Table(

@@ -235,6 +235,14 @@ class ReplicationEndpoint:
         replicator = Replicator(
             self.store, source, log_name, batch_size=self.config.batch_size, application=self.config.application
         )
+        try:
+            await self._pull(replicator, conn, log_name, wake, detector)
+        finally:
+            await replicator.close()
+
+    async def _pull(
+        self, replicator: Replicator, conn: Connection, log_name: str, wake: asyncio.Event, detector: FailureDetector
+    ) -> None:
         while True:
             wake.clear()
             try:
@@ -262,13 +270,13 @@ class ReplicationEndpoint:
         Every connected endpoint must be reachable (else :class:`JournalUnavailable`: retry).
         First the log positions are moved past what the peers have read of this location (so
         they never skip its new events), then everything is pulled until caught up, then
-        snapshots that cover events this location no longer has are deleted. Until it succeeds,
-        :class:`ReplicatedEntities` refuse local writes (:class:`LocalWritesRefused`); plain
-        journal writes are not blocked, so start the application after it. Returns the events
+        snapshots that cover events this location no longer has are deleted. From its start
+        until it succeeds, the database refuses every local write to these logs, from any
+        process or writer (:class:`LocalWritesRefused`, nothing written; see
+        :mod:`journal.postgres.recovery_guard`); replicated writes pass. Returns the events
         recovered per log.
         """
-        for name in self.config.logs:
-            await self.store.set_recovering(name, True)
+        await self.store.begin_recovery(self.config.logs)
         infos = [await source.info() for source in self._sources]
         for conn, info in zip(self.config.connections, infos, strict=True):
             for name in self.config.logs_of(conn):
@@ -283,7 +291,7 @@ class ReplicationEndpoint:
                 recovered[name] += await replicator.catch_up()
         for name in self.config.logs:
             await self.store.delete_invalid_snapshots(name)
-            await self.store.set_recovering(name, False)
+        await self.store.end_recovery(self.config.logs)
         return recovered
 
     async def delete(self, log_name: str, to_log_seq_nr: int, *, physically_after: Sequence[str] = ()) -> int:

@@ -1,10 +1,11 @@
 """Replication filters (model layer): which events a source sends, composable with ``&``, ``|``, ``~``.
 
-Filters run at the source, on each read, after the vector check. A filtered event is skipped,
-not delayed: the read's position moves past it. So a filter that depends on the *target* must
-be used with care in a mesh: a target that got a later event of the same origin from another
-path will drop the skipped event as covered if it is sent later. Location-private events (by
-tag) are the safe, common case: they never leave their location, by any path.
+Filters run at the source, on each read. A filtered event is skipped on that link, not
+delayed: the read's position moves past it. In a mesh the target still gets it, exactly once,
+if it arrives by another path: a target drops an event only when it has stored it (by its
+identity), never because its version vector covers it (see ``Replicator.step``).
+Location-private events (by tag) are the common case: no link sends them, so they never leave
+their location.
 """
 
 from __future__ import annotations

@@ -33,13 +33,16 @@ class ReplicatedEvent:
 
 @dataclass(frozen=True, slots=True)
 class ReplicationBatch:
-    """A source's answer to a read: events after the asked position (already without those the
-    target's version vector covers) and the last position scanned, where the next read resumes."""
+    """A source's answer to a read: events after the asked position and the last position
+    scanned, where the next read resumes. Events the target's version vector covers are sent as
+    identities only (``covered``): the target most likely stored them, and asks for those it did
+    not (a filter on another path may have kept them from it)."""
 
     source_location: str
     log_name: str
     events: tuple[ReplicatedEvent, ...]
     last_scanned: int
+    covered: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

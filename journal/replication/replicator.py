@@ -6,6 +6,8 @@ Kept free of the transport: a :class:`LogSource` is anything that answers a :cla
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,7 +20,8 @@ from .versions import Application
 
 @dataclass(frozen=True, slots=True)
 class ReadRequest:
-    """A target's read: events of ``log_name`` after ``after`` not covered by ``target_vv``."""
+    """A target's read: events of ``log_name`` after ``after`` (those ``target_vv`` covers as
+    identities only); or, with ``ids``, the events with those identities."""
 
     log_name: str
     after: int
@@ -26,6 +29,11 @@ class ReadRequest:
     target_location: str
     target_vv: VectorTime = field(default_factory=VectorTime)
     target_application: Application = field(default_factory=Application)
+    ids: tuple[tuple[str, int], ...] = ()
+    stored: int | None = None
+    """What the target has committed of this source's log (None: ``after``). A read ahead asks
+    after a batch still being written; the source must not count that batch as stored (deferred
+    physical deletion relies on it)."""
 
 
 class LogSource(Protocol):
@@ -54,18 +62,30 @@ class LocalSource:
 
     async def read(self, request: ReadRequest) -> ReplicationBatch:
         self.application.check_target(request.target_application, self.store.location, request.target_location)
-        await self.store.stamp(request.log_name)
-        if request.after > 0:
-            await self.store.record_target_progress(request.log_name, request.target_location, request.after)
-        events, last = await self.store.read_log(request.log_name, request.after, request.limit, request.target_vv)
         passes = self.filters.for_read(request.log_name, request.target_location)
+        if request.ids:
+            found = await self.store.read_ids(request.log_name, request.ids)
+            found = [e for e in found if passes is None or passes(e)]
+            return ReplicationBatch(self.store.location, request.log_name, tuple(found), request.after)
+        await self.store.stamp(request.log_name)
+        stored = request.after if request.stored is None else request.stored
+        if stored > 0:
+            await self.store.record_target_progress(request.log_name, request.target_location, stored)
+        events, last = await self.store.read_log(request.log_name, request.after, request.limit)
         if passes is not None:
             events = [e for e in events if passes(e)]
-        return ReplicationBatch(self.store.location, request.log_name, tuple(events), last)
+        send = [e for e in events if not e.vector_time <= request.target_vv]
+        covered = tuple(e.event_id for e in events if e.vector_time <= request.target_vv)
+        return ReplicationBatch(self.store.location, request.log_name, tuple(send), last, covered)
 
 
 class Replicator:
-    """Pulls one log from one source into the target store; :meth:`step` moves one batch."""
+    """Pulls one log from one source into the target store; :meth:`step` moves one batch.
+
+    While a batch is written, the next one is already read (one read ahead): the source's work
+    and the target's overlap. The read ahead is used only if the progress it started from is
+    what the write committed; call :meth:`close` when done with the replicator.
+    """
 
     def __init__(
         self,
@@ -82,6 +102,20 @@ class Replicator:
         self.batch_size = batch_size
         self.application = application or Application()
         self.source_location: str | None = None
+        self._ahead: tuple[int, asyncio.Task[ReplicationBatch]] | None = None
+
+    def _request(self, after: int, vv: VectorTime, stored: int | None = None) -> ReadRequest:
+        return ReadRequest(
+            self.log_name, after, self.batch_size, self.target.location, vv, self.application, stored=stored
+        )
+
+    async def _read(self, after: int, vv: VectorTime) -> ReplicationBatch:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead[0] == after:
+                return await ahead[1]
+            ahead[1].cancel()
+        return await self.source.read(self._request(after, vv))
 
     async def step(self) -> WriteOutcome:
         """Read one batch after the stored progress and write it (with the progress) at once."""
@@ -89,21 +123,44 @@ class Replicator:
             self.source_location = await self.source.location()
         after = await self.target.progress(self.log_name, self.source_location)
         vv = await self.target.version_vector(self.log_name)
-        batch = await self.source.read(
-            ReadRequest(self.log_name, after, self.batch_size, self.target.location, vv, self.application)
-        )
-        if not batch.events and batch.last_scanned == after:
-            return WriteOutcome(0, 0, after)
-        return await self.target.write_replicated(
-            self.log_name, batch.source_location, batch.events, batch.last_scanned
-        )
+        try:
+            batch = await self._read(after, vv)
+            if not batch.events and not batch.covered and batch.last_scanned == after:
+                return WriteOutcome(0, 0, after)
+            self._ahead = (
+                batch.last_scanned,
+                asyncio.create_task(self.source.read(self._request(batch.last_scanned, vv, stored=after))),
+            )
+            events = list(batch.events)
+            missing = await self.target.missing_ids(self.log_name, batch.covered)
+            if missing:  # covered by the version vector, yet not stored here: a filter kept them from us
+                extra = await self.source.read(
+                    ReadRequest(self.log_name, after, len(missing), self.target.location, vv, self.application,
+                                tuple(missing))
+                )  # fmt: skip
+                events = sorted([*events, *extra.events], key=lambda e: e.log_seq_nr)
+            return await self.target.write_replicated(self.log_name, batch.source_location, events, batch.last_scanned)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Drop the read ahead, if any."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead[1].cancel()
+            with contextlib.suppress(BaseException):
+                await ahead[1]
 
     async def catch_up(self) -> int:
         """Steps until a batch brings nothing new; returns how many events were written."""
         written = 0
-        while True:
-            before = self.source_location and await self.target.progress(self.log_name, self.source_location)
-            out = await self.step()
-            written += out.written
-            if out.written == 0 and out.progress == before:
-                return written
+        try:
+            while True:
+                before = self.source_location and await self.target.progress(self.log_name, self.source_location)
+                out = await self.step()
+                written += out.written
+                if out.written == 0 and out.progress == before:
+                    return written
+        finally:
+            await self.close()

@@ -19,7 +19,12 @@ class VectorTime(Mapping[str, int]):
     __slots__ = ("_entries", "_hash")
 
     def __init__(self, entries: Mapping[str, int] | Iterable[tuple[str, int]] = ()) -> None:
-        items = entries.items() if isinstance(entries, Mapping) else entries
+        if type(entries) is VectorTime:  # already clean (type(): isinstance on an ABC is slow)
+            self._entries: dict[str, int] = entries._entries
+            self._hash: int | None = entries._hash
+            return
+        # a dict first: the abstract Mapping check is slow, and replication builds one per event
+        items = entries.items() if isinstance(entries, dict | Mapping) else entries
         clean: dict[str, int] = {}
         for location, counter in items:
             if not isinstance(location, str) or not location:
@@ -29,7 +34,15 @@ class VectorTime(Mapping[str, int]):
             if counter:
                 clean[location] = counter
         self._entries = dict(sorted(clean.items()))
-        self._hash: int | None = None
+        self._hash = None
+
+    @classmethod
+    def _trusted(cls, entries: dict[str, int]) -> VectorTime:
+        """From entries known to be clean (non-zero ints, str keys): no validation."""
+        vt = cls.__new__(cls)
+        vt._entries = dict(sorted(entries.items()))
+        vt._hash = None
+        return vt
 
     # -- Mapping -------------------------------------------------------------------------------
     def __getitem__(self, location: str) -> int:
@@ -62,18 +75,26 @@ class VectorTime(Mapping[str, int]):
     # -- the algebra ---------------------------------------------------------------------------
     def merge(self, other: Mapping[str, int]) -> VectorTime:
         """The pointwise maximum: everything either time has seen."""
+        if type(other) is not VectorTime:
+            other = VectorTime(other)
         out = dict(self._entries)
-        for location, counter in other.items():
+        changed = False
+        for location, counter in other._entries.items():
             if counter > out.get(location, 0):
                 out[location] = counter
-        return VectorTime(out)
+                changed = True
+        return VectorTime._trusted(out) if changed else self
 
     def with_entry(self, location: str, counter: int) -> VectorTime:
         """This time with ``location``'s entry set (a local event's stamp)."""
         return VectorTime({**self._entries, location: counter})
 
     def __le__(self, other: VectorTime) -> bool:
-        return all(c <= other.get(loc, 0) for loc, c in self._entries.items())
+        theirs = other._entries if type(other) is VectorTime else other
+        for loc, c in self._entries.items():
+            if c > theirs.get(loc, 0):
+                return False
+        return True
 
     def __lt__(self, other: VectorTime) -> bool:
         return self <= other and self != other

@@ -1,0 +1,154 @@
+"""Replicated batches: dropped by exact identity (never merely because the version vector covers
+them), written in one statement with per-event timestamps in causal order, with their tag rows.
+
+Three locations in one process (three databases), direct reads, no network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import asyncpg
+import pytest
+from conftest import truncate_all
+from replication_helpers import Location, location_databases, open_location
+
+from journal.postgres.dsn import asyncpg_dsn
+from journal.replication.filters import EndpointFilters, tagged
+from journal.replication.replicator import LocalSource, ReadRequest, Replicator
+
+LOG = "Ticket"
+
+
+@pytest.fixture(scope="module")
+def dbs(server_dsn: str) -> Iterator[dict[str, str]]:
+    with location_databases(server_dsn, ["A", "B", "C"]) as d:
+        yield d
+
+
+@pytest.fixture
+async def locs(dbs: dict[str, str]) -> AsyncIterator[dict[str, Location]]:
+    for db in dbs.values():
+        await truncate_all(db)
+    async with contextlib.AsyncExitStack() as stack:
+        yield {n: await stack.enter_async_context(open_location(n, db, [LOG])) for n, db in dbs.items()}
+
+
+def pull(target: Location, source: Location, filters: EndpointFilters | None = None) -> Replicator:
+    return Replicator(target.store, LocalSource(source.store, filters=filters), LOG, batch_size=100)
+
+
+async def payloads(loc: Location) -> list[str]:
+    return [env.event["v"] async for env in loc.journal.current_events_by_slices(LOG, 0, 1023)]
+
+
+async def rows(loc: Location, sql: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(asyncpg_dsn(loc.dsn))
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
+
+
+NOT_FOR_C = EndpointFilters(target_locations={"C": ~tagged("not-for-c")})
+
+
+@pytest.mark.parametrize("c_pulls_a_first", [True, False])
+async def test_a_filtered_event_reaches_its_target_by_another_path_exactly_once(
+    locs: dict[str, Location], c_pulls_a_first: bool
+) -> None:
+    """Triangle A-B-C; A's link to C filters e1 out. C gets e2 from A (its version vector then
+    covers e1: same origin, later), and must still store e1 when B passes it on."""
+    a, b, c = locs["A"], locs["B"], locs["C"]
+    await a.journal.persist(f"{LOG}|1", [{"v": "e1"}], tags=["not-for-c"])
+    await a.journal.persist(f"{LOG}|2", [{"v": "e2"}])
+    if c_pulls_a_first:
+        await pull(c, a, NOT_FOR_C).catch_up()
+        assert await payloads(c) == ["e2"]
+    await pull(b, a, NOT_FOR_C).catch_up()
+    assert await payloads(b) == ["e1", "e2"]
+    for _ in range(2):  # every link, twice, in both orders: still exactly once
+        for target, source in ((c, b), (c, a), (b, c), (a, c), (a, b)):
+            await pull(target, source, NOT_FOR_C if source is a else None).catch_up()
+    ids = [await loc.store.event_ids(LOG) for loc in (a, b, c)]
+    assert ids[0] == ids[1] == ids[2] == {("A", 1): 1, ("A", 2): 1}
+    assert sorted(await payloads(c)) == ["e1", "e2"]
+
+
+async def test_the_database_refuses_a_second_copy_of_an_event(locs: dict[str, Location]) -> None:
+    a, b = locs["A"], locs["B"]
+    await a.journal.persist(f"{LOG}|1", [{"v": "e1"}])
+    await pull(b, a).catch_up()
+    with pytest.raises(asyncpg.UniqueViolationError, match="event_journal_origin_idx"):
+        await rows(
+            b,
+            "INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,"
+            " event_ser_manifest, event_payload, writer, origin_location, origin_seq_nr, log_seq_nr)"
+            " VALUES (0, $1, $2, 9, now(), 1, '', '{}', 'x', 'A', 1, 99)",
+            LOG,
+            f"{LOG}|1",
+        )
+
+
+async def test_a_batch_keeps_causal_order_in_timestamps_and_sequence_numbers(locs: dict[str, Location]) -> None:
+    """One statement per batch, yet every event its own timestamp, in the source's log order, and
+    a write after the batch later than all of them."""
+    a, b = locs["A"], locs["B"]
+    await b.journal.persist(f"{LOG}|x", [{"v": "b0"}])  # B's own event of pid x first
+    for i in range(30):  # interleaved pids, several events each, some tagged
+        await a.journal.persist(f"{LOG}|{'xyz'[i % 3]}", [{"v": f"a{i}"}], tags=["t"] if i % 5 == 0 else [])
+    out = await pull(b, a).step()
+    assert (out.written, out.dropped) == (30, 0)
+    await b.journal.persist(f"{LOG}|w", [{"v": "after"}])
+    got = await rows(
+        b,
+        "SELECT persistence_id, seq_nr, db_timestamp, log_seq_nr, origin_seq_nr FROM event_journal "
+        "WHERE entity_type = $1 AND origin_location = 'A' ORDER BY log_seq_nr",
+        LOG,
+    )
+    stamps = [r["db_timestamp"] for r in got]
+    assert stamps == sorted(stamps) and len(set(stamps)) == 30  # strictly increasing in log order
+    assert [r["origin_seq_nr"] for r in got] == list(range(1, 31))
+    assert [r["seq_nr"] for r in got if r["persistence_id"] == f"{LOG}|x"] == list(range(2, 12))  # after b0
+    assert await payloads(b) == ["b0", *(f"a{i}" for i in range(30)), "after"]
+    tag_rows = await rows(b, "SELECT sequence_nr FROM tag_views WHERE tag_name = 't' ORDER BY timestamp")
+    assert len(tag_rows) == 6
+    assert (await b.store.version_vector(LOG)).get("A") == 30
+
+
+async def test_a_read_ahead_is_not_counted_as_stored_at_the_source(locs: dict[str, Location]) -> None:
+    """The target reads the next batch while it writes one; deferred physical deletion at the
+    source must count only what the target committed (``stored``), not where it reads from."""
+    a, b = locs["A"], locs["B"]
+    for i in range(10):
+        await a.journal.persist(f"{LOG}|{i}", [{"v": i}])
+    source = LocalSource(a.store)
+    batch = await source.read(ReadRequest(LOG, 4, 3, "B", stored=2))
+    assert [e.origin_seq_nr for e in batch.events] == [5, 6, 7] and batch.last_scanned == 7
+    assert await a.store.target_progress(LOG) == {"B": 2}
+    replicator = Replicator(b.store, source, LOG, batch_size=4)
+    assert (await replicator.step()).written == 4
+    await replicator.close()
+    assert await a.store.target_progress(LOG) == {"B": 2}  # the read ahead told nothing new
+    assert await replicator.catch_up() == 6
+    assert (await a.store.target_progress(LOG))["B"] <= await b.store.progress(LOG, "A")
+
+
+def test_the_wire_carries_payloads_identities_and_the_stored_position() -> None:
+    from journal.replication.model import ReplicatedEvent, ReplicationBatch
+    from journal.replication.vector_time import VectorTime
+    from journal.replication.wire import decode_batch, decode_read, encode_batch, encode_read
+    from journal.serialization import Serialized
+
+    request = ReadRequest(LOG, 4, 3, "B", VectorTime({"A": 3}), ids=(("A", 1), ("C", 9)), stored=2)
+    assert decode_read(encode_read(request)) == request
+    events = tuple(
+        ReplicatedEvent(f"{LOG}|{i}", Serialized(7, "m", bytes([i]) * i), "A", i, VectorTime({"A": i}), i + 10,
+                        ("t",) if i % 2 else (), Serialized(1, "", b"\x00meta") if i == 2 else None)
+        for i in range(4)
+    )  # fmt: skip
+    batch = ReplicationBatch("A", LOG, events, 14, covered=(("B", 3),))
+    assert decode_batch(encode_batch(batch)) == batch
+    with pytest.raises(ValueError, match="truncated"):
+        decode_batch(encode_batch(batch)[:-1])
