@@ -273,6 +273,7 @@ class EntityCell:
             events.extend(cmd.collected.events)
             dests.extend(cmd.collected.destinations)
         expected = self.entity.sequence_nr
+        metadata = routes_metadata(expected + 1, dests, routed)  # also what _resolve re-checks
         try:
             self._breaker.check()
         except JournalUnavailable as e:
@@ -284,7 +285,7 @@ class EntityCell:
                 events,
                 expected_seq_nr=expected,
                 tags=self.entity.tags,
-                metadata=routes_metadata(expected + 1, dests, routed),
+                metadata=metadata,
             )
             self._breaker.record_success()
         except SequenceConflict as e:
@@ -298,7 +299,7 @@ class EntityCell:
                 return
             log.warning("write of %s interrupted (%s): resolving its outcome", self.persistence_id, e)
             try:
-                envs = await self._resolve(expected, events, routes_metadata(expected + 1, dests))
+                envs = await self._resolve(expected, events, metadata)
             except SequenceConflict as c:
                 self._conflict(batch, c)
                 return
