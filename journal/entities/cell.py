@@ -44,7 +44,7 @@ from .entity import (
     set_sequence_nr,
 )
 from .recovery import recover
-from .routing import complete_route_marks, route_marks, routes_metadata, vector_time_of
+from .routing import routes_metadata, snapshot_route_metadata, vector_time_of
 
 log = logging.getLogger("journal.entities")
 
@@ -165,7 +165,6 @@ class EntityCell:
     async def _recover(self) -> bool:
         try:
             await recover(self.entity, self._journal, self._settings)
-            await complete_route_marks(self.entity, self._journal)
         except RecoveryFailed as e:
             self._fail_recovery(e)
             return False
@@ -273,8 +272,8 @@ class EntityCell:
             routed.update({len(events) + i: src for i, src in cmd.collected.routed.items()})
             events.extend(cmd.collected.events)
             dests.extend(cmd.collected.destinations)
-        marks = route_marks(self.entity)
         expected = self.entity.sequence_nr
+        metadata = routes_metadata(expected + 1, dests, routed)  # also what _resolve re-checks
         try:
             self._breaker.check()
         except JournalUnavailable as e:
@@ -286,7 +285,7 @@ class EntityCell:
                 events,
                 expected_seq_nr=expected,
                 tags=self.entity.tags,
-                metadata=routes_metadata(expected + 1, dests, routed, marks.after(routed.values())),
+                metadata=metadata,
             )
             self._breaker.record_success()
         except SequenceConflict as e:
@@ -300,7 +299,7 @@ class EntityCell:
                 return
             log.warning("write of %s interrupted (%s): resolving its outcome", self.persistence_id, e)
             try:
-                envs = await self._resolve(expected, events, routes_metadata(expected + 1, dests))
+                envs = await self._resolve(expected, events, metadata)
             except SequenceConflict as c:
                 self._conflict(batch, c)
                 return
@@ -354,7 +353,10 @@ class EntityCell:
     async def _save_snapshot(self) -> None:
         try:
             await self._journal.save_snapshot(
-                self.persistence_id, self.entity.sequence_nr, self.entity.snapshot_state()
+                self.persistence_id,
+                self.entity.sequence_nr,
+                self.entity.snapshot_state(),
+                metadata=snapshot_route_metadata(self.entity),
             )
         except Exception:
             log.exception(
