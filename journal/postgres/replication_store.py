@@ -19,7 +19,7 @@ import asyncpg
 import orjson
 
 from ..buckets import bucket_millis
-from ..errors import ConfigurationError, LocationMismatch, ReplicationError
+from ..errors import ConfigurationError, LocationMismatch, ReplicationError, SequenceConflict
 from ..ids import entity_type_of, slice_for, validate_entity_type
 from ..replication.model import ReplicatedEvent, WriteOutcome
 from ..replication.vector_time import VectorTime
@@ -30,6 +30,10 @@ from .backend import PostgresBackend
 from .replicated_insert import WAIT_FOR_CLOCK, insert_replicated
 from .statements import SLICE_GROUP_SIZE
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
+
+SEQUENCE_RACE_ATTEMPTS = 3
+"""Writes of a replicated batch that lost its sequence numbers to a local write, before giving up."""
+PRIMARY_KEY = "event_journal_pkey"
 
 
 class ReplicationStatements:
@@ -275,14 +279,32 @@ class PostgresReplicationStore:
         because the log's version vector covers it: a filter on one path can keep an event from
         this location while a later event of the same origin arrives, and the event must still be
         stored when it comes by another path. The version vector merges only stored events. The
-        stored events go in with one statement (:mod:`.replicated_insert`)."""
+        stored events go in with one statement (:mod:`.replicated_insert`).
+
+        A local write to one of the batch's pids that commits first takes the sequence number
+        the batch computed; the batch is then written again at once (a few times at most, then
+        :class:`~journal.errors.SequenceConflict`: the endpoint retries after ``retry_delay``)."""
+        for e in events:
+            _check_log(log_name, e)
+        for attempt in range(SEQUENCE_RACE_ATTEMPTS):
+            try:
+                return await self._write_replicated(log_name, source_location, events, last_scanned)
+            except asyncpg.UniqueViolationError as e:
+                if e.constraint_name != PRIMARY_KEY or attempt + 1 == SEQUENCE_RACE_ATTEMPTS:
+                    raise SequenceConflict(
+                        events[0].persistence_id if events else "", None,
+                        f"a replicated batch of {log_name!r} kept racing local writes: {e}",
+                    ) from e  # fmt: skip
+        raise AssertionError("unreachable")
+
+    async def _write_replicated(
+        self, log_name: str, source_location: str, events: Sequence[ReplicatedEvent], last_scanned: int
+    ) -> WriteOutcome:
         async with self.backend.pool.acquire() as conn, conn.transaction():
-            await conn.execute(recovery_guard.MARK_REPLICATED_SQL)
-            await conn.execute(MARK_WRITER_LOCAL_SQL)  # the timestamp rule trigger (if any) skips these rows
+            # this transaction's rows pass the recovery guard and the timestamp rule trigger (if any)
+            await conn.execute(f"{recovery_guard.MARK_REPLICATED_SQL}; {MARK_WRITER_LOCAL_SQL}")
             head = await _head(conn, self.sql.lock_log, log_name)
             pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
-            for e in events:
-                _check_log(log_name, e)
             new = await self._not_stored(conn, log_name, events)
             if new:
                 pos, vv = await self._insert(conn, log_name, new, pos, vv)
