@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from journal.cassandra.backend import parse_target
+from journal.cassandra.connections import parse_target
 from journal.cassandra.cql import schema_statements
 
 

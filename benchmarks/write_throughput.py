@@ -23,9 +23,9 @@ import orjson
 from journal import JournalSettings, Write, failures, open_journal, runtime, slice_for
 
 try:
-    from benchmarks._common import CpuMeter, fresh_database, header, report
+    from benchmarks._common import CpuMeter, GcMeter, fresh_database, header, report
 except ImportError:  # run as a script from benchmarks/
-    from _common import CpuMeter, fresh_database, header, report  # type: ignore[no-redef]
+    from _common import CpuMeter, GcMeter, fresh_database, header, report  # type: ignore[no-redef]
 
 RAW_BATCH = 1000
 RAW_INSERT = """
@@ -84,7 +84,9 @@ async def raw_from_values(dsn: str, entities: int, per_entity: int, prefix: str)
     return entities * per_entity / elapsed
 
 
-async def journal_concurrent(dsn: str, entities: int, per_entity: int, per_call: int = 1) -> tuple[float, int]:
+async def journal_concurrent(
+    dsn: str, entities: int, per_entity: int, per_call: int = 1, cpu: CpuMeter | None = None
+) -> tuple[float, int]:
     settings = JournalSettings.load(env={}, dsn=dsn)
     async with open_journal(dsn, settings=settings) as j:
 
@@ -93,20 +95,31 @@ async def journal_concurrent(dsn: str, entities: int, per_entity: int, per_call:
             for n in range(0, per_entity, per_call):
                 await j.persist(pid, [payload(n + k) for k in range(per_call)], expected_seq_nr=n)
 
+        if cpu:
+            cpu.start()
         start = time.perf_counter()
         await asyncio.gather(*(entity(e) for e in range(entities)))
         elapsed = time.perf_counter() - start
+        if cpu:
+            cpu.stop()
         return entities * per_entity / elapsed, j._group_commit.batches_written
 
 
 async def journal_bulk(
-    dsn: str, entities: int, per_entity: int, prefix: str = "bulk", cpu: CpuMeter | None = None
+    dsn: str,
+    entities: int,
+    per_entity: int,
+    prefix: str = "bulk",
+    cpu: CpuMeter | None = None,
+    gc_meter: GcMeter | None = None,
 ) -> float:
     settings = JournalSettings.load(env={}, dsn=dsn)
     async with open_journal(dsn, settings=settings) as j:
         await j.persist_many([Write(f"warm|{e}", [payload(e)]) for e in range(RAW_BATCH)])
         if cpu:
             cpu.start()
+        if gc_meter:
+            gc_meter.start()
         start = time.perf_counter()
         for n in range(per_entity):
             for e0 in range(0, entities, RAW_BATCH):
@@ -115,6 +128,8 @@ async def journal_bulk(
                 )
                 assert not failures(out), failures(out)[:3]
         elapsed = time.perf_counter() - start
+        if gc_meter:
+            gc_meter.stop()
         if cpu:
             cpu.stop()
         return entities * per_entity / elapsed
@@ -147,10 +162,20 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
     # warm up both paths (connections, plans, caches)
     await raw_single(dsn, 200, "warm|raw")
     await journal_single(dsn, 200, "warm|journal")
-    raw_a = await raw_batched(dsn, args.entities, per_entity)
-    ours_a, batches = await journal_concurrent(dsn, args.entities, per_entity)
+    probe = await asyncpg.connect(dsn)
+    cpu_raw_a, cpu_a = CpuMeter(probe.get_server_pid()), CpuMeter(probe.get_server_pid())
+    await probe.close()
+    raw_a = await raw_batched(dsn, args.entities, per_entity, cpu=cpu_raw_a)
+    ours_a, batches = await journal_concurrent(dsn, args.entities, per_entity, cpu=cpu_a)
     report(f"(a) {args.entities} entities concurrently", ours_a, raw_a, target=0.5)
     print(f"    {args.entities * per_entity} events, one per call, in {batches} group-commit batches")
+    rows_a = args.entities * per_entity
+    if cpu_a.server is not None and cpu_raw_a.server is not None:
+        print(
+            f"    CPU per 1000 rows (client + server): raw {1e6 * cpu_raw_a.client / rows_a:.2f} + "
+            f"{1e6 * cpu_raw_a.server / rows_a:.2f} ms, journal {1e6 * cpu_a.client / rows_a:.2f} + "
+            f"{1e6 * cpu_a.server / rows_a:.2f} ms"
+        )
     ours_a5, _ = await journal_concurrent(dsn, args.entities, per_entity - per_entity % 5, per_call=5)
     report(f"(a') {args.entities} entities, 5 events per call", ours_a5, raw_a)
     # the machine's load swings both sides: alternate short rounds, compare the best of each
@@ -161,9 +186,10 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
     cpu_raw, cpu_bulk = CpuMeter(probe.get_server_pid()), CpuMeter(probe.get_server_pid())
     await probe.close()
     cpu_used = [0.0, 0.0, 0.0, 0.0]  # raw client, raw server, bulk client, bulk server
+    gc_bulk = GcMeter()
     for k in range(rounds):
         raws.append(await raw_batched(dsn, args.entities, per_round, f"rawc{k}", cpu_raw))
-        bulks.append(await journal_bulk(dsn, args.entities, per_round, f"bulk{k}", cpu_bulk))
+        bulks.append(await journal_bulk(dsn, args.entities, per_round, f"bulk{k}", cpu_bulk, gc_bulk))
         for i, v in enumerate((cpu_raw.client, cpu_raw.server, cpu_bulk.client, cpu_bulk.server)):
             cpu_used[i] += v or 0.0
     report(f"(c) persist_many, {min(args.entities, RAW_BATCH)} pids per call", max(bulks), max(raws), target=0.9)
@@ -182,7 +208,8 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
         rc, rs, bc, bs = (1e6 * v / rows_c for v in cpu_used)
         print(
             f"    CPU per 1000 rows (client + server): raw {rc:.2f} + {rs:.2f} ms, persist_many {bc:.2f} + {bs:.2f} ms;"
-            f" CPU ratio {(rc + rs) / (bc + bs):.2f}"
+            f" CPU ratio {(rc + rs) / (bc + bs):.2f}; of the client's, {1e6 * gc_bulk.seconds / rows_c:.2f} ms"
+            " in the garbage collector"
         )
     raw_b = await raw_single(dsn, args.single)
     ours_b = await journal_single(dsn, args.single)

@@ -103,7 +103,7 @@ class SnapshotRow:
     db_timestamp: datetime | None = None
 
 
-class Written(Enum):
+class Found(Enum):
     """What the rows of an interrupted write say about it (:meth:`EventWrites.check_write`)."""
 
     WRITTEN = "written"
@@ -115,7 +115,7 @@ class Written(Enum):
 
 
 class WriteCheck(NamedTuple):
-    outcome: Written
+    outcome: Found
     db_timestamp: datetime | None = None
     """The written rows' timestamp (only when ``outcome`` is WRITTEN)."""
 
@@ -124,13 +124,13 @@ def check_rows(request: WriteRequest, writer_id: str, rows: Sequence[tuple[str, 
     """Classify the rows stored at a request's sequence numbers: (writer, payload, db_timestamp)
     of each, ascending. Shared by every backend's :meth:`EventWrites.check_write`."""
     if not rows:
-        return WriteCheck(Written.NOT_WRITTEN)
+        return WriteCheck(Found.NOT_WRITTEN)
     mine = [r for r in rows if r[0] == writer_id]
     if len(mine) == len(request.events) and all(
         bytes(r[1]) == ev.payload for r, ev in zip(mine, request.events, strict=True)
     ):
-        return WriteCheck(Written.WRITTEN, mine[0][2])
-    return WriteCheck(Written.CONFLICT)
+        return WriteCheck(Found.WRITTEN, mine[0][2])
+    return WriteCheck(Found.CONFLICT)
 
 
 @dataclass(frozen=True, slots=True)

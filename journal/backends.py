@@ -63,7 +63,8 @@ async def open_backend(
 
 async def _open_cassandra(dsn: str, settings: JournalSettings) -> Backend:
     try:
-        from .cassandra.backend import CassandraBackend, parse_target  # type: ignore[import-untyped,unused-ignore]
+        from .cassandra.backend import CassandraBackend
+        from .cassandra.connections import parse_target
     except ImportError as e:
         raise ConfigurationError(
             f"the Cassandra backend needs the 'cassandra' extra: pip install 'slice-journal[cassandra]' ({e})"

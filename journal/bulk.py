@@ -8,11 +8,15 @@ much as writing it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from .errors import JournalError
+from .backend import WriteRequest, WriteResult
+from .columns import WriteColumns
+from .errors import InvalidArgument, JournalError, SerializationError, StorageError
+from .ids import ENTITY_TYPE_SEPARATOR, MAX_PERSISTENCE_ID_LENGTH, MAX_SEQ_NR, slice_for
+from .serialization import BYTES_SERIALIZER_ID, JSON_SERIALIZER_ID, Serialized, SerializerRegistry, dump_plain_json
 
 
 class Write(NamedTuple):
@@ -46,3 +50,189 @@ except for ``JournalUnavailable(outcome_unknown=True)``, which says it may have 
 def failures(outcomes: Sequence[Outcome]) -> list[tuple[int, JournalError]]:
     """The failed parts of a :meth:`~journal.Journal.persist_many` result, as (index, error)."""
     return [(i, o) for i, o in enumerate(outcomes) if isinstance(o, JournalError)]
+
+
+MAX_EVENTS_PER_CALL = 10_000
+"""At most this many events in one ``persist`` call or one ``persist_many`` part."""
+
+FullRequest = Callable[[str, Sequence[Any], "int | None", Sequence[str], Any], WriteRequest]
+"""Validates one part in full and builds its request, or raises (``Journal._request``)."""
+
+
+def bulk_columns(writes: Sequence[Write | tuple[Any, ...]], serializers: SerializerRegistry) -> WriteColumns | None:
+    """The parts of a ``persist_many`` call as columns, when every part is one plain event (a
+    plain JSON value or bytes) with an int ``expected_seq_nr``, no tags and no metadata, and no
+    pid repeats; else None (then :func:`bulk_requests` checks every part and raises for a bad one).
+    """
+    plain = serializers.plain_json_types
+    raw = serializers.plain_bytes_type
+    pids: list[str] = []
+    entity_types: list[str] = []
+    expected_seq_nrs: list[int] = []
+    payloads: list[bytes] = []
+    ser_ids: list[int] = []
+    cut = ENTITY_TYPE_SEPARATOR
+    try:
+        for w in writes:
+            if type(w) is Write:
+                pid, events, expected, tags, metadata = w
+            elif type(w) is tuple and len(w) == 3:
+                (pid, events, expected), tags, metadata = w, (), None
+            else:
+                return None
+            if not (
+                type(pid) is str
+                and 0 < len(pid) <= MAX_PERSISTENCE_ID_LENGTH
+                and (type(events) is list or type(events) is tuple)
+                and len(events) == 1
+                and type(expected) is int
+                and 0 <= expected < MAX_SEQ_NR
+                and not tags
+                and metadata is None
+                and "\x00" not in pid
+            ):
+                return None
+            ev = events[0]
+            t = type(ev)
+            if t in plain:
+                payloads.append(dump_plain_json(ev))
+                ser_ids.append(JSON_SERIALIZER_ID)
+            elif t is raw:
+                payloads.append(ev)
+                ser_ids.append(BYTES_SERIALIZER_ID)
+            else:
+                return None
+            pids.append(pid)
+            expected_seq_nrs.append(expected)
+            i = pid.find(cut)
+            entity_types.append(pid[:i] if i >= 0 else "")
+    except Exception:  # a value that does not serialize: bulk_requests raises the error naming it
+        return None
+    if not pids or len(set(pids)) != len(pids):
+        return None
+    return WriteColumns(pids, entity_types, [slice_for(p) for p in pids], expected_seq_nrs, payloads, ser_ids)
+
+
+def column_outcomes(columns: WriteColumns, results: Sequence[datetime | WriteResult | Exception]) -> list[Outcome]:
+    """:func:`outcomes` of a bulk write sent as columns."""
+    out: list[Outcome] = []
+    append = out.append
+    for pid, expected, res in zip(columns.persistence_ids, columns.expected_seq_nrs, results, strict=True):
+        if type(res) is datetime:
+            append(Written(pid, expected + 1, expected + 1, res))
+        elif type(res) is WriteResult:
+            append(Written(pid, res.first_seq_nr, res.first_seq_nr, res.db_timestamp))
+        else:
+            append(_failed_pid(pid, res))
+    return out
+
+
+def bulk_requests(
+    writes: Iterable[Write | tuple[Any, ...]], serializers: SerializerRegistry, full: FullRequest
+) -> list[WriteRequest]:
+    """The requests of a ``persist_many`` call, built in one tight loop.
+
+    The common part (a ``str`` pid, a list or tuple of plain JSON values or bytes, an int or no
+    ``expected_seq_nr``, no tags, no metadata) is checked and serialized inline; any other part
+    goes through ``full``, which checks it completely and raises the typed error. Raises
+    InvalidArgument or SerializationError naming the part's index, or for a pid in two parts.
+    """
+    plain = serializers.plain_json_types
+    raw = serializers.plain_bytes_type
+    requests: list[WriteRequest] = []
+    append = requests.append
+    for i, w in enumerate(writes):
+        try:
+            if type(w) is not Write:
+                w = _as_write(w)
+            pid, events, expected, tags, metadata = w
+            append(plain_request(pid, events, expected, tags, metadata, plain, raw) or full(*w))
+        except (InvalidArgument, SerializationError) as e:
+            raise type(e)(f"persist_many part {i}: {e}") from e
+    pids = [r.persistence_id for r in requests]
+    if len(set(pids)) != len(pids):
+        seen: set[str] = set()
+        for i, pid in enumerate(pids):
+            if pid in seen:
+                raise InvalidArgument(f"persist_many part {i}: {pid!r} appears in an earlier part; one part per pid")
+            seen.add(pid)
+    return requests
+
+
+def plain_request(
+    pid: Any, events: Any, expected: Any, tags: Any, metadata: Any, plain: frozenset[type], raw: type | None
+) -> WriteRequest | None:
+    """The request of a common call (a ``str`` pid, a list or tuple of plain JSON values or
+    bytes, an int or no ``expected_seq_nr``, no tags, no metadata), checked and serialized
+    inline; None for any other call, which the caller checks in full (and which raises there)."""
+    if (
+        type(pid) is str
+        and 0 < len(pid) <= MAX_PERSISTENCE_ID_LENGTH
+        and (type(events) is list or type(events) is tuple)
+        and 0 < len(events) <= MAX_EVENTS_PER_CALL
+        and (expected is None or (type(expected) is int and 0 <= expected <= MAX_SEQ_NR - len(events)))
+        and not tags
+        and metadata is None
+        and "\x00" not in pid
+    ):
+        if len(events) == 1 and type(events[0]) in plain:  # the commonest call
+            try:
+                serialized: list[Serialized] | None = [Serialized(JSON_SERIALIZER_ID, "", dump_plain_json(events[0]))]
+            except Exception:  # the full path raises the error that names it
+                return None
+        else:
+            serialized = _plain_events(events, plain, raw)
+        if serialized is not None:
+            cut = pid.find(ENTITY_TYPE_SEPARATOR)
+            return WriteRequest(pid, pid[:cut] if cut >= 0 else "", slice_for(pid), expected, serialized)
+    return None
+
+
+def _plain_events(events: Sequence[Any], plain: frozenset[type], raw: type | None) -> list[Serialized] | None:
+    """The serialized events of a common part, or None to take the full path (also when a value
+    does not serialize: the full path raises the error that names it)."""
+    try:
+        if len(events) == 1 and type(events[0]) in plain:  # the commonest part
+            return [Serialized(JSON_SERIALIZER_ID, "", dump_plain_json(events[0]))]
+        out: list[Serialized] = []
+        for ev in events:
+            t = type(ev)
+            if t in plain:
+                out.append(Serialized(JSON_SERIALIZER_ID, "", dump_plain_json(ev)))
+            elif t is raw:
+                out.append(Serialized(BYTES_SERIALIZER_ID, "", ev))
+            else:
+                return None
+        return out
+    except Exception:
+        return None
+
+
+def _as_write(w: object) -> Write:
+    if not isinstance(w, tuple) or not 2 <= len(w) <= 5:
+        raise InvalidArgument(
+            f"expected a Write or a (pid, events[, expected_seq_nr, tags, metadata]) tuple, got {w!r:.80}"
+        )
+    return Write(*w)
+
+
+def outcomes(requests: Sequence[WriteRequest], results: Sequence[WriteResult | Exception]) -> list[Outcome]:
+    """The caller's view of a bulk write's results: :class:`Written` per part, or its error."""
+    return [
+        Written(r.persistence_id, res.first_seq_nr, res.first_seq_nr + len(r.events) - 1, res.db_timestamp)
+        if type(res) is WriteResult
+        else _failed(r, res)
+        for r, res in zip(requests, results, strict=True)
+    ]
+
+
+def _failed(r: WriteRequest, res: WriteResult | Exception) -> JournalError:
+    return _failed_pid(r.persistence_id, res)
+
+
+def _failed_pid(pid: str, res: object) -> JournalError:
+    if isinstance(res, JournalError):
+        return res
+    err = StorageError(f"write of {pid!r} failed: {type(res).__name__}: {res}")
+    err.__cause__ = res if isinstance(res, BaseException) else None
+    return err

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from .ids import entity_type_of, slice_for
-from .offsets import Offset
+from .offsets import Offset, SequenceOffset
 from .timeuuid import datetime_of
 
 _FIELDS = (
@@ -105,6 +105,31 @@ class EventEnvelope:
               has_payload, source, src, index)  # fmt: skip
         return e
 
+    @classmethod
+    def written(
+        cls,
+        persistence_id: str,
+        entity_type: str,
+        slice: int,
+        first_seq_nr: int,
+        db_timestamp: datetime,
+        events: Sequence[Any],
+        tags: tuple[str, ...],
+        metadata: Any,
+        writer: str,
+    ) -> list[EventEnvelope]:
+        """Hot-path constructor of what one ``persist`` call returns: its events, numbered from
+        ``first_seq_nr``, each with its :class:`~journal.offsets.SequenceOffset`."""
+        out: list[EventEnvelope] = []
+        for i, ev in enumerate(events):
+            e = _NEW(cls)
+            seq_nr = first_seq_nr + i
+            # the offset is built on first access (most writers never read it)
+            _INIT(e, persistence_id, entity_type, slice, seq_nr, db_timestamp, ev, _UNSET,
+                  tags, metadata, writer, True, "query", _SEQUENCE_OFFSETS, seq_nr)  # fmt: skip
+            out.append(e)
+        return out
+
     @property
     def event(self) -> Any:
         v = self._event
@@ -185,6 +210,19 @@ def _INIT(
     """Set all slots by their descriptors (the class forbids ``setattr``)."""
     _S0(e, a0); _S1(e, a1); _S2(e, a2); _S3(e, a3); _S4(e, a4); _S5(e, a5); _S6(e, a6)  # noqa: E702
     _S7(e, a7); _S8(e, a8); _S9(e, a9); _S10(e, a10); _S11(e, a11); _S12(e, a12); _S13(e, a13)  # noqa: E702
+
+
+class _SequenceOffsets:
+    """The lazy source of written envelopes' offsets: index ``i`` is sequence number ``i``."""
+
+    def event_at(self, index: int) -> Any:
+        raise AssertionError("written envelopes carry their event")
+
+    def offset_at(self, index: int) -> Offset:
+        return SequenceOffset(index)
+
+
+_SEQUENCE_OFFSETS = _SequenceOffsets()
 
 
 class _RowEnvelope(EventEnvelope):

@@ -7,6 +7,38 @@ Driver errors are mapped into this tree in one place per backend, with ``raise .
 
 from __future__ import annotations
 
+__all__ = [
+    "CassandraSetupError",
+    "CassandraStartError",
+    "CircuitBreakerOpen",
+    "ConditionTimeout",
+    "ConfigurationError",
+    "EntityError",
+    "EntityStopped",
+    "EventsMissing",
+    "HandlerFailed",
+    "IncompatibleVersion",
+    "InvalidArgument",
+    "JournalError",
+    "JournalUnavailable",
+    "LeaseLost",
+    "LocalWritesRefused",
+    "LocationMismatch",
+    "OffsetError",
+    "PersistNotAllowed",
+    "ProjectionBusy",
+    "ProjectionError",
+    "RecoveryFailed",
+    "ReplicationError",
+    "SequenceConflict",
+    "SerializationError",
+    "SparkSetupError",
+    "StorageError",
+    "TagEventsMissing",
+    "TagWriteTimeout",
+    "UnsupportedOperation",
+]
+
 
 class JournalError(Exception):
     """Root of every error this library raises."""
@@ -110,6 +142,8 @@ class TagEventsMissing(EventsMissing):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
 class ProjectionError(JournalError):
     """A projection cannot go on (see the subclasses)."""
 
@@ -182,33 +216,6 @@ class RecoveryFailed(EntityError):
         super().__init__(msg)
 
 
-__all__ = [
-    "CassandraSetupError",
-    "CassandraStartError",
-    "CircuitBreakerOpen",
-    "ConfigurationError",
-    "EntityError",
-    "EventsMissing",
-    "HandlerFailed",
-    "InvalidArgument",
-    "JournalError",
-    "JournalUnavailable",
-    "LeaseLost",
-    "OffsetError",
-    "PersistNotAllowed",
-    "ProjectionBusy",
-    "ProjectionError",
-    "RecoveryFailed",
-    "SequenceConflict",
-    "SerializationError",
-    "SparkSetupError",
-    "StorageError",
-    "TagEventsMissing",
-    "TagWriteTimeout",
-    "UnsupportedOperation",
-]
-
-
 class ReplicationError(JournalError):
     """Replication between locations cannot go on (see the subclasses)."""
 
@@ -224,3 +231,15 @@ class IncompatibleVersion(ReplicationError):
 
 class LocalWritesRefused(ReplicationError):
     """The location is being recovered from its peers; local writes wait until it completes."""
+
+
+class ConditionTimeout(EntityError, TimeoutError):
+    """A conditional request gave up: the view or entity had not seen the requested vector time
+    within the timeout. ``missing`` maps each unmet entry to (wanted, seen)."""
+
+    def __init__(self, component: str, missing: dict[str, tuple[int, int]], timeout: float) -> None:
+        self.component = component
+        self.missing = missing
+        self.timeout = timeout
+        shown = ", ".join(f"{k}: {s} < {w}" for k, (w, s) in sorted(missing.items())[:5])
+        super().__init__(f"{component} had not seen the requested vector time after {timeout}s ({shown})")

@@ -14,13 +14,20 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import cast
 
 from .backend import WriteRequest, WriteResult
+from .columns import WriteColumns
 from .errors import JournalUnavailable
 
 log = logging.getLogger("journal.group_commit")
 
 WriteBatch = Callable[[Sequence[WriteRequest]], Awaitable[list[WriteResult | Exception]]]
+WriteColumnsFn = Callable[[WriteColumns], Awaitable[datetime | list[WriteResult | Exception]]]
+"""Writes one-event calls given as columns: the timestamp all got, or a result per call."""
+Result = WriteResult | Exception | datetime
+"""Per call of a bulk write: a WriteResult, the timestamp of a call written as a column, or its error."""
 
 
 @dataclass(eq=False)
@@ -138,14 +145,49 @@ class GroupCommit:
         """
         if self._closed:
             raise JournalUnavailable("the journal is closed")
-        out: list[WriteResult | Exception] = []
+        out: list[Result] = []
         todo = list(requests)
         if not self._running and not self._direct and not self._planner.queue:
-            done = await self._write_many_now(todo, out)
+            total = sum([len(r.events) for r in todo])
+            chunks = plan_chunks(todo, self._bulk_chunk_events(total))
+
+            async def write(start: int, end: int) -> Sequence[Result]:
+                return await self._write_batch(todo[start:end])
+
+            done = await self._write_many_now(chunks, write, lambda s, e: [r.persistence_id for r in todo[s:e]], out)
             todo = todo[done:]
         if todo:
             out.extend(await self._queued(todo))
+        return cast(list[WriteResult | Exception], out)
+
+    async def submit_columns(self, columns: WriteColumns, write_columns: WriteColumnsFn) -> list[Result]:
+        """:meth:`submit_many` for one-event calls given as columns, written by ``write_columns``
+        (no object per call). A call's result is the timestamp it was written with, a
+        WriteResult, or its error. Calls not written from the caller's task (other calls
+        queued up) join the queue as requests."""
+        if self._closed:
+            raise JournalUnavailable("the journal is closed")
+        out: list[Result] = []
+        n = len(columns)
+        done = 0
+        if not self._running and not self._direct and not self._planner.queue:
+            size = self._bulk_chunk_events(n)
+            chunks = [(s, min(n, s + size)) for s in range(0, n, size)]
+
+            async def write(start: int, end: int) -> Sequence[Result]:
+                got = await write_columns(columns.chunk(start, end))
+                return [got] * (end - start) if isinstance(got, datetime) else got
+
+            done = await self._write_many_now(chunks, write, lambda s, e: columns.persistence_ids[s:e], out)
+        if done < n:
+            out.extend(await self._queued(columns.chunk(done, n).requests()))
         return out
+
+    def _bulk_chunk_events(self, total: int) -> int:
+        """Events per statement of a bulk write: at least ``bulk_in_flight`` statements when
+        there is enough to share, so they overlap; at most ``max_batch_events``."""
+        size = max(MIN_BULK_CHUNK_EVENTS, -(-total // self._bulk_in_flight))
+        return min(size, self._planner.max_batch_events)
 
     async def _queued(self, requests: list[WriteRequest]) -> list[WriteResult | Exception]:
         loop = asyncio.get_running_loop()
@@ -160,28 +202,31 @@ class GroupCommit:
         got = await asyncio.gather(*futures, return_exceptions=True)
         return [g if isinstance(g, WriteResult | Exception) else JournalUnavailable(repr(g)) for g in got]
 
-    async def _write_many_now(self, requests: list[WriteRequest], out: list[WriteResult | Exception]) -> int:
-        """Idle fast path of :meth:`submit_many`: chunks written from the caller's task, up to
-        ``bulk_in_flight`` at once, until other calls queue up. Appends the results of the
-        requests it handled (a prefix) to ``out`` and returns their number."""
-        # at least bulk_in_flight statements when there is enough to share, so they overlap
-        total = sum(len(r.events) for r in requests)
-        size = max(MIN_BULK_CHUNK_EVENTS, -(-total // self._bulk_in_flight))
-        chunks = plan_chunks(requests, min(size, self._planner.max_batch_events))
+    async def _write_many_now(
+        self,
+        chunks: list[tuple[int, int]],
+        write_chunk: Callable[[int, int], Awaitable[Sequence[Result]]],
+        pids_of: Callable[[int, int], list[str]],
+        out: list[Result],
+    ) -> int:
+        """Idle fast path of a bulk write: ``chunks`` (``[start, end)`` call ranges, in order)
+        written from the caller's task, up to ``bulk_in_flight`` at once, until other calls
+        queue up. Appends the results of the calls it handled (a prefix) to ``out`` and returns
+        their number."""
         in_flight = self._planner.in_flight_pids
-        running: list[asyncio.Task[list[WriteResult | Exception]]] = []
+        running: list[asyncio.Task[Sequence[Result]]] = []
         failed: Exception | None = None
         done = 0
 
-        async def write(chunk: list[WriteRequest]) -> list[WriteResult | Exception]:
-            pids = [r.persistence_id for r in chunk]
+        async def write(start: int, end: int) -> Sequence[Result]:
+            pids = pids_of(start, end)
             in_flight.update(pids)
             try:
-                return await self._write_batch(chunk)
+                return await write_chunk(start, end)
             finally:
                 in_flight.difference_update(pids)
 
-        def collect(task: asyncio.Task[list[WriteResult | Exception]], size: int) -> None:
+        def collect(task: asyncio.Task[Sequence[Result]], size: int) -> None:
             nonlocal failed
             e = task.exception()
             if e is None:
@@ -195,6 +240,7 @@ class GroupCommit:
             self.calls_written += size
 
         self._direct += 1
+        total = chunks[-1][1] if chunks else 0
         try:
             loop = asyncio.get_running_loop()
             sizes: list[int] = []
@@ -206,17 +252,17 @@ class GroupCommit:
                     collect(running.pop(0), sizes.pop(0))
                     if failed is not None:
                         break
-                running.append(loop.create_task(write(requests[start:end])))
+                running.append(loop.create_task(write(start, end)))
                 sizes.append(end - start)
                 done = end
             for task, size in zip(running, sizes, strict=True):
                 await asyncio.wait([task])
                 collect(task, size)
             running = []
-            if failed is not None and done < len(requests):
+            if failed is not None and done < total:
                 rest = JournalUnavailable(f"not attempted after an earlier part failed: {failed}")
-                out.extend([rest] * (len(requests) - done))
-                done = len(requests)
+                out.extend([rest] * (total - done))
+                done = total
         finally:
             for task in running:  # the caller was cancelled: so are its statements
                 task.cancel()

@@ -11,16 +11,25 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from .backend import Backend, SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from .backend import Backend, Found, SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from .backends import open_backend
-from .bulk import Outcome, Write, Written
+from .bulk import (
+    MAX_EVENTS_PER_CALL,
+    Outcome,
+    Write,
+    bulk_columns,
+    bulk_requests,
+    column_outcomes,
+    outcomes,
+    plain_request,
+)
 from .envelope import EventEnvelope
 from .errors import (
     ConfigurationError,
     InvalidArgument,
-    JournalError,
+    JournalUnavailable,
+    SequenceConflict,
     SerializationError,
-    StorageError,
     UnsupportedOperation,
 )
 from .group_commit import GroupCommit
@@ -33,10 +42,10 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
-from .metrics import instrumented
+from .metrics import instrumented, instrumented_columns
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
-from .query.slices import SliceQueries
+from .query.slices import SliceQueries, envelope_of
 from .query.validation import check_slice_query
 from .serialization import Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
@@ -44,7 +53,6 @@ from .snapshots import Snapshot
 
 log = logging.getLogger("journal")
 
-MAX_EVENTS_PER_CALL = 10_000
 
 
 class Journal:
@@ -129,23 +137,17 @@ class Journal:
         two parts; SerializationError for an event that cannot be serialized. The message names
         the part's index.
         """
-        requests: list[WriteRequest] = []
-        seen: set[str] = set()
-        for i, w in enumerate(writes):
-            try:
-                if type(w) is not Write:
-                    w = _as_write(w)
-                pid = w.persistence_id
-                requests.append(self._request(pid, w.events, w.expected_seq_nr, w.tags, w.metadata))
-            except (InvalidArgument, SerializationError) as e:
-                raise type(e)(f"persist_many part {i}: {e}") from e
-            if pid in seen:
-                raise InvalidArgument(f"persist_many part {i}: {pid!r} appears in an earlier part; one part per pid")
-            seen.add(pid)
+        parts = writes if type(writes) is list else list(writes)
+        write_columns = getattr(self.backend, "write_columns", None)
+        if write_columns is not None:
+            columns = bulk_columns(parts, self.serializers)  # the commonest shape: no object per part
+            if columns is not None:
+                written = await self._group_commit.submit_columns(columns, instrumented_columns(write_columns))
+                return column_outcomes(columns, written)
+        requests = bulk_requests(parts, self.serializers, self._request)
         if not requests:
             return []
-        results = await self._group_commit.submit_many(requests)
-        return [_outcome(r, res) for r, res in zip(requests, results, strict=True)]
+        return outcomes(requests, await self._group_commit.submit_many(requests))
 
     async def persist_in(
         self,
@@ -171,28 +173,56 @@ class Journal:
         result = await self.backend.write_on(conn, request)
         return self._written(request, result, events, metadata)
 
+    async def resolve_persist(
+        self,
+        persistence_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq_nr: int,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+    ) -> list[EventEnvelope]:
+        """Was a :meth:`persist` that raised ``JournalUnavailable(outcome_unknown=True)`` written?
+
+        Pass the same arguments (``expected_seq_nr`` is required: without it the rows cannot be
+        told apart from another writer's). Reads only; call again while the database is away.
+
+        Returns the call's envelopes when every event is stored by this journal's writer with
+        these payloads.
+
+        Raises:
+            JournalUnavailable: with ``outcome_unknown=False`` when nothing of it is stored and
+                the highest is still ``expected_seq_nr`` (it may be sent again); with
+                ``outcome_unknown=True`` when the database cannot be reached yet.
+            SequenceConflict: another writer's rows are there (or the pid moved on).
+        """
+        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
+        got = await self.backend.check_write(request)
+        if got.outcome is Found.WRITTEN:
+            assert got.db_timestamp is not None
+            return self._written(request, WriteResult(expected_seq_nr + 1, got.db_timestamp), events, metadata)
+        if got.outcome is Found.NOT_WRITTEN and await self.backend.highest_seq_nr(persistence_id) == expected_seq_nr:
+            raise JournalUnavailable(
+                f"write of {persistence_id!r} failed: not stored (checked once the database answered)",
+                outcome_unknown=False,
+            )
+        raise SequenceConflict(persistence_id, expected_seq_nr, "another writer stored these sequence numbers")
+
     def _written(
         self, request: WriteRequest, result: WriteResult, events: Sequence[Any], metadata: Any
     ) -> list[EventEnvelope]:
-        return [
-            EventEnvelope(
-                persistence_id=request.persistence_id,
-                entity_type=request.entity_type,
-                slice=request.slice,
-                seq_nr=result.first_seq_nr + i,
-                db_timestamp=result.db_timestamp,
-                event=ev,
-                offset=SeqOffset(result.first_seq_nr + i),
-                tags=request.tags,
-                metadata=metadata,
-                writer=self.writer_id,
-            )
-            for i, ev in enumerate(events)
-        ]
+        return EventEnvelope.written(
+            request.persistence_id, request.entity_type, request.slice, result.first_seq_nr,
+            result.db_timestamp, events, request.tags, metadata, self.writer_id,
+        )  # fmt: skip
 
     def _request(
         self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
     ) -> WriteRequest:
+        s = self.serializers
+        r = plain_request(pid, events, expected, tags, metadata, s.plain_json_types, s.plain_bytes_type)
+        if r is not None:
+            return r
         validate_persistence_id(pid)
         if type(events) is not list and not isinstance(events, list | tuple):
             raise InvalidArgument(f"events must be a list or tuple of events, got {type(events).__name__}")
@@ -258,29 +288,7 @@ class Journal:
 
     def envelope(self, r: StoredEvent) -> EventEnvelope:
         """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""
-        event = (
-            self.serializers.deserialize(r.ser_id, r.ser_manifest, r.payload, what=f"{r.persistence_id}#{r.seq_nr}")
-            if r.payload is not None
-            else None
-        )
-        meta = (
-            self.serializers.deserialize(r.meta.ser_id, r.meta.manifest, r.meta.payload, what="metadata")
-            if r.meta is not None
-            else None
-        )
-        return EventEnvelope(
-            persistence_id=r.persistence_id,
-            entity_type=r.entity_type,
-            slice=r.slice,
-            seq_nr=r.seq_nr,
-            db_timestamp=r.db_timestamp,
-            event=event,
-            offset=SeqOffset(r.seq_nr),
-            tags=r.tags,
-            metadata=meta,
-            writer=r.writer,
-            has_payload=r.payload is not None,
-        )
+        return envelope_of(r, self.serializers, SeqOffset(r.seq_nr))
 
     # -- events by tag -----------------------------------------------------------------------
 
@@ -444,25 +452,6 @@ class Journal:
 
     async def delete_snapshot(self, persistence_id: str) -> None:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
-
-
-def _as_write(w: object) -> Write:
-    if not isinstance(w, tuple) or not 2 <= len(w) <= 5:
-        raise InvalidArgument(
-            f"expected a Write or a (pid, events[, expected_seq_nr, tags, metadata]) tuple, got {w!r:.80}"
-        )
-    return Write(*w)
-
-
-def _outcome(r: WriteRequest, res: WriteResult | Exception) -> Outcome:
-    if isinstance(res, Exception):
-        if isinstance(res, JournalError):
-            return res
-        err = StorageError(f"write of {r.persistence_id!r} failed: {type(res).__name__}: {res}")
-        err.__cause__ = res
-        return err
-    first = res.first_seq_nr
-    return Written(r.persistence_id, first, first + len(r.events) - 1, res.db_timestamp)
 
 
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:

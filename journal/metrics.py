@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 
 from prometheus_client import Counter, Histogram
 
 from .backend import WriteRequest, WriteResult
+from .columns import WriteColumns
 from .errors import JournalUnavailable
 
 WriteBatch = Callable[[Sequence[WriteRequest]], Awaitable[list[WriteResult | Exception]]]
+WriteColumnsFn = Callable[[WriteColumns], Awaitable[datetime | list[WriteResult | Exception]]]
 
 WRITE_BATCH_EVENTS = Histogram(
     "journal_write_batch_events",
@@ -53,16 +56,43 @@ def instrumented(write_batch: WriteBatch) -> WriteBatch:
             raise
         WRITE_SECONDS.observe(time.perf_counter() - started)
         WRITE_BATCH_CALLS.observe(len(requests))
-        total = written = 0
-        for request, result in zip(requests, results, strict=True):
-            total += len(request.events)
-            if isinstance(result, Exception):
-                record_failure(result)
-            else:
-                written += len(request.events)
+        total = sum([len(r.events) for r in requests])
+        written = total
+        if not all([type(x) is WriteResult for x in results]):  # the common case: all written
+            for request, result in zip(requests, results, strict=True):
+                if isinstance(result, Exception):
+                    record_failure(result)
+                    written -= len(request.events)
         WRITE_BATCH_EVENTS.observe(total)
         EVENTS_WRITTEN.inc(written)
         return results
+
+    return timed
+
+
+def instrumented_columns(write_columns: WriteColumnsFn) -> WriteColumnsFn:
+    """``write_columns`` recording what :func:`instrumented` records for a batch."""
+
+    async def timed(columns: WriteColumns) -> datetime | list[WriteResult | Exception]:
+        started = time.perf_counter()
+        n = len(columns)
+        try:
+            got = await write_columns(columns)
+        except Exception as e:
+            for _ in range(n):
+                record_failure(e)
+            raise
+        WRITE_SECONDS.observe(time.perf_counter() - started)
+        WRITE_BATCH_CALLS.observe(n)
+        WRITE_BATCH_EVENTS.observe(n)
+        written = n
+        if not isinstance(got, datetime):
+            for result in got:
+                if isinstance(result, Exception):
+                    record_failure(result)
+                    written -= 1
+        EVENTS_WRITTEN.inc(written)
+        return got
 
     return timed
 

@@ -111,6 +111,12 @@ MAX_MANIFEST_LENGTH = 255
 """The stored manifest columns' width."""
 
 
+def dump_plain_json(value: Any) -> bytes:
+    """What the JSON serializer stores for a value of :attr:`SerializerRegistry.plain_json_types`
+    (raises what orjson raises: a caller falls back to :meth:`SerializerRegistry.serialize`)."""
+    return orjson.dumps(value, default=_to_jsonable, option=_OPTS)
+
+
 def _type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
@@ -145,6 +151,17 @@ class SerializerRegistry:
         )
         bytes_ser = self._by_type.get(bytes)
         self._plain_bytes: type | None = bytes if isinstance(bytes_ser, BytesSerializer) else None
+
+    @property
+    def plain_json_types(self) -> frozenset[type]:
+        """Types whose values the built-in JSON serializer writes with no manifest (no registered
+        serializer claims them): a hot loop may serialize them with :func:`dump_plain_json`."""
+        return self._plain_json
+
+    @property
+    def plain_bytes_type(self) -> type | None:
+        """``bytes`` when bytes values pass through unchanged (serializer id 0), else None."""
+        return self._plain_bytes
 
     def register_type(self, cls: type, manifest: str | None = None) -> None:
         """Shortcut: read JSON rows of ``cls`` back as ``cls`` instances."""

@@ -21,6 +21,8 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+from .errors import InvalidArgument
+
 GREGORIAN_OFFSET = 0x01B21DD213814000
 """100 ns intervals between 1582-10-15 and 1970-01-01."""
 
@@ -33,7 +35,7 @@ _CLOCK_SEQ = int.from_bytes(os.urandom(2), "big") & 0x3FFF
 
 def _build(t: int, clock_seq: int, node: int) -> uuid.UUID:
     if not 0 <= t <= _MAX_TIME:
-        raise ValueError(f"timestamp out of the TimeUUID range: {t}")
+        raise InvalidArgument(f"timestamp out of the TimeUUID range: {t}")
     return uuid.UUID(
         fields=(
             t & 0xFFFFFFFF,
@@ -83,7 +85,7 @@ def micros_of(ts: datetime) -> int:
 def ticks(u: uuid.UUID) -> int:
     """The 60-bit timestamp of a v1 UUID (100 ns since 1582-10-15)."""
     if u.version != 1:
-        raise ValueError(f"not a time-based (v1) UUID: {u}")
+        raise InvalidArgument(f"not a time-based (v1) UUID: {u}")
     return u.time
 
 

@@ -13,6 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
+from journal.cli.common import DataDirOption, DsnOption, SchemaOption
+
+from .spark import cli as spark_cli
+
 app = typer.Typer(
     name="projections",
     help="Run and manage projection workers over the slice journal.",
@@ -21,11 +25,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-DsnOption = Annotated[
-    str | None, typer.Option("--dsn", help="PostgreSQL DSN (default: $JOURNAL_DSN, else the embedded server).")
-]
-SchemaOption = Annotated[str | None, typer.Option("--schema", help="Schema of the journal tables.")]
-DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help="Data directory of the embedded PostgreSQL.")]
 SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range LO-HI (default: all).")]
 
 log = logging.getLogger("projections")
@@ -291,7 +290,7 @@ def clear(
     typer.echo(f"cleared {n} offset rows of {name} slices {lo}-{hi}")
 
 
-from .spark import cli as _spark_cli  # noqa: E402,F401  (registers spark-backfill, spark-export)
+spark_cli.register(app)
 
 
 def main() -> None:

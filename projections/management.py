@@ -1,14 +1,20 @@
-"""Management of projections: status, pause, resume, reset, clear (what the CLI calls)."""
+"""Management of projections: status, pause, resume, reset, clear (what the CLI calls), and a
+catch-up check for tools and tests. The SQL is in :class:`~projections.postgres_store.ProjectionSql`."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
+
 from journal.errors import InvalidArgument, ProjectionError
-from journal.ids import NUMBER_OF_SLICES
+from journal.ids import NUMBER_OF_SLICES, slice_for
+from journal.postgres.dsn import asyncpg_dsn
+from journal.settings import JournalSettings
 
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
 from .worker import parse_key
@@ -40,7 +46,7 @@ class ProjectionStatus:
 
 async def status(conn: Any, sql: ProjectionSql, name: str) -> ProjectionStatus:
     """Per slice range (grouped by owner): offset, lag, owner, paused; plus the workers."""
-    now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+    now = await sql.now(conn)
     offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
     leases = {r["slice"]: (r["owner"] if r["live"] else None) for r in await sql.lease_owners(conn, name)}
     paused: set[int] = set()
@@ -130,3 +136,23 @@ async def clear(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int) -> i
     slice_key(lo, hi)
     await _require_stopped(conn, sql, name, lo, hi)
     return await sql.delete_offsets(conn, name, list(range(lo, hi + 1)))
+
+
+async def processed_up_to(settings: JournalSettings, name: str, targets: Mapping[str, int]) -> bool:
+    """True when projection ``name`` has committed offsets for ``targets`` (pid -> seq_nr) or beyond.
+
+    A catch-up check for tools and tests (e.g. run a writer until it is caught up, then stop).
+    """
+    dsn = settings.connection.dsn
+    if dsn is None:
+        raise InvalidArgument("processed_up_to needs settings with a DSN")
+    sql = ProjectionSql(settings.schema)
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        for pid, seq_nr in targets.items():
+            stored = await sql.load_pid(conn, name, slice_for(pid), pid)
+            if stored is None or stored[0] < seq_nr:
+                return False
+        return True
+    finally:
+        await conn.close()

@@ -14,14 +14,11 @@ import logging
 import weakref
 from collections.abc import Iterable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from prometheus_client import REGISTRY, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from .stats import Stats
 
 log = logging.getLogger("projections.metrics")
 
@@ -59,15 +56,32 @@ class _Processor(Protocol):
     validator: _Validator
 
 
+class _Counters(Protocol):
+    """What the metrics read of a worker's :class:`projections.stats.Stats`."""
+
+    @property
+    def events(self) -> int: ...
+    @property
+    def duplicates(self) -> int: ...
+    @property
+    def replayed(self) -> int: ...
+    @property
+    def retries(self) -> int: ...
+
+
 class TrackedWorker(Protocol):
     """What the metrics read of a worker (``projections.Worker`` and ``TagWorker``)."""
 
     name: str
     worker_id: str
     entity_type: str
-    stats: Stats
+    lag_by_slice: bool
+    """False for a tag projection (one lease for the tag): its lag is not measured by slice."""
     epochs: dict[int, int]
     error: str | None
+
+    @property
+    def stats(self) -> _Counters: ...
 
     @property
     def processors(self) -> dict[tuple[int, int], tuple[Any, asyncio.Task[None]]]: ...
@@ -177,12 +191,10 @@ class LagSampler:
 
     async def sample(self, conn: Any) -> None:
         """One measurement of every range the workers process now."""
-        from .tag_runner import TagWorker
-
         seen: set[tuple[str, str]] = set()
         for w in self.workers:
-            if isinstance(w, TagWorker):
-                continue  # a tag projection: its lag is not by slice
+            if not w.lag_by_slice:
+                continue
             for (lo, hi), (proc, _) in list(w.processors.items()):
                 offsets: dict[int, datetime | None] = {}
                 for s in range(lo, hi + 1):

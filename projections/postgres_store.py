@@ -157,6 +157,11 @@ WHERE s.projection_name = $1 AND s.slice = l.slice AND s.timestamp_offset < l.m 
         )
         return int(status.split()[-1])
 
+    async def now(self, conn: Any) -> datetime:
+        """The database clock (lag is measured against it, not against this host's clock)."""
+        now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+        return now
+
     async def slice_offsets(self, conn: Any, name: str) -> list[asyncpg.Record]:
         """Per slice: latest timestamp and when it was consumed (for status)."""
         return list(

@@ -13,6 +13,8 @@ import asyncio
 from collections import deque
 from typing import Generic, TypeVar
 
+from journal.errors import InvalidArgument
+
 T = TypeVar("T")
 
 
@@ -21,7 +23,7 @@ class ReadAhead(Generic[T]):
 
     def __init__(self, maxsize: int) -> None:
         if maxsize < 1:
-            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
+            raise InvalidArgument(f"maxsize must be >= 1, got {maxsize}")
         self._items: deque[T] = deque()
         self._maxsize = maxsize
         self._readable = asyncio.Event()

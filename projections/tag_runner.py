@@ -161,6 +161,7 @@ class TagWorker(Worker):
     """A :class:`Worker` whose unit of work is one tag (one lease) instead of slice ranges."""
 
     slice_count = 1
+    lag_by_slice = False
 
     def __init__(
         self,

@@ -63,6 +63,8 @@ class Worker:
 
     slice_count: int = NUMBER_OF_SLICES
     """Lease rows of the projection (a tag projection has one: see projections.tag_runner)."""
+    lag_by_slice: bool = True
+    """The metrics sample this worker's lag per slice range (a tag projection's is not by slice)."""
 
     def __init__(
         self,

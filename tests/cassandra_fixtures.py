@@ -83,7 +83,7 @@ def _start_local(authenticator: bool) -> Any:
 def cassandra_node() -> Iterator[CassandraTarget]:
     """The session's Cassandra: ``CASSANDRA_CONTACT_POINTS`` or one local node."""
     if CONTACT_POINTS:
-        from journal.cassandra.backend import parse_target
+        from journal.cassandra.connections import parse_target
 
         hosts, port, _ = parse_target(f"cassandra://{CONTACT_POINTS}/ks")
         yield CassandraTarget(tuple(hosts), port)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import ipaddress
 import json
@@ -12,13 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from journal.errors import JournalError
 from journal.replication.config import TlsConfig
 from journal.replication.transport import RemoteSource
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 JOURNAL_CLI = [sys.executable, "-c", "from journal.cli import main; main()"]
@@ -104,18 +103,18 @@ class EndpointProcess:
             )
 
     async def wait_ready(self, within: float = 90.0) -> dict[str, Any]:
-        deadline = time.monotonic() + within
-        while True:
+        async def info_when_serving() -> dict[str, Any] | None:
             assert self.proc is not None and self.proc.poll() is None, self.log()
             source = RemoteSource(self.address, self.tls, timeout=2.0)
             try:
                 return await source.info()
             except JournalError:
-                if time.monotonic() > deadline:
-                    raise
+                return None  # not listening yet
             finally:
                 await source.close()
-            await asyncio.sleep(0.2)
+
+        info: dict[str, Any] = await wait_until(info_when_serving, within, f"endpoint {self.address}", every=0.2)
+        return info
 
     async def info(self) -> dict[str, Any]:
         source = RemoteSource(self.address, self.tls, timeout=10.0)

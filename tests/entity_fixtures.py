@@ -32,7 +32,7 @@ class Counter(Entity[list[Any]]):
             self.persist(command[1])
             return seen
         if kind == "slow_add":
-            await asyncio.sleep(command[2])
+            await asyncio.sleep(command[2])  # the stall the test asks for (the thing under test)
             self.persist(command[1])
             return len(self.state)
         if kind == "fail":

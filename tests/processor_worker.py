@@ -10,11 +10,12 @@ import asyncio
 import os
 import signal
 import sys
-import time
 
 from journal import EventEnvelope, JournalSettings, open_journal
-from journal.entities import Processor, WriterHandler, processed_up_to
+from journal.entities import Processor, WriterHandler
 from projections import Worker
+from projections.management import processed_up_to
+from tests.support.waiting import wait_until
 
 
 def double(env: EventEnvelope) -> list[object]:
@@ -38,11 +39,16 @@ async def main(dsn: str, crash: str) -> None:
         worker = Worker(j, settings, "doubler", "src", WriterHandler(p), "grouped")
         task = asyncio.create_task(worker.run())
         targets = {pid: await j.highest_seq_nr(pid) async for pid in j.current_persistence_ids("src")}
-        deadline = time.monotonic() + 30
-        while not await processed_up_to(settings, "doubler", targets):
-            if task.done() or time.monotonic() > deadline:
-                raise SystemExit(f"processor did not catch up: {task}")
-            await asyncio.sleep(0.05)
+
+        async def caught_up_or_failed() -> bool:
+            return task.done() or await processed_up_to(settings, "doubler", targets)
+
+        try:
+            await wait_until(caught_up_or_failed, 30, "the processor to catch up", every=0.05)
+        except AssertionError as e:
+            raise SystemExit(str(e)) from None
+        if task.done():
+            raise SystemExit(f"processor stopped before it caught up: {task}")
         worker.stop()
         await task
         print(p.written, flush=True)

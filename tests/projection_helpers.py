@@ -15,7 +15,7 @@ FAST_ENV = {
 }
 
 
-def spawn_worker(dsn: str, name: str, entity_type: str, handler: str = "projections.demo_cart:project_carts",
+def spawn_worker(dsn: str, name: str, entity_type: str, handler: str = "projections.demo.cart:project_carts",
                  mode: str = "grouped") -> subprocess.Popen[bytes]:  # fmt: skip
     return subprocess.Popen(
         [sys.executable, "-m", "projections", "run", name, "--entity-type", entity_type, "--handler", handler,

@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from journal import ConfigurationError, Journal, JournalSettings, JournalUnavailable, open_journal
+from tests.support.waiting import wait_until
 
 
 async def test_unreachable_database_is_a_typed_error_after_bounded_retries() -> None:
@@ -38,7 +39,7 @@ async def _kill_writers(dsn: str, stop: asyncio.Event) -> int:
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() "
                 "AND query LIKE '%INSERT INTO%event_journal%' AND state = 'active'"
             )
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # the adversary's pace (not a wait for a condition)
     finally:
         await admin.close()
     return killed
@@ -96,13 +97,16 @@ async def test_writes_without_expected_seq_nr_report_unknown_outcome(dsn: str, j
                CREATE TRIGGER slow BEFORE INSERT ON event_journal FOR EACH ROW EXECUTE FUNCTION slow_insert();"""
         )
         task = asyncio.create_task(journal.persist("slow|1", ["x"]))
-        deadline = time.monotonic() + 10
-        while not await conn.fetchval(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND query LIKE '%INSERT INTO%event_journal%' AND state = 'active' AND pid <> pg_backend_pid()"
-        ):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+
+        async def kill_the_insert() -> int:  # once it runs (inside the slow trigger)
+            return int(
+                await conn.fetchval(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND query LIKE '%INSERT INTO%event_journal%' AND state = 'active' AND pid <> pg_backend_pid()"
+                )
+            )
+
+        await wait_until(kill_the_insert, 10, "the INSERT to run (then terminated)", every=0.01)
         with pytest.raises(JournalUnavailable) as err:
             await task
         assert err.value.outcome_unknown
@@ -136,12 +140,12 @@ async def test_a_write_still_running_on_the_server_is_waited_for_not_resent(dsn:
         await journal.persist("late|1", ["first"])  # slow, but on an intact connection
         task = asyncio.create_task(journal.persist("late|1", ["second"], expected_seq_nr=1))
         app = journal.backend.writers.application_name  # type: ignore[attr-defined]
-        deadline = time.monotonic() + 10
-        while not await conn.fetchval(
-            "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'", app
-        ):
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+
+        async def writing() -> bool:
+            active = "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'"
+            return bool(await conn.fetchval(active, app))
+
+        await wait_until(writing, 10, "the second write to run on the server", every=0.01)
         for c in list(journal.backend.writers._all):  # type: ignore[attr-defined]
             c.terminate()  # the client side goes away; the server keeps executing and commits
         envs = await asyncio.wait_for(task, 30)

@@ -10,12 +10,13 @@ from typing import Any
 import pytest
 from cassandra_fixtures import open_test_journal
 
-from journal import ConfigurationError, Journal, UnsupportedOperation
+from journal import ConfigurationError, Journal, JournalUnavailable, SequenceConflict, UnsupportedOperation
 from journal.backend import (
     Backend,
     CleanupStore,
     EventReads,
     EventWrites,
+    Found,
     Notifications,
     ReplicationStore,
     SliceQueryBackend,
@@ -23,7 +24,6 @@ from journal.backend import (
     Snapshots,
     TagStore,
     WriteRequest,
-    Written,
 )
 from journal.backends import backend_kind
 from journal.cassandra.backend import CassandraBackend
@@ -131,14 +131,31 @@ async def test_check_write_classifies_the_rows_of_a_write(journal_target: str) -
     async with open_test_journal(journal_target) as j:
         envs = await j.persist("Seam|c", ["a", "b"], expected_seq_nr=0)
         written = await j.backend.check_write(request(j, "Seam|c", ["a", "b"], 0))
-        assert written.outcome is Written.WRITTEN
+        assert written.outcome is Found.WRITTEN
         assert written.db_timestamp is not None
         assert abs((written.db_timestamp - envs[0].db_timestamp).total_seconds()) < 0.001
         other = await j.backend.check_write(request(j, "Seam|c", ["a", "changed"], 0))
-        assert other.outcome is Written.CONFLICT
+        assert other.outcome is Found.CONFLICT
         async with open_test_journal(journal_target, clean=False) as other_writer:
             await other_writer.persist("Seam|d", ["a"], expected_seq_nr=0)
         theirs = await j.backend.check_write(request(j, "Seam|d", ["a"], 0))
-        assert theirs.outcome is Written.CONFLICT  # the same payload, another writer's row
+        assert theirs.outcome is Found.CONFLICT  # the same payload, another writer's row
         nothing = await j.backend.check_write(request(j, "Seam|c", ["c"], 2))
-        assert nothing.outcome is Written.NOT_WRITTEN and nothing.db_timestamp is None
+        assert nothing.outcome is Found.NOT_WRITTEN and nothing.db_timestamp is None
+
+
+async def test_resolve_persist_answers_for_an_interrupted_persist(journal_target: str) -> None:
+    """The one resolution entities use (journal/entities/cell.py), over check_write."""
+    async with open_test_journal(journal_target) as j:
+        envs = await j.persist("Seam|r", [{"n": 1}, {"n": 2}], expected_seq_nr=0, metadata={"m": 1})
+        again = await j.resolve_persist("Seam|r", [{"n": 1}, {"n": 2}], expected_seq_nr=0, metadata={"m": 1})
+        assert [(e.seq_nr, e.event, e.writer, e.metadata) for e in again] == [
+            (e.seq_nr, e.event, e.writer, e.metadata) for e in envs
+        ]
+        with pytest.raises(JournalUnavailable) as not_stored:
+            await j.resolve_persist("Seam|r", [{"n": 3}], expected_seq_nr=2)
+        assert not not_stored.value.outcome_unknown
+        with pytest.raises(SequenceConflict):
+            await j.resolve_persist("Seam|r", [{"n": 1}, {"n": 99}], expected_seq_nr=0)
+        with pytest.raises(SequenceConflict):  # nothing at 6.., but the pid is not at 5
+            await j.resolve_persist("Seam|r", [{"n": 6}], expected_seq_nr=5)

@@ -107,7 +107,7 @@ class Adversary:
             pid = f"{ET}|p{w}-{self.rnd.randrange(40)}"
             envs = await self.j.persist(pid, [{"w": w}] * self.rnd.randint(1, 3))
             self.committed.update((e.persistence_id, e.seq_nr) for e in envs)
-            await asyncio.sleep(self.rnd.random() * 0.02)
+            await asyncio.sleep(self.rnd.random() * 0.02)  # the writers' jitter (the scenario)
 
 
 async def _deliver_all(j: Journal, offset: TimestampOffset | None, wanted: set[Key], what: str) -> list[EventEnvelope]:

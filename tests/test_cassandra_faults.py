@@ -86,7 +86,7 @@ async def test_node_killed_during_writes_and_a_live_tag_query(own_node: LocalCas
                 acked[pid].append((envs[0].seq_nr, value))
                 if phase["after_restart"]:
                     acked_after_restart[pid] += 1
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # the load's pace (and its back-off above): the scenario
 
         async def consume() -> None:
             async for e in j.events_by_tag("f"):

@@ -349,7 +349,7 @@ async def test_new_persistence_id_scan_waits_for_a_late_first_row(target: str) -
         await store.write_tag_rows([row(2, u2)])
 
         async def late() -> None:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # the scenario: the earlier row lands 0.5 s late
             await store.write_tag_rows([row(1, u1)])
 
         writing = asyncio.create_task(late())

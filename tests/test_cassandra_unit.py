@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from journal.cassandra.backend import parse_target
+from journal.cassandra.connections import parse_target
 from journal.cassandra.cql import schema_statements, statements
 from journal.cassandra.partitions import PartitionLayout
 from journal.cli import app

@@ -137,3 +137,16 @@ async def test_unknown_outcomes_are_counted() -> None:
     with pytest.raises(JournalUnavailable):
         await instrumented(interrupted)(requests)
     assert _value("journal_writes_outcome_unknown_total") - before == 2
+
+
+async def test_bulk_writes_as_columns_are_counted(journal: Journal) -> None:
+    from journal import Write, failures
+
+    events, statements = _value("journal_events_written_total"), _value("journal_write_batch_calls_count")
+    await journal.persist("mc|taken", ["a"])
+    conflicts = _value("journal_writes_failed_total", {"error": "SequenceConflict"})
+    out = await journal.persist_many([Write(f"mc|{i}", [i], 0) for i in range(30)] + [Write("mc|taken", ["b"], 0)])
+    assert [i for i, _ in failures(out)] == [30]
+    assert _value("journal_events_written_total") - events == 1 + 30
+    assert _value("journal_write_batch_calls_count") - statements >= 2
+    assert _value("journal_writes_failed_total", {"error": "SequenceConflict"}) - conflicts == 1

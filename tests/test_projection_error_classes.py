@@ -58,7 +58,11 @@ async def test_a_lost_transaction_connection_is_not_a_handler_failure(
             return int(await conn.fetchval("SELECT count(*) FROM t_classes")) >= 20
 
         await wait_until(done, 30, "every event applied")
-        await asyncio.sleep(0.5)
+
+        def settled() -> bool:  # every event committed, and the outage over (after its quiet time)
+            return (w.stats.events >= 20 and w.outage.last is not None) or task.done()
+
+        await wait_until(settled, 30, "the worker to commit every event and see the outage end")
         assert not task.done(), task
     finally:
         w.stop()
@@ -129,7 +133,11 @@ END $$"""
             return int(await conn.fetchval("SELECT count(DISTINCT (pid, seq)) FROM t_commit")) >= 10
 
         await wait_until(done, 30, "every event applied")
-        await asyncio.sleep(1.0)
+
+        def resolved() -> bool:  # the runner found out that the cut COMMIT had committed
+            return any("committed before the connection was lost" in r.getMessage() for r in caplog.records)
+
+        await wait_until(resolved, 30, "the runner to resolve the commit whose outcome was unknown")
     finally:
         w.stop()
         await task

@@ -25,7 +25,7 @@ from projection_helpers import FAST_ENV
 from journal import JournalSettings, JournalUnavailable, SequenceConflict, open_journal
 from journal.postgres.dsn import asyncpg_dsn
 from journal.postgres.migrations import upgrade
-from projections.demo_cart import cart_event, prepare, verify
+from projections.demo.cart import cart_event, prepare, verify
 from projections.postgres_store import ProjectionSql
 from tests.support.private_server import crash
 from tests.support.waiting import wait_until
@@ -63,7 +63,7 @@ class Writers:
                     self.acknowledged += len(events)
             except (JournalUnavailable, SequenceConflict):
                 self.failed += 1
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.2)  # the load's back-off and pace (the scenario, not a wait)
             await asyncio.sleep(0.01)
 
     def stop(self) -> None:
@@ -74,7 +74,7 @@ def spawn(dsn: str, log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "projections", "run", NAME, "--entity-type", ET,
-             "--handler", "projections.demo_cart:project_carts", "--mode", "grouped", "--dsn", dsn, "--no-progress"],
+             "--handler", "projections.demo.cart:project_carts", "--mode", "grouped", "--dsn", dsn, "--no-progress"],
             env={**os.environ, **FAST_ENV},
             stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
@@ -106,7 +106,7 @@ async def test_a_worker_rides_through_a_60_second_outage_under_load(private_serv
         t0 = time.monotonic()
         while time.monotonic() - t0 < OUTAGE_SECONDS:
             assert worker.poll() is None, f"the worker exited during the outage: {_tail(log_path)}"
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # the thing under test: the outage lasts OUTAGE_SECONDS
         await asyncio.to_thread(private_server.ensure_postgres_running)
         await wait_until(lambda: _acknowledged_after(load, 300), 60, "writes after the outage")
     finally:

@@ -12,7 +12,7 @@ import pytest
 from projection_helpers import spawn_worker, stop
 
 from journal import Journal
-from projections.demo_cart import CartWorkload, prepare, verify
+from projections.demo.cart import CartWorkload, prepare, verify
 from projections.postgres_store import ProjectionSql
 from tests.support.waiting import wait_until
 

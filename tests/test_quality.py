@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -30,3 +32,81 @@ def test_ruff() -> None:
 def test_mypy_strict() -> None:
     out = subprocess.run([_tool("mypy")], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_import_contracts() -> None:
+    """The layers, `journal` never importing `projections`, no cycles (pyproject.toml, [tool.importlinter])."""
+    out = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout, out.stdout
+
+
+SQL_HOMES = (
+    "journal/postgres/",
+    "journal/cassandra/",
+    "projections/postgres_store.py",
+    "projections/tag_offset_store.py",
+    "projections/spark/sql.py",
+    "projections/demo/statements.py",
+)
+"""Where SQL and CQL may be written: the backends, the projection offset stores, the Spark SQL and
+the demo read model's statements (docs/contributing.md, "Where SQL lives")."""
+
+_SQL = re.compile(r"^\s*(SELECT\s|INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|CREATE\s|ALTER\s|DROP\s|TRUNCATE\s)")
+
+
+def _sql_literals(path: Path) -> list[int]:
+    """Line numbers of string literals (not docstrings) that start like a SQL statement."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    lines = []
+    for node in ast.walk(tree):
+        parts: list[str] = []
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            parts = [node.value]
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            parts = [str(node.values[0].value)]
+        if any(_SQL.match(p) for p in parts):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_sql_only_in_backend_modules() -> None:
+    found = {}
+    for package in ("journal", "projections"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.startswith(SQL_HOMES):
+                continue
+            lines = _sql_literals(path)
+            if lines:
+                found[rel] = lines
+    assert found == {}, f"SQL outside its homes {SQL_HOMES}: {found}"
+
+
+def test_sql_check_finds_sql(tmp_path: Path) -> None:
+    """The check above is not vacuous: it sees a statement in a plain string and in an f-string."""
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""SELECT in a docstring is prose."""\nA = "SELECT 1"\nB = f"DELETE FROM {A} WHERE x"\n')
+    assert _sql_literals(probe) == [2, 3]
+
+
+def test_no_plain_runtime_errors() -> None:
+    """Errors raised to users come from the journal.errors tree, never a bare RuntimeError/Exception."""
+    plain = {"RuntimeError", "Exception", "BaseException"}
+    found = []
+    for package in ("journal", "projections"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Raise) and node.exc is not None:
+                    exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                    if isinstance(exc, ast.Name) and exc.id in plain:
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from endpoint_processes import free_address
@@ -15,6 +16,7 @@ from journal.replication.availability import Available, FailureDetector, Unavail
 from journal.replication.config import EndpointConfig
 from journal.replication.endpoint import ReplicationEndpoint
 from journal.replication.versions import Application
+from tests.support.waiting import wait_until
 
 LOG = "Item"
 
@@ -78,17 +80,16 @@ async def test_availability_is_published_and_an_older_version_is_unavailable(dbs
         assert isinstance(got_b, Unavailable) and got_b.endpoint == addresses["A"]
         assert any("older" in cause for cause in got_b.causes)
         assert got_c == Available(addresses["A"], LOG)
-        async with asyncio.timeout(60):
-            while len(await c.store.event_ids(LOG)) != 1:  # noqa: ASYNC110 (another database's state)
-                await asyncio.sleep(0.05)
+        await wait_count(c.store, 1)
         assert await b.store.event_ids(LOG) == {}
         assert Application("shop", "1.3").parts == (1, 3)
 
 
-async def wait_count(store: object, n: int) -> None:
-    async with asyncio.timeout(60):
-        while len(await store.event_ids(LOG)) != n:  # type: ignore[attr-defined]  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
+async def wait_count(store: Any, n: int) -> None:
+    async def stored() -> bool:
+        return len(await store.event_ids(LOG)) == n
+
+    await wait_until(stored, 60, f"{n} events stored", every=0.05)
 
 
 async def test_disaster_recovery_rebuilds_a_wiped_location(dbs: dict[str, str]) -> None:
@@ -155,9 +156,11 @@ async def test_deletion_is_logical_first_and_physical_once_replicated(dbs: dict[
         )  # fmt: skip
         async with ReplicationEndpoint(b_cfg) as b:
             await wait_count(b.store, 4)
-            async with asyncio.timeout(60):  # B's next read tells A it stored everything
-                while (await a.store.target_progress(LOG)).get("B", 0) < 4:  # noqa: ASYNC110
-                    await asyncio.sleep(0.05)
+
+            async def a_knows_b_stored_all() -> bool:  # B's next read tells A it stored everything
+                return int((await a.store.target_progress(LOG)).get("B", 0)) >= 4
+
+            await wait_until(a_knows_b_stored_all, 60, "A to learn that B stored everything", every=0.05)
         assert await a.delete(LOG, 4, physically_after=["B"]) == 4
         events, _ = await a.store.read_log(LOG, 0, 10)
         assert len(events) == 1  # the pid's highest event stays (its tombstone keeps the seq_nr)
@@ -211,9 +214,11 @@ async def test_private_tags_from_the_config_never_leave(dbs: dict[str, str]) -> 
         await a.journal.persist(f"{LOG}|p", [{"v": "private"}], tags=["mine"])
         await a.journal.persist(f"{LOG}|q", [{"v": "public"}], tags=["other"])
         await wait_count(b.store, 1)
-        async with asyncio.timeout(60):  # B has read past both events
-            while (await b.store.progress(LOG, "A")) < 2:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
+
+        async def b_read_both() -> bool:
+            return int(await b.store.progress(LOG, "A")) >= 2
+
+        await wait_until(b_read_both, 60, "B to read past both events", every=0.05)
         got = [e.event async for e in b.journal.current_events_by_slices(LOG, 0, 1023)]
         assert got == [{"v": "public"}]
 

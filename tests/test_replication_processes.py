@@ -24,6 +24,7 @@ from endpoint_processes import ROOT, EndpointProcess, free_address, make_tls
 from replication_helpers import Location, location_databases, open_location
 
 from journal.replication.entity import ReplicatedEntities, ReplicatedEntity
+from tests.support.waiting import wait_until
 
 LOG = "Order"
 
@@ -82,14 +83,6 @@ def topology(dbs: dict[str, str], links: dict[str, list[str]], **extra: Any) -> 
     }  # fmt: skip
 
 
-async def wait_for(what: str, check: Callable[[], Awaitable[bool]], within: float = 180.0) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 async def converged(locs: dict[str, Location], expected: int) -> bool:
     ids = [await loc.store.event_ids(LOG) for loc in locs.values()]
     return all(len(i) == expected for i in ids)
@@ -123,17 +116,17 @@ async def test_concurrent_writes_partition_and_heal_over_tls(
     for ep in eps.values():
         await ep.wait_ready()
     await asyncio.gather(*(write(loc, n.lower(), 30) for n, loc in locs.items()))
-    await wait_for("first convergence", lambda: converged(locs, 90))
+    await wait_until(lambda: converged(locs, 90), 180, "first convergence", every=0.2)
     eps["C"].stop()  # partition: C's endpoint is away, its application goes on writing
     await asyncio.gather(*(write(loc, n.lower() + "p", 20) for n, loc in locs.items()))
     entities = {n: ReplicatedEntities(loc.journal, loc.store) for n, loc in locs.items()}
     for n in NAMES:  # one entity written at every location, C's write concurrent with the others
         await entities[n].persist(Register("shared"), [{"v": f"shared-{n}"}])
-    await wait_for("A and B to exchange", lambda: converged({k: locs[k] for k in "AB"}, 90 + 40 + 2))
+    await wait_until(lambda: converged({k: locs[k] for k in "AB"}, 90 + 40 + 2), 180, "A and B to exchange", every=0.2)
     assert len(await locs["C"].store.event_ids(LOG)) < 150
     eps["C"].start()  # heal
     await eps["C"].wait_ready()
-    await wait_for("convergence after the heal", lambda: converged(locs, 153))
+    await wait_until(lambda: converged(locs, 153), 180, "convergence after the heal", every=0.2)
     await assert_same_events_exactly_once(locs, 153)
     states = [await entities[n].load(Register("shared")) for n in NAMES]
     assert states[0].state == states[1].state == states[2].state
@@ -159,7 +152,7 @@ async def test_kill_9_mid_batch_on_both_sides_in_a_chain(
     async def b_has_some() -> bool:
         return 0 < len(await b_ids(LOG)) < 700
 
-    await wait_for("B to be in the middle of replicating", b_has_some)
+    await wait_until(b_has_some, 180, "B to be in the middle of replicating", every=0.2)
     eps["B"].kill9()  # the target dies mid-batch
     eps["B"].start()
     await eps["B"].wait_ready()
@@ -167,11 +160,11 @@ async def test_kill_9_mid_batch_on_both_sides_in_a_chain(
     async def c_has_some_of_a() -> bool:
         return any(origin == "A" for origin, _ in await locs["C"].store.event_ids(LOG))
 
-    await wait_for("A's events to reach C through B", c_has_some_of_a)
+    await wait_until(c_has_some_of_a, 180, "A's events to reach C through B", every=0.2)
     eps["A"].kill9()  # the source dies while serving
     await write(locs["A"], "a2", 50)
     eps["A"].start()
-    await wait_for("convergence in the chain", lambda: converged(locs, 750))
+    await wait_until(lambda: converged(locs, 750), 180, "convergence in the chain", every=0.2)
     await assert_same_events_exactly_once(locs, 750)
 
 
@@ -203,9 +196,9 @@ async def test_a_causal_chain_is_never_delivered_out_of_order(
             async def b_saw_it(k: int = k) -> bool:
                 return f"e1-{k}" in delivered["B"]
 
-            await wait_for("B to see e1", b_saw_it)
+            await wait_until(b_saw_it, 180, "B to see e1", every=0.2)
             await locs["B"].journal.persist(f"{LOG}|effect{k}", [{"v": f"e2-{k}"}])
-        await wait_for("every chain everywhere", _all_delivered(delivered, 10))
+        await wait_until(_all_delivered(delivered, 10), 180, "every chain everywhere", every=0.2)
     finally:
         for f in followers:
             f.cancel()
@@ -234,7 +227,7 @@ async def test_status_cli_shows_progress_and_availability(
     for ep in eps.values():
         await ep.wait_ready()
     await write(locs["A"], "s", 10)
-    await wait_for("B to replicate", lambda: _between(locs["B"], 10, 11))
+    await wait_until(lambda: _between(locs["B"], 10, 11), 180, "B to replicate", every=0.2)
 
     def status() -> dict[str, Any]:
         out = subprocess.run(
@@ -250,12 +243,12 @@ async def test_status_cli_shows_progress_and_availability(
         s = await asyncio.to_thread(status)
         return bool(s["connections"][0]["logs"][LOG]["state"] == want)
 
-    await wait_for("A available at B", lambda: state_is("available"), within=30)
+    await wait_until(lambda: state_is("available"), 30, "A available at B", every=0.2)
     s = await asyncio.to_thread(status)
     assert s["location"] == "B" and s["connections"][0]["location"] == "A"
     assert s["logs"][LOG]["progress"]["A"] >= 10
     assert s["logs"][LOG]["version_vector"]["A"] >= 10
     t0 = time.monotonic()
     eps["A"].stop()
-    await wait_for("A unavailable at B", lambda: state_is("unavailable"), within=30)
+    await wait_until(lambda: state_is("unavailable"), 30, "A unavailable at B", every=0.2)
     assert time.monotonic() - t0 < 3.0 * 2 + 5  # within about two failure-detection limits

@@ -148,6 +148,10 @@ async def test_many_writes_in_one_batch_are_refused_together(dbs: dict[str, str]
             await a.recover()
         out = await a.journal.persist_many([Write(f"{LOG}|x", [{"n": 1}]), Write("Other|x", [{"n": 1}])])
         assert [type(r).__name__ for r in out] == ["LocalWritesRefused", "Written"]
+        # the optimistic insert (every part names expected_seq_nr) is refused the same way
+        known = [Write(f"{LOG}|y", [{"n": 1}], 0), Write("Other|y", [{"n": 1}], 0), Write(f"{LOG}|z", [{"n": 1}], 0)]
+        out = await a.journal.persist_many(known)
+        assert [type(r).__name__ for r in out] == ["LocalWritesRefused", "Written", "LocalWritesRefused"]
         assert await count(dbs["A"], LOG) == 0
         await a.store.end_recovery([LOG])  # what a completed recovery does
         assert not await a.store.guard_installed()

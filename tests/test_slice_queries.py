@@ -210,7 +210,7 @@ async def test_live_query_ends_when_its_journal_closes(dsn: str, journal: Journa
     async with open_journal(dsn, settings=s) as j:
         it = j.events_by_slices("closing", 0, 1023)
         task = asyncio.ensure_future(it.__anext__())
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # an absence: the live query is still waiting for events
         assert not task.done()
     with pytest.raises(JournalUnavailable):
         await asyncio.wait_for(task, 3.0)

@@ -49,7 +49,7 @@ async def _adversarial(dsn: str, mode: QueryMode, seed: int) -> None:
                 envs = await j.persist(pid, [{"w": w, "n": n + k} for k in range(rnd.randint(1, 3))])
                 committed.update((e.persistence_id, e.seq_nr) for e in envs)
                 n += 1
-                await asyncio.sleep(rnd.random() * 0.02)
+                await asyncio.sleep(rnd.random() * 0.02)  # the writers' jitter (the scenario)
 
         async def late(w: int) -> None:
             n = 0
@@ -150,7 +150,7 @@ async def test_listen_wakes_live_queries_well_below_refresh_interval(fast: Journ
             await fast.persist(f"wake|{i}", [i])
             await wait_until(lambda i=i: len(c.events) == i + 1, 4.0, "a NOTIFY wake-up")
             latencies.append(c.arrived[-1] - t0)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # apart, so that each write has its own NOTIFY (the scenario)
         assert statistics.median(latencies) < 0.5, latencies
     finally:
         await c.stop()
@@ -207,7 +207,7 @@ async def test_connection_loss_mid_stream_resumes_exactly(journal: Journal, dsn:
                 except Exception as e:  # the write path's own handling of a killed connection
                     write_errors.append(e)  # is not under test here; what got stored is
                 i += 1
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(0.005)  # the load's pace (the scenario)
 
         wt = asyncio.create_task(write())
         try:

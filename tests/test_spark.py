@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 
 from journal import Journal, JournalSettings, SparkSetupError, slice_for
 from journal.settings import SparkSettings
+from tests.support.waiting import wait_until
 
 pyspark = pytest.importorskip("pyspark", reason="the 'spark' extra is not installed")
 
@@ -309,16 +311,18 @@ async def _run_until(
     w = Worker(journal, journal.settings, name, "acct", _online_handler(table), "grouped")
     task = asyncio.create_task(w.run())
     got: dict[str, tuple[int, int]] = {}
-    deadline = asyncio.get_running_loop().time() + 60
+
+    async def reached_or_failed() -> bool:
+        nonlocal got
+        try:
+            got = {r[0]: (r[1], r[2]) for r in await _table(dsn, f"SELECT persistence_id, total, n FROM {table}")}
+        except asyncpg.UndefinedTableError:
+            got = {}
+        return got == want or task.done()
+
     try:
-        while asyncio.get_running_loop().time() < deadline and not task.done():
-            try:
-                got = {r[0]: (r[1], r[2]) for r in await _table(dsn, f"SELECT persistence_id, total, n FROM {table}")}
-            except asyncpg.UndefinedTableError:
-                got = {}
-            if got == want:
-                break
-            await asyncio.sleep(0.1)  # polling a condition with a deadline
+        with contextlib.suppress(AssertionError):  # timed out: the caller compares got with want (a diff)
+            await wait_until(reached_or_failed, 60, f"the online projection to fill {table}", every=0.1)
     finally:
         w.stop()
         await asyncio.wait_for(task, 30)

@@ -85,7 +85,7 @@ async def test_many_concurrent_writers_exactly_once_in_order_per_pid(tb: TagBack
     async def writer(pid: str) -> None:
         for i in range(per_pid):
             await j.persist(pid, [{"i": i}], tags=["shared", pid.replace("|", "-")])
-            await asyncio.sleep(random.random() * 0.003)
+            await asyncio.sleep(random.random() * 0.003)  # the writers' jitter (the scenario)
 
     await asyncio.gather(*(writer(p) for p in pids))
     try:
@@ -156,7 +156,7 @@ async def test_gap_search_finds_a_delayed_row(tb: TagBackend) -> None:
     await tb.store.write_tag_rows([r1, r3])  # r2 is "late" (written after r3 is visible)
 
     async def late() -> None:
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.4)  # the scenario: r2 lands 0.4 s late
         await tb.store.write_tag_rows([r2])
 
     t = asyncio.create_task(late())
@@ -300,7 +300,7 @@ async def test_back_pressure_bounded_buffer(tb: TagBackend) -> None:
 
     task = asyncio.create_task(produce())
     await wait_until(lambda: store.failures >= 2, 3, "two failed tag writes")
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # an absence: the producer stays blocked (it would overrun the buffer by now)
     assert added <= 5 + 2  # buffer full (plus the batch in flight): the producer waits
     store.failing = False
     await asyncio.wait_for(task, 10)

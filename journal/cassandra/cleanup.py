@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..backend import PidFootprint, TagProgress
 from ..buckets import bucket_of
+from .connections import CassandraConnections, execute
 from .cql import statements
-
-if TYPE_CHECKING:
-    from .backend import CassandraBackend
+from .snapshots import CassandraSnapshots
+from .tag_store import CassandraTagStore
+from .writes import CassandraWrites
 
 PAGE = 1000
 """Events read per page while walking a pid's events."""
@@ -26,21 +27,30 @@ PARALLEL = 32
 
 
 class CassandraCleanup:
-    def __init__(self, backend: CassandraBackend) -> None:
-        self.b = backend
+    """Over the backend's writes (its deletes and write state), snapshots and tag store."""
+
+    def __init__(
+        self,
+        conns: CassandraConnections,
+        events: CassandraWrites,
+        snapshots: CassandraSnapshots,
+        tags: CassandraTagStore,
+    ) -> None:
+        self.conns = conns
+        self.b = events
+        self._snapshots = snapshots
+        self._tags = tags
         self._prepared: dict[str, Any] = {}
 
     async def _run(self, name: str, *params: Any) -> list[Any]:
-        from .backend import _run
-
         if not self._prepared:  # the backend's read and write consistency levels
-            read_cl = self.b.prepared["read_messages"].consistency_level
-            write_cl = self.b.prepared["delete_messages"].consistency_level
-            for key, text in statements(self.b.keyspace, "cleanup.cql").items():
-                stmt = await asyncio.to_thread(self.b.session.prepare, text)
+            read_cl = self.conns.prepared["read_messages"].consistency_level
+            write_cl = self.conns.prepared["delete_messages"].consistency_level
+            for key, text in statements(self.conns.keyspace, "cleanup.cql").items():
+                stmt = await asyncio.to_thread(self.conns.session.prepare, text)
                 stmt.consistency_level = read_cl if text.startswith("SELECT") else write_cl
                 self._prepared[key] = stmt
-        return await _run(self.b.session, self._prepared[name], params)
+        return await execute(self.conns.session, self._prepared[name], params)
 
     async def _events(self, pid: str) -> AsyncIterator[Any]:
         """The pid's stored events (sequence_nr, timestamp, tags, ...), page by page."""
@@ -54,7 +64,7 @@ class CassandraCleanup:
             nxt = int(rows[-1].sequence_nr) + 1
 
     async def _tag_keys(self, pid: str) -> list[tuple[str, int, Any, str]]:
-        size = self.b.settings.tags.bucket_size
+        size = self.conns.settings.tags.bucket_size
         return [
             (tag, bucket_of(r.timestamp, size), r.timestamp, pid)
             async for r in self._events(pid)
@@ -70,7 +80,7 @@ class CassandraCleanup:
     async def footprint(self, persistence_id: str) -> PidFootprint:
         events = [r async for r in self._events(persistence_id)]
         found = await self._each("read_tag_row", await self._tag_keys(persistence_id)) if events else []
-        snap = await self.b.load_snapshot(persistence_id)
+        snap = await self._snapshots.load_snapshot(persistence_id)
         return PidFootprint(
             persistence_id, len(events), await self.b.highest_seq_nr(persistence_id),
             None if snap is None else snap.seq_nr, sum(len(rows) for rows in found),
@@ -93,10 +103,10 @@ class CassandraCleanup:
             for r in rows:
                 if tag not in top or r.tag_pid_sequence_nr > top[tag].tag_pid_seq_nr:
                     top[tag] = TagProgress(pid, tag, int(r.sequence_nr), int(r.tag_pid_sequence_nr), stamp)
-        stored = await self.b.tag_store().read_progress(pid)
+        stored = await self._tags.read_progress(pid)
         raised = [p for tag, p in top.items() if tag not in stored or p.tag_pid_seq_nr > stored[tag].tag_pid_seq_nr]
         if raised:
-            await self.b.tag_store().write_progress(raised)
+            await self._tags.write_progress(raised)
 
     async def delete_all_events(self, persistence_id: str, *, reset_seq_nr: bool) -> None:
         """``deleted_to`` is written first (the backend's delete), so a re-run after an

@@ -27,13 +27,13 @@ class PartitionLayout:
 
     def __init__(self, target_partition_size: int) -> None:
         if target_partition_size < 1:
-            raise ValueError(f"target_partition_size must be >= 1, got {target_partition_size}")
+            raise InvalidArgument(f"target_partition_size must be >= 1, got {target_partition_size}")
         self.size = target_partition_size
 
     def partition_nr(self, seq_nr: int) -> int:
         """``(seq_nr - 1) // size`` (sequence numbers start at 1)."""
         if seq_nr < 1:
-            raise ValueError(f"seq_nr must be >= 1, got {seq_nr}")
+            raise InvalidArgument(f"seq_nr must be >= 1, got {seq_nr}")
         return (seq_nr - 1) // self.size
 
     def check_call(self, persistence_id: str, events: int) -> None:

@@ -1,28 +1,21 @@
-"""The tag view store on Cassandra (tag_views, tag_write_progress, tag_scanning)."""
+"""The tag view store on Cassandra (tag_views, tag_write_progress, tag_scanning;
+:class:`journal.backend.TagStore`)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
 from ..backend import TaggedEvent, TagPageRow, TagProgress, TagRow, page_row
 from ..errors import ConfigurationError
 from ..serialization import Serialized
 from ..timeuuid import GREGORIAN_OFFSET
-
-if TYPE_CHECKING:
-    from .backend import CassandraBackend
+from .connections import CassandraConnections, execute
+from .reads import CassandraReads, meta_of
 
 SETTINGS_PID = "__slice_journal_settings__"
 """The bucket size is kept in ``metadata.properties`` of this reserved row (reference tables only)."""
-
-
-def _meta(x: Any) -> Serialized | None:
-    if x.meta_ser_id is None:
-        return None
-    return Serialized(x.meta_ser_id, x.meta_ser_manifest or "", bytes(x.meta or b""))
 
 
 def _bound(t: int) -> uuid.UUID:
@@ -46,51 +39,52 @@ def upper_bound(before_ticks: int) -> uuid.UUID:
 
 
 class CassandraTagStore:
-    def __init__(self, backend: CassandraBackend) -> None:
-        self.b = backend
+    """``reads``: the backend's reads by pid (a pid's tagged events are its messages rows)."""
+
+    def __init__(self, conns: CassandraConnections, reads: CassandraReads) -> None:
+        self.conns = conns
+        self.reads = reads
 
     async def write_tag_rows(self, rows: Sequence[TagRow]) -> None:
         """One unlogged batch per (tag, bucket) partition: an idempotent upsert."""
         from cassandra.query import BatchStatement, BatchType
 
-        from .backend import _run
-
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.b.write_cl)
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.conns.write_cl)
         for r in rows:
             m = r.meta
-            batch.add(self.b.prepared["insert_tag_view"], (
+            batch.add(self.conns.prepared["insert_tag_view"], (
                 r.tag, r.timebucket, r.timeuuid, r.persistence_id, r.tag_pid_seq_nr, r.seq_nr, r.writer,
                 r.event.ser_id, r.event.manifest, r.event.payload, m.ser_id if m else None,
                 m.manifest if m else None, m.payload if m else None,
             ))  # fmt: skip
-        await _run(self.b.session, batch)
+        await execute(self.conns.session, batch)
 
     async def write_progress(self, progress: Sequence[TagProgress]) -> None:
         """One row per pid, each its own partition: written concurrently (a batch's pids at once),
         not one round trip after another."""
         await asyncio.gather(*(
-            self.b.run("write_progress", p.persistence_id, p.tag, p.seq_nr, p.tag_pid_seq_nr, p.offset)
+            self.conns.run("write_progress", p.persistence_id, p.tag, p.seq_nr, p.tag_pid_seq_nr, p.offset)
             for p in progress
         ))  # fmt: skip
 
     async def read_progress(self, persistence_id: str) -> dict[str, TagProgress]:
-        rows = await self.b.run("read_progress", persistence_id)
+        rows = await self.conns.run("read_progress", persistence_id)
         return {
             r.tag: TagProgress(r.persistence_id, r.tag, r.sequence_nr, r.tag_pid_sequence_nr, r.offset) for r in rows
         }
 
     async def read_scanning(self, persistence_id: str) -> int:
-        rows = await self.b.run("read_scanning", persistence_id)
+        rows = await self.conns.run("read_scanning", persistence_id)
         return int(rows[0].sequence_nr) if rows else 0
 
     async def write_scanning(self, persistence_id: str, seq_nr: int) -> None:
-        await self.b.run("write_scanning", persistence_id, seq_nr)
+        await self.conns.run("write_scanning", persistence_id, seq_nr)
 
     async def tagged_events(self, persistence_id: str, from_seq_nr: int, limit: int) -> list[TaggedEvent]:
-        rows = await self.b.read_rows(persistence_id, from_seq_nr, 2**63 - 1, limit)
+        rows = await self.reads.read_rows(persistence_id, from_seq_nr, 2**63 - 1, limit)
         return [
             TaggedEvent(x.persistence_id, x.sequence_nr, x.timestamp, tuple(sorted(x.tags or ())),
-                        Serialized(x.ser_id, x.ser_manifest, bytes(x.event)), x.writer_uuid, _meta(x))
+                        Serialized(x.ser_id, x.ser_manifest, bytes(x.event)), x.writer_uuid, meta_of(x))
             for x in rows
         ]  # fmt: skip
 
@@ -98,11 +92,11 @@ class CassandraTagStore:
         self, tag: str, bucket: int, after: uuid.UUID | None, before_ticks: int, limit: int
     ) -> list[TagPageRow]:
         lower = after if after is not None else lower_bound(bucket)
-        rows = await self.b.run("read_tag_views", tag, bucket, lower, upper_bound(before_ticks), limit)
+        rows = await self.conns.run("read_tag_views", tag, bucket, lower, upper_bound(before_ticks), limit)
         return [
             page_row(TagRow(r.tag_name, r.timebucket, r.timestamp, r.persistence_id, r.tag_pid_sequence_nr,
                             r.sequence_nr, r.writer_uuid, Serialized(r.ser_id, r.ser_manifest, bytes(r.event)),
-                            _meta(r)))
+                            meta_of(r)))
             for r in rows
         ]  # fmt: skip
 
@@ -111,12 +105,12 @@ class CassandraTagStore:
         return from_bucket
 
     async def ensure_bucket_size(self, size: str) -> None:
-        rows = await self.b.run("read_properties", SETTINGS_PID)
+        rows = await self.conns.run("read_properties", SETTINGS_PID)
         stored = (rows[0].properties or {}).get("tag_bucket_size") if rows else None
         if stored == size:
             return
-        if stored is not None and await self.b.run("any_tag_view"):
+        if stored is not None and await self.conns.run("any_tag_view"):
             raise ConfigurationError(
                 f"tag bucket size is {stored!r} in this keyspace and tagged data exists; it cannot change to {size!r}"
             )
-        await self.b.run("write_property", "tag_bucket_size", size, SETTINGS_PID)
+        await self.conns.run("write_property", "tag_bucket_size", size, SETTINGS_PID)

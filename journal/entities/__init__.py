@@ -1,15 +1,20 @@
 """Event-sourced entities on the journal (the Eventuate programming model).
 
 See README, "Entities": :class:`Entity`, :class:`EntityRegistry`, routing helpers, the
-circuit breaker; writers and processors on the projection runner.
+circuit breaker; writers and processors on the projection runner; the :class:`EventRouter` that
+delivers routed events; :class:`View`; conditional requests (``ask(..., after=vector_time)``).
 """
 
 from .circuit_breaker import BreakerState, CircuitBreaker
+from .conditional import TimedReply
+from .delivery import RoutedEvent
 from .entity import AfterPersist, Entity, EventContext, after_persist
 from .processor import Processor
 from .registry import EntityRegistry
-from .routing import destinations_of, routed_to
-from .writer import Writer, WriterHandler, processed_up_to
+from .router import EventRouter
+from .routing import destinations_of, routed_from, routed_to
+from .view import View
+from .writer import Writer, WriterHandler
 
 __all__ = [
     "AfterPersist",
@@ -18,11 +23,15 @@ __all__ = [
     "Entity",
     "EntityRegistry",
     "EventContext",
+    "EventRouter",
     "Processor",
+    "RoutedEvent",
+    "TimedReply",
+    "View",
     "Writer",
     "WriterHandler",
     "after_persist",
     "destinations_of",
-    "processed_up_to",
+    "routed_from",
     "routed_to",
 ]

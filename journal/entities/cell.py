@@ -30,6 +30,8 @@ from ..errors import (
 from ..journal import Journal
 from ..settings import EntitySettings
 from .circuit_breaker import CircuitBreaker
+from .conditional import TimedReply
+from .delivery import RoutedDelivery, routed_handler
 from .entity import (
     AfterPersist,
     Collected,
@@ -42,7 +44,7 @@ from .entity import (
     set_sequence_nr,
 )
 from .recovery import recover
-from .routing import routes_metadata
+from .routing import complete_route_marks, route_marks, routes_metadata, vector_time_of
 
 log = logging.getLogger("journal.entities")
 
@@ -53,6 +55,7 @@ class _Command:
     future: asyncio.Future[Any]
     collected: Collected | None = None
     reply: Any = None
+    timed: bool = False
 
 
 class EntityCell:
@@ -97,9 +100,10 @@ class EntityCell:
 
     # -- API used by the registry ----------------------------------------------------------
 
-    def submit(self, command: Any) -> asyncio.Future[Any]:
+    def submit(self, command: Any, *, timed: bool = False) -> asyncio.Future[Any]:
+        """Queue ``command``; with ``timed`` the reply is a :class:`TimedReply`."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Command(command, fut))
+        self._queue.append(_Command(command, fut, timed=timed))
         self.last_used = time.monotonic()
         self._wake.set()
         return fut
@@ -161,6 +165,7 @@ class EntityCell:
     async def _recover(self) -> bool:
         try:
             await recover(self.entity, self._journal, self._settings)
+            await complete_route_marks(self.entity, self._journal)
         except RecoveryFailed as e:
             self._fail_recovery(e)
             return False
@@ -198,9 +203,12 @@ class EntityCell:
 
     async def _handle(self, cmd: _Command) -> _Command | None:
         """Run the command handler; return the command if it has events to write."""
+        if isinstance(cmd.command, RoutedDelivery) and not self.state_sync:
+            await self._drain_writer()  # the dedupe check needs every earlier write applied
         collected, token = begin_command(self.entity)
         try:
-            reply = self.entity.current_command_handler()(cmd.command)
+            handler = routed_handler(self.entity, cmd.command) or self.entity.current_command_handler()
+            reply = handler(cmd.command)
             if inspect.isawaitable(reply):
                 reply = await reply
         except Exception as e:
@@ -236,7 +244,7 @@ class EntityCell:
         except Exception as e:
             cmd.future.set_exception(e)
         else:
-            cmd.future.set_result(value)
+            cmd.future.set_result(TimedReply(value, vector_time_of(self.entity)) if cmd.timed else value)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -259,10 +267,13 @@ class EntityCell:
     async def _write(self, batch: list[_Command]) -> None:
         events: list[Any] = []
         dests: list[tuple[str, ...]] = []
+        routed: dict[int, tuple[str, int]] = {}
         for cmd in batch:
             assert cmd.collected is not None
+            routed.update({len(events) + i: src for i, src in cmd.collected.routed.items()})
             events.extend(cmd.collected.events)
             dests.extend(cmd.collected.destinations)
+        marks = route_marks(self.entity)
         expected = self.entity.sequence_nr
         try:
             self._breaker.check()
@@ -275,7 +286,7 @@ class EntityCell:
                 events,
                 expected_seq_nr=expected,
                 tags=self.entity.tags,
-                metadata=routes_metadata(expected + 1, dests),
+                metadata=routes_metadata(expected + 1, dests, routed, marks.after(routed.values())),
             )
             self._breaker.record_success()
         except SequenceConflict as e:
@@ -289,7 +300,7 @@ class EntityCell:
                 return
             log.warning("write of %s interrupted (%s): resolving its outcome", self.persistence_id, e)
             try:
-                envs = await self._resolve(expected, len(events))
+                envs = await self._resolve(expected, events, routes_metadata(expected + 1, dests))
             except SequenceConflict as c:
                 self._conflict(batch, c)
                 return
@@ -350,39 +361,30 @@ class EntityCell:
                 "snapshot of %s failed (recovery will replay more events)", self.persistence_id
             )
 
-    async def _resolve(self, expected: int, n: int) -> list[EventEnvelope]:
-        """Learn whether an interrupted write committed; retry (reads only) until known.
-
-        Our rows at ``expected+1..expected+n`` written by this journal's writer id: it did.
-        Nothing there and the highest is still ``expected``: it did not (JournalUnavailable with
-        ``outcome_unknown=False``). Someone else's rows: SequenceConflict.
-        """
+    async def _resolve(self, expected: int, events: list[Any], metadata: Any) -> list[EventEnvelope]:
+        """Learn whether an interrupted write committed (:meth:`Journal.resolve_persist`);
+        retry (reads only) until known."""
         pid = self.persistence_id
         delay = self._settings.breaker_reset_timeout / 4
         while True:
             try:
-                envs = [
-                    e
-                    async for e in self._journal.current_events_by_persistence_id(
-                        pid, expected + 1, expected + n
-                    )
-                ]
-                highest = await self._journal.highest_seq_nr(pid)
+                envs = await self._journal.resolve_persist(
+                    pid, events, expected_seq_nr=expected, tags=self.entity.tags, metadata=metadata
+                )
             except JournalUnavailable as e:
+                if not e.outcome_unknown:
+                    self._breaker.record_success()
+                    raise
                 self._breaker.record_failure()
                 log.warning("outcome of the write of %s still unknown (%s)", pid, e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._settings.resolve_max_backoff)
                 continue
+            except SequenceConflict:
+                self._breaker.record_success()
+                raise
             self._breaker.record_success()
-            if len(envs) == n and all(e.writer == self._journal.writer_id for e in envs):
-                return envs
-            if not envs and highest == expected:
-                raise JournalUnavailable(
-                    f"write of {pid!r} failed: not stored (checked once the database answered)",
-                    outcome_unknown=False,
-                )
-            raise SequenceConflict(pid, expected, "another writer stored these sequence numbers")
+            return envs
 
     def _conflict(self, batch: list[_Command], e: SequenceConflict) -> None:
         """Our view of the pid is stale: fail these and every handled-unwritten command, restart."""

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from ..envelope import EventEnvelope
 from ..errors import EntityError, InvalidArgument, PersistNotAllowed
 from ..ids import persistence_id_of, validate_persistence_id
-from .routing import destinations_of
+from .routing import destinations_of, route_marks, routed_from
 
 S = TypeVar("S")
 
@@ -39,6 +39,8 @@ class Collected:
     unstash: bool = False
     behaviours: list[CommandHandler | None] = field(default_factory=list)
     """become (a handler) and unbecome (None) calls, applied in order if the handler succeeds."""
+    routed: dict[int, tuple[str, int]] = field(default_factory=dict)
+    """Index in ``events`` -> (source pid, source seq_nr) of the routed copies (delivery.py)."""
 
 
 _current: contextvars.ContextVar[Collected | None] = contextvars.ContextVar(
@@ -72,6 +74,11 @@ class EventContext:
     def destinations(self) -> tuple[str, ...]:
         """The extra aggregate ids the event was routed to."""
         return destinations_of(self.envelope)
+
+    @property
+    def routed_from(self) -> tuple[str, int] | None:
+        """(source pid, source seq_nr) when the event was routed here from another entity."""
+        return routed_from(self.envelope)
 
     @property
     def db_timestamp(self) -> datetime:
@@ -293,6 +300,7 @@ def apply_event(entity: Entity[S], envelope: EventEnvelope, *, replay: bool) -> 
         entity.state = entity.on_event(entity.state, envelope.event)
     finally:
         entity._event = None
+    route_marks(entity).note(envelope)
 
 
 def set_sequence_nr(entity: Entity[Any], seq_nr: int) -> None:

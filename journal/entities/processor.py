@@ -22,7 +22,7 @@ from typing import Any
 
 from ..bulk import Write, Written
 from ..envelope import EventEnvelope
-from ..errors import JournalError
+from ..errors import EntityError, JournalError
 from ..ids import persistence_id_of, validate_entity_type
 from ..journal import Journal
 from .writer import Writer
@@ -87,7 +87,7 @@ class Processor(Writer):
         for source_pid, outs in todo.items():
             expected = self._target_seq.get(source_pid)
             if expected is None:
-                raise RuntimeError(f"processor {self.processor_id!r}: write for {source_pid!r} before read()")
+                raise EntityError(f"processor {self.processor_id!r}: write for {source_pid!r} before read()")
             meta = {"processor": self.processor_id, PROGRESS_KEY: progress[source_pid]}
             writes.append(Write(self.target_pid(source_pid), outs, expected, metadata=meta))
         self.before_write()

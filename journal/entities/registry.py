@@ -10,14 +10,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable
+from ..ids import entity_type_of, validate_persistence_id
 from ..journal import Journal
 from ..settings import EntitySettings
 from .cell import EntityCell
 from .circuit_breaker import CircuitBreaker
+from .conditional import TimedReply, as_vector_time, check_timeout, wait_until_seen
+from .delivery import RoutedDelivery, RoutedEvent
 from .entity import Entity
+from .routing import route_marks, seen_by
 
 log = logging.getLogger("journal.entities")
 
@@ -58,14 +63,85 @@ class EntityRegistry:
             self.journal.serializers.register_type(t)
         return cls
 
-    async def ask(self, cls: type[Entity[Any]], entity_id: str, command: Any) -> Any:
+    async def ask(
+        self,
+        cls: type[Entity[Any]],
+        entity_id: str,
+        command: Any,
+        *,
+        after: Mapping[str, int] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (bounds the wait for ``after`` only)
+    ) -> Any:
         """Send ``command`` to the entity and return its reply (or raise its error).
+
+        ``after`` (a conditional request): a vector time (e.g. ``ask_timed(...).vector_time`` of
+        another write); the command runs only once the entity has seen it (its own events and
+        the routed events it received), waiting at most ``timeout`` seconds (default 10).
 
         Raises what the command handler raised; :class:`SequenceConflict` when another process
         wrote the pid first (the entity restarts from the journal; retrying is safe);
         :class:`RecoveryFailed`; :class:`JournalUnavailable` (``CircuitBreakerOpen`` at once
-        while the breaker is open; ``outcome_unknown`` is never True: outcomes are resolved).
+        while the breaker is open; ``outcome_unknown`` is never True: outcomes are resolved);
+        :class:`ConditionTimeout` when ``after`` was not seen in time (the command did not run).
         """
+        cell = await self._ready_cell(cls, entity_id, after, timeout)
+        return await cell.submit(command)
+
+    async def ask_timed(
+        self,
+        cls: type[Entity[Any]],
+        entity_id: str,
+        command: Any,
+        *,
+        after: Mapping[str, int] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (bounds the wait for ``after`` only)
+    ) -> TimedReply[Any]:
+        """:meth:`ask`, returning the reply with the vector time of the state it was computed on
+        (after the command's events): pass ``.vector_time`` as ``after`` to a view or entity to
+        read this write there. Raises as :meth:`ask`."""
+        cell = await self._ready_cell(cls, entity_id, after, timeout)
+        reply: TimedReply[Any] = await cell.submit(command, timed=True)
+        return reply
+
+    async def deliver_routed(self, destination: str, events: Sequence[RoutedEvent]) -> int:
+        """Deliver routed events (in source order) to the entity ``destination`` (a pid of a
+        registered entity type), exactly once: events it already holds are dropped. Returns how
+        many were new. Used by :class:`~journal.entities.router.EventRouter`.
+
+        Raises:
+            ConfigurationError: no entity class is registered for the destination's type.
+            JournalError: as :meth:`ask` (retrying is safe: copies already held are dropped).
+        """
+        validate_persistence_id(destination)
+        cls = self._types.get(entity_type_of(destination))
+        if cls is None:
+            raise ConfigurationError(
+                f"routed event for {destination!r}: no entity class registered for its entity type"
+            )
+        entity_id = destination.partition("|")[2]
+        accepted: int = await self._cell(cls, entity_id).submit(RoutedDelivery(tuple(events)))
+        return accepted
+
+    async def _ready_cell(
+        self, cls: type[Entity[Any]], entity_id: str, after: Mapping[str, int] | None, wait: float | None
+    ) -> EntityCell:
+        wanted = as_vector_time(after)
+        limit = check_timeout(wait)
+        cell = self._cell(cls, entity_id)
+        if wanted:
+
+            def seen() -> dict[str, int]:
+                current = self._cells.get(cell.persistence_id, cell)
+                return seen_by(current.entity) if current.recovered.is_set() else {}
+
+            def changed(within: float) -> Any:
+                return route_marks(self._cells.get(cell.persistence_id, cell).entity).changed(within)
+
+            await wait_until_seen(cell.persistence_id, seen, changed, wanted, limit)
+            cell = self._cell(cls, entity_id)  # passivated meanwhile: a fresh one
+        return cell
+
+    def _cell(self, cls: type[Entity[Any]], entity_id: str) -> EntityCell:
         if self._closed:
             raise JournalUnavailable("the entity registry is closed")
         if cls.entity_type not in self._types:
@@ -80,7 +156,7 @@ class EntityRegistry:
             )
             self._cells[pid] = cell
             self._ensure_reaper()
-        return await cell.submit(command)
+        return cell
 
     def is_active(self, cls: type[Entity[Any]], entity_id: str) -> bool:
         return f"{cls.entity_type}|{entity_id}" in self._cells

@@ -21,13 +21,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import asyncpg
-
 from ..envelope import EventEnvelope
-from ..errors import ConfigurationError, InvalidArgument
+from ..errors import ConfigurationError
 from ..ids import slice_for, validate_slice_range
-from ..postgres.dsn import asyncpg_dsn
-from ..settings import JournalSettings
 
 
 class Writer(ABC):
@@ -103,25 +99,3 @@ class WriterHandler:
                 raise
             self.progress.update(new)
             self.batches = [*self.batches[-999:], len(chunk)]
-
-
-async def processed_up_to(settings: JournalSettings, name: str, targets: Mapping[str, int]) -> bool:
-    """True when projection ``name`` has committed offsets for ``targets`` (pid -> seq_nr) or beyond.
-
-    A catch-up check for tools and tests (e.g. run a writer until it is caught up, then stop).
-    """
-    from projections.postgres_store import ProjectionSql
-
-    dsn = settings.connection.dsn
-    if dsn is None:
-        raise InvalidArgument("processed_up_to needs settings with a DSN")
-    sql = ProjectionSql(settings.schema)
-    conn = await asyncpg.connect(asyncpg_dsn(dsn))
-    try:
-        for pid, seq_nr in targets.items():
-            stored = await sql.load_pid(conn, name, slice_for(pid), pid)
-            if stored is None or stored[0] < seq_nr:
-                return False
-        return True
-    finally:
-        await conn.close()

@@ -26,10 +26,10 @@ from ..replication.vector_time import VectorTime
 from ..serialization import Serialized
 from ..settings import validate_identifier
 from . import recovery_guard
-from .backend import PostgresBackend
 from .replicated_insert import WAIT_FOR_CLOCK, insert_replicated
 from .statements import SLICE_GROUP_SIZE
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
+from .writes import PostgresWrites
 
 SEQUENCE_RACE_ATTEMPTS = 3
 """Writes of a replicated batch that lost its sequence numbers to a local write, before giving up."""
@@ -178,7 +178,7 @@ def _dump(vt: VectorTime) -> str:
 class PostgresReplicationStore:
     """The replicated logs of one location in one journal database (log name = entity type)."""
 
-    def __init__(self, backend: PostgresBackend, location: str) -> None:
+    def __init__(self, backend: PostgresWrites, location: str) -> None:
         self.backend = backend
         self.location = location
         self.sql = ReplicationStatements(backend.settings.schema)

@@ -8,16 +8,19 @@ import json
 import logging
 from collections.abc import Sequence
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 import asyncpg
 
-from ..backend import WriteCheck, WriteRequest, WriteResult, Written, check_rows
+from ..backend import Found, WriteCheck, WriteRequest, WriteResult, check_rows
 from ..buckets import bucket_millis
+from ..columns import WriteColumns
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict
 from ..serialization import JSON_SERIALIZER_ID
 from .connections import PostgresConnections, PostgresPart
 from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, with_retries, write_error
+from .known_insert import KnownSeqInsert
 from .statements import SLICE_GROUP_SIZE
 from .tag_statements import TagStatements
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
@@ -38,6 +41,7 @@ class PostgresWrites(PostgresPart):
         self._insert = self.sql.insert_events(on_conflict_do_nothing=False, notify=self._notify)
         self._insert_probe = self.sql.insert_events(on_conflict_do_nothing=True, notify=self._notify)
         self._insert_one = self.sql.insert_one(notify=self._notify)
+        self._known = KnownSeqInsert(self.sql, notify=self._notify)
         tag_sql = TagStatements(settings.schema)
         bucket = self.sql.tag_bucket_param(self._notify)
         self._insert_tagged = self.sql.insert_events_tagged(
@@ -113,7 +117,7 @@ class PostgresWrites(PostgresPart):
         )
 
     async def write_batch(
-        self, requests: Sequence[WriteRequest], *, interruptions: int = 0
+        self, requests: Sequence[WriteRequest], *, interruptions: int = 0, interrupted: bool = False
     ) -> list[WriteResult | Exception]:
         """One multi-row statement for the whole batch; conflicts isolate the failing calls.
 
@@ -121,7 +125,17 @@ class PostgresWrites(PostgresPart):
         run in a rolled-back transaction (ON CONFLICT DO NOTHING) finds which calls conflict;
         those fail with SequenceConflict and the rest are written again. If the connection breaks
         mid-statement, the calls found not written are sent again (a bounded number of times).
+
+        A batch whose every call names its expected_seq_nr is first sent as the optimistic
+        insert (:mod:`.known_insert`); only if that writes nothing (a conflict) is the general
+        statement run. ``interrupted``: the batch was sent once and its connection broke (and its
+        server process has settled): resolve its outcome from the rows before sending anything.
         """
+        if not interrupted and interruptions == 0 and len(requests) > 1 and self._known.accepts(requests):
+            optimistic = await self._insert_known(requests)
+            if isinstance(optimistic, datetime):
+                return [WriteResult(r.expected_seq_nr + 1, optimistic) for r in requests]  # type: ignore[operator]
+            interrupted = optimistic is _Unwritten.INTERRUPTED
         results: dict[int, WriteResult | Exception] = {}
         pending = list(range(len(requests)))
         for _ in range(8):
@@ -129,7 +143,11 @@ class PostgresWrites(PostgresPart):
                 break
             batch = [requests[i] for i in pending]
             try:
-                written, resend = await self._insert_batch(batch)
+                if interrupted:
+                    interrupted = False
+                    written, resend = await self._resolve_unknown(batch)
+                else:
+                    written, resend = await self._insert_batch(batch)
             except asyncpg.exceptions.PostgresError as e:
                 if isinstance(e, asyncpg.exceptions.UniqueViolationError) and len(pending) == 1:
                     results[pending[0]] = _conflict(batch[0], "another writer took these sequence numbers")
@@ -203,6 +221,55 @@ class PostgresWrites(PostgresPart):
             out.extend(await self.write_batch([r]))
         return out
 
+    async def write_columns(self, columns: WriteColumns) -> datetime | list[WriteResult | Exception]:
+        """Write calls given as columns (see :class:`~journal.columns.WriteColumns`): the
+        optimistic insert, with no object per call; returns the timestamp every call got. If it
+        wrote nothing (a conflict) or its outcome is unknown, the calls are built and go through
+        :meth:`write_batch`, which isolates or resolves them; returns its per-call results."""
+        got = await self._insert_known(columns)
+        if isinstance(got, datetime):
+            return got
+        return await self.write_batch(columns.requests(), interrupted=got is _Unwritten.INTERRUPTED)
+
+    async def _take_writer(self) -> asyncpg.Connection:
+        """A write connection; failures to get one are retried with backoff (transient only)."""
+        delays = iter(backoff_delays(self.settings.retry))
+        while True:
+            try:
+                return await self.conns.writers.take()
+            except Exception as e:
+                delay = next(delays, None)
+                if not is_transient(e):
+                    raise
+                if delay is None:
+                    raise _unavailable("write", e) from e
+                await asyncio.sleep(delay)
+
+    async def _insert_known(self, batch: Sequence[WriteRequest] | WriteColumns) -> datetime | _Unwritten:
+        """The optimistic insert: its timestamp when every call was written; NOTHING when nothing
+        was written (the check failed, or the database refused a row); INTERRUPTED when the
+        connection broke once the statement was sent (its server process has settled since)."""
+        stmt, params = self._known.statement(batch, self.writer_id)
+        conn = await self._take_writer()
+        server_pid = conn.get_server_pid()
+        try:
+            row = await conn.fetchrow(stmt, *params)
+        except Exception as e:
+            if not is_transient(e):
+                self._release(conn)
+                return _Unwritten.NOTHING
+            self._release(conn, broken=True)
+            log.warning("write interrupted (%s), resolving its outcome", e)
+            await self._wait_until_settled(server_pid)
+            return _Unwritten.INTERRUPTED
+        except BaseException:  # cancelled mid-statement: the connection's state is unknown
+            self._release(conn, broken=True)
+            raise
+        self._release(conn)
+        assert row is not None
+        ts: datetime = row[0]
+        return ts if row[1] == 0 else _Unwritten.NOTHING
+
     async def _insert_batch(self, batch: Sequence[WriteRequest]) -> tuple[dict[str, _Written], list[WriteRequest]]:
         """The atomic autocommit insert, with the database's outcome made known.
 
@@ -211,34 +278,23 @@ class PostgresWrites(PostgresPart):
         (:meth:`_resolve_unknown`): returns the calls written, and those known not to be written.
         """
         stmt, params = self._statement(batch, probe=False)
-        delays = iter(backoff_delays(self.settings.retry))
-        while True:
-            try:
-                conn = await self.conns.writers.take()
-            except Exception as e:
-                delay = next(delays, None)
-                if not is_transient(e):
-                    raise
-                if delay is None:
-                    raise _unavailable("write", e) from e
-                await asyncio.sleep(delay)
-                continue
-            server_pid = conn.get_server_pid()
-            try:
-                rows = await conn.fetch(stmt, *params)
-            except Exception as e:
-                if not is_transient(e):
-                    self._release(conn)
-                    raise
-                self._release(conn, broken=True)
-                log.warning("write interrupted (%s), resolving its outcome", e)
-                await self._wait_until_settled(server_pid)
-                return await self._resolve_unknown(batch)
-            except BaseException:  # cancelled mid-statement: the connection's state is unknown
-                self._release(conn, broken=True)
+        conn = await self._take_writer()
+        server_pid = conn.get_server_pid()
+        try:
+            rows = await conn.fetch(stmt, *params)
+        except Exception as e:
+            if not is_transient(e):
+                self._release(conn)
                 raise
-            self._release(conn)  # the write is done, whatever happens to the connection now
-            return _by_pid(rows), []
+            self._release(conn, broken=True)
+            log.warning("write interrupted (%s), resolving its outcome", e)
+            await self._wait_until_settled(server_pid)
+            return await self._resolve_unknown(batch)
+        except BaseException:  # cancelled mid-statement: the connection's state is unknown
+            self._release(conn, broken=True)
+            raise
+        self._release(conn)  # the write is done, whatever happens to the connection now
+        return _by_pid(rows), []
 
     async def _probe_batch(self, batch: Sequence[WriteRequest]) -> dict[str, _Written]:
         """Which calls would be written in full? (ON CONFLICT DO NOTHING, always rolled back.)"""
@@ -304,10 +360,10 @@ class PostgresWrites(PostgresPart):
                 got = await self.check_write(r)
             except JournalUnavailable as e:
                 raise JournalUnavailable(str(e), outcome_unknown=True) from e
-            if got.outcome is Written.WRITTEN:
+            if got.outcome is Found.WRITTEN:
                 assert got.db_timestamp is not None
                 out[r.persistence_id] = (r.expected_seq_nr + 1, len(r.events), got.db_timestamp)
-            elif got.outcome is Written.NOT_WRITTEN:
+            elif got.outcome is Found.NOT_WRITTEN:
                 resend.append(r)
             # else: another writer's rows are there: the call is reported as a conflict
         return out, resend
@@ -344,6 +400,13 @@ class PostgresWrites(PostgresPart):
                     await conn.execute(self.sql.tombstone, persistence_id, upto)
 
         await with_retries("delete events", self.settings.retry, op)
+
+
+class _Unwritten(Enum):
+    """Why the optimistic insert did not report every call written."""
+
+    NOTHING = "nothing written"
+    INTERRUPTED = "connection broke mid-statement: outcome to be resolved"
 
 
 _Written = tuple[int, int, datetime]

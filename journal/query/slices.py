@@ -31,6 +31,25 @@ from .slice_query import SliceQueryState, poll_delay
 
 log = logging.getLogger("journal.query.slices")
 
+def envelope_of(
+    r: StoredEvent, serializers: SerializerRegistry, offset: TimestampOffset | SeqOffset, source: str = "query"
+) -> EventEnvelope:
+    """A stored row as an envelope, its payload deserialized (the one decoder of StoredEvent;
+    positional construction, no per-row string building). A payload-free row gives
+    ``event=None``; an unreadable one a SerializationError naming ``pid#seq_nr``."""
+    deserialize = serializers.deserialize
+    try:
+        event = deserialize(r.ser_id, r.ser_manifest, r.payload) if r.payload is not None else None
+        m = r.meta
+        meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None else None
+    except SerializationError as e:
+        raise SerializationError(f"{r.persistence_id}#{r.seq_nr}: {e}") from e
+    return EventEnvelope(
+        r.persistence_id, r.entity_type, r.slice, r.seq_nr, r.db_timestamp, event, offset,
+        r.tags, meta, r.writer, r.payload is not None, source,
+    )  # fmt: skip
+
+
 class SliceQueries:
     """Slice queries of one journal: shares one horizon and one notification listener."""
 
@@ -70,18 +89,7 @@ class SliceQueries:
     def envelope(
         self, r: StoredEvent, offset: TimestampOffset | SeqOffset, source: str = "query"
     ) -> EventEnvelope:
-        """One envelope (the hot path: positional construction, no per-row string building)."""
-        deserialize = self.serializers.deserialize
-        try:
-            event = deserialize(r.ser_id, r.ser_manifest, r.payload) if r.payload is not None else None
-            m = r.meta
-            meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None else None
-        except SerializationError as e:
-            raise SerializationError(f"{r.persistence_id}#{r.seq_nr}: {e}") from e
-        return EventEnvelope(
-            r.persistence_id, r.entity_type, r.slice, r.seq_nr, r.db_timestamp, event, offset,
-            r.tags, meta, r.writer, r.payload is not None, source,
-        )  # fmt: skip
+        return envelope_of(r, self.serializers, offset, source)
 
     @staticmethod
     def heartbeat(entity_type: str, min_slice: int, offset: TimestampOffset) -> EventEnvelope:

@@ -13,6 +13,8 @@ import logging
 import threading
 from pathlib import Path
 
+from journal.errors import SparkSetupError
+
 log = logging.getLogger("projections.spark.bridge")
 
 _bridges: dict[Path, int] = {}
@@ -60,6 +62,9 @@ def tcp_bridge(socket_path: Path) -> int:
         t.start()
         started.wait(10)
         if not port_box:
-            raise RuntimeError("the TCP bridge did not start")
+            raise SparkSetupError(
+                f"the TCP bridge to the database socket {socket_path} did not start within 10 s: "
+                "give Spark a TCP DSN (host and port) instead"
+            )
         _bridges[socket_path] = port_box[0]
         return port_box[0]

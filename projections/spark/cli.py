@@ -1,4 +1,5 @@
-"""``projections spark-backfill`` and ``projections spark-export`` (registered on the app).
+"""``projections spark-backfill`` and ``projections spark-export``: :func:`register` adds them to
+the ``projections`` app (this module does not import that app: it sits below it).
 
 Importing this module does not import pyspark: the commands do, when they run.
 """
@@ -13,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..cli import DataDirOption, DsnOption, SchemaOption, app
+from journal.cli.common import DataDirOption, DsnOption, SchemaOption
 
 EntityTypeOption = Annotated[str, typer.Option("--entity-type", help="Entity type whose events are read.")]
 PartitionsOption = Annotated[
@@ -54,7 +55,6 @@ def _say(msg: str) -> None:
     typer.echo(msg, err=not sys.stdout.isatty())
 
 
-@app.command("spark-backfill")
 def spark_backfill(
     name: Annotated[str, typer.Argument(help="Projection name (the one `projections run` uses).")],
     entity_type: EntityTypeOption,
@@ -95,7 +95,6 @@ def spark_backfill(
     _say(f"continue with: projections run {r.name} --entity-type {entity_type} --handler <module:handler>")
 
 
-@app.command("spark-export")
 def spark_export(
     entity_type: EntityTypeOption,
     out: Annotated[Path, typer.Option("--out", help="Output directory (Parquet).")],
@@ -135,3 +134,9 @@ def spark_export(
         f"exported {rows} events of {entity_type} in {sp.partitions} partitions to {out} "
         f"(by {by}), {time.monotonic() - started:.1f} s"
     )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``spark-backfill`` and ``spark-export`` to ``app`` (the ``projections`` command line)."""
+    app.command("spark-backfill")(spark_backfill)
+    app.command("spark-export")(spark_export)

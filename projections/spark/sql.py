@@ -92,6 +92,10 @@ def create_like(schema: str, target: str, staging: str, key: Sequence[str]) -> s
     return f"CREATE TABLE IF NOT EXISTS {t} (LIKE {s}{pk})"
 
 
+def count_rows(schema: str, table: str) -> str:
+    return f"SELECT count(*) FROM {qualified(schema, table)}"
+
+
 def drop_table(schema: str, table: str) -> str:
     return f"DROP TABLE IF EXISTS {qualified(schema, table)}"
 

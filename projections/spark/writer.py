@@ -80,7 +80,7 @@ async def swap_from_staging(
         try:
             async with conn.transaction():
                 await conn.execute(sql.create_like(source.schema, table, staging, key))
-                rows = int(await conn.fetchval(f"SELECT count(*) FROM {sql.qualified(source.schema, staging)}"))
+                rows = int(await conn.fetchval(sql.count_rows(source.schema, staging)))
                 stmts = (
                     sql.replace_from_staging(source.schema, table, staging, columns)
                     if mode == "replace"

@@ -1,7 +1,8 @@
 """The demo application: shopping carts written concurrently, projected into a read model.
 
 Used by ``journal demo``; also a worked example of a grouped exactly-once handler. The read
-model is the application's own tables (created here), written in the offset transaction.
+model is the application's own tables (their SQL in :mod:`projections.demo.statements`),
+written in the offset transaction.
 """
 
 from __future__ import annotations
@@ -20,15 +21,7 @@ from journal.envelope import EventEnvelope
 from journal.errors import SequenceConflict
 from journal.journal import Journal
 
-READ_MODEL_DDL = """
-CREATE TABLE IF NOT EXISTS demo_cart_projected (
-  entity_type TEXT NOT NULL, persistence_id TEXT NOT NULL, seq_nr BIGINT NOT NULL,
-  db_timestamp TIMESTAMPTZ NOT NULL, projected_at TIMESTAMPTZ NOT NULL);
-CREATE INDEX IF NOT EXISTS demo_cart_projected_idx ON demo_cart_projected (entity_type);
-CREATE TABLE IF NOT EXISTS demo_cart_view (
-  persistence_id TEXT PRIMARY KEY, entity_type TEXT NOT NULL, quantity BIGINT NOT NULL,
-  events BIGINT NOT NULL, checked_out BOOLEAN NOT NULL);
-"""
+from . import statements
 
 
 def cart_event(rng: random.Random, events_so_far: int) -> dict[str, Any]:
@@ -58,9 +51,7 @@ class CartState:
 async def project_carts(conn: asyncpg.Connection, envelopes: Sequence[EventEnvelope]) -> None:
     """Grouped exactly-once handler: one transaction with the offsets (called by the runner)."""
     await conn.execute(
-        """INSERT INTO demo_cart_projected (entity_type, persistence_id, seq_nr, db_timestamp, projected_at)
-SELECT u.e, u.p, u.n, u.t, clock_timestamp() FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[])
-  AS u(e, p, n, t)""",
+        statements.INSERT_PROJECTED,
         [e.entity_type for e in envelopes],
         [e.persistence_id for e in envelopes],
         [e.seq_nr for e in envelopes],
@@ -73,11 +64,7 @@ SELECT u.e, u.p, u.n, u.t, clock_timestamp() FROM unnest($1::text[], $2::text[],
         types[e.persistence_id] = e.entity_type
     pids = sorted(delta)
     await conn.execute(
-        """INSERT INTO demo_cart_view (persistence_id, entity_type, quantity, events, checked_out)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::bool[])
-ON CONFLICT (persistence_id) DO UPDATE SET quantity = demo_cart_view.quantity + EXCLUDED.quantity,
-  events = demo_cart_view.events + EXCLUDED.events,
-  checked_out = demo_cart_view.checked_out OR EXCLUDED.checked_out""",
+        statements.UPSERT_VIEW,
         pids,
         [types[p] for p in pids],
         [delta[p].quantity for p in pids],
@@ -87,7 +74,12 @@ ON CONFLICT (persistence_id) DO UPDATE SET quantity = demo_cart_view.quantity + 
 
 
 async def prepare(conn: asyncpg.Connection) -> None:
-    await conn.execute(READ_MODEL_DDL)
+    await conn.execute(statements.READ_MODEL_DDL)
+
+
+async def projected_count(conn: asyncpg.Connection, entity_type: str) -> int:
+    """Events of ``entity_type`` in the read model so far (with duplicates, were there any)."""
+    return int(await conn.fetchval(statements.COUNT_PROJECTED, entity_type))
 
 
 class CartWorkload:
@@ -187,23 +179,15 @@ async def verify(journal: Journal, conn: asyncpg.Connection, entity_type: str) -
             st.apply(e.event)
             journal_keys.add((pid, e.seq_nr))
         expected[pid] = st
-    rows = await conn.fetch(
-        "SELECT persistence_id, seq_nr FROM demo_cart_projected WHERE entity_type = $1", entity_type
-    )
+    rows = await conn.fetch(statements.PROJECTED_KEYS, entity_type)
     projected = [(r[0], r[1]) for r in rows]
     distinct = set(projected)
     view = {
         r["persistence_id"]: CartState(r["quantity"], r["events"], r["checked_out"])
-        for r in await conn.fetch("SELECT * FROM demo_cart_view WHERE entity_type = $1", entity_type)
+        for r in await conn.fetch(statements.VIEW_ROWS, entity_type)
     }
     mismatches = sum(1 for pid, st in expected.items() if view.get(pid) != st) + len(set(view) - set(expected))
-    lat: Any = await conn.fetchrow(
-        """SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM projected_at - db_timestamp)) p50,
-  percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM projected_at - db_timestamp)) p99,
-  max(extract(epoch FROM projected_at - db_timestamp)) mx
-FROM demo_cart_projected WHERE entity_type = $1""",
-        entity_type,
-    )
+    lat: Any = await conn.fetchrow(statements.LATENCIES, entity_type)
     return Verification(
         written=len(journal_keys),
         projected_rows=len(projected),

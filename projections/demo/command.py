@@ -1,5 +1,9 @@
 """``journal demo``: carts written concurrently, projected by worker processes that are killed,
-restarted and rescaled mid-run; then the read model is verified against a journal replay."""
+restarted and rescaled mid-run; then the read model is verified against a journal replay.
+
+:func:`register` adds the command to the ``journal`` app; it is found through the
+``slice_journal.cli`` entry-point group (see :mod:`journal.cli`).
+"""
 
 from __future__ import annotations
 
@@ -15,11 +19,14 @@ from typing import Annotated, Any
 
 import typer
 
-from . import app
-from .common import DataDirOption, DsnOption, SchemaOption, settings_from, target_dsn
+from journal.cli.common import DataDirOption, DsnOption, SchemaOption, settings_from, target_dsn
 
 
-@app.command()
+def register(app: typer.Typer) -> None:
+    """Add ``demo`` to ``app`` (the ``journal`` command line)."""
+    app.command("demo")(demo)
+
+
 def demo(
     dsn: DsnOption = None,
     schema: SchemaOption = None,
@@ -32,7 +39,7 @@ def demo(
     writers: Annotated[int, typer.Option(min=1, help="Concurrent writer tasks.")] = 50,
 ) -> None:
     """Write, project across processes (kill one, restart, rescale), verify: exit 1 on any loss or double."""
-    from ..postgres import migrations
+    from journal.postgres import migrations
 
     settings = settings_from(schema, data_dir)
     target, embedded = target_dsn(dsn, settings)
@@ -52,10 +59,10 @@ async def _demo(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from projections.demo_cart import CartWorkload, prepare, verify
+    from journal.journal import open_journal
+    from journal.postgres.dsn import asyncpg_dsn
 
-    from ..journal import open_journal
-    from ..postgres.dsn import asyncpg_dsn
+    from .cart import CartWorkload, prepare, projected_count, verify
 
     console = Console()
     run_id = uuid.uuid4().hex[:8]
@@ -78,7 +85,7 @@ async def _demo(
         log = open(logdir / f"worker-{started}.log", "wb")  # noqa: ASYNC230
         p = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "projections", "run", name, "--entity-type", entity_type,
-            "--handler", "projections.demo_cart:project_carts", "--mode", "grouped",
+            "--handler", "projections.demo.cart:project_carts", "--mode", "grouped",
             "--dsn", dsn, "--no-progress", stdout=log, stderr=log, env=env,
         )  # fmt: skip
         procs.append(p)
@@ -96,9 +103,7 @@ async def _demo(
         load = asyncio.create_task(workload.run())
 
         async def projected() -> int:
-            return int(
-                await conn.fetchval("SELECT count(*) FROM demo_cart_projected WHERE entity_type = $1", entity_type)
-            )
+            return await projected_count(conn, entity_type)
 
         async def script() -> None:
             await asyncio.sleep(duration * 0.3)

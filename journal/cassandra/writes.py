@@ -1,0 +1,183 @@
+"""Writes on Cassandra: the events of one call in one batch to one (persistence_id, partition_nr)
+partition (:class:`~.partitions.PartitionLayout` says which); with ``single_writer_check`` the
+batch is a lightweight transaction on that partition's static ``highest_sequence_nr``, so a second
+writer of the same numbers gets SequenceConflict and nothing of its call is stored. Tag rows go
+through the tag writers, composed above the seam and handed in (:class:`~journal.backend.TagRowWriter`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from ..backend import TaggedEvent, TagRowWriter, WriteCheck, WriteRequest, WriteResult, check_rows
+from ..buckets import bucket_of
+from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict, UnsupportedOperation
+from ..timeuuid import datetime_of, new_timeuuid
+from .connections import CassandraConnections, execute
+from .reads import CassandraReads
+
+KNOWN_STATES = 10_000
+"""Pids whose write state this journal remembers after writing them (least recently written
+forgotten first): their next call needs no read. A stale state is safe with the single-writer
+check (the lightweight transaction fails: SequenceConflict); without it one writer per pid is
+assumed anyway."""
+
+
+class WriteState(NamedTuple):
+    """A pid's highest stored number, and the ``highest_sequence_nr`` static column of the
+    partition its next call goes to (None: not set), as read before a write."""
+
+    highest: int
+    guard: int | None
+
+
+class CassandraWrites(CassandraReads):
+    """Event writes and deletes; remembers the write state of the pids it wrote last."""
+
+    tag_writers: TagRowWriter
+    """Set by the backend (the factory makes them over its tag store)."""
+
+    def __init__(self, conns: CassandraConnections) -> None:
+        super().__init__(conns)
+        self.writer_id = conns.settings.write.writer_id or str(uuid.uuid4())
+        self.write_cl = conns.write_cl
+        self._states: OrderedDict[str, WriteState] = OrderedDict()
+        self._pid_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._unlisted: set[str] = set()  # pids whose all_persistence_ids row may be missing
+
+    def forget(self, persistence_id: str) -> None:
+        """Drop what this journal remembers of the pid's write state (its events were removed
+        behind the journal's back, by the cleanup tool): the next call reads it again."""
+        self._states.pop(persistence_id, None)
+
+    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+        results = await asyncio.gather(*(self._write_one(r) for r in requests), return_exceptions=True)
+        return [r if isinstance(r, WriteResult | Exception) else JournalUnavailable(str(r)) for r in results]
+
+    async def _write_one(self, r: WriteRequest) -> WriteResult:
+        """One call: the pid's calls one at a time (in this journal), each from the state the last
+        one left (read from the table when unknown, or when ``expected_seq_nr`` disagrees)."""
+        pid = r.persistence_id
+        self._check_size(r)
+        lock = self._pid_locks.setdefault(pid, asyncio.Lock())
+        async with lock:
+            state = self._states.pop(pid, None)
+            try:
+                if r.tags:
+                    await self.tag_writers.ensure_recovered(pid)
+                if state is None or (r.expected_seq_nr is not None and r.expected_seq_nr != state.highest):
+                    state = await self.write_state(pid)
+            except JournalUnavailable as e:  # nothing of this call was sent yet
+                raise JournalUnavailable(str(e), outcome_unknown=False) from e
+            result = await self.store(r, state)  # on any error the state is forgotten
+            last = result.first_seq_nr + len(r.events) - 1
+            same = self.layout.write_partition(last + 1) == self.layout.write_partition(result.first_seq_nr)
+            self._states[pid] = WriteState(last, last if same else None)
+            if len(self._states) > KNOWN_STATES:
+                self._states.popitem(last=False)
+            return result
+
+    async def write_on(self, conn: Any, request: WriteRequest) -> WriteResult:
+        raise UnsupportedOperation("persist_in is not supported on the cassandra backend")
+
+    async def check_write(self, request: WriteRequest) -> WriteCheck:
+        """The rows at the request's numbers (``expected_seq_nr`` + 1 on): :func:`check_rows`."""
+        if request.expected_seq_nr is None:
+            raise InvalidArgument("check_write needs a request with expected_seq_nr")
+        first = request.expected_seq_nr + 1
+        rows = await self.read_rows(request.persistence_id, first, first + len(request.events) - 1, len(request.events))
+        return check_rows(
+            request, self.writer_id, [(r.writer_uuid, bytes(r.event), datetime_of(r.timestamp)) for r in rows]
+        )
+
+    async def write_state(self, persistence_id: str) -> WriteState:
+        """What a write of ``persistence_id`` starts from (read before the write)."""
+        return WriteState(*await self.highest_and_guard(persistence_id))
+
+    async def store(self, r: WriteRequest, state: WriteState) -> WriteResult:
+        """Write ``r`` after ``state.highest``, in one batch to one partition; with the check, only
+        if that partition's ``highest_sequence_nr`` is still ``state.guard`` (a lightweight
+        transaction: SequenceConflict and nothing stored when another writer came first)."""
+        from cassandra.query import BatchStatement, BatchType
+
+        pid = r.persistence_id
+        highest, guard = state
+        if r.expected_seq_nr is not None and r.expected_seq_nr != highest:
+            raise SequenceConflict(pid, r.expected_seq_nr, "expected_seq_nr is not the stored highest sequence number")
+        first = highest + 1
+        last = first + len(r.events) - 1
+        part = self.layout.write_partition(first)
+        check = self.settings.cassandra.single_writer_check
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.write_cl)
+        if check:
+            batch.add(self.conns.prepared["guard_partition"], (last, pid, part, guard))
+        else:
+            batch.add(self.conns.prepared["mark_partition"], (last, pid, part))
+        tagged: list[TaggedEvent] = []
+        m = r.metadata
+        stamps = []
+        for i, ev in enumerate(r.events):
+            u = new_timeuuid()
+            stamps.append(u)
+            seq = first + i
+            batch.add(self.conns.prepared["insert_message"], (
+                pid, part, seq, u, str(bucket_of(u, self.settings.tags.bucket_size)), self.writer_id,
+                ev.ser_id, ev.manifest, ev.payload, m.ser_id if m else None, m.manifest if m else None,
+                m.payload if m else None, set(r.tags) or None,
+            ))  # fmt: skip
+            if r.tags:
+                tagged.append(TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, m))
+        try:
+            rows = await execute(self.conns.session, batch)
+        except BaseException:
+            # the events may be stored (outcome unknown) without their tag rows or listing:
+            # the pid's next write recovers its tag rows and lists it
+            self.tag_writers.forget(pid)
+            if first == 1:
+                self._unlisted.add(pid)
+            raise
+        if check and rows and not rows[0][0]:
+            raise SequenceConflict(
+                pid, r.expected_seq_nr, f"another writer stored sequence numbers from {first} on meanwhile"
+            )
+        try:
+            if first == 1 or pid in self._unlisted:
+                await self.run("insert_persistence_id", pid)
+                self._unlisted.discard(pid)
+            if tagged:
+                await self.tag_writers.write(tagged)
+        except Exception as e:  # the events are stored: never report "nothing written" now
+            if r.tags:
+                self.tag_writers.forget(pid)
+            if isinstance(e, JournalUnavailable) and e.outcome_unknown:  # a TagWriteTimeout says so already
+                raise
+            raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
+        return WriteResult(first, datetime_of(stamps[0]))
+
+    def _check_size(self, r: WriteRequest) -> None:
+        """Refuse, before any I/O, a call the server would refuse (or that breaks the layout)."""
+        self.layout.check_call(r.persistence_id, len(r.events))
+        meta = len(r.metadata.payload) + len(r.metadata.manifest) if r.metadata else 0
+        size = sum(len(e.payload) + len(e.manifest) + meta for e in r.events)
+        limit = self.settings.cassandra.max_write_bytes
+        if size > limit:
+            raise InvalidArgument(
+                f"persist({r.persistence_id!r}) of {size} bytes: one call is one Cassandra request and mutation, "
+                f"at most max_write_bytes={limit} (the server refuses larger requests and mutations)"
+            )
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None:
+        done = await self.deleted_to(persistence_id)
+        upto = min(to_seq_nr, await self.highest_seq_nr(persistence_id))
+        if upto <= done:
+            return
+        await self.run("write_deleted_to", upto, persistence_id)
+        for p in self.layout.delete_partitions(done + 1, upto):
+            await self.run("delete_messages", persistence_id, p, upto)

@@ -1,0 +1,137 @@
+"""Event routing that delivers: routed events reach the destination entities' event handlers
+exactly once, in order per source, across restarts of the router and the destinations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from journal import ConfigurationError, EntityRegistry, EventRouter, Journal, routed_from
+from journal.entities.router import ROUTER_TYPE
+from tests.routing_fixtures import Account, LazyAccount, Order, SnapAccount
+from tests.support.waiting import wait_until
+
+
+async def routed_rows(journal: Journal, pid: str) -> list[tuple[str, int] | None]:
+    return [routed_from(e) async for e in journal.current_events_by_persistence_id(pid)]
+
+
+def assert_once_in_order(rows: list[tuple[str, int] | None], expected: dict[str, list[int]]) -> None:
+    got: dict[str, list[int]] = {}
+    for r in rows:
+        if r is not None:
+            got.setdefault(r[0], []).append(r[1])
+    assert got == expected
+
+
+async def test_a_routed_event_reaches_the_destination_handler(journal: Journal) -> None:
+    async with EntityRegistry(journal) as reg:
+        reg.register(Account)
+        async with EventRouter(reg, ["order"]):
+            w = await reg.ask_timed(Order, "o1", ("place", "pay 10", ["account|a", "account|b"]))
+            assert w.reply == 1
+            assert dict(w.vector_time) == {"order|o1": 1}
+            for acc in ("a", "b"):
+                state = await reg.ask(Account, acc, ("read",), after=w.vector_time, timeout=20)
+                assert state == [["pay 10", ["order|o1", 1]]]
+            # the destination's own commands go on after the routed copy
+            assert await reg.ask(Account, "a", ("add", "own")) == 2
+    assert await routed_rows(journal, "account|a") == [("order|o1", 1), None]
+    src = [e async for e in journal.current_events_by_persistence_id("order|o1")]
+    assert routed_from(src[0]) is None
+    async with EntityRegistry(journal) as reg2:  # the destination's replay includes the copy
+        assert await reg2.ask(Account, "a", ("read",)) == [["pay 10", ["order|o1", 1]], ["own", None]]
+
+
+@pytest.mark.parametrize("dest_cls", [Account, SnapAccount, LazyAccount])
+async def test_redelivery_after_router_and_destination_restarts_is_dropped(
+    journal: Journal, dest_cls: type[Account]
+) -> None:
+    dest = f"{dest_cls.entity_type}|d"
+    expected: dict[str, list[int]] = {}
+    async with EntityRegistry(journal) as reg:
+        reg.register(dest_cls)
+        for i in range(6):
+            src = f"o{i % 3}"
+            n = await reg.ask(Order, src, ("place", f"e{i}", [dest]))
+            expected.setdefault(f"order|{src}", []).append(n)
+        async with EventRouter(reg, ["order"], router_id="r") as router:
+            await wait_until(lambda: router.delivered == 6, what="first delivery")
+        assert await journal.load_snapshot(f"{ROUTER_TYPE}|r") is not None
+        await reg.ask(dest_cls, "d", ("add", "own"))
+        # the destination restarts (passivated), the router restarts from scratch (offsets lost)
+        assert await reg.passivate_idle(0) >= 1
+        await journal.delete_snapshot(f"{ROUTER_TYPE}|r")
+        for i in range(6, 9):
+            n = await reg.ask(Order, "o0", ("place", f"e{i}", [dest]))
+            expected["order|o0"].append(n)
+        async with EventRouter(reg, ["order"], router_id="r") as again:
+            await wait_until(lambda: again.delivered + again.duplicates == 9, what="re-delivery")
+            assert (again.delivered, again.duplicates) == (3, 6)
+        state = await reg.ask(dest_cls, "d", ("read",))
+    assert_once_in_order(await routed_rows(journal, dest), expected)
+    assert len(state) == 10 and ["own", None] in state
+
+
+async def test_unregistered_destination_type_stops_the_router(journal: Journal) -> None:
+    async with EntityRegistry(journal) as reg:
+        await reg.ask(Order, "o1", ("place", "x", ["nosuchtype|z"]))
+        router = EventRouter(reg, ["order"])
+        await router.start()
+        try:
+            await wait_until(lambda: router.error is not None, what="the router to fail")
+            assert isinstance(router.error, ConfigurationError)
+        finally:
+            await router.stop()
+
+
+def test_bad_router_arguments() -> None:
+    reg: Any = object.__new__(EntityRegistry)
+    with pytest.raises(ValueError):
+        EventRouter(reg, "order")
+    with pytest.raises(ValueError):
+        EventRouter(reg, [])
+
+
+async def test_a_destination_recovered_from_a_snapshot_of_its_last_row_still_drops_redeliveries(
+    journal: Journal,
+) -> None:
+    async with EntityRegistry(journal) as reg:
+        reg.register(SnapAccount)
+        for i in range(3):
+            await reg.ask(Order, "o1", ("place", f"e{i}", ["snapaccount|s"]))
+        async with EventRouter(reg, ["order"], router_id="r") as router:
+            await wait_until(lambda: router.delivered == 3, what="delivery")
+        await reg.passivate_idle(0)
+        snap = await journal.load_snapshot("snapaccount|s")
+        assert snap is not None and snap.seq_nr == 3  # nothing left to replay after it
+        await journal.delete_snapshot(f"{ROUTER_TYPE}|r")
+        async with EventRouter(reg, ["order"], router_id="r") as again:
+            await wait_until(lambda: again.duplicates == 3, what="re-delivery dropped")
+            assert again.delivered == 0
+        assert len(await reg.ask(SnapAccount, "s", ("read",))) == 3
+    assert_once_in_order(await routed_rows(journal, "snapaccount|s"), {"order|o1": [1, 2, 3]})
+
+
+def test_progress_commits_an_offset_only_when_everything_before_it_is_written() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from journal import TimestampOffset
+    from journal.entities.router import Progress
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    offs = [TimestampOffset(t0 + timedelta(seconds=i)) for i in range(4)]
+    committed: dict[str, TimestampOffset] = {}
+    p = Progress(committed)
+    a = p.read("order", offs[0], 2)  # two destinations
+    b = p.read("order", offs[1], 1)
+    p.read("order", offs[2], 0)  # nothing to route
+    c = p.read("other", offs[3], 1)
+    assert committed == {} and p.open == 4
+    assert not p.written(b)  # b is done, a is not: nothing moves
+    assert not p.written(a) and committed == {}
+    assert p.written(a)  # a done: a, b and the unrouted event commit together
+    assert committed == {"order": offs[2]}
+    assert p.written(c) and committed == {"order": offs[2], "other": offs[3]}
+    assert p.open == 0
