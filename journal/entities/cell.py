@@ -47,7 +47,7 @@ from .entity import (
 )
 from .recovery import recover
 from .reliable import ON_EVENT_KEY, with_marks
-from .routing import complete_route_marks, route_marks, routes_metadata, vector_time_of
+from .routing import routes_metadata, snapshot_route_metadata, vector_time_of
 from .snapshot_result import SnapshotResult
 
 log = logging.getLogger("journal.entities")
@@ -183,7 +183,6 @@ class EntityCell:
     async def _recover(self) -> bool:
         try:
             await recover(self.entity, self._journal, self._settings)
-            await complete_route_marks(self.entity, self._journal)
         except RecoveryFailed as e:
             self._fail_recovery(e)
             return False
@@ -330,11 +329,9 @@ class EntityCell:
             routed.update({len(events) + i: src for i, src in cmd.collected.routed.items()})
             events.extend(cmd.collected.events)
             dests.extend(cmd.collected.destinations)
-        marks = route_marks(self.entity)
         expected = self.entity.sequence_nr
-        metadata = with_marks(
-            routes_metadata(expected + 1, dests, routed, marks.after(routed.values())), expected + 1, event_marks
-        )
+        # also what _resolve re-checks
+        metadata = with_marks(routes_metadata(expected + 1, dests, routed), expected + 1, event_marks)
         try:
             self._breaker.check()
         except JournalUnavailable as e:
@@ -360,7 +357,7 @@ class EntityCell:
                 return
             log.warning("write of %s interrupted (%s): resolving its outcome", self.persistence_id, e)
             try:
-                envs = await self._resolve(expected, events, metadata)  # the same metadata
+                envs = await self._resolve(expected, events, metadata)
             except SequenceConflict as c:
                 self._conflict(batch, c)
                 return
@@ -418,10 +415,13 @@ class EntityCell:
         result = SnapshotResult(self.persistence_id, seq)
         try:
             state = entity.snapshot_state()
-            meta = bookkeeping(entity).to_metadata(self._journal.serializers)
+            meta = {
+                **(bookkeeping(entity).to_metadata(self._journal.serializers) or {}),
+                **(snapshot_route_metadata(entity) or {}),
+            }
             async with self._snapshot_lock:  # in order: an older one never lands after a newer one
                 await self._journal.save_snapshot(
-                    self.persistence_id, seq, state, metadata=meta,
+                    self.persistence_id, seq, state, metadata=meta or None,
                     keep=self._settings.snapshots_per_emitter_max,
                 )  # fmt: skip
         except Exception as e:

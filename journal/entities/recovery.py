@@ -11,6 +11,7 @@ from ..errors import JournalUnavailable, RecoveryFailed, SerializationError
 from ..journal import Journal
 from ..settings import EntitySettings
 from .entity import Entity, apply_event, bookkeeping, end_command, outside_command, set_sequence_nr
+from .routing import restore_route_marks
 
 log = logging.getLogger("journal.entities")
 
@@ -53,6 +54,7 @@ async def _recover_once(entity: Entity[Any], journal: Journal, settings: EntityS
         try:
             entity.state = entity.restore_snapshot(snap.state)
             bookkeeping(entity).load_metadata(snap.metadata, journal.serializers)
+            restore_route_marks(entity, snap.metadata)
         except Exception as e:
             log.warning(
                 "snapshot of %s at %d does not restore (%s): trying an older one", pid, snap.seq_nr, e
