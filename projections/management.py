@@ -4,10 +4,10 @@ catch-up check for tools and tests. The SQL is in :class:`~projections.postgres_
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -18,6 +18,19 @@ from journal.settings import JournalSettings
 
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
 from .worker import parse_key
+
+
+class ManagementStore(Protocol):
+    """What management needs of the offset store (:class:`~projections.postgres_store.ProjectionSql`)."""
+
+    async def now(self, conn: Any) -> datetime: ...
+    async def slice_offsets(self, conn: Any, name: str) -> Sequence[Any]: ...
+    async def lease_owners(self, conn: Any, name: str) -> Sequence[Any]: ...
+    async def workers(self, conn: Any, name: str) -> Sequence[Any]: ...
+    async def paused_keys(self, conn: Any, name: str) -> list[str]: ...
+    async def set_paused(self, conn: Any, name: str, key: str, paused: bool) -> None: ...
+    async def save_offsets(self, conn: Any, name: str, key: str, rows: list[OffsetRow]) -> None: ...
+    async def delete_offsets(self, conn: Any, name: str, slices: list[int]) -> int: ...
 
 
 def slice_key(lo: int, hi: int) -> str:
@@ -44,7 +57,7 @@ class ProjectionStatus:
     workers: list[dict[str, Any]]
 
 
-async def status(conn: Any, sql: ProjectionSql, name: str) -> ProjectionStatus:
+async def status(conn: Any, sql: ManagementStore, name: str) -> ProjectionStatus:
     """Per slice range (grouped by owner): offset, lag, owner, paused; plus the workers."""
     now = await sql.now(conn)
     offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
@@ -93,7 +106,7 @@ def status_json(statuses: list[ProjectionStatus]) -> str:
     return json.dumps(out, default=default, indent=2)
 
 
-async def set_paused(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int, paused: bool) -> None:
+async def set_paused(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, paused: bool) -> None:
     key = slice_key(lo, hi)
     if paused:
         await sql.set_paused(conn, name, key, True)
@@ -105,7 +118,7 @@ async def set_paused(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int,
             await sql.set_paused(conn, name, k, False)
 
 
-async def _require_stopped(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int) -> None:
+async def _require_stopped(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int) -> None:
     paused: set[int] = set()
     for key in await sql.paused_keys(conn, name):
         paused.update(parse_key(key))
@@ -117,7 +130,7 @@ async def _require_stopped(conn: Any, sql: ProjectionSql, name: str, lo: int, hi
         )
 
 
-async def reset(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int, to: datetime) -> None:
+async def reset(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, to: datetime) -> None:
     """Restart slices ``lo..hi`` at ``to``: events before it count as processed, later ones are redone."""
     slice_key(lo, hi)
     if to.tzinfo is None:
@@ -131,7 +144,7 @@ async def reset(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int, to: 
         )
 
 
-async def clear(conn: Any, sql: ProjectionSql, name: str, lo: int, hi: int) -> int:
+async def clear(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int) -> int:
     """Forget the offsets of slices ``lo..hi``: they are processed again from the start."""
     slice_key(lo, hi)
     await _require_stopped(conn, sql, name, lo, hi)
@@ -156,3 +169,7 @@ async def processed_up_to(settings: JournalSettings, name: str, targets: Mapping
         return True
     finally:
         await conn.close()
+
+
+_store_conforms: type[ManagementStore] = ProjectionSql
+"""mypy checks here that the Postgres offset store implements :class:`ManagementStore`."""

@@ -135,3 +135,32 @@ def test_progress_commits_an_offset_only_when_everything_before_it_is_written() 
     assert committed == {"order": offs[2]}
     assert p.written(c) and committed == {"order": offs[2], "other": offs[3]}
     assert p.open == 0
+
+
+async def test_a_routed_copy_whose_write_was_interrupted_but_committed_is_not_written_twice(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write commits but the answer is lost: the cell resolves the outcome from the database,
+    and the copy's source mark must come out of that too, or a re-delivery writes it again."""
+    from journal import JournalUnavailable
+    from journal.entities.delivery import RoutedEvent
+
+    real_persist = journal.persist
+    lost: list[str] = []
+
+    async def answer_lost(pid: str, events: Any, **kw: Any) -> Any:
+        envs = await real_persist(pid, events, **kw)  # really written
+        if pid == "account|r" and not lost:
+            lost.append(pid)
+            raise JournalUnavailable("connection lost after the commit", outcome_unknown=True)
+        return envs
+
+    monkeypatch.setattr(journal, "persist", answer_lost)
+    async with EntityRegistry(journal) as reg:
+        reg.register(Account)
+        copy = [RoutedEvent("order|o1", 1, "pay")]
+        assert await reg.deliver_routed("account|r", copy) == 1
+        assert lost == ["account|r"]
+        assert await reg.deliver_routed("account|r", copy) == 0  # the same live entity drops it
+        assert await reg.ask(Account, "r", ("read",)) == [["pay", ["order|o1", 1]]]
+    assert await routed_rows(journal, "account|r") == [("order|o1", 1)]

@@ -136,10 +136,10 @@ async def test_a_read_ahead_is_not_counted_as_stored_at_the_source(locs: dict[st
 
 
 def test_the_wire_carries_payloads_identities_and_the_stored_position() -> None:
-    from journal.replication.model import ReplicatedEvent, ReplicationBatch
-    from journal.replication.vector_time import VectorTime
+    from journal.replicated import ReplicatedEvent, ReplicationBatch
     from journal.replication.wire import decode_batch, decode_read, encode_batch, encode_read
     from journal.serialization import Serialized
+    from journal.vector_time import VectorTime
 
     request = ReadRequest(LOG, 4, 3, "B", VectorTime({"A": 3}), ids=(("A", 1), ("C", 9)), stored=2)
     assert decode_read(encode_read(request)) == request
@@ -152,3 +152,62 @@ def test_the_wire_carries_payloads_identities_and_the_stored_position() -> None:
     assert decode_batch(encode_batch(batch)) == batch
     with pytest.raises(ValueError, match="truncated"):
         decode_batch(encode_batch(batch)[:-1])
+
+
+async def test_the_log_indexes_serve_their_queries_even_as_generic_plans(dbs: dict[str, str]) -> None:
+    """The unstamped index is per log (its name quoted into the predicate), so a generic plan
+    must still match it; the position index is partial (only stamped rows)."""
+    from journal.postgres.replication_store import unstamped_index_sql
+
+    odd = "Q'uote\\s"
+    await truncate_all(dbs["A"])
+    async with open_location("A", dbs["A"], [odd]) as a:
+        for i in range(3):
+            await a.journal.persist(f"{odd}|{i}", [{"v": i}])
+        await a.journal.persist("Plain|1", [{"v": "never replicated"}])
+        name = unstamped_index_sql(odd).split('"')[1]
+        conn = await asyncpg.connect(asyncpg_dsn(a.dsn))
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM pg_indexes WHERE indexname = $1", name) == 1
+            await conn.execute("SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off")
+            sql = a.store.sql  # the statements the store runs
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql.unstamped(odd), 10))
+            assert name in plan, plan
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql.read_log, odd, 0, 10))
+            assert "event_journal_log_idx" in plan, plan
+        finally:
+            await conn.close()
+        assert await a.store.stamp(odd) == 3
+        events, last = await a.store.read_log(odd, 0, 10)
+        assert [e.event_id for e in events] == [("A", 1), ("A", 2), ("A", 3)] and last == 3
+
+
+async def test_a_batch_that_races_a_local_write_to_its_pid_is_written_again(locs: dict[str, Location]) -> None:
+    """B's local write to pid x is in flight (uncommitted) when a batch with x arrives: the batch
+    waits on the row, loses seq_nr 1 when the local write commits, and is written again after it."""
+    import asyncio
+
+    a, b = locs["A"], locs["B"]
+    await a.journal.persist(f"{LOG}|x", [{"v": "from A"}])
+    await a.store.stamp(LOG)
+    events, last = await a.store.read_log(LOG, 0, 10)
+    conn = await asyncpg.connect(asyncpg_dsn(b.dsn))
+    try:
+        tr = conn.transaction()
+        await tr.start()
+        await b.journal.persist_in(conn, f"{LOG}|x", [{"v": "local at B"}])
+        write = asyncio.create_task(b.store.write_replicated(LOG, "A", events, last))
+        async with asyncio.timeout(60):  # the batch's insert waits on the uncommitted row
+            while not await b.journal.backend.pool.fetchval(  # noqa: ASYNC110
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            ):
+                await asyncio.sleep(0.02)
+        await tr.commit()
+        async with asyncio.timeout(60):
+            out = await write
+    finally:
+        await conn.close()
+    assert out.written == 1
+    got = await rows(b, "SELECT seq_nr, origin_location FROM event_journal WHERE persistence_id = $1 ORDER BY 1",
+                     f"{LOG}|x")  # fmt: skip
+    assert [(r[0], r[1]) for r in got] == [(1, None), (2, "A")]

@@ -221,3 +221,36 @@ async def test_private_tags_from_the_config_never_leave(dbs: dict[str, str]) -> 
         await wait_until(b_read_both, 60, "B to read past both events", every=0.05)
         got = [e.event async for e in b.journal.current_events_by_slices(LOG, 0, 1023)]
         assert got == [{"v": "public"}]
+
+
+async def test_a_mesh_over_grpc_delivers_an_event_filtered_on_one_link_by_another(dbs: dict[str, str]) -> None:
+    """Endpoints A, B, C all pulling from each other; A's filter keeps ``secret-ish`` events from
+    C. C gets A's later event directly first (its version vector then covers the filtered one),
+    and still stores the filtered one, once, through B."""
+    from conftest import truncate_all
+
+    from journal.replication.filters import EndpointFilters, tagged
+
+    for db in dbs.values():
+        await truncate_all(db)
+    addresses = {n: free_address() for n in "ABC"}
+
+    def config(n: str, pulls: str) -> EndpointConfig:
+        return EndpointConfig.from_dict(
+            {"location": n, "dsn": dbs[n], "listen": addresses[n], "logs": [LOG], "batch_size": 2,
+             "connections": [{"address": addresses[m]} for m in pulls], "retry_delay": 0.2}
+        )  # fmt: skip
+
+    not_for_c = EndpointFilters(target_locations={"C": ~tagged("not-for-c")})
+    async with ReplicationEndpoint(config("A", "BC"), filters=not_for_c) as a:
+        await a.journal.persist(f"{LOG}|1", [{"v": "e1"}], tags=["not-for-c"])
+        await a.journal.persist(f"{LOG}|2", [{"v": "e2"}])
+        async with ReplicationEndpoint(config("C", "A")) as c:  # C pulls from A only, for now
+            await wait_count(c.store, 1)
+            assert await c.store.event_ids(LOG) == {("A", 2): 1}
+            assert (await c.store.version_vector(LOG)).get("A") == 2  # covers e1, which C has not
+        async with ReplicationEndpoint(config("B", "AC")) as b, ReplicationEndpoint(config("C", "AB")) as c:
+            await wait_count(b.store, 2)
+            await wait_count(c.store, 2)
+            for store in (a.store, b.store, c.store):
+                assert await store.event_ids(LOG) == {("A", 1): 1, ("A", 2): 1}

@@ -17,9 +17,10 @@ Why this is exactly once, in order per source, across restarts:
   every event read before it are written (:class:`Progress`); the offsets are saved as the
   snapshot of pid ``sj_router|<router_id>`` every ``save_interval`` seconds and on stop. After a
   crash the router resumes from the last saved offsets and re-delivers what came after.
-* At most once: a re-delivered copy is dropped by the destination (delivery.py): each of its
-  writes stores the highest source seq_nr it holds per source (``route_marks``), its recovery
-  rebuilds those marks, and the check and the write are one step of the pid's single writer
+* At most once: a re-delivered copy is dropped by the destination (delivery.py): it knows the
+  highest source seq_nr it holds per source (its route marks: every copy is marked with its
+  source, snapshots store the marks, recovery rebuilds them), and the check and the write are
+  one step of the pid's single writer
   (a concurrent writer makes the write fail with SequenceConflict; the entity restarts and the
   router re-sends).
 

@@ -6,23 +6,24 @@ metadata, so :func:`destinations_of` and :func:`routed_to` answer the same way e
 
 A routed copy (written into the destination by :class:`~journal.entities.router.EventRouter`)
 is marked in the same metadata: ``{"routed": {"8": ["order|o1", 3]}}`` (seq_nr -> source pid
-and seq_nr), and every write of an entity that ever received a routed copy carries its
-cumulative ``"route_marks"`` (source pid -> highest source seq_nr routed into it so far). So the
-last row of a pid always tells which routed events it holds: that is the per-source dedupe key,
-read in the same single-writer step that writes the next copy (see router.py).
+and seq_nr). An entity's :class:`RouteMarks` (source pid -> highest source seq_nr it holds) are
+rebuilt by its recovery: from its snapshot's metadata (``{"route_marks": {...}}``, saved with
+the state) and the routed copies replayed after it. They are the per-source dedupe key, checked
+in the same single-writer step that writes the next copy (see delivery.py). Rows never carry
+the whole map, so a destination fed by many sources does not pay for it on every write.
+
+An entity that skips history (``replay_from_seq_nr`` > 1) without a snapshot that covers the
+skipped part does not know the routed copies in it: re-delivered, they would be written again.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from ..envelope import EventEnvelope
-from ..replication.vector_time import VectorTime
-
-if TYPE_CHECKING:
-    from ..journal import Journal
+from ..vector_time import VectorTime
 
 
 class _Emitter(Protocol):
@@ -36,12 +37,10 @@ def routes_metadata(
     first_seq_nr: int,
     destinations: Sequence[tuple[str, ...]],
     routed: Mapping[int, tuple[str, int]] | None = None,
-    marks: Mapping[str, int] | None = None,
 ) -> dict[str, Any] | None:
     """Metadata for one persist call (None when it carries nothing).
 
-    ``routed``: index of an event in the call -> (source pid, source seq_nr) of a routed copy;
-    ``marks``: the writer's cumulative route marks after this call.
+    ``routed``: index of an event in the call -> (source pid, source seq_nr) of a routed copy.
     """
     meta: dict[str, Any] = {}
     routes = {str(first_seq_nr + i): list(d) for i, d in enumerate(destinations) if d}
@@ -49,8 +48,6 @@ def routes_metadata(
         meta["destinations"] = routes
     if routed:
         meta["routed"] = {str(first_seq_nr + i): [s, n] for i, (s, n) in routed.items()}
-    if marks:
-        meta["route_marks"] = dict(marks)
     return meta or None
 
 
@@ -83,44 +80,37 @@ def routed_from(envelope: EventEnvelope) -> tuple[str, int] | None:
     return str(src[0]), int(src[1])
 
 
-def route_marks_of(envelope: EventEnvelope) -> dict[str, int]:
-    """The cumulative route marks stored with this row's write (empty when none)."""
-    marks = _section(envelope, "route_marks")
-    if not isinstance(marks, dict):
-        return {}
-    return {str(k): int(v) for k, v in marks.items()}
+def snapshot_route_metadata(entity: object) -> dict[str, Any] | None:
+    """What an entity's snapshot stores besides its state: its route marks (None when none)."""
+    marks = route_marks(entity).marks
+    return {"route_marks": dict(marks)} if marks else None
+
+
+def restore_route_marks(entity: object, snapshot_metadata: Any) -> None:
+    """Recovery restored the entity from a snapshot: take the route marks saved with it."""
+    marks = snapshot_metadata.get("route_marks") if isinstance(snapshot_metadata, dict) else None
+    if isinstance(marks, dict):
+        route_marks(entity).merge({str(k): int(v) for k, v in marks.items()})
 
 
 class RouteMarks:
     """What one component has seen of routed events: source pid -> highest source seq_nr.
 
     Fed with every row the component applies (:meth:`note`); waiters (conditional requests) are
-    woken on each change. ``last_seq_nr`` is the last own row noted, so a recovery that started
-    from a snapshot can tell whether it still has to read the marks of the snapshot's row.
+    woken on each change.
     """
 
-    __slots__ = ("_waiters", "last_seq_nr", "marks")
+    __slots__ = ("_waiters", "marks")
 
     def __init__(self) -> None:
         self.marks: dict[str, int] = {}
-        self.last_seq_nr = 0
         self._waiters: list[asyncio.Future[None]] = []
 
     def note(self, envelope: EventEnvelope) -> None:
-        self.merge(route_marks_of(envelope))
         src = routed_from(envelope)
         if src is not None:
             self.merge({src[0]: src[1]})
-        self.last_seq_nr = max(self.last_seq_nr, envelope.seq_nr)
         self.wake()
-
-    def after(self, routed: Iterable[tuple[str, int]]) -> dict[str, int]:
-        """The marks once ``routed`` (source pid, seq_nr) are written too (what a write stores)."""
-        out = dict(self.marks)
-        for pid, n in routed:
-            if n > out.get(pid, 0):
-                out[pid] = n
-        return out
 
     def merge(self, marks: Mapping[str, int]) -> None:
         for pid, n in marks.items():
@@ -148,18 +138,6 @@ def route_marks(component: object) -> RouteMarks:
         vars(component)["_route_marks"] = found
     assert isinstance(found, RouteMarks)
     return found
-
-
-async def complete_route_marks(entity: _Emitter, journal: Journal) -> None:
-    """After recovery: when no row was replayed up to the entity's seq_nr (a snapshot covered
-    them), read the marks stored with that last row, so the dedupe knows every routed copy."""
-    marks = route_marks(entity)
-    seq = entity.sequence_nr
-    if seq > marks.last_seq_nr:
-        env = await journal.load_envelope(entity.persistence_id, seq)
-        if env is not None:
-            marks.merge(route_marks_of(env))
-        marks.last_seq_nr = seq
 
 
 def vector_time_of(entity: _Emitter) -> VectorTime:

@@ -19,20 +19,26 @@ import asyncpg
 import orjson
 
 from ..buckets import bucket_millis
-from ..errors import ConfigurationError, LocationMismatch, ReplicationError
+from ..errors import ConfigurationError, LocationMismatch, ReplicationError, SequenceConflict
 from ..ids import entity_type_of, slice_for, validate_entity_type
-from ..replication.model import ReplicatedEvent, WriteOutcome
-from ..replication.vector_time import VectorTime
+from ..replicated import ReplicatedEvent, WriteOutcome
 from ..serialization import Serialized
 from ..settings import validate_identifier
+from ..vector_time import VectorTime
 from . import recovery_guard
 from .replicated_insert import WAIT_FOR_CLOCK, insert_replicated
 from .statements import SLICE_GROUP_SIZE
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .writes import PostgresWrites
 
+SEQUENCE_RACE_ATTEMPTS = 3
+"""Writes of a replicated batch that lost its sequence numbers to a local write, before giving up."""
+PRIMARY_KEY = "event_journal_pkey"
 
-class _Sql:
+
+class ReplicationStatements:
+    """Every statement of the replicated logs, built once per schema (identifiers validated, values parameters)."""
+
     def __init__(self, schema: str) -> None:
         validate_identifier(schema, "schema")
         ej, rl, rp, rt, sn = (
@@ -131,13 +137,21 @@ class _Sql:
         )
 
     def unstamped_index(self, log_name: str) -> str:
-        """A partial index of the log's events not stamped yet: only locations that replicate,
-        and only for the logs they replicate, pay for it (migration 0006)."""
-        name = "event_journal_unstamped_" + hashlib.blake2b(log_name.encode(), digest_size=6).hexdigest()
-        return (
-            f'CREATE INDEX IF NOT EXISTS "{name}" ON {self.ej} (db_timestamp, seq_nr, persistence_id) '
-            f"WHERE entity_type = {_literal(log_name)} AND log_seq_nr IS NULL"
-        )
+        return unstamped_index_sql(log_name, self.schema)
+
+
+def unstamped_index_sql(log_name: str, schema: str = "public", *, concurrently: bool = False) -> str:
+    """The partial index of a replicated log's events not stamped yet: only locations that
+    replicate, and only for the logs they replicate, pay for it (see migration 0006). The
+    endpoint creates it at start; ``concurrently`` gives the statement to build it beforehand
+    on a large table without holding writes back."""
+    validate_identifier(schema, "schema")
+    name = "event_journal_unstamped_" + hashlib.blake2b(log_name.encode(), digest_size=6).hexdigest()
+    how = "CONCURRENTLY " if concurrently else ""
+    return (
+        f'CREATE INDEX {how}IF NOT EXISTS "{name}" ON "{schema}".event_journal (db_timestamp, seq_nr, persistence_id) '
+        f"WHERE entity_type = {_literal(log_name)} AND log_seq_nr IS NULL"
+    )
 
 
 def _literal(value: str) -> str:
@@ -167,24 +181,24 @@ class PostgresReplicationStore:
     def __init__(self, backend: PostgresWrites, location: str) -> None:
         self.backend = backend
         self.location = location
-        self._sql = _Sql(backend.settings.schema)
+        self.sql = ReplicationStatements(backend.settings.schema)
 
     async def ensure_log(self, log_name: str) -> None:
         """Create the log's state row for this location; refuse a database of another location."""
         async with self.backend.pool.acquire() as conn:
             try:
-                await conn.execute(self._sql.ensure_log, log_name, self.location)
+                await conn.execute(self.sql.ensure_log, log_name, self.location)
             except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as e:
                 raise ConfigurationError(
                     "this database has no replication tables: run `journal migrate` (migration 0005) first"
                 ) from e
-            row = await _head(conn, self._sql.log_row, log_name)
-            if await conn.fetchval("SELECT to_regclass($1)", self._sql.origin_index) is None:
+            row = await _head(conn, self.sql.log_row, log_name)
+            if await conn.fetchval("SELECT to_regclass($1)", self.sql.origin_index) is None:
                 raise ConfigurationError(
                     "this database lacks the replication indexes: run `journal migrate` (migration 0006) first"
                 )
             with contextlib.suppress(asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
-                await conn.execute(self._sql.unstamped_index(log_name))  # another process won the race
+                await conn.execute(self.sql.unstamped_index(log_name))  # another process won the race
         if row["location"] != self.location:
             raise LocationMismatch(
                 f"log {log_name!r} of this database belongs to location {row['location']!r}, not {self.location!r}"
@@ -192,20 +206,20 @@ class PostgresReplicationStore:
 
     async def version_vector(self, log_name: str) -> VectorTime:
         async with self.backend.pool.acquire() as conn:
-            row = await conn.fetchrow(self._sql.log_row, log_name)
+            row = await conn.fetchrow(self.sql.log_row, log_name)
         return VectorTime() if row is None else _vt(row["version_vector"])
 
     async def log_seq_nr(self, log_name: str) -> int:
         async with self.backend.pool.acquire() as conn:
-            row = await conn.fetchrow(self._sql.log_row, log_name)
+            row = await conn.fetchrow(self.sql.log_row, log_name)
         return 0 if row is None else int(row["log_seq_nr"])
 
     async def stamp(self, log_name: str, limit: int = 1000) -> int:
         """Give local events not yet in the log (written by the plain journal) their position,
         origin and vector time, oldest first (the order of the slice queries). Returns how many."""
         async with self.backend.pool.acquire() as conn, conn.transaction():
-            head = await _head(conn, self._sql.lock_log, log_name)
-            rows = await conn.fetch(self._sql.unstamped(log_name), limit)
+            head = await _head(conn, self.sql.lock_log, log_name)
+            rows = await conn.fetch(self.sql.unstamped(log_name), limit)
             if not rows:
                 return 0
             vv = _vt(head["version_vector"])
@@ -219,21 +233,21 @@ class PostgresReplicationStore:
                     cols, (r["persistence_id"], r["seq_nr"], self.location, pos, _dump(vv), pos), strict=True
                 ):
                     col.append(v)
-            await conn.execute(self._sql.stamp, *cols)
-            await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
+            await conn.execute(self.sql.stamp, *cols)
+            await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
             return len(rows)
 
     async def read_log(self, log_name: str, after: int, limit: int) -> tuple[list[ReplicatedEvent], int]:
         """Events of the log after position ``after`` in log order, and the last position
         scanned (``after`` when none)."""
         async with self.backend.pool.acquire() as conn:
-            rows = await conn.fetch(self._sql.read_log, log_name, after, limit)
+            rows = await conn.fetch(self.sql.read_log, log_name, after, limit)
         return _events(rows), (int(rows[-1]["log_seq_nr"]) if rows else after)
 
     async def read_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[ReplicatedEvent]:
         """The log's events with these identities (origin location, origin seq nr), in log order."""
         async with self.backend.pool.acquire() as conn:
-            rows = await conn.fetch(self._sql.read_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
+            rows = await conn.fetch(self.sql.read_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
         return _events(rows)
 
     async def missing_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -241,18 +255,18 @@ class PostgresReplicationStore:
         if not ids:
             return []
         async with self.backend.pool.acquire() as conn:
-            rows = await conn.fetch(self._sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
+            rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
         stored = {(r[0], int(r[1])) for r in rows}
         return [i for i in ids if i not in stored]
 
     async def progress(self, log_name: str, source_location: str) -> int:
         async with self.backend.pool.acquire() as conn:
-            v = await conn.fetchval(self._sql.progress, log_name, source_location)
+            v = await conn.fetchval(self.sql.progress, log_name, source_location)
         return 0 if v is None else int(v)
 
     async def all_progress(self, log_name: str) -> dict[str, int]:
         async with self.backend.pool.acquire() as conn:
-            rows = await conn.fetch(self._sql.all_progress, log_name)
+            rows = await conn.fetch(self.sql.all_progress, log_name)
         return {r["source_location"]: int(r["source_log_seq_nr"]) for r in rows}
 
     async def write_replicated(
@@ -265,19 +279,37 @@ class PostgresReplicationStore:
         because the log's version vector covers it: a filter on one path can keep an event from
         this location while a later event of the same origin arrives, and the event must still be
         stored when it comes by another path. The version vector merges only stored events. The
-        stored events go in with one statement (:mod:`.replicated_insert`)."""
+        stored events go in with one statement (:mod:`.replicated_insert`).
+
+        A local write to one of the batch's pids that commits first takes the sequence number
+        the batch computed; the batch is then written again at once (a few times at most, then
+        :class:`~journal.errors.SequenceConflict`: the endpoint retries after ``retry_delay``)."""
+        for e in events:
+            _check_log(log_name, e)
+        for attempt in range(SEQUENCE_RACE_ATTEMPTS):
+            try:
+                return await self._write_replicated(log_name, source_location, events, last_scanned)
+            except asyncpg.UniqueViolationError as e:
+                if e.constraint_name != PRIMARY_KEY or attempt + 1 == SEQUENCE_RACE_ATTEMPTS:
+                    raise SequenceConflict(
+                        events[0].persistence_id if events else "", None,
+                        f"a replicated batch of {log_name!r} kept racing local writes: {e}",
+                    ) from e  # fmt: skip
+        raise AssertionError("unreachable")
+
+    async def _write_replicated(
+        self, log_name: str, source_location: str, events: Sequence[ReplicatedEvent], last_scanned: int
+    ) -> WriteOutcome:
         async with self.backend.pool.acquire() as conn, conn.transaction():
-            await conn.execute(recovery_guard.MARK_REPLICATED_SQL)
-            await conn.execute(MARK_WRITER_LOCAL_SQL)  # the timestamp rule trigger (if any) skips these rows
-            head = await _head(conn, self._sql.lock_log, log_name)
+            # this transaction's rows pass the recovery guard and the timestamp rule trigger (if any)
+            await conn.execute(f"{recovery_guard.MARK_REPLICATED_SQL}; {MARK_WRITER_LOCAL_SQL}")
+            head = await _head(conn, self.sql.lock_log, log_name)
             pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
-            for e in events:
-                _check_log(log_name, e)
             new = await self._not_stored(conn, log_name, events)
             if new:
                 pos, vv = await self._insert(conn, log_name, new, pos, vv)
-                await conn.execute(self._sql.save_log, log_name, pos, _dump(vv))
-            await conn.execute(self._sql.save_progress, log_name, source_location, last_scanned)
+                await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
+            await conn.execute(self.sql.save_progress, log_name, source_location, last_scanned)
         return WriteOutcome(written=len(new), dropped=len(events) - len(new), progress=last_scanned)
 
     async def _not_stored(self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent]) -> list[ReplicatedEvent]:
@@ -285,7 +317,7 @@ class PostgresReplicationStore:
         if not events:
             return []
         ids = [e.event_id for e in events]
-        rows = await conn.fetch(self._sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
+        rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
         seen = {(r[0], int(r[1])) for r in rows}
         out = []
         for e in events:
@@ -329,7 +361,7 @@ class PostgresReplicationStore:
             params.append(sorted({f"{sl // SLICE_GROUP_SIZE}:{log_name}" for sl in set(slices)}))
         if tagged:
             params.append(bucket_millis(b.settings.tags.bucket_size))
-        row = await conn.fetchrow(self._sql.insert(notify=notify, tagged=tagged), *params)
+        row = await conn.fetchrow(self.sql.insert(notify=notify, tagged=tagged), *params)
         await conn.execute(WAIT_FOR_CLOCK, row["last_timestamp"])
         return positions[-1], vv
 
@@ -338,15 +370,15 @@ class PostgresReplicationStore:
         local write to them, by any process or writer, is refused (:mod:`.recovery_guard`)."""
         async with self.backend.pool.acquire() as conn, conn.transaction():
             for name in log_names:
-                await conn.execute(self._sql.set_recovering, name, True)
+                await conn.execute(self.sql.set_recovering, name, True)
             await conn.execute(recovery_guard.install_sql(self.backend.settings.schema))
 
     async def end_recovery(self, log_names: Sequence[str]) -> None:
         """Clear the logs' recovering flags; drop the guard when no log is recovering any more."""
         async with self.backend.pool.acquire() as conn, conn.transaction():
             for name in log_names:
-                await conn.execute(self._sql.set_recovering, name, False)
-            if not await conn.fetchval(self._sql.any_recovering):
+                await conn.execute(self.sql.set_recovering, name, False)
+            if not await conn.fetchval(self.sql.any_recovering):
                 await conn.execute(recovery_guard.remove_sql(self.backend.settings.schema))
 
     async def guard_installed(self) -> bool:
@@ -359,33 +391,33 @@ class PostgresReplicationStore:
 
     async def recovering(self, log_name: str) -> bool:
         async with self.backend.pool.acquire() as conn:
-            row = await conn.fetchrow(self._sql.log_row, log_name)
+            row = await conn.fetchrow(self.sql.log_row, log_name)
         return bool(row is not None and row["recovering"])
 
     async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None:
         """A target read after ``log_seq_nr``: it has stored everything of this log up to there."""
         async with self.backend.pool.acquire() as conn:
-            await conn.execute(self._sql.save_target_progress, log_name, target_location, log_seq_nr)
+            await conn.execute(self.sql.save_target_progress, log_name, target_location, log_seq_nr)
 
     async def target_progress(self, log_name: str) -> dict[str, int]:
         async with self.backend.pool.acquire() as conn:
-            rows = await conn.fetch(self._sql.target_progress, log_name)
+            rows = await conn.fetch(self.sql.target_progress, log_name)
         return {r["target_location"]: int(r["log_seq_nr"]) for r in rows}
 
     async def reserve_positions(self, log_name: str, at_least: int) -> None:
         """Make the log's next position greater than ``at_least`` (disaster recovery: peers may
         have read this location's old log that far)."""
         async with self.backend.pool.acquire() as conn:
-            await conn.execute(self._sql.reserve, log_name, at_least)
+            await conn.execute(self.sql.reserve, log_name, at_least)
 
     async def delete_logically(self, log_name: str, to_log_seq_nr: int) -> int:
         """Mark the log's events up to ``to_log_seq_nr`` deleted: local reads (slice queries,
         entities) skip them, replication still sends them. Returns the position actually applied
         (no further than the log's current position)."""
         async with self.backend.pool.acquire() as conn, conn.transaction():
-            head = await _head(conn, self._sql.lock_log, log_name)
+            head = await _head(conn, self.sql.lock_log, log_name)
             applied = min(to_log_seq_nr, int(head["log_seq_nr"]))
-            await conn.execute(self._sql.delete_logically, log_name, applied)
+            await conn.execute(self.sql.delete_logically, log_name, applied)
         return applied
 
     async def delete_physically(self, log_name: str, to_log_seq_nr: int, replicated_to: Sequence[str]) -> int:
@@ -396,19 +428,19 @@ class PostgresReplicationStore:
         bound = min([to_log_seq_nr, *(progress.get(t, 0) for t in replicated_to)])
         if bound > 0:
             async with self.backend.pool.acquire() as conn:
-                await conn.execute(self._sql.delete_physically, log_name, bound)
+                await conn.execute(self.sql.delete_physically, log_name, bound)
         return max(bound, 0)
 
     async def delete_invalid_snapshots(self, log_name: str) -> int:
         """Delete snapshots of the log's entities that cover events this location no longer has."""
         async with self.backend.pool.acquire() as conn:
-            status = await conn.execute(self._sql.delete_invalid_snapshots, log_name)
+            status = await conn.execute(self.sql.delete_invalid_snapshots, log_name)
         return int(status.split()[-1])
 
     async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]:
         """A pid's stamped events in local order: payload, origin location and seq nr, vector time."""
         async with self.backend.pool.acquire() as conn:
-            rows = await conn.fetch(self._sql.entity_events, persistence_id)
+            rows = await conn.fetch(self.sql.entity_events, persistence_id)
         return [
             (Serialized(r[0], r[1], bytes(r[2])), r["origin_location"], int(r["origin_seq_nr"]), _vt(r["vector_time"]))
             for r in rows
@@ -417,7 +449,7 @@ class PostgresReplicationStore:
     async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]:
         """Every event id of the log with how many times it is stored (for checks and status)."""
         async with self.backend.pool.acquire() as conn:
-            rows = await conn.fetch(self._sql.event_ids, log_name)
+            rows = await conn.fetch(self.sql.event_ids, log_name)
         return {(r["origin_location"], int(r["origin_seq_nr"])): int(r["n"]) for r in rows}
 
 

@@ -11,13 +11,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ..errors import LocalWritesRefused
+from ..errors import LocalWritesRefused, SequenceConflict
 from ..ids import persistence_id_of, validate_persistence_id
 from ..journal import Journal
 from ..postgres.replication_store import PostgresReplicationStore
+from ..vector_time import VectorTime
 from .concurrent_versions import ConcurrentVersions, Version
 from .conflicts import ConflictFold, Versioned
-from .vector_time import VectorTime
+
+PERSIST_ATTEMPTS = 5
+"""Writes of one persist call before a race with replicated batches is reported as SequenceConflict."""
 
 S = TypeVar("S")
 
@@ -91,5 +94,14 @@ class ReplicatedEntities:
             raise LocalWritesRefused(
                 f"location {self.store.location!r} is recovering log {entity.entity_type!r}: local writes wait"
             )
-        await self.journal.persist(entity.persistence_id, list(events))
+        # The endpoint is a second writer of every replicated pid: a batch replicated from another
+        # location may take the next sequence number between our read of the highest and our insert.
+        # "After whatever is stored" is still well defined, so write again (bounded) after such a race.
+        for attempt in range(1, PERSIST_ATTEMPTS + 1):
+            try:
+                await self.journal.persist(entity.persistence_id, list(events))
+                break
+            except SequenceConflict:
+                if attempt == PERSIST_ATTEMPTS:
+                    raise
         return await self.load(entity)

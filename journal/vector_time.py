@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ..errors import InvalidArgument
+from .errors import InvalidArgument
 
 
 class VectorTime(Mapping[str, int]):

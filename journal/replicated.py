@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..serialization import Serialized
+from .serialization import Serialized
 from .vector_time import VectorTime
 
 
