@@ -51,10 +51,10 @@ from .errors import (
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
 from .offsets import NO_OFFSET, NoOffset, Offset, SequenceOffset, TimestampOffset, TimeUUIDOffset
-from .replication.vector_time import VectorTime
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
+from .vector_time import VectorTime
 
 __all__ = [
     "NO_OFFSET",

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 from .serialization import Serialized
 
 if TYPE_CHECKING:
-    from .replication.model import ReplicatedEvent, WriteOutcome
-    from .replication.vector_time import VectorTime
+    from .replicated import ReplicatedEvent, WriteOutcome
+    from .vector_time import VectorTime
 
 # -- what crosses the seam ------------------------------------------------------------------
 

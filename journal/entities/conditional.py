@@ -7,7 +7,7 @@ routed copy. Waiting for that before answering gives read-your-writes across com
 to an entity, query a view with the returned time, and the answer includes the write.
 
 Within one location an emitter's persistence id is its process in the vector (its events are
-totally ordered by seq_nr); :class:`~journal.replication.vector_time.VectorTime` gives the
+totally ordered by seq_nr); :class:`~journal.vector_time.VectorTime` gives the
 algebra (merge several writes' times with ``merge``).
 """
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ..errors import ConditionTimeout, InvalidArgument
-from ..replication.vector_time import VectorTime
+from ..vector_time import VectorTime
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ..envelope import EventEnvelope
-from ..replication.vector_time import VectorTime
+from ..vector_time import VectorTime
 
 
 class _Emitter(Protocol):

@@ -26,7 +26,7 @@ from ..errors import ConfigurationError, EntityError
 from ..ids import entity_type_of, persistence_id_of, validate_entity_type, validate_persistence_id
 from ..journal import Journal
 from ..offsets import TimestampOffset
-from ..replication.vector_time import VectorTime
+from ..vector_time import VectorTime
 from .conditional import as_vector_time, check_timeout, wait_until_seen
 from .entity import EventContext
 from .routing import RouteMarks

@@ -21,10 +21,10 @@ import orjson
 from ..buckets import bucket_millis
 from ..errors import ConfigurationError, LocationMismatch, ReplicationError, SequenceConflict
 from ..ids import entity_type_of, slice_for, validate_entity_type
-from ..replication.model import ReplicatedEvent, WriteOutcome
-from ..replication.vector_time import VectorTime
+from ..replicated import ReplicatedEvent, WriteOutcome
 from ..serialization import Serialized
 from ..settings import validate_identifier
+from ..vector_time import VectorTime
 from . import recovery_guard
 from .replicated_insert import WAIT_FOR_CLOCK, insert_replicated
 from .statements import SLICE_GROUP_SIZE

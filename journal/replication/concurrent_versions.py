@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgument
-from .vector_time import VectorTime
+from ..vector_time import VectorTime
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from .vector_time import VectorTime
+from ..vector_time import VectorTime
 
 S = TypeVar("S")
 

@@ -19,11 +19,11 @@ import grpc
 from ..journal import Journal, open_journal
 from ..postgres.backend import PostgresBackend
 from ..postgres.replication_store import PostgresReplicationStore
+from ..replicated import ReplicationBatch
 from ..settings import JournalSettings
 from .availability import Availability, Available, FailureDetector
 from .config import Connection, EndpointConfig
 from .filters import EndpointFilters, not_private
-from .model import ReplicationBatch
 from .replicator import LocalSource, ReadRequest, Replicator
 from .transport import RemoteSource, generic_handler, server_credentials
 

@@ -15,9 +15,9 @@ from ..errors import LocalWritesRefused, SequenceConflict
 from ..ids import persistence_id_of, validate_persistence_id
 from ..journal import Journal
 from ..postgres.replication_store import PostgresReplicationStore
+from ..vector_time import VectorTime
 from .concurrent_versions import ConcurrentVersions, Version
 from .conflicts import ConflictFold, Versioned
-from .vector_time import VectorTime
 
 PERSIST_ATTEMPTS = 5
 """Writes of one persist call before a race with replicated batches is reported as SequenceConflict."""

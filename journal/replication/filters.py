@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .model import ReplicatedEvent
+from ..replicated import ReplicatedEvent
 
 
 class ReplicationFilter:

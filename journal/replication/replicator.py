@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..postgres.replication_store import PostgresReplicationStore
+from ..replicated import ReplicationBatch, WriteOutcome
+from ..vector_time import VectorTime
 from .filters import EndpointFilters
-from .model import ReplicationBatch, WriteOutcome
-from .vector_time import VectorTime
 from .versions import Application
 
 

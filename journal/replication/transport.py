@@ -15,8 +15,8 @@ import grpc
 import orjson
 
 from ..errors import IncompatibleVersion, JournalUnavailable, ReplicationError
+from ..replicated import ReplicationBatch
 from .config import TlsConfig
-from .model import ReplicationBatch
 from .replicator import ReadRequest
 from .wire import decode_batch, decode_read, encode_batch, encode_read
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import orjson
 
+from ..replicated import ReplicatedEvent, ReplicationBatch
 from ..serialization import Serialized
-from .model import ReplicatedEvent, ReplicationBatch
+from ..vector_time import VectorTime
 from .replicator import ReadRequest
-from .vector_time import VectorTime
 from .versions import Application
 
 _HEADER_LENGTH = 4
