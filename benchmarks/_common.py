@@ -86,7 +86,7 @@ class CpuMeter:
 
 
 class GcMeter:
-    """Seconds this process spent in the cyclic garbage collector between :meth:`start` and
+    """CPU seconds this process spent in the cyclic garbage collector between :meth:`start` and
     :meth:`stop` (part of the client CPU time): a bulk write's objects alive across the database
     round trip make CPython's full collections frequent, and this shows how much they cost."""
 
@@ -96,9 +96,9 @@ class GcMeter:
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started = time.process_time()
         else:
-            self.seconds += time.perf_counter() - self._started
+            self.seconds += time.process_time() - self._started
 
     def start(self) -> None:
         gc.callbacks.append(self._callback)

@@ -295,13 +295,21 @@ class EventReads(Protocol):
 
 
 class Snapshots(Protocol):
-    """One snapshot per persistence id."""
+    """Snapshots per persistence id: the newest, and older ones when asked to keep several."""
 
-    async def save_snapshot(self, row: SnapshotRow) -> None: ...
+    async def save_snapshot(self, row: SnapshotRow, keep: int = 1) -> None:
+        """Store ``row`` as the pid's newest snapshot; keep at most ``keep`` snapshots of it."""
+        ...
 
     async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None: ...
 
-    async def delete_snapshot(self, persistence_id: str) -> None: ...
+    async def load_snapshots(self, persistence_id: str, limit: int) -> list[SnapshotRow]:
+        """At most ``limit`` snapshots of the pid, newest first."""
+        ...
+
+    async def delete_snapshot(self, persistence_id: str) -> None:
+        """Every snapshot of the pid."""
+        ...
 
 
 class Listening(Protocol):

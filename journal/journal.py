@@ -407,11 +407,24 @@ class Journal:
     # -- snapshots ---------------------------------------------------------------------------
 
     async def save_snapshot(
-        self, persistence_id: str, seq_nr: int, state: Any, *, tags: Sequence[str] = (), metadata: Any = None
+        self,
+        persistence_id: str,
+        seq_nr: int,
+        state: Any,
+        *,
+        tags: Sequence[str] = (),
+        metadata: Any = None,
+        keep: int = 1,
     ) -> None:
-        """Store ``state`` as of ``seq_nr``, replacing the pid's previous snapshot."""
+        """Store ``state`` as of ``seq_nr`` as the pid's newest snapshot.
+
+        ``keep``: how many snapshots of the pid to keep (1: replace the previous one; more: the
+        older ones stay, newest first, for :meth:`load_snapshots`; the oldest beyond go).
+        """
         validate_persistence_id(persistence_id)
         validate_seq_nr("seq_nr", seq_nr)
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise InvalidArgument(f"keep must be an int >= 1, got {keep!r}")
         clean_tags = validate_tags(tags)
         ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}")
         meta: Serialized | None = (
@@ -427,14 +440,32 @@ class Journal:
                 state=ser,
                 tags=clean_tags,
                 meta=meta,
-            )
+            ),
+            keep,
         )
 
     async def load_snapshot(self, persistence_id: str) -> Snapshot | None:
-        """The pid's snapshot, or None."""
+        """The pid's newest snapshot, or None."""
         row = await self.backend.load_snapshot(validate_persistence_id(persistence_id))
         if row is None:
             return None
+        return self._snapshot(row)
+
+    async def load_snapshots(self, persistence_id: str, limit: int = 16) -> list[Snapshot | SerializationError]:
+        """Up to ``limit`` snapshots of the pid, newest first; one that does not deserialize is
+        returned as its :class:`SerializationError` (so a caller can fall back to an older one)."""
+        validate_persistence_id(persistence_id)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgument(f"limit must be an int >= 1, got {limit!r}")
+        out: list[Snapshot | SerializationError] = []
+        for row in await self.backend.load_snapshots(persistence_id, limit):
+            try:
+                out.append(self._snapshot(row))
+            except SerializationError as e:
+                out.append(e)
+        return out
+
+    def _snapshot(self, row: SnapshotRow) -> Snapshot:
         state = self.serializers.deserialize(row.state.ser_id, row.state.manifest, row.state.payload, what="snapshot")
         meta = (
             self.serializers.deserialize(row.meta.ser_id, row.meta.manifest, row.meta.payload, what="snapshot metadata")

@@ -1,5 +1,4 @@
-"""What replication moves between locations (below the backend seam, no I/O): the value types
-the replicated-log stores and the endpoints share. ``journal.replication`` re-exports them."""
+"""What replication moves between locations (model layer, no I/O)."""
 
 from __future__ import annotations
 

@@ -268,6 +268,10 @@ class EntitySettings:
     """Seconds the breaker stays open before one trial write (or resolution read) may pass."""
     resolve_max_backoff: float = 2.0
     """Longest wait between attempts to learn the outcome of an interrupted write."""
+    redeliver_interval: float = 5.0
+    """Seconds between deliveries of an unconfirmed message (``Entity.deliver``)."""
+    snapshots_per_emitter_max: int = 1
+    """Snapshots kept per entity; recovery falls back to an older one if the newest does not load."""
 
 
 @dataclass(frozen=True)
@@ -313,6 +317,7 @@ class JournalSettings:
         _positive(
             self.entities, "passivate_after", "replay_batch_size", "replay_retry_max",
             "max_batch_commands", "breaker_failures", "breaker_reset_timeout", "resolve_max_backoff",
+            "redeliver_interval", "snapshots_per_emitter_max",
         )  # fmt: skip
         _non_negative(self.entities, "snapshot_every", "replay_retry_delay")
         if self.query.mode not in get_args(QueryMode):

@@ -1,7 +1,5 @@
 """Vector time (model layer, no I/O): the partial order that tells causality from concurrency.
 
-Used by replication (:mod:`journal.replication`) and by the entities' conditional requests.
-
 A vector time maps a location id to a counter, that location's log position of the last event of
 its own that the stamped event could have known. ``a <= b`` when every entry of ``a`` is at most
 the one of ``b`` (missing entries are 0); ``a < b`` is "happened before"; neither is concurrency.

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from journal import InvalidArgument, Journal
 from journal.replication.concurrent_versions import ConcurrentVersions, Version
 from journal.replication.conflicts import Versioned
-from journal.replication.vector_time import VectorTime
+from journal.vector_time import VectorTime
 from tests.test_replication_conflicts import causal_shuffle, history
 
 

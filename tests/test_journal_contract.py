@@ -8,6 +8,7 @@ Core's own tests go deeper on PostgreSQL; a few cases here overlap them on purpo
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -117,6 +118,21 @@ async def test_snapshots_save_replace_load_delete(j: Journal) -> None:
     assert snap is not None and snap.seq_nr == 9 and snap.state == {"v": 2} and snap.metadata is None
     await j.delete_snapshot("S|1")
     assert await j.load_snapshot("S|1") is None
+
+
+async def test_several_snapshots_kept_newest_first(j: Journal) -> None:
+    pid = f"S|keep-{uuid.uuid4().hex[:8]}"
+    for seq in (2, 4, 6, 8):
+        await j.save_snapshot(pid, seq, {"v": seq}, keep=3)
+    snaps = await j.load_snapshots(pid)
+    got = [(s.seq_nr, s.state) for s in snaps if not isinstance(s, Exception)]
+    assert got == [(8, {"v": 8}), (6, {"v": 6}), (4, {"v": 4})]
+    latest = await j.load_snapshot(pid)
+    assert latest is not None and latest.seq_nr == 8
+    await j.save_snapshot(pid, 10, {"v": 10})  # keep=1: replaces them all
+    assert [s.seq_nr for s in await j.load_snapshots(pid) if not isinstance(s, Exception)] == [10]
+    await j.delete_snapshot(pid)
+    assert await j.load_snapshots(pid) == []
 
 
 async def test_events_by_tag_exactly_once_in_order_per_pid(j: Journal) -> None:

@@ -315,3 +315,19 @@ async def test_parts_with_metadata_and_several_events_keep_them(journal: Journal
     assert [(e.event, e.metadata) for e in two] == [(b"raw", {"source_seq_nr": 3})]
     three = [e async for e in journal.current_events_by_persistence_id("md|3")]
     assert [(e.event, e.metadata) for e in three] == [("plain", None)]
+
+
+async def test_group_committed_one_event_calls_of_mixed_kinds_read_back(journal: Journal) -> None:
+    """A batch of one-event calls with expected_seq_nr: entity types, metadata and serializers differ."""
+    calls = [
+        journal.persist(f"{t}|{i}", [v], expected_seq_nr=0, metadata=m)
+        for i in range(30)
+        for t, v, m in [("cart", {"n": i}, None), ("order", b"\x01" * (i + 1), {"by": i})]
+    ]
+    got = await asyncio.gather(*calls)
+    assert all(len(envs) == 1 and envs[0].seq_nr == 1 for envs in got)
+    for i in (0, 17, 29):
+        (cart,) = [e async for e in journal.current_events_by_persistence_id(f"cart|{i}")]
+        assert (cart.entity_type, cart.event, cart.metadata) == ("cart", {"n": i}, None)
+        (order,) = [e async for e in journal.current_events_by_persistence_id(f"order|{i}")]
+        assert (order.entity_type, order.event, order.metadata) == ("order", b"\x01" * (i + 1), {"by": i})

@@ -136,10 +136,10 @@ async def test_a_read_ahead_is_not_counted_as_stored_at_the_source(locs: dict[st
 
 
 def test_the_wire_carries_payloads_identities_and_the_stored_position() -> None:
-    from journal.replication.model import ReplicatedEvent, ReplicationBatch
-    from journal.replication.vector_time import VectorTime
+    from journal.replicated import ReplicatedEvent, ReplicationBatch
     from journal.replication.wire import decode_batch, decode_read, encode_batch, encode_read
     from journal.serialization import Serialized
+    from journal.vector_time import VectorTime
 
     request = ReadRequest(LOG, 4, 3, "B", VectorTime({"A": 3}), ids=(("A", 1), ("C", 9)), stored=2)
     assert decode_read(encode_read(request)) == request

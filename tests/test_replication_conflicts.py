@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from journal.replication.conflicts import ConflictFold, Versioned
-from journal.replication.vector_time import VectorTime
+from journal.vector_time import VectorTime
 
 
 def history(writes: list[tuple[str, bool]]) -> list[Versioned]:

@@ -17,8 +17,8 @@ from replication_helpers import Location, location_databases, open_location
 
 from journal.errors import IncompatibleVersion, LocationMismatch, ReplicationError
 from journal.replication.replicator import LocalSource, ReadRequest, Replicator
-from journal.replication.vector_time import VectorTime
 from journal.replication.versions import Application
+from journal.vector_time import VectorTime
 
 LOG = "Cart"
 

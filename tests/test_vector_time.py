@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from journal.errors import InvalidArgument
-from journal.replication.vector_time import VectorTime
+from journal.vector_time import VectorTime
 
 times = st.dictionaries(st.sampled_from(["A", "B", "C", "D"]), st.integers(0, 6), max_size=4).map(VectorTime)
 

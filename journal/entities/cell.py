@@ -15,7 +15,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from ..journal import Journal
 from ..settings import EntitySettings
 from .circuit_breaker import CircuitBreaker
 from .conditional import TimedReply
+from .confirmed_delivery import Deliverer, Destination
 from .delivery import RoutedDelivery, routed_handler
 from .entity import (
     AfterPersist,
@@ -39,12 +40,15 @@ from .entity import (
     apply_behaviours,
     apply_event,
     begin_command,
+    bookkeeping,
     end_command,
     outside_command,
     set_sequence_nr,
 )
 from .recovery import recover
+from .reliable import ON_EVENT_KEY, with_marks
 from .routing import routes_metadata, snapshot_route_metadata, vector_time_of
+from .snapshot_result import SnapshotResult
 
 log = logging.getLogger("journal.entities")
 
@@ -58,6 +62,10 @@ class _Command:
     timed: bool = False
 
 
+_FLUSH = object()
+"""The internal command that writes the follow-ups asked for with ``persist_on_event``."""
+
+
 class EntityCell:
     """Owns one entity instance; the registry keeps at most one cell per pid."""
 
@@ -69,6 +77,7 @@ class EntityCell:
         settings: EntitySettings,
         breaker: CircuitBreaker,
         on_stopped: Callable[[EntityCell], None],
+        destinations: Mapping[str, Destination] | None = None,
     ) -> None:
         self._factory = factory
         self.entity_id = entity_id
@@ -91,9 +100,16 @@ class EntityCell:
         self._needs_restart = False
         self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
+        self._snapshot_lock = asyncio.Lock()
         self.recovered = asyncio.Event()
+        self.failure: RecoveryFailed | None = None
+        """Why recovery failed (set with ``recovered``), else None."""
         self.restarts = 0
         self.last_used = time.monotonic()
+        interval = cls.redeliver_interval or settings.redeliver_interval
+        self.deliveries = Deliverer(
+            self.persistence_id, lambda: bookkeeping(self.entity), destinations or {}, interval
+        )
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"entity {self.persistence_id}"
         )
@@ -115,6 +131,7 @@ class EntityCell:
             and all(c.future.done() for c in self._stash)  # only callers that gave up
             and not self._pending
             and (self._writer is None or self._writer.done())
+            and not self.deliveries.pending
         )
 
     async def stop(self) -> None:
@@ -160,6 +177,7 @@ class EntityCell:
             if self._background:
                 await asyncio.gather(*self._background, return_exceptions=True)
         finally:
+            await self.deliveries.stop()  # also when a restart's recovery failed
             self._on_stopped(self)
 
     async def _recover(self) -> bool:
@@ -175,10 +193,13 @@ class EntityCell:
             return False
         self.entity.on_recovery(None)
         self.recovered.set()
+        self._enqueue_follow_ups()
+        self.deliveries.recovered()
         return True
 
     def _fail_recovery(self, e: RecoveryFailed) -> None:
         log.error("%s", e)
+        self.failure = e
         try:
             self.entity.on_recovery(e)
         except Exception:
@@ -202,6 +223,8 @@ class EntityCell:
 
     async def _handle(self, cmd: _Command) -> _Command | None:
         """Run the command handler; return the command if it has events to write."""
+        if cmd.command is _FLUSH:
+            return self._flush(cmd)
         if isinstance(cmd.command, RoutedDelivery) and not self.state_sync:
             await self._drain_writer()  # the dedupe check needs every earlier write applied
         collected, token = begin_command(self.entity)
@@ -229,6 +252,38 @@ class EntityCell:
             await self._save_snapshot()
         self._reply(cmd)
         return None
+
+    def _flush(self, cmd: _Command) -> _Command | None:
+        """Turn the follow-ups not yet written into this internal command's events."""
+        c = Collected(self.entity)
+        for f in bookkeeping(self.entity).take_follow_ups():
+            c.marks[len(c.events)] = {ON_EVENT_KEY: f.trigger}
+            c.events.append(f.event)
+            c.destinations.append(f.destinations)
+            c.callbacks.append(None)
+        cmd.collected = c
+        if not c.events:
+            self._reply(cmd)
+            return None
+        return cmd
+
+    def _enqueue_follow_ups(self) -> None:
+        """Follow-ups are written next, before any waiting command."""
+        if not bookkeeping(self.entity).has_follow_ups_to_write:
+            return
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(self._flushed)
+        self._queue.appendleft(_Command(_FLUSH, fut))
+        self._wake.set()
+
+    def _flushed(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is None:
+            return
+        # Eventuate restarts the actor: recovery finds the follow-ups still missing and retries
+        log.warning("follow-up write of %s failed (%s): restarting before the next command",
+                    self.persistence_id, fut.exception())  # fmt: skip
+        bookkeeping(self.entity).release()
+        self._needs_restart = True
 
     def _unstash(self) -> None:
         """Stashed commands go to the front of the queue, in stash order."""
@@ -266,14 +321,17 @@ class EntityCell:
     async def _write(self, batch: list[_Command]) -> None:
         events: list[Any] = []
         dests: list[tuple[str, ...]] = []
+        event_marks: dict[int, dict[str, Any]] = {}
         routed: dict[int, tuple[str, int]] = {}
         for cmd in batch:
             assert cmd.collected is not None
+            event_marks.update({len(events) + i: m for i, m in cmd.collected.marks.items()})
             routed.update({len(events) + i: src for i, src in cmd.collected.routed.items()})
             events.extend(cmd.collected.events)
             dests.extend(cmd.collected.destinations)
         expected = self.entity.sequence_nr
-        metadata = routes_metadata(expected + 1, dests, routed)  # also what _resolve re-checks
+        # also what _resolve re-checks
+        metadata = with_marks(routes_metadata(expected + 1, dests, routed), expected + 1, event_marks)
         try:
             self._breaker.check()
         except JournalUnavailable as e:
@@ -342,6 +400,8 @@ class EntityCell:
                 self._reply(cmd)
         finally:
             end_command(token)
+        self._enqueue_follow_ups()
+        self.deliveries.send_fresh()
         seq = envs[-1].seq_nr
         wants = any(c.collected is not None and c.collected.snapshot for c in batch)
         every = self.snapshot_every
@@ -351,17 +411,27 @@ class EntityCell:
             task.add_done_callback(self._background.discard)
 
     async def _save_snapshot(self) -> None:
+        entity, seq = self.entity, self.entity.sequence_nr
+        result = SnapshotResult(self.persistence_id, seq)
         try:
-            await self._journal.save_snapshot(
-                self.persistence_id,
-                self.entity.sequence_nr,
-                self.entity.snapshot_state(),
-                metadata=snapshot_route_metadata(self.entity),
-            )
+            state = entity.snapshot_state()
+            meta = {
+                **(bookkeeping(entity).to_metadata(self._journal.serializers) or {}),
+                **(snapshot_route_metadata(entity) or {}),
+            }
+            async with self._snapshot_lock:  # in order: an older one never lands after a newer one
+                await self._journal.save_snapshot(
+                    self.persistence_id, seq, state, metadata=meta or None,
+                    keep=self._settings.snapshots_per_emitter_max,
+                )  # fmt: skip
+        except Exception as e:
+            log.warning("snapshot of %s at %d failed (recovery will replay more events): %s",
+                        self.persistence_id, seq, e)  # fmt: skip
+            result = SnapshotResult(self.persistence_id, seq, e)
+        try:
+            entity.on_snapshot_saved(result)
         except Exception:
-            log.exception(
-                "snapshot of %s failed (recovery will replay more events)", self.persistence_id
-            )
+            log.exception("on_snapshot_saved of %s raised", self.persistence_id)
 
     async def _resolve(self, expected: int, events: list[Any], metadata: Any) -> list[EventEnvelope]:
         """Learn whether an interrupted write committed (:meth:`Journal.resolve_persist`);

@@ -10,7 +10,7 @@ from an event handler, a callback or another entity's command is refused with
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Generic, TypeVar
@@ -18,7 +18,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 from ..envelope import EventEnvelope
 from ..errors import EntityError, InvalidArgument, PersistNotAllowed
 from ..ids import persistence_id_of, validate_persistence_id
+from .reliable import CONFIRMS_KEY, Bookkeeping, FollowUp
 from .routing import destinations_of, route_marks, routed_from
+from .snapshot_result import SnapshotResult
 
 S = TypeVar("S")
 
@@ -39,6 +41,8 @@ class Collected:
     unstash: bool = False
     behaviours: list[CommandHandler | None] = field(default_factory=list)
     """become (a handler) and unbecome (None) calls, applied in order if the handler succeeds."""
+    marks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Index in ``events`` -> metadata marks of that event (see :mod:`.reliable`)."""
     routed: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Index in ``events`` -> (source pid, source seq_nr) of the routed copies (delivery.py)."""
 
@@ -109,7 +113,8 @@ class Entity(Generic[S]):
     """Subclass and implement :meth:`initial_state`, :meth:`on_command` and :meth:`on_event`.
 
     Class attributes: ``entity_type`` (required: the pid prefix), and optional overrides of the
-    registry's settings: ``state_sync``, ``snapshot_every``, ``replay_from_seq_nr``, ``tags``
+    registry's settings: ``state_sync``, ``snapshot_every``, ``redeliver_interval``,
+    ``replay_from_seq_nr``, ``tags``
     (stored with every event), ``event_types`` (dataclasses registered with the JSON serializer
     so replay rebuilds them).
 
@@ -124,6 +129,7 @@ class Entity(Generic[S]):
     replay_from_seq_nr: ClassVar[int] = 1
     tags: ClassVar[tuple[str, ...]] = ()
     event_types: ClassVar[tuple[type, ...]] = ()
+    redeliver_interval: ClassVar[float | None] = None
 
     def __init__(self, entity_id: str) -> None:
         self.entity_id = entity_id
@@ -134,6 +140,7 @@ class Entity(Generic[S]):
         self._seq_nr = 0
         self._behaviours: list[CommandHandler] = []
         self._event: EventContext | None = None
+        self._book = Bookkeeping()
 
     # -- to implement ------------------------------------------------------------------------
 
@@ -157,7 +164,47 @@ class Entity(Generic[S]):
         """Turn a stored snapshot back into state (default: the stored value itself)."""
         return snapshot  # type: ignore[no-any-return]
 
+    def on_snapshot_saved(self, result: SnapshotResult) -> None:
+        """Called when a snapshot save ends: ``result.error`` is None on success."""
+
     # -- inside an event handler ---------------------------------------------------------------
+
+    def persist_on_event(self, event: Any, *, destinations: Sequence[str] = ()) -> None:
+        """Persist ``event`` once, as a follow-up of the event ``on_event`` is applying.
+
+        Only inside ``on_event``. Written right after the current write (before the next
+        command); on replay the handler asks again, but a follow-up already in the journal is
+        recognized (its metadata names its trigger) and not written again; one that is missing
+        (the process died between the two writes) is written once recovery ends.
+        """
+        ctx = self._in_event_handler("persist_on_event")
+        self._book.add_follow_up(FollowUp(ctx.seq_nr, event, _clean_destinations(destinations)))
+
+    def deliver(self, delivery_id: str, message: Any, destination: str) -> None:
+        """Deliver ``message`` to the destination named ``destination`` until confirmed.
+
+        Only inside ``on_event``. The registry sends a :class:`~.reliable.Delivery` to the
+        destination registered under that name (``EntityRegistry.add_destination``) at once for a
+        new event, after recovery for a replayed one, and again every ``redeliver_interval``
+        seconds until a command handler calls :meth:`persist_confirmation` with ``delivery_id``.
+        """
+        ctx = self._in_event_handler("deliver")
+        for what, v in (("delivery_id", delivery_id), ("destination", destination)):
+            if not isinstance(v, str) or not v:
+                raise InvalidArgument(f"{what} must be a non-empty string, got {v!r}")
+        self._book.add_delivery(delivery_id, destination, message, live=not ctx.replay)
+
+    @property
+    def unconfirmed(self) -> Mapping[str, Any]:
+        """Delivery id -> message of the deliveries not confirmed yet."""
+        return {d: u.message for d, u in self._book.unconfirmed.items()}
+
+    def _in_event_handler(self, what: str) -> EventContext:
+        if self._event is None:
+            raise PersistNotAllowed(
+                f"{what}() on {self.persistence_id!r} is only allowed inside its on_event"
+            )
+        return self._event
 
     @property
     def current_event(self) -> EventContext:
@@ -196,6 +243,17 @@ class Entity(Generic[S]):
         c.events.append(event)
         c.destinations.append(_clean_destinations(destinations))
         c.callbacks.append(on_persisted)
+
+    def persist_confirmation(
+        self, event: Any, delivery_id: str, *, destinations: Sequence[str] = ()
+    ) -> None:
+        """Persist ``event`` as the confirmation of ``delivery_id`` (see :meth:`deliver`): once it
+        is written the delivery is never sent again, also after a restart."""
+        if not isinstance(delivery_id, str) or not delivery_id:
+            raise InvalidArgument(f"delivery_id must be a non-empty string, got {delivery_id!r}")
+        c = self._collector("persist_confirmation")
+        self.persist(event, destinations=destinations)
+        c.marks[len(c.events) - 1] = {CONFIRMS_KEY: delivery_id}
 
     def persist_all(self, events: Sequence[Any], *, destinations: Sequence[str] = ()) -> None:
         """Collect several events, written in one atomic call with the command's other events."""
@@ -295,6 +353,7 @@ def outside_command() -> contextvars.Token[Collected | None]:
 
 def apply_event(entity: Entity[S], envelope: EventEnvelope, *, replay: bool) -> None:
     """Run the event handler on a stored event with :attr:`Entity.current_event` set."""
+    entity._book.observe(envelope)
     entity._event = EventContext(envelope, replay)
     try:
         entity.state = entity.on_event(entity.state, envelope.event)
@@ -305,3 +364,8 @@ def apply_event(entity: Entity[S], envelope: EventEnvelope, *, replay: bool) -> 
 
 def set_sequence_nr(entity: Entity[Any], seq_nr: int) -> None:
     entity._seq_nr = seq_nr
+
+
+def bookkeeping(entity: Entity[Any]) -> Bookkeeping:
+    """The entity's follow-ups and unconfirmed deliveries (for the cell and recovery)."""
+    return entity._book

@@ -1,4 +1,5 @@
-"""Recovery: latest snapshot that loads, then later events replayed in bounded batches."""
+"""Recovery: the newest snapshot that loads (older kept ones next), then later events replayed
+in bounded batches; retried while the database is unavailable."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from ..errors import JournalUnavailable, RecoveryFailed, SerializationError
 from ..journal import Journal
 from ..settings import EntitySettings
-from .entity import Entity, apply_event, end_command, outside_command, set_sequence_nr
+from .entity import Entity, apply_event, bookkeeping, end_command, outside_command, set_sequence_nr
 from .routing import restore_route_marks
 
 log = logging.getLogger("journal.entities")
@@ -39,30 +40,30 @@ async def recover(entity: Entity[Any], journal: Journal, settings: EntitySetting
             )
             await asyncio.sleep(settings.replay_retry_delay)
             entity.state = entity.initial_state()
+            bookkeeping(entity).load_metadata(None, journal.serializers)
             set_sequence_nr(entity, 0)
 
 
 async def _recover_once(entity: Entity[Any], journal: Journal, settings: EntitySettings) -> None:
     pid = entity.persistence_id
     seq = 0
-    try:
-        snap = await journal.load_snapshot(pid)
-    except SerializationError as e:
-        log.warning("snapshot of %s does not load (%s): replaying all events", pid, e)
-        snap = None
-    if snap is not None:
+    for snap in await journal.load_snapshots(pid, settings.snapshots_per_emitter_max):
+        if isinstance(snap, SerializationError):
+            log.warning("a snapshot of %s does not load (%s): trying an older one", pid, snap)
+            continue
         try:
             entity.state = entity.restore_snapshot(snap.state)
-            seq = snap.seq_nr
+            bookkeeping(entity).load_metadata(snap.metadata, journal.serializers)
             restore_route_marks(entity, snap.metadata)
         except Exception as e:
             log.warning(
-                "snapshot of %s at %d does not restore (%s): replaying all events",
-                pid,
-                snap.seq_nr,
-                e,
+                "snapshot of %s at %d does not restore (%s): trying an older one", pid, snap.seq_nr, e
             )
             entity.state = entity.initial_state()
+            bookkeeping(entity).load_metadata(None, journal.serializers)
+            continue
+        seq = snap.seq_nr
+        break
     highest = await journal.highest_seq_nr(pid)
     start = max(seq + 1, entity.replay_from_seq_nr)
     batch = settings.replay_batch_size

@@ -20,6 +20,7 @@ from ..settings import EntitySettings
 from .cell import EntityCell
 from .circuit_breaker import CircuitBreaker
 from .conditional import TimedReply, as_vector_time, check_timeout, wait_until_seen
+from .confirmed_delivery import Destination
 from .delivery import RoutedDelivery, RoutedEvent
 from .entity import Entity
 from .routing import route_marks, seen_by
@@ -40,6 +41,8 @@ class EntityRegistry:
         )
         self._types: dict[str, type[Entity[Any]]] = {}
         self._cells: dict[str, EntityCell] = {}
+        self.destinations: dict[str, Destination] = {}
+        """Name -> callable that entities' ``deliver`` calls reach (see :meth:`add_destination`)."""
         self._reaper: asyncio.Task[None] | None = None
         self._closed = False
         self.passivations = 0
@@ -62,6 +65,33 @@ class EntityRegistry:
         for t in cls.event_types:
             self.journal.serializers.register_type(t)
         return cls
+
+    def add_destination(self, name: str, destination: Destination) -> None:
+        """Make ``destination`` (``fn(delivery)``, sync or async) reachable by ``Entity.deliver``
+        under ``name``. Register it before the entities that deliver to it start; a delivery to
+        a name not registered yet is retried at the next interval."""
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument(f"destination name must be a non-empty string, got {name!r}")
+        if not callable(destination):
+            raise InvalidArgument(f"destination {name!r} must be callable, got {destination!r}")
+        self.destinations[name] = destination
+
+    async def start(self, cls: type[Entity[Any]], entity_id: str) -> None:
+        """Recover the entity without sending it a command (e.g. at startup, so its unconfirmed
+        deliveries and missing follow-ups resume). Raises :class:`RecoveryFailed`."""
+        cell = self._cell(cls, entity_id)
+        await cell.recovered.wait()
+        if cell.failure is not None:
+            raise cell.failure
+
+    async def ask_pid(self, persistence_id: str, command: Any) -> Any:
+        """:meth:`ask` by persistence id (e.g. to confirm a :class:`Delivery` to its ``sender``);
+        the entity type must be registered."""
+        entity_type, sep, entity_id = persistence_id.partition("|")
+        cls = self._types.get(entity_type)
+        if not sep or cls is None:
+            raise InvalidArgument(f"no registered entity type for persistence id {persistence_id!r}")
+        return await self.ask(cls, entity_id, command)
 
     async def ask(
         self,
@@ -152,8 +182,9 @@ class EntityRegistry:
         cell = self._cells.get(pid)
         if cell is None:
             cell = EntityCell(
-                cls, entity_id, self.journal, self.settings, self.breaker, self._stopped
-            )
+                cls, entity_id, self.journal, self.settings, self.breaker, self._stopped,
+                self.destinations,
+            )  # fmt: skip
             self._cells[pid] = cell
             self._ensure_reaper()
         return cell

@@ -40,6 +40,17 @@ class Writer(ABC):
     async def write(self, events: Sequence[EventEnvelope], progress: Mapping[str, int]) -> None:
         """Store the effect of ``events`` and ``progress`` (pid -> new last seq_nr) atomically."""
 
+    # hooks for stateful writers (see journal.entities.stateful); no-ops here
+
+    async def before_batch(self) -> None:  # noqa: B027 (a hook: empty by design)
+        """Called before each batch the handler gets (a stateful writer recovers here)."""
+
+    def on_events(self, events: Sequence[EventEnvelope]) -> None:  # noqa: B027
+        """Called with the fresh events of a :meth:`write`, just before it."""
+
+    def on_write_failed(self) -> None:  # noqa: B027
+        """Called when :meth:`write` raised (its outcome is unknown)."""
+
 
 class WriterHandler:
     """A grouped projection handler (``async (conn, envelopes)``) that drives a :class:`Writer`.
@@ -72,6 +83,7 @@ class WriterHandler:
         return lo <= slice_for(env.persistence_id) <= hi
 
     async def __call__(self, _conn: Any, envelopes: Sequence[EventEnvelope]) -> None:
+        await self.writer.before_batch()
         envs = [e for e in envelopes if self._wanted(e)]
         unknown = sorted({e.persistence_id for e in envs} - self.progress.keys())
         if unknown:
@@ -92,8 +104,10 @@ class WriterHandler:
             chunk = fresh[i : i + size]
             new = {e.persistence_id: e.seq_nr for e in chunk}
             try:
+                self.writer.on_events(chunk)
                 await self.writer.write(chunk, new)
             except BaseException:
+                self.writer.on_write_failed()
                 for pid in {e.persistence_id for e in fresh}:  # outcome unknown: read it again
                     self.progress.pop(pid, None)
                 raise

@@ -96,6 +96,8 @@ SELECT ts, bad{notify} FROM stamp"""
         if isinstance(batch, WriteColumns):
             return self._columns(batch, writer)
         requests = batch
+        if all([len(r.events) == 1 for r in requests]):
+            return self._one_event_each(requests, writer)
         pids: list[str] = []
         slices: list[int] = []
         seqs: list[int] = []
@@ -157,6 +159,35 @@ SELECT ts, bad{notify} FROM stamp"""
         if self._notify:
             params += (list({f"{r.slice // SLICE_GROUP_SIZE}:{r.entity_type}" for r in requests}),)
         return (self.many_events if many else self.one_event), params
+
+    def _one_event_each(self, requests: Sequence[WriteRequest], writer: str) -> tuple[str, tuple[Any, ...]]:
+        """The group commit's commonest batch (one event per call), as list comprehensions."""
+        evs = [r.events[0] for r in requests]
+        ser_ids = [ev.ser_id for ev in evs]
+        manifests = [ev.manifest for ev in evs]
+        if ser_ids.count(JSON_SERIALIZER_ID) == len(ser_ids) and not any(manifests):
+            ser_ids, manifests = [], []
+        entity_types = [r.entity_type for r in requests]
+        et = entity_types[0]
+        if entity_types.count(et) == len(entity_types):
+            entity_types = []
+        meta_ids: list[int | None] = []
+        meta_manifests: list[str | None] = []
+        meta_payloads: list[bytes | None] = []
+        if any([r.metadata is not None for r in requests]):
+            metas = [r.metadata for r in requests]
+            meta_ids = [m.ser_id if m else None for m in metas]
+            meta_manifests = [m.manifest if m else None for m in metas]
+            meta_payloads = [m.payload if m else None for m in metas]
+        params: tuple[Any, ...] = (
+            [r.persistence_id for r in requests], [r.slice for r in requests],
+            [r.expected_seq_nr + 1 for r in requests],  # type: ignore[operator]  # accepts(): not None
+            [ev.payload for ev in evs], writer, entity_types, et, ser_ids, manifests,
+            meta_ids, meta_manifests, meta_payloads,
+        )  # fmt: skip
+        if self._notify:
+            params += (list({f"{r.slice // SLICE_GROUP_SIZE}:{r.entity_type}" for r in requests}),)
+        return self.one_event, params
 
     def _columns(self, c: WriteColumns, writer: str) -> tuple[str, tuple[Any, ...]]:
         et = c.entity_types[0]

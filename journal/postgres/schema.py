@@ -88,6 +88,27 @@ snapshot = Table(
     Index("snapshot_slice_idx", "slice", "entity_type", "db_timestamp"),
 )
 
+# Older snapshots of a pid (entities.snapshots_per_emitter_max > 1); ``snapshot`` keeps the newest
+# (one row per pid, as the reference DDL), so a JVM service sharing the tables sees no change.
+snapshot_older = Table(
+    "snapshot_older",
+    metadata,
+    Column("slice", Integer, nullable=False),
+    Column("entity_type", String(255), nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("seq_nr", BigInteger, nullable=False),
+    Column("db_timestamp", TIMESTAMP(timezone=True)),
+    Column("write_timestamp", BigInteger, nullable=False),
+    Column("ser_id", Integer, nullable=False),
+    Column("ser_manifest", String(255), nullable=False),
+    Column("snapshot", LargeBinary, nullable=False),
+    Column("tags", ARRAY(Text)),
+    Column("meta_ser_id", Integer),
+    Column("meta_ser_manifest", String(255)),
+    Column("meta_payload", LargeBinary),
+    PrimaryKeyConstraint("persistence_id", "seq_nr", name="snapshot_older_pkey"),
+)
+
 # -- events by tag (issue 7) ------------------------------------------------------------------
 # The reference's Cassandra tag tables, plus ``uuid_time``: PostgreSQL compares uuids bytewise,
 # not by time, so rows are ordered by (uuid_time, timestamp). Tag rows of the journal's own

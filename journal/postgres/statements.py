@@ -25,6 +25,12 @@ def notify_channel(schema: str) -> str:
     return f"slice_journal.{schema}"
 
 
+_SNAP_COLS = (
+    "slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, "
+    "ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload"
+)
+
+
 @dataclass(frozen=True)
 class Statements:
     schema: str
@@ -236,6 +242,11 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{noti
         )
 
     @property
+    def replace_snapshot(self) -> str:
+        """The upsert, also dropping the older snapshots kept before (one statement: atomic)."""
+        return f"WITH older AS (DELETE FROM {self.older} WHERE persistence_id = $3) {self.upsert_snapshot}"
+
+    @property
     def load_snapshot(self) -> str:
         return (
             "SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, "
@@ -256,6 +267,37 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{noti
     def schema_revision(self) -> str:
         """The Alembic revision of the journal's schema (its own version table)."""
         return f'SELECT version_num FROM "{self.schema}".slice_journal_alembic_version'
+
+    @property
+    def older(self) -> str:
+        return f'"{self.schema}".snapshot_older'
+
+    @property
+    def keep_previous_snapshot(self) -> str:
+        """Copy the pid's current snapshot (older than $2) into snapshot_older."""
+        return (
+            f"INSERT INTO {self.older} ({_SNAP_COLS}) SELECT {_SNAP_COLS} FROM {self.snap} "
+            "WHERE persistence_id = $1 AND seq_nr < $2 ON CONFLICT (persistence_id, seq_nr) DO NOTHING"
+        )
+
+    @property
+    def prune_older_snapshots(self) -> str:
+        """Keep the $3 newest older snapshots below the current one ($2)."""
+        return (
+            f"DELETE FROM {self.older} WHERE persistence_id = $1 AND (seq_nr >= $2 OR seq_nr NOT IN "
+            f"(SELECT seq_nr FROM {self.older} WHERE persistence_id = $1 AND seq_nr < $2 "
+            "ORDER BY seq_nr DESC LIMIT $3))"
+        )
+
+    @property
+    def load_older_snapshots(self) -> str:
+        return (
+            f"SELECT {_SNAP_COLS} FROM {self.older} WHERE persistence_id = $1 ORDER BY seq_nr DESC LIMIT $2"
+        )
+
+    @property
+    def delete_older_snapshots(self) -> str:
+        return f"DELETE FROM {self.older} WHERE persistence_id = $1"
 
     @property
     def event_counts(self) -> str:
