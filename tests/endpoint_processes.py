@@ -91,11 +91,12 @@ class EndpointProcess:
     def address(self) -> str:
         return str(self.config["listen"])
 
-    def start(self) -> None:
+    def start(self, *extra: str) -> None:
+        """Start it; ``extra``: more ``endpoint run`` options (``--recover``)."""
         assert self.proc is None or self.proc.poll() is not None
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                [*JOURNAL_CLI, "endpoint", "run", "--config", str(self.path)],
+                [*JOURNAL_CLI, "endpoint", "run", "--config", str(self.path), *extra],
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,

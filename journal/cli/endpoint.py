@@ -25,6 +25,7 @@ def run_endpoint(
     recover: Annotated[bool, typer.Option("--recover", help="Disaster recovery first: rebuild from peers.")] = False,
 ) -> None:
     """Run the endpoint until SIGTERM/SIGINT: serve this location's logs, pull its connections'."""
+    from ..errors import JournalUnavailable
     from ..replication.config import EndpointConfig
     from ..replication.endpoint import ReplicationEndpoint
 
@@ -37,7 +38,16 @@ def run_endpoint(
             loop.add_signal_handler(sig, stop.set)
         async with ReplicationEndpoint(cfg) as ep:
             if recover:
-                recovered = await ep.recover()
+                try:
+                    recovered = await ep.recover()
+                except JournalUnavailable as e:
+                    typer.secho(
+                        f"endpoint {cfg.location} recovery failed: {e}; local writes stay refused "
+                        "until a recovery succeeds (run again with --recover)",
+                        err=True,
+                        fg=typer.colors.RED,
+                    )
+                    raise typer.Exit(1) from e
                 typer.echo(f"endpoint {cfg.location} recovered {recovered}", err=True)
             typer.echo(f"endpoint {cfg.location} listening on {cfg.listen} (logs: {', '.join(cfg.logs)})", err=True)
             await stop.wait()
@@ -74,3 +84,34 @@ def status(
     except JournalUnavailable as e:
         typer.secho(f"endpoint not reachable: {e}", err=True, fg=typer.colors.RED)
         raise typer.Exit(1) from e
+
+
+@endpoint_app.command("delete")
+def delete(
+    config: ConfigOption,
+    log: Annotated[str, typer.Option("--log", help="The log (entity type) to delete from.")],
+    to: Annotated[int, typer.Option("--to", help="Delete the log's events up to this log sequence number.")],
+    physically_after: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--physically-after",
+            help="Also remove the deleted events once this location has stored them (repeatable).",
+        ),
+    ] = None,
+) -> None:
+    """Delete a log's events up to a position at this location: logically at once (local reads skip
+    them, replication still sends them); physically only as far as every ``--physically-after``
+    location has stored them. Run it again later to remove the rest. Prints the positions as JSON."""
+    from ..errors import JournalError
+    from ..replication.config import EndpointConfig
+    from ..replication.endpoint import delete_at_location
+
+    cfg = EndpointConfig.load(config)
+    try:
+        logical, physical = asyncio.run(
+            delete_at_location(cfg, log, to, physically_after=tuple(physically_after or ()))
+        )
+    except JournalError as e:
+        typer.secho(f"cannot delete: {e}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2) from e
+    typer.echo(json.dumps({"log": log, "logically_deleted_to": logical, "physically_deleted_to": physical}))

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from ..errors import ConfigurationError, InvalidArgument
 from ..journal import Journal, open_journal
 from ..postgres.backend import PostgresBackend
 from ..postgres.replication_store import PostgresReplicationStore
@@ -332,6 +333,29 @@ class ReplicationEndpoint:
             "logs": logs,
             "connections": conns,
         }
+
+
+async def delete_at_location(
+    config: EndpointConfig, log_name: str, to_log_seq_nr: int, *, physically_after: Sequence[str] = ()
+) -> tuple[int, int]:
+    """:meth:`ReplicationEndpoint.delete` without serving (``journal endpoint delete``): on the
+    location's own database, beside its running endpoint. Local events not yet in the log are
+    stamped first. Returns (logically deleted up to, physically deleted up to; 0 without
+    ``physically_after``)."""
+    if log_name not in config.logs:
+        raise ConfigurationError(f"log {log_name!r} is not one of this endpoint's logs {list(config.logs)}")
+    if to_log_seq_nr < 1:
+        raise InvalidArgument(f"to_log_seq_nr must be >= 1, got {to_log_seq_nr}")
+    async with open_journal(config.dsn, settings=JournalSettings.load(dsn=config.dsn), migrate=False) as journal:
+        backend = journal.backend
+        assert isinstance(backend, PostgresBackend)
+        store = PostgresReplicationStore(backend, config.location)
+        await store.ensure_log(log_name)
+        while await store.stamp(log_name):
+            pass
+        applied = await store.delete_logically(log_name, to_log_seq_nr)
+        physical = await store.delete_physically(log_name, applied, physically_after) if physically_after else 0
+    return applied, physical
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:
