@@ -1,7 +1,8 @@
 """More replication scenarios with endpoint processes (``journal endpoint run --config FILE``).
 
 The issue's remaining scenarios, each with separate endpoint processes on 127.0.0.x ports over
-their own databases: filters (location-private events never leave), application versions (an
+their own databases: filters from the config file (location-private events never leave; per
+source log and per target location, composed with and/or/not), application versions (an
 older target is refused and reports its source unavailable), availability within the
 failure-detection limit, disaster recovery of a wiped location (``run --recover``), and deferred
 deletion (``journal endpoint delete``). The test process is each location's application: it
@@ -117,7 +118,14 @@ async def test_filters_versions_and_availability_within_the_limit(
     configs = topology(
         dbs,
         {"A": "", "B": "A", "C": "A"},
-        A={"application": {"name": "shop", "version": "1.3"}, "private_tags": ["mine"]},
+        A={
+            "application": {"name": "shop", "version": "1.3"},
+            "private_tags": ["mine"],
+            "filters": {  # drafts stay, except Order|keep's; nothing tagged not-for-c goes to C
+                "source_logs": {LOG: {"any": [{"not": {"tagged": ["draft"]}}, {"persistence_ids": [f"{LOG}|keep"]}]}},
+                "target_locations": {"C": {"not": {"tagged": ["not-for-c"]}}},
+            },
+        },
         B={"application": {"name": "shop", "version": "1.2"}},
         C={"application": {"name": "shop", "version": "1.3.1"}},
     )
@@ -128,18 +136,22 @@ async def test_filters_versions_and_availability_within_the_limit(
         await ep.wait_ready()
     a = eps["A"].address
     await locs["A"].journal.persist(f"{LOG}|p", [{"v": "private"}], tags=["mine"])
+    await locs["A"].journal.persist(f"{LOG}|x", [{"v": "not for C"}], tags=["not-for-c"])
+    await locs["A"].journal.persist(f"{LOG}|d", [{"v": "draft"}], tags=["draft"])
+    await locs["A"].journal.persist(f"{LOG}|keep", [{"v": "kept draft"}], tags=["draft"])
     for i in range(5):
         await locs["A"].journal.persist(f"{LOG}|q{i}", [{"v": f"public{i}"}], tags=["other"])
 
-    # filters: C stores the public events only, although it has read past the private one
-    await stored(locs["C"], 5)
+    # filters: C stores what passes them only, although it has read past everything
+    await stored(locs["C"], 6)
 
     async def c_read_all_of_a() -> bool:
-        return int(await locs["C"].store.progress(LOG, "A")) >= 6
+        return int(await locs["C"].store.progress(LOG, "A")) >= 9
 
     await wait_until(c_read_all_of_a, 60, "C to read past every event of A", every=0.1)
-    assert sorted(e["v"] for e in await local_reads(locs["C"])) == [f"public{i}" for i in range(5)]
-    assert len(await local_reads(locs["A"])) == 6  # private, not lost: A still has it
+    expected = sorted(["kept draft", *(f"public{i}" for i in range(5))])
+    assert sorted(e["v"] for e in await local_reads(locs["C"])) == expected
+    assert len(await local_reads(locs["A"])) == 9  # filtered, not lost: A still has them all
 
     # versions: B (older than A) is refused, says why, and stores nothing
     async def b_refused() -> dict[str, Any] | None:
@@ -147,7 +159,7 @@ async def test_filters_versions_and_availability_within_the_limit(
         return s if s["state"] == "unavailable" else None
 
     refused = await wait_until(b_refused, 60, "B to report A unavailable", every=0.2)
-    assert any("older" in cause for cause in refused["recent_causes"]), refused
+    assert any("older" in cause for cause in refused["causes"]), refused
     assert (await state_of(eps["C"], a))["state"] == "available"
     assert await count(locs["B"]) == 0
     assert (await status(eps["B"]))["application"] == {"name": "shop", "version": "1.2"}
@@ -164,7 +176,7 @@ async def test_filters_versions_and_availability_within_the_limit(
     took = time.monotonic() - t0
     assert took < 2 * LIMIT + 3.0, f"unavailable after {took:.1f}s, limit {LIMIT}s"
     s = await state_of(eps["C"], a)
-    assert s["recent_causes"], "an unavailable endpoint names its causes"
+    assert s["causes"], "an unavailable endpoint names its causes"
     eps["A"].start()
     await eps["A"].wait_ready()
     t0 = time.monotonic()
@@ -172,7 +184,7 @@ async def test_filters_versions_and_availability_within_the_limit(
     took = time.monotonic() - t0
     assert took < 2 * LIMIT + 3.0, f"available after {took:.1f}s, limit {LIMIT}s"
     await locs["A"].journal.persist(f"{LOG}|q9", [{"v": "after"}])
-    await stored(locs["C"], 6)  # and replication goes on
+    await stored(locs["C"], 7)  # and replication goes on
     assert await count(locs["B"]) == 0
 
 
@@ -229,6 +241,7 @@ async def test_deletion_is_logical_first_and_physical_once_replicated(
     configs = topology(dbs, {"A": "", "B": "A"})
     a = spawn(configs["A"])
     a.start()
+    await a.wait_ready()
     for i in range(4):
         await locs["A"].journal.persist(f"{LOG}|d", [{"v": i}])
 

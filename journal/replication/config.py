@@ -11,6 +11,8 @@ from typing import Any
 
 from ..errors import ConfigurationError, InvalidArgument
 from ..ids import validate_entity_type
+from .filter_spec import parse_endpoint_filters
+from .filters import EndpointFilters
 from .versions import Application
 
 _LOCATION = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -62,6 +64,9 @@ class EndpointConfig:
     """Run the journal migrations at start."""
     private_tags: tuple[str, ...] = ()
     """Events carrying one of these tags are location-private: never sent to another endpoint."""
+    filters: EndpointFilters = field(default_factory=EndpointFilters)
+    """What this endpoint sends, per source log and per target location (``filters`` key, see
+    :mod:`journal.replication.filter_spec`); applied at this endpoint when others read from it."""
 
     def __post_init__(self) -> None:
         if not _LOCATION.match(self.location):
@@ -80,6 +85,9 @@ class EndpointConfig:
             unknown = set(c.logs or ()) - set(self.logs)
             if unknown:
                 raise ConfigurationError(f"connection {c.address}: logs {sorted(unknown)} are not this endpoint's logs")
+        unknown_logs = set(self.filters.source_logs) - set(self.logs)
+        if unknown_logs:
+            raise ConfigurationError(f"filters.source_logs: {sorted(unknown_logs)} are not this endpoint's logs")
         if self.batch_size < 1 or self.retry_delay <= 0 or self.failure_detection_limit <= 0:
             raise ConfigurationError("batch_size must be >= 1, retry_delay and failure_detection_limit > 0")
 
@@ -111,11 +119,13 @@ class EndpointConfig:
             )
             app = raw.pop("application", None)
             tls = raw.pop("tls", None)
+            filters = parse_endpoint_filters(raw.pop("filters", {}))
             scalars: dict[str, Any] = {k: tuple(v) if k in ("logs", "private_tags") else v for k, v in raw.items()}
             return cls(
                 **scalars,
                 connections=conns,
                 application=Application(**app) if app else Application(),
+                filters=filters,
                 tls=TlsConfig(
                     cert=base / tls["cert"], key=base / tls["key"], ca=base / tls["ca"],
                     server_name=tls.get("server_name"),

@@ -22,7 +22,7 @@ from ..postgres.backend import PostgresBackend
 from ..postgres.replication_store import PostgresReplicationStore
 from ..replicated import ReplicationBatch
 from ..settings import JournalSettings
-from .availability import Availability, Available, FailureDetector
+from .availability import Availability, Available, FailureDetector, Unavailable
 from .config import Connection, EndpointConfig
 from .filters import EndpointFilters, not_private
 from .replicator import LocalSource, ReadRequest, Replicator
@@ -38,7 +38,9 @@ class ReplicationEndpoint:
         self, config: EndpointConfig, settings: JournalSettings | None = None, filters: EndpointFilters | None = None
     ) -> None:
         self.config = config
-        self.filters = filters or EndpointFilters()
+        if filters is not None and (config.filters.source_logs or config.filters.target_locations):
+            raise ConfigurationError("filters given both in the endpoint config and in code: give them in one place")
+        self.filters = filters or config.filters
         if config.private_tags:
             private = not_private(*config.private_tags)
             everywhere = private if self.filters.all_logs is None else self.filters.all_logs & private
@@ -324,7 +326,13 @@ class ReplicationEndpoint:
                 d = self._detectors[(c.address, name)]
                 age = None if d.last_success is None else round(now - d.last_success, 3)
                 state = "unknown" if d.state is None else type(d.state).__name__.lower()
-                per_log[name] = {"state": state, "last_success_age": age, "recent_causes": list(d.causes)}
+                causes = list(d.state.causes) if isinstance(d.state, Unavailable) else []
+                per_log[name] = {
+                    "state": state,
+                    "causes": causes,  # those published with the state; recent: gathered since
+                    "last_success_age": age,
+                    "recent_causes": list(d.causes),
+                }
             conns.append({"address": c.address, "location": self._remote_location.get(c.address), "logs": per_log})
         return {
             "location": self.config.location,
