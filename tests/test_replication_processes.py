@@ -141,7 +141,8 @@ async def test_kill_9_mid_batch_on_both_sides_in_a_chain(
     dbs: dict[str, str], locs: dict[str, Location], spawn: Callable[..., EndpointProcess]
 ) -> None:
     # chain A - B - C: C never talks to A
-    configs = topology(dbs, {"A": ["B"], "B": ["A", "C"], "C": ["B"]}, batch_size=20)
+    # small batches and a fast poll: on a quiet machine B replicates all 700 in well under a second
+    configs = topology(dbs, {"A": ["B"], "B": ["A", "C"], "C": ["B"]}, batch_size=5)
     eps = {n: spawn(c) for n, c in configs.items()}
     await write(locs["A"], "a", 600)
     await write(locs["C"], "c", 100)
@@ -152,7 +153,7 @@ async def test_kill_9_mid_batch_on_both_sides_in_a_chain(
     async def b_has_some() -> bool:
         return 0 < len(await b_ids(LOG)) < 700
 
-    await wait_until(b_has_some, 180, "B to be in the middle of replicating", every=0.2)
+    await wait_until(b_has_some, 180, "B to be in the middle of replicating", every=0.005)
     eps["B"].kill9()  # the target dies mid-batch
     eps["B"].start()
     await eps["B"].wait_ready()
