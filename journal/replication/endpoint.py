@@ -16,9 +16,8 @@ from typing import Any
 
 import grpc
 
+from ..backend import ReplicationStore
 from ..journal import Journal, open_journal
-from ..postgres.backend import PostgresBackend
-from ..postgres.replication_store import PostgresReplicationStore
 from ..replicated import ReplicationBatch
 from ..settings import JournalSettings
 from .availability import Availability, Available, FailureDetector
@@ -45,7 +44,7 @@ class ReplicationEndpoint:
         self._settings = settings or JournalSettings.load(dsn=config.dsn)
         self._journal: Journal | None = None
         self._journal_cm: contextlib.AbstractAsyncContextManager[Journal] | None = None
-        self._store: PostgresReplicationStore | None = None
+        self._store: ReplicationStore | None = None
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sources: list[RemoteSource] = []
@@ -61,7 +60,7 @@ class ReplicationEndpoint:
     # -- lifecycle ---------------------------------------------------------------------------
 
     @property
-    def store(self) -> PostgresReplicationStore:
+    def store(self) -> ReplicationStore:
         assert self._store is not None, "endpoint not started"
         return self._store
 
@@ -75,8 +74,7 @@ class ReplicationEndpoint:
         self._journal_cm = open_journal(c.dsn, settings=self._settings, migrate=c.migrate)
         self._journal = await self._journal_cm.__aenter__()
         backend = self._journal.backend
-        assert isinstance(backend, PostgresBackend)
-        self._store = PostgresReplicationStore(backend, c.location)
+        self._store = backend.replication_store(c.location)  # UnsupportedOperation off PostgreSQL
         for name in c.logs:
             await self._store.ensure_log(name)
         self._source = LocalSource(self._store, c.application, self.filters)
