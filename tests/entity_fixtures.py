@@ -122,7 +122,7 @@ class Tracer(Entity[list[Any]]):
     """Records the metadata of every event its handler applies (``current_event``)."""
 
     entity_type = "tracer"
-    seen: list[Any] = []  # (event, seq_nr, emitter_id, aggregate_id, destinations, replay, db_timestamp)
+    seen: list[Any] = []  # (event, seq_nr, emitter_id, aggregate_id, destinations, replay, db_timestamp, vt)
 
     def initial_state(self) -> list[Any]:
         return []
@@ -135,7 +135,9 @@ class Tracer(Entity[list[Any]]):
 
     def on_event(self, state: list[Any], event: Any) -> list[Any]:
         e = self.current_event
-        Tracer.seen.append((event, e.seq_nr, e.emitter_id, e.aggregate_id, e.destinations, e.replay, e.db_timestamp))
+        Tracer.seen.append(
+            (event, e.seq_nr, e.emitter_id, e.aggregate_id, e.destinations, e.replay, e.db_timestamp, e.vector_time)
+        )
         return [*state, event]
 
 

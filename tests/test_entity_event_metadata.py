@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from journal import EntityError, EntityRegistry, Journal
+from journal import EntityError, EntityRegistry, Journal, VectorTime
 from tests.entity_fixtures import Tracer
 
 
@@ -23,6 +23,7 @@ async def test_event_handlers_see_the_metadata_and_whether_it_is_a_replay(journa
     stored = [e async for e in journal.current_events_by_persistence_id("tracer|t1")]
     assert [s[6] for s in live] == [e.db_timestamp for e in stored]
     assert all(isinstance(s[6], datetime) for s in live)
+    assert [s[7] for s in live] == [VectorTime({"tracer|t1": 1}), VectorTime({"tracer|t1": 2})]
 
     Tracer.seen = []
     async with EntityRegistry(journal) as registry:  # a new registry: the entity recovers by replay
@@ -31,6 +32,7 @@ async def test_event_handlers_see_the_metadata_and_whether_it_is_a_replay(journa
         await registry.ask(Tracer, "t1", ("add", "c"))
     assert [(s[0], s[1], s[5]) for s in replayed] == [("a", 1, True), ("b", 2, True)]
     assert [s[4] for s in replayed] == [(), ("tracer|other",)]
+    assert [s[7] for s in replayed] == [s[7] for s in live]
     assert [(s[0], s[1], s[5]) for s in Tracer.seen[2:]] == [("c", 3, False)]
 
 

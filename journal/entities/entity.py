@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from ..envelope import EventEnvelope
 from ..errors import EntityError, InvalidArgument, PersistNotAllowed
 from ..ids import persistence_id_of, validate_persistence_id
+from ..vector_time import VectorTime
 from .reliable import CONFIRMS_KEY, Bookkeeping, FollowUp
 from .routing import destinations_of, route_marks, routed_from
 from .snapshot_result import SnapshotResult
@@ -83,6 +84,16 @@ class EventContext:
     def routed_from(self) -> tuple[str, int] | None:
         """(source pid, source seq_nr) when the event was routed here from another entity."""
         return routed_from(self.envelope)
+
+    @property
+    def vector_time(self) -> VectorTime:
+        """The event's vector timestamp in the collaboration model: ``{emitter pid: seq_nr}``, plus
+        ``{source pid: source seq_nr}`` for a routed copy (what a conditional request waits for)."""
+        times = {self.envelope.persistence_id: self.envelope.seq_nr}
+        source = routed_from(self.envelope)
+        if source is not None:
+            times[source[0]] = max(times.get(source[0], 0), source[1])
+        return VectorTime(times)
 
     @property
     def db_timestamp(self) -> datetime:

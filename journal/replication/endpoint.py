@@ -16,10 +16,9 @@ from typing import Any
 
 import grpc
 
+from ..backend import ReplicationStore
 from ..errors import ConfigurationError, InvalidArgument
 from ..journal import Journal, open_journal
-from ..postgres.backend import PostgresBackend
-from ..postgres.replication_store import PostgresReplicationStore
 from ..replicated import ReplicationBatch
 from ..settings import JournalSettings
 from .availability import Availability, Available, FailureDetector, Unavailable
@@ -48,7 +47,7 @@ class ReplicationEndpoint:
         self._settings = settings or JournalSettings.load(dsn=config.dsn)
         self._journal: Journal | None = None
         self._journal_cm: contextlib.AbstractAsyncContextManager[Journal] | None = None
-        self._store: PostgresReplicationStore | None = None
+        self._store: ReplicationStore | None = None
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._sources: list[RemoteSource] = []
@@ -64,7 +63,7 @@ class ReplicationEndpoint:
     # -- lifecycle ---------------------------------------------------------------------------
 
     @property
-    def store(self) -> PostgresReplicationStore:
+    def store(self) -> ReplicationStore:
         assert self._store is not None, "endpoint not started"
         return self._store
 
@@ -78,8 +77,7 @@ class ReplicationEndpoint:
         self._journal_cm = open_journal(c.dsn, settings=self._settings, migrate=c.migrate)
         self._journal = await self._journal_cm.__aenter__()
         backend = self._journal.backend
-        assert isinstance(backend, PostgresBackend)
-        self._store = PostgresReplicationStore(backend, c.location)
+        self._store = backend.replication_store(c.location)  # UnsupportedOperation off PostgreSQL
         for name in c.logs:
             await self._store.ensure_log(name)
         self._source = LocalSource(self._store, c.application, self.filters)
@@ -355,9 +353,7 @@ async def delete_at_location(
     if to_log_seq_nr < 1:
         raise InvalidArgument(f"to_log_seq_nr must be >= 1, got {to_log_seq_nr}")
     async with open_journal(config.dsn, settings=JournalSettings.load(dsn=config.dsn), migrate=False) as journal:
-        backend = journal.backend
-        assert isinstance(backend, PostgresBackend)
-        store = PostgresReplicationStore(backend, config.location)
+        store = journal.backend.replication_store(config.location)  # UnsupportedOperation off PostgreSQL
         await store.ensure_log(log_name)
         while await store.stamp(log_name):
             pass

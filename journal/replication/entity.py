@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
+from ..backend import ReplicationStore
 from ..errors import LocalWritesRefused, SequenceConflict
 from ..ids import persistence_id_of, validate_persistence_id
 from ..journal import Journal
-from ..postgres.replication_store import PostgresReplicationStore
 from ..vector_time import VectorTime
 from .concurrent_versions import ConcurrentVersions, Version
 from .conflicts import ConflictFold, Versioned
@@ -67,7 +67,7 @@ class ReplicatedState(Generic[S]):
 class ReplicatedEntities:
     """Write and load replicated entities at one location."""
 
-    def __init__(self, journal: Journal, store: PostgresReplicationStore) -> None:
+    def __init__(self, journal: Journal, store: ReplicationStore) -> None:
         self.journal = journal
         self.store = store
 

@@ -11,7 +11,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..postgres.replication_store import PostgresReplicationStore
+from ..backend import ReplicationStore
 from ..replicated import ReplicationBatch, WriteOutcome
 from ..vector_time import VectorTime
 from .filters import EndpointFilters
@@ -49,7 +49,7 @@ class LocalSource:
 
     def __init__(
         self,
-        store: PostgresReplicationStore,
+        store: ReplicationStore,
         application: Application | None = None,
         filters: EndpointFilters | None = None,
     ) -> None:
@@ -89,7 +89,7 @@ class Replicator:
 
     def __init__(
         self,
-        target: PostgresReplicationStore,
+        target: ReplicationStore,
         source: LogSource,
         log_name: str,
         *,
