@@ -6,8 +6,9 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
+from conftest import truncate_all
+
 from journal import Journal, JournalSettings, open_journal
-from journal.postgres.backend import PostgresBackend
 from journal.postgres.migrations import upgrade
 from journal.postgres.replication_store import PostgresReplicationStore
 from tests.support.scratch import scratch_database
@@ -34,8 +35,17 @@ class Location:
 @contextlib.asynccontextmanager
 async def open_location(name: str, dsn: str, logs: list[str]) -> AsyncIterator[Location]:
     async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn), migrate=False) as j:
-        assert isinstance(j.backend, PostgresBackend)
-        store = PostgresReplicationStore(j.backend, name)
+        store = j.backend.replication_store(name)
+        assert isinstance(store, PostgresReplicationStore)  # the tests also read its statements
         for log in logs:
             await store.ensure_log(log)
         yield Location(name, dsn, j, store)
+
+
+@contextlib.asynccontextmanager
+async def open_locations(dbs: dict[str, str], logs: list[str]) -> AsyncIterator[dict[str, Location]]:
+    """Every location of ``dbs``, emptied first, opened with ``logs`` (a test's ``locs`` fixture)."""
+    for db in dbs.values():
+        await truncate_all(db)
+    async with contextlib.AsyncExitStack() as stack:
+        yield {n: await stack.enter_async_context(open_location(n, db, logs)) for n, db in dbs.items()}

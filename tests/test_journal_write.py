@@ -23,20 +23,11 @@ from journal import (
     slice_for,
 )
 from journal.offsets import SequenceOffset
+from tests.support.rows import count_rows
 
 
 async def events_of(j: Journal, pid: str, **kw: int) -> list[object]:
     return [e.event async for e in j.current_events_by_persistence_id(pid, **kw)]
-
-
-async def count_rows(dsn: str, pid: str | None = None) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        if pid is None:
-            return int(await conn.fetchval("SELECT count(*) FROM event_journal"))
-        return int(await conn.fetchval("SELECT count(*) FROM event_journal WHERE persistence_id = $1", pid))
-    finally:
-        await conn.close()
 
 
 async def test_round_trip_with_everything(journal: Journal) -> None:

@@ -15,16 +15,7 @@ import pytest
 
 from journal import Journal, JournalSettings, SequenceConflict, StorageError, Write, Written, failures, open_journal
 from journal.columns import WriteColumns
-
-
-async def count(dsn: str, pid: str | None = None) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        if pid is None:
-            return int(await conn.fetchval("SELECT count(*) FROM event_journal"))
-        return int(await conn.fetchval("SELECT count(*) FROM event_journal WHERE persistence_id = $1", pid))
-    finally:
-        await conn.close()
+from tests.support.rows import count_rows
 
 
 async def seq_nrs(j: Journal, pid: str) -> list[int]:
@@ -41,7 +32,7 @@ async def test_a_stale_part_amid_good_parts_fails_alone(dsn: str, journal: Journ
     assert isinstance(out[17], SequenceConflict) and out[17].persistence_id == "st|taken"
     assert all(isinstance(o, Written) and (o.first_seq_nr, o.last_seq_nr) == (1, events_per_part) for o in out[:17])
     assert [e.event async for e in journal.current_events_by_persistence_id("st|taken")] == ["a", "b", "c"]
-    assert await count(dsn) == 3 + 40 * events_per_part
+    assert await count_rows(dsn) == 3 + 40 * events_per_part
 
 
 @pytest.mark.parametrize("events_per_part", [1, 2])
@@ -53,8 +44,8 @@ async def test_a_part_past_the_stored_highest_fails_alone(dsn: str, journal: Jou
     out = await journal.persist_many(writes)
     assert [i for i, _ in failures(out)] == [10, 11]
     assert all(isinstance(e, SequenceConflict) for _, e in failures(out))
-    assert await count(dsn, "gap|short") == 1 and await count(dsn, "gap|none") == 0
-    assert await count(dsn) == 1 + 10 * events_per_part
+    assert await count_rows(dsn, "gap|short") == 1 and await count_rows(dsn, "gap|none") == 0
+    assert await count_rows(dsn) == 1 + 10 * events_per_part
 
 
 async def test_expected_zero_after_the_first_events_were_deleted_is_a_conflict(dsn: str, journal: Journal) -> None:
@@ -87,8 +78,8 @@ async def test_a_refused_row_leaves_nothing_of_its_part(dsn: str, journal: Journ
         out = await journal.persist_many(writes)
         assert [i for i, _ in failures(out)] == [11]
         assert isinstance(out[11], StorageError) and "injected refusal" in str(out[11])
-        assert await count(dsn, "rf|bad") == 0
-        assert await count(dsn) == 30
+        assert await count_rows(dsn, "rf|bad") == 0
+        assert await count_rows(dsn) == 30
     finally:
         await conn.execute(
             "DROP TRIGGER IF EXISTS reject_known ON event_journal; DROP FUNCTION IF EXISTS reject_known()"
@@ -125,7 +116,7 @@ async def test_group_committed_calls_with_expected_seq_nr_fail_alone(dsn: str, j
     got = await asyncio.gather(*calls, return_exceptions=True)
     assert [i for i, g in enumerate(got) if isinstance(g, BaseException)] == [25]
     assert isinstance(got[25], SequenceConflict)
-    assert await count(dsn) == 51
+    assert await count_rows(dsn) == 51
 
 
 async def test_concurrent_writers_through_persist_and_persist_many_never_share_a_seq_nr(dsn: str) -> None:
@@ -166,7 +157,7 @@ async def test_concurrent_writers_through_persist_and_persist_many_never_share_a
             stored = [(e.seq_nr, e.event) async for e in a.current_events_by_persistence_id(p)]
             assert [s for s, _ in stored] == list(range(1, len(stored) + 1))
             assert sorted((s, ev) for q, s, ev in acked if q == p) == stored
-        assert await count(dsn) == len(acked)
+        assert await count_rows(dsn) == len(acked)
         assert len(acked) > len(pids)  # the race wrote something beyond each pid's first event
 
 
@@ -194,7 +185,7 @@ async def test_an_interrupted_bulk_statement_is_resolved_exactly(dsn: str, journ
         out = await asyncio.wait_for(task, 30)
         assert failures(out) == []
         assert all(isinstance(o, Written) and o.first_seq_nr == 1 for o in out)
-        assert await count(dsn) == 20
+        assert await count_rows(dsn) == 20
     finally:
         await conn.execute("DROP TRIGGER IF EXISTS slow_known ON event_journal; DROP FUNCTION IF EXISTS slow_known()")
         await conn.close()
@@ -226,7 +217,7 @@ async def test_a_killed_bulk_statement_is_sent_again(dsn: str, journal: Journal)
         assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
         out = await asyncio.wait_for(task, 30)
         assert failures(out) == []
-        assert await count(dsn) == 20
+        assert await count_rows(dsn) == 20
         for i in (0, 3, 19):
             assert await seq_nrs(journal, f"kb|{i}") == [1]
     finally:
@@ -273,7 +264,7 @@ async def test_bad_column_parts_raise_before_anything_is_written(dsn: str, journ
         await journal.persist_many([*good, Write("bad|0", [1], 0)])
     with pytest.raises(InvalidArgument, match="part 5"):
         await journal.persist_many([*good, Write("bad|y", [1], 2**63 - 1)])  # its event would overflow
-    assert await count(dsn) == 0
+    assert await count_rows(dsn) == 0
 
 
 async def test_written_envelopes_build_their_offsets_on_first_access(journal: Journal) -> None:

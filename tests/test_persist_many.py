@@ -20,16 +20,7 @@ from journal import (
     failures,
     open_journal,
 )
-
-
-async def rows(dsn: str, pid: str | None = None) -> int:
-    conn = await asyncpg.connect(dsn)
-    try:
-        if pid is None:
-            return int(await conn.fetchval("SELECT count(*) FROM event_journal"))
-        return int(await conn.fetchval("SELECT count(*) FROM event_journal WHERE persistence_id = $1", pid))
-    finally:
-        await conn.close()
+from tests.support.rows import count_rows
 
 
 async def events_of(j: Journal, pid: str) -> list[object]:
@@ -73,8 +64,8 @@ async def test_a_conflicting_part_fails_alone_and_writes_nothing(dsn: str, journ
     assert isinstance(failed[0][1], SequenceConflict) and failed[0][1].persistence_id == "k|taken"
     assert all(isinstance(o, Written) and o.first_seq_nr == 1 and o.last_seq_nr == 2 for o in out[:10])
     assert await events_of(journal, "k|taken") == [1, 2, 3]
-    assert await rows(dsn, "k|ahead") == 0
-    assert await rows(dsn) == 3 + 20
+    assert await count_rows(dsn, "k|ahead") == 0
+    assert await count_rows(dsn) == 3 + 20
 
 
 async def test_a_poisoned_part_fails_alone_atomically(dsn: str, journal: Journal) -> None:
@@ -93,8 +84,8 @@ async def test_a_poisoned_part_fails_alone_atomically(dsn: str, journal: Journal
         out = await journal.persist_many(writes)
         assert [i for i, _ in failures(out)] == [7]
         assert isinstance(out[7], StorageError) and "injected failure" in str(out[7])
-        assert await rows(dsn, "bp|poison") == 0
-        assert await rows(dsn) == 30
+        assert await count_rows(dsn, "bp|poison") == 0
+        assert await count_rows(dsn) == 30
     finally:
         await conn.execute(
             "DROP TRIGGER IF EXISTS bulk_poison ON event_journal; DROP FUNCTION IF EXISTS reject_bulk_poison()"
@@ -122,13 +113,13 @@ async def test_bad_input_raises_before_anything_is_written(
     with pytest.raises(InvalidArgument, match=message) as err:
         await journal.persist_many(writes)  # type: ignore[arg-type]
     assert "part 5" in str(err.value)
-    assert await rows(dsn) == 0
+    assert await count_rows(dsn) == 0
 
 
 async def test_an_unserializable_event_raises_before_anything_is_written(dsn: str, journal: Journal) -> None:
     with pytest.raises(SerializationError, match="part 2"):
         await journal.persist_many([Write("s|0", [0]), Write("s|1", [1]), Write("s|2", [object()])])
-    assert await rows(dsn) == 0
+    assert await count_rows(dsn) == 0
 
 
 async def test_empty_input_does_nothing(journal: Journal) -> None:
@@ -152,7 +143,7 @@ async def test_large_bulk_is_split_into_statements_and_keeps_the_input_order(dsn
             for o, w in zip(out, writes, strict=True)
         )
         assert j._group_commit.batches_written - before >= 20  # about 2,000 events / 100
-        assert await rows(dsn) == sum(len(w.events) for w in writes)
+        assert await count_rows(dsn) == sum(len(w.events) for w in writes)
         # a second round on the same pids continues their numbering
         again = await j.persist_many([Write(w.persistence_id, ["next"], len(w.events)) for w in writes[:50]])
         assert failures(again) == []
@@ -189,7 +180,7 @@ async def test_interleaves_with_concurrent_persist_calls_in_order_per_pid(dsn: s
             for r in range(3):  # each bulk part atomic: its two events adjacent
                 i = events.index(f"b{r}a")
                 assert events[i + 1] == f"b{r}b"
-        assert await rows(dsn) == len(pids) * 11
+        assert await count_rows(dsn) == len(pids) * 11
 
 
 async def test_a_bulk_write_behind_a_busy_queue_is_queued_not_lost(dsn: str, journal: Journal) -> None:
@@ -199,7 +190,7 @@ async def test_a_bulk_write_behind_a_busy_queue_is_queued_not_lost(dsn: str, jou
     *single_results, out = await asyncio.gather(*singles, bulk)
     assert all(isinstance(r, list) for r in single_results)
     assert failures(out) == []
-    assert await rows(dsn) == 300
+    assert await count_rows(dsn) == 300
     for i in (0, 2, 198):
         assert await events_of(journal, f"q|{i}") in ([i, "bulk"], ["bulk", i])
 

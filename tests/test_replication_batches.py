@@ -6,13 +6,12 @@ Three locations in one process (three databases), direct reads, no network.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
 from conftest import truncate_all
-from replication_helpers import Location, location_databases, open_location
+from replication_helpers import Location, location_databases, open_location, open_locations
 
 from journal.postgres.dsn import asyncpg_dsn
 from journal.replication.filters import EndpointFilters, tagged
@@ -29,10 +28,8 @@ def dbs(server_dsn: str) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 async def locs(dbs: dict[str, str]) -> AsyncIterator[dict[str, Location]]:
-    for db in dbs.values():
-        await truncate_all(db)
-    async with contextlib.AsyncExitStack() as stack:
-        yield {n: await stack.enter_async_context(open_location(n, db, [LOG])) for n, db in dbs.items()}
+    async with open_locations(dbs, [LOG]) as opened:
+        yield opened
 
 
 def pull(target: Location, source: Location, filters: EndpointFilters | None = None) -> Replicator:

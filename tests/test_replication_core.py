@@ -7,13 +7,11 @@ algorithm: exactly once, transitivity, the vector check, progress in the write's
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import asyncpg
 import pytest
-from conftest import truncate_all
-from replication_helpers import Location, location_databases, open_location
+from replication_helpers import Location, location_databases, open_location, open_locations
 
 from journal.errors import IncompatibleVersion, LocationMismatch, ReplicationError
 from journal.replication.replicator import LocalSource, ReadRequest, Replicator
@@ -31,10 +29,8 @@ def dbs(server_dsn: str) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 async def locs(dbs: dict[str, str]) -> AsyncIterator[dict[str, Location]]:
-    for db in dbs.values():
-        await truncate_all(db)
-    async with contextlib.AsyncExitStack() as stack:
-        yield {n: await stack.enter_async_context(open_location(n, db, [LOG])) for n, db in dbs.items()}
+    async with open_locations(dbs, [LOG]) as opened:
+        yield opened
 
 
 def pull(target: Location, source: Location, batch_size: int = 7) -> Replicator:

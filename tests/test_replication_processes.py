@@ -9,7 +9,6 @@ topology, causal order at a live slice query, status and availability through th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
 import sys
@@ -19,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import truncate_all
 from endpoint_processes import ROOT, EndpointProcess, free_address, make_tls
-from replication_helpers import Location, location_databases, open_location
+from replication_helpers import Location, location_databases, open_locations
 
 from journal.replication.entity import ReplicatedEntities, ReplicatedEntity
 from tests.support.waiting import wait_until
@@ -50,10 +48,8 @@ def dbs(server_dsn: str) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 async def locs(dbs: dict[str, str]) -> AsyncIterator[dict[str, Location]]:
-    for db in dbs.values():
-        await truncate_all(db)
-    async with contextlib.AsyncExitStack() as stack:
-        yield {n: await stack.enter_async_context(open_location(n, db, [LOG])) for n, db in dbs.items()}
+    async with open_locations(dbs, [LOG]) as opened:
+        yield opened
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ the ``journal endpoint status|delete`` commands.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
 import time
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 from conftest import truncate_all
 from endpoint_processes import JOURNAL_CLI, ROOT, EndpointProcess, free_address
-from replication_helpers import Location, location_databases, open_location
+from replication_helpers import Location, location_databases, open_locations
 
 from journal.errors import LocalWritesRefused
 from tests.support.waiting import wait_until
@@ -42,10 +41,8 @@ def dbs(server_dsn: str) -> Iterator[dict[str, str]]:
 
 @pytest.fixture
 async def locs(dbs: dict[str, str]) -> AsyncIterator[dict[str, Location]]:
-    for db in dbs.values():
-        await truncate_all(db)
-    async with contextlib.AsyncExitStack() as stack:
-        yield {n: await stack.enter_async_context(open_location(n, db, [LOG])) for n, db in dbs.items()}
+    async with open_locations(dbs, [LOG]) as opened:
+        yield opened
 
 
 @pytest.fixture
