@@ -45,6 +45,12 @@ def entity_type_of(persistence_id: str) -> str:
     return persistence_id[:i] if i >= 0 else ""
 
 
+def entity_id_of(persistence_id: str) -> str:
+    """The entity id: the part after the first ``|`` (the whole pid when there is none)."""
+    i = persistence_id.find(ENTITY_TYPE_SEPARATOR)
+    return persistence_id[i + 1 :] if i >= 0 else persistence_id
+
+
 def persistence_id_of(entity_type: str, entity_id: str) -> str:
     """Build ``entity_type|entity_id``, refusing a separator inside the entity type."""
     if ENTITY_TYPE_SEPARATOR in entity_type:

@@ -128,3 +128,12 @@ def test_cross_check_with_the_jdk(tmp_path: Path) -> None:
         h, sl = (int(x) for x in line.split())
         assert java_string_hash(s) == h, s
         assert slice_for(s) == sl, s
+
+
+def test_entity_id_of_is_the_part_after_the_first_separator() -> None:
+    from journal.ids import entity_id_of
+
+    assert entity_id_of("account|a|b") == "a|b"
+    assert entity_id_of("account|") == ""
+    assert entity_id_of("no-type") == "no-type"
+    assert entity_id_of(persistence_id_of("cart", "7")) == "7"

@@ -23,17 +23,11 @@ from typing import Any
 from ..bulk import Write, Written
 from ..envelope import EventEnvelope
 from ..errors import EntityError, JournalError
-from ..ids import persistence_id_of, validate_entity_type
+from ..ids import entity_id_of, persistence_id_of, validate_entity_type
 from ..journal import Journal
 from .writer import Writer
 
 PROGRESS_KEY = "source_seq_nr"
-
-
-def entity_id(persistence_id: str) -> str:
-    """The part of a pid after its entity type (the whole pid when it has none)."""
-    _, sep, rest = persistence_id.partition("|")
-    return rest if sep else persistence_id
 
 
 class Processor(Writer):
@@ -60,7 +54,7 @@ class Processor(Writer):
         self.after_write: Callable[[], None] = lambda: None
 
     def target_pid(self, source_pid: str) -> str:
-        return persistence_id_of(self.target_entity_type, entity_id(source_pid))
+        return persistence_id_of(self.target_entity_type, entity_id_of(source_pid))
 
     async def _read_one(self, source_pid: str) -> int:
         tpid = self.target_pid(source_pid)

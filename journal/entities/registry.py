@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable
-from ..ids import entity_type_of, validate_persistence_id
+from ..ids import entity_id_of, entity_type_of, validate_persistence_id
 from ..journal import Journal
 from ..settings import EntitySettings
 from .cell import EntityCell
@@ -87,11 +87,10 @@ class EntityRegistry:
     async def ask_pid(self, persistence_id: str, command: Any) -> Any:
         """:meth:`ask` by persistence id (e.g. to confirm a :class:`Delivery` to its ``sender``);
         the entity type must be registered."""
-        entity_type, sep, entity_id = persistence_id.partition("|")
-        cls = self._types.get(entity_type)
-        if not sep or cls is None:
+        cls = self._types.get(entity_type_of(persistence_id))  # "" without a separator: never registered
+        if cls is None:
             raise InvalidArgument(f"no registered entity type for persistence id {persistence_id!r}")
-        return await self.ask(cls, entity_id, command)
+        return await self.ask(cls, entity_id_of(persistence_id), command)
 
     async def ask(
         self,
@@ -148,8 +147,7 @@ class EntityRegistry:
             raise ConfigurationError(
                 f"routed event for {destination!r}: no entity class registered for its entity type"
             )
-        entity_id = destination.partition("|")[2]
-        accepted: int = await self._cell(cls, entity_id).submit(RoutedDelivery(tuple(events)))
+        accepted: int = await self._cell(cls, entity_id_of(destination)).submit(RoutedDelivery(tuple(events)))
         return accepted
 
     async def _ready_cell(
