@@ -389,11 +389,6 @@ class PostgresReplicationStore:
             )
         return bool(found)
 
-    async def recovering(self, log_name: str) -> bool:
-        async with self.backend.pool.acquire() as conn:
-            row = await conn.fetchrow(self.sql.log_row, log_name)
-        return bool(row is not None and row["recovering"])
-
     async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None:
         """A target read after ``log_seq_nr``: it has stored everything of this log up to there."""
         async with self.backend.pool.acquire() as conn:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..backend import ReplicationStore
-from ..errors import LocalWritesRefused, SequenceConflict
+from ..errors import SequenceConflict
 from ..ids import persistence_id_of, validate_persistence_id
 from ..journal import Journal
 from ..vector_time import VectorTime
@@ -88,12 +88,9 @@ class ReplicatedEntities:
         the new state.
 
         Raises:
-            LocalWritesRefused: the location is being recovered (``ReplicationEndpoint.recover``).
+            LocalWritesRefused: the location is being recovered (``ReplicationEndpoint.recover``):
+                its recovery guard refuses the write in the database, as it does every local write.
         """
-        if await self.store.recovering(entity.entity_type):
-            raise LocalWritesRefused(
-                f"location {self.store.location!r} is recovering log {entity.entity_type!r}: local writes wait"
-            )
         # The endpoint is a second writer of every replicated pid: a batch replicated from another
         # location may take the next sequence number between our read of the highest and our insert.
         # "After whatever is stored" is still well defined, so write again (bounded) after such a race.
