@@ -52,6 +52,10 @@ def failures(outcomes: Sequence[Outcome]) -> list[tuple[int, JournalError]]:
     return [(i, o) for i, o in enumerate(outcomes) if isinstance(o, JournalError)]
 
 
+_new: Any = tuple.__new__
+"""Builds a NamedTuple from all its fields, without the generated ``__new__``'s Python frame
+(the hot paths below build one or two per call)."""
+
 MAX_EVENTS_PER_CALL = 10_000
 """At most this many events in one ``persist`` call or one ``persist_many`` part."""
 
@@ -177,14 +181,17 @@ def plain_request(
     ):
         if len(events) == 1 and type(events[0]) in plain:  # the commonest call
             try:
-                serialized: list[Serialized] | None = [Serialized(JSON_SERIALIZER_ID, "", dump_plain_json(events[0]))]
+                payload = dump_plain_json(events[0])
+                serialized: list[Serialized] | None = [_new(Serialized, (JSON_SERIALIZER_ID, "", payload))]
             except Exception:  # the full path raises the error that names it
                 return None
         else:
             serialized = _plain_events(events, plain, raw)
         if serialized is not None:
             cut = pid.find(ENTITY_TYPE_SEPARATOR)
-            return WriteRequest(pid, pid[:cut] if cut >= 0 else "", slice_for(pid), expected, serialized)
+            et = pid[:cut] if cut >= 0 else ""
+            request: WriteRequest = _new(WriteRequest, (pid, et, slice_for(pid), expected, serialized, (), None))
+            return request
     return None
 
 

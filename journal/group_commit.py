@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import cast
+from typing import Any, NamedTuple, cast
 
 from .backend import WriteRequest, WriteResult
 from .columns import WriteColumns
@@ -30,10 +30,12 @@ Result = WriteResult | Exception | datetime
 """Per call of a bulk write: a WriteResult, the timestamp of a call written as a column, or its error."""
 
 
-@dataclass(eq=False)
-class Pending:
+class Pending(NamedTuple):
     request: WriteRequest
     future: asyncio.Future[WriteResult]
+
+
+_new: Any = tuple.__new__  # a NamedTuple without its generated __new__'s frame (one per call)
 
 
 @dataclass
@@ -96,6 +98,21 @@ def plan_chunks(requests: Sequence[WriteRequest], max_events: int) -> list[tuple
     return chunks
 
 
+RELEASE_WAVE_MIN = 200
+"""A finished batch of at least twice this many calls wakes its callers in two waves (see
+:meth:`GroupCommit._release`)."""
+
+
+def _settle(batch: Sequence[Pending], results: Sequence[WriteResult | Exception]) -> None:
+    for p, res in zip(batch, results, strict=True):
+        if p.future.done():
+            continue
+        if isinstance(res, Exception):
+            p.future.set_exception(res)
+        else:
+            p.future.set_result(res)
+
+
 class GroupCommit:
     """Coalesces concurrent write requests into batches written by ``write_batch``."""
 
@@ -116,6 +133,7 @@ class GroupCommit:
         self._running: set[asyncio.Task[None]] = set()
         self._scheduled = False
         self._direct = 0
+        self._releasing = 0
         self._closed = False
         self.batches_written = 0
         self.calls_written = 0
@@ -123,11 +141,11 @@ class GroupCommit:
     async def submit(self, request: WriteRequest) -> WriteResult:
         if self._closed:
             raise JournalUnavailable("the journal is closed")
-        if not self._running and not self._direct and not self._planner.queue:
+        if not self._running and not self._direct and not self._planner.queue and not self._releasing:
             return await self._write_now(request)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[WriteResult] = loop.create_future()
-        self._planner.queue.append(Pending(request, fut))
+        self._planner.queue.append(_new(Pending, (request, fut)))
         if not self._scheduled:
             self._scheduled = True
             if self._max_batch_wait > 0 and not self._running:
@@ -315,13 +333,11 @@ class GroupCommit:
         else:
             self.batches_written += 1
             self.calls_written += len(batch)
-            for p, res in zip(batch, results, strict=True):
-                if p.future.done():
-                    continue
-                if isinstance(res, Exception):
-                    p.future.set_exception(res)
-                else:
-                    p.future.set_result(res)
+            half = len(batch) // 2 if len(batch) >= 2 * RELEASE_WAVE_MIN else len(batch)
+            _settle(batch[:half], results[:half])
+            if half < len(batch):
+                self._releasing += 1
+                asyncio.get_running_loop().call_soon(self._release, batch[half:], results[half:])
         finally:
             self._planner.done(batch)
             # this task no longer occupies a slot: without this, the pump below could see every
@@ -329,8 +345,22 @@ class GroupCommit:
             task = asyncio.current_task()
             if task is not None:
                 self._running.discard(task)
-            if self._planner.queue:
+            if self._planner.queue and not self._releasing:  # else _release pumps, after its first wave
                 self._pump()
+
+    def _release(self, batch: list[Pending], results: list[WriteResult | Exception]) -> None:
+        """The second wave of a finished batch's callers.
+
+        Woken all at once, a batch's callers would each write their next call before any of
+        those calls is sent: the client would wake them all, then wait idle while the server
+        writes the one large batch they make, and the server would idle meanwhile. Instead the
+        first half is woken, then (here, one loop turn later, when those callers have queued
+        their next calls) those calls are sent, and only then is the second half woken: the
+        client wakes it while the server writes the first half's calls, on two cores at once.
+        """
+        self._releasing -= 1
+        self._pump()
+        _settle(batch, results)
 
     async def close(self) -> None:
         """Refuse new calls, then write everything already queued or in flight."""

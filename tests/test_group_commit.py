@@ -7,6 +7,7 @@ import asyncio
 from journal.backend import WriteRequest
 from journal.group_commit import BatchPlanner, Pending
 from journal.serialization import Serialized
+from tests.support.waiting import wait_until
 
 EV = Serialized(1, "", b"{}")
 
@@ -85,3 +86,49 @@ def test_plan_chunks_in_order_bounded_and_a_large_call_alone() -> None:
     assert plan_chunks(reqs, 6) == [(0, 2), (2, 3), (3, 4), (4, 7)]
     assert plan_chunks(reqs, 100) == [(0, 7)]
     assert plan_chunks([], 5) == []
+
+
+
+async def test_a_large_batch_wakes_its_callers_in_two_waves_and_sends_the_first_waves_calls_between() -> None:
+    """The first half's next calls go out before the second half is woken, so the server writes
+    them while the client wakes the rest (see GroupCommit._release)."""
+    from datetime import UTC, datetime
+
+    from journal.backend import WriteResult
+    from journal.group_commit import RELEASE_WAVE_MIN, GroupCommit
+
+    now = datetime.now(UTC)
+    callers = 2 * RELEASE_WAVE_MIN + 11
+    log: list[tuple[str, object]] = []  # ("batch", its pids) and ("woke", pid), in order
+    all_queued = asyncio.Event()
+
+    async def write_batch(reqs: object) -> list[WriteResult | Exception]:
+        batch = list(reqs)  # type: ignore[call-overload]
+        log.append(("batch", [r.persistence_id for r in batch]))
+        if len(log) == 1:  # caller 0, written alone: held until every other caller queued
+            await all_queued.wait()
+        await asyncio.sleep(0)
+        return [WriteResult(r.expected_seq_nr + 1, now) for r in batch]
+
+    gc = GroupCommit(write_batch, max_batch_events=5000, max_in_flight=1)
+
+    async def caller(i: int) -> None:
+        await gc.submit(WriteRequest(f"p|{i}", "p", 0, 0, (EV,)))
+        log.append(("woke", f"p|{i}"))
+        await gc.submit(WriteRequest(f"p|{i}", "p", 0, 1, (EV,)))
+
+    tasks = asyncio.gather(*(caller(i) for i in range(callers)))
+    await wait_until(lambda: len(gc._planner.queue) == callers - 1, what="every other caller queued")
+    all_queued.set()
+    await asyncio.wait_for(tasks, timeout=10)
+    assert log[0] == ("batch", ["p|0"])
+    assert log[1] == ("woke", "p|0")
+    big = log[2][1]
+    assert log[2][0] == "batch" and big == [f"p|{i}" for i in range(1, callers)]
+    assert isinstance(big, list)
+    half = len(big) // 2
+    after = log[3:]
+    assert after[:half] == [("woke", pid) for pid in big[:half]]  # the first wave
+    assert after[half] == ("batch", ["p|0", *big[:half]])  # its next calls, sent before ...
+    assert after[half + 1 : len(big) + 1] == [("woke", pid) for pid in big[half:]]  # ... the second wave wakes
+    await gc.close()

@@ -27,7 +27,7 @@ from typing import Any
 from ..backend import WriteRequest
 from ..columns import WriteColumns
 from ..serialization import JSON_SERIALIZER_ID
-from .statements import SLICE_GROUP_SIZE, Statements
+from .statements import SLICE_GROUP_SIZE, Statements, notify_groups
 
 _ROWS = """unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[], $6::text[], $8::int[], $9::text[],
               $10::int[], $11::text[], $12::bytea[])
@@ -157,7 +157,7 @@ SELECT ts, bad{notify} FROM stamp"""
         if many:
             params += ([r.persistence_id for r in requests], [r.expected_seq_nr + 1 for r in requests])  # type: ignore[operator]
         if self._notify:
-            params += (list({f"{r.slice // SLICE_GROUP_SIZE}:{r.entity_type}" for r in requests}),)
+            params += (notify_groups(requests),)
         return (self.many_events if many else self.one_event), params
 
     def _one_event_each(self, requests: Sequence[WriteRequest], writer: str) -> tuple[str, tuple[Any, ...]]:
@@ -186,7 +186,7 @@ SELECT ts, bad{notify} FROM stamp"""
             meta_ids, meta_manifests, meta_payloads,
         )  # fmt: skip
         if self._notify:
-            params += (list({f"{r.slice // SLICE_GROUP_SIZE}:{r.entity_type}" for r in requests}),)
+            params += (notify_groups(requests),)
         return self.one_event, params
 
     def _columns(self, c: WriteColumns, writer: str) -> tuple[str, tuple[Any, ...]]:

@@ -21,7 +21,7 @@ from ..serialization import JSON_SERIALIZER_ID
 from .connections import PostgresConnections, PostgresPart
 from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, with_retries, write_error
 from .known_insert import KnownSeqInsert
-from .statements import SLICE_GROUP_SIZE
+from .statements import notify_groups
 from .tag_statements import TagStatements
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 
@@ -98,7 +98,7 @@ class PostgresWrites(PostgresPart):
             ser_ids = []
         notify: tuple[list[str], ...] = ()
         if self._notify:
-            notify = (list({f"{r.slice // SLICE_GROUP_SIZE}:{r.entity_type}" for r in requests}),)
+            notify = (notify_groups(requests),)
         return (
             [r.persistence_id for r in rr],
             [r.entity_type for r in rr],
@@ -134,7 +134,8 @@ class PostgresWrites(PostgresPart):
         if not interrupted and interruptions == 0 and len(requests) > 1 and self._known.accepts(requests):
             optimistic = await self._insert_known(requests)
             if isinstance(optimistic, datetime):
-                return [WriteResult(r.expected_seq_nr + 1, optimistic) for r in requests]  # type: ignore[operator]
+                new = tuple.__new__
+                return [new(WriteResult, (r.expected_seq_nr + 1, optimistic)) for r in requests]  # type: ignore[operator]
             interrupted = optimistic is _Unwritten.INTERRUPTED
         results: dict[int, WriteResult | Exception] = {}
         pending = list(range(len(requests)))
