@@ -7,12 +7,17 @@
     known) vs the same raw multi-row INSERT.
 
     python benchmarks/write_throughput.py [--events 200000] [--entities 1000] [--single 3000]
+        [--asyncio] [--no-gc-tuning]
+
+Both sides run in one process, under journal.runtime.run: on uvloop and with the garbage
+collector tuned (journal.runtime.tune_gc) unless the flags say otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import time
 import uuid
@@ -158,7 +163,9 @@ async def journal_single(dsn: str, n: int, pid: str = "one|1") -> float:
 
 async def run(dsn: str, args: argparse.Namespace) -> None:
     per_entity = max(1, args.events // args.entities)
-    header(f"write_throughput (event loop: {type(asyncio.get_running_loop()).__module__.split('.')[0]}, both sides)")
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    tuned = "off" if args.no_gc_tuning else f"startup heap frozen, gen0 threshold {gc.get_threshold()[0]}"
+    header(f"write_throughput (both sides in one process: event loop {loop}; gc tuning {tuned})")
     # warm up both paths (connections, plans, caches)
     await raw_single(dsn, 200, "warm|raw")
     await journal_single(dsn, 200, "warm|journal")
@@ -222,6 +229,7 @@ if __name__ == "__main__":
     p.add_argument("--entities", type=int, default=1000)
     p.add_argument("--single", type=int, default=3000)
     p.add_argument("--asyncio", action="store_true", help="the standard event loop instead of uvloop (both sides)")
+    p.add_argument("--no-gc-tuning", action="store_true", help="without journal.runtime.tune_gc (both sides)")
     args = p.parse_args()
     with fresh_database() as dsn:
-        runtime.run(run(dsn, args), uvloop=not args.asyncio)
+        runtime.run(run(dsn, args), uvloop=not args.asyncio, gc_tuning=not args.no_gc_tuning)

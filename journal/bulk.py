@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from itertools import repeat
 from typing import Any, NamedTuple
 
 from .backend import WriteRequest, WriteResult
 from .columns import WriteColumns
 from .errors import InvalidArgument, JournalError, SerializationError, StorageError
-from .ids import ENTITY_TYPE_SEPARATOR, MAX_PERSISTENCE_ID_LENGTH, MAX_SEQ_NR, slice_for
+from .ids import ENTITY_TYPE_SEPARATOR, MAX_PERSISTENCE_ID_LENGTH, MAX_SEQ_NR, entity_type_of, slice_for
 from .serialization import BYTES_SERIALIZER_ID, JSON_SERIALIZER_ID, Serialized, SerializerRegistry, dump_plain_json
 
 
@@ -67,63 +68,77 @@ def bulk_columns(writes: Sequence[Write | tuple[Any, ...]], serializers: Seriali
     """The parts of a ``persist_many`` call as columns, when every part is one plain event (a
     plain JSON value or bytes) with an int ``expected_seq_nr``, no tags and no metadata, and no
     pid repeats; else None (then :func:`bulk_requests` checks every part and raises for a bad one).
+
+    The parts are transposed and checked a column at a time (``zip``, ``map``, ``set``: loops
+    that run in C), so the common call costs little more per part than the serialization.
     """
-    plain = serializers.plain_json_types
-    raw = serializers.plain_bytes_type
-    pids: list[str] = []
-    entity_types: list[str] = []
-    expected_seq_nrs: list[int] = []
-    payloads: list[bytes] = []
-    ser_ids: list[int] = []
-    cut = ENTITY_TYPE_SEPARATOR
+    n = len(writes)
+    if not n:
+        return None
+    kinds = set(map(type, writes))
+    if kinds == {Write}:
+        pids, events, expected, tags, metadata = zip(*writes, strict=True)
+        if any(tags) or metadata.count(None) != n:
+            return None
+    elif kinds == {tuple} and set(map(len, writes)) == {3}:
+        pids, events, expected = zip(*writes, strict=True)
+    else:
+        return None
+    if set(map(type, pids)) != {str} or set(map(type, expected)) != {int}:
+        return None
+    if not 0 <= min(expected) <= max(expected) < MAX_SEQ_NR:
+        return None
+    lengths = set(map(len, pids))
+    if min(lengths) == 0 or max(lengths) > MAX_PERSISTENCE_ID_LENGTH or "\x00" in "".join(pids):
+        return None
+    if not set(map(type, events)) <= _LIST_OR_TUPLE or set(map(len, events)) != {1}:
+        return None
+    if len(set(pids)) != n:
+        return None
+    evs: list[Any] = [e for (e,) in events]
+    types = set(map(type, evs))
     try:
-        for w in writes:
-            if type(w) is Write:
-                pid, events, expected, tags, metadata = w
-            elif type(w) is tuple and len(w) == 3:
-                (pid, events, expected), tags, metadata = w, (), None
-            else:
-                return None
-            if not (
-                type(pid) is str
-                and 0 < len(pid) <= MAX_PERSISTENCE_ID_LENGTH
-                and (type(events) is list or type(events) is tuple)
-                and len(events) == 1
-                and type(expected) is int
-                and 0 <= expected < MAX_SEQ_NR
-                and not tags
-                and metadata is None
-                and "\x00" not in pid
-            ):
-                return None
-            ev = events[0]
-            t = type(ev)
-            if t in plain:
-                payloads.append(dump_plain_json(ev))
-                ser_ids.append(JSON_SERIALIZER_ID)
-            elif t is raw:
-                payloads.append(ev)
-                ser_ids.append(BYTES_SERIALIZER_ID)
-            else:
-                return None
-            pids.append(pid)
-            expected_seq_nrs.append(expected)
-            i = pid.find(cut)
-            entity_types.append(pid[:i] if i >= 0 else "")
+        if types <= serializers.plain_json_types:
+            payloads: list[bytes] = list(map(dump_plain_json, evs))
+            ser_ids = [JSON_SERIALIZER_ID] * n
+        elif types <= serializers.plain_json_types | {serializers.plain_bytes_type}:
+            raw = serializers.plain_bytes_type
+            payloads = [ev if type(ev) is raw else dump_plain_json(ev) for ev in evs]  # type: ignore[misc]
+            ser_ids = [BYTES_SERIALIZER_ID if type(ev) is raw else JSON_SERIALIZER_ID for ev in evs]
+        else:
+            return None
     except Exception:  # a value that does not serialize: bulk_requests raises the error naming it
         return None
-    if not pids or len(set(pids)) != len(pids):
-        return None
-    return WriteColumns(pids, entity_types, [slice_for(p) for p in pids], expected_seq_nrs, payloads, ser_ids)
+    return WriteColumns(list(pids), _entity_types(pids), list(map(slice_for, pids)), list(expected), payloads, ser_ids)
+
+
+_LIST_OR_TUPLE = frozenset({list, tuple})
+
+
+def _entity_types(pids: Sequence[str]) -> list[str]:
+    """Each pid's entity type; in one pass of C when every pid has the first one's (the
+    common bulk call: one entity type)."""
+    first = pids[0]
+    cut = first.find(ENTITY_TYPE_SEPARATOR)
+    if cut >= 0:
+        prefix = first[: cut + 1]  # holds one separator, its last character
+        if sum(map(str.startswith, pids, repeat(prefix))) == len(pids):
+            return [first[:cut]] * len(pids)
+    return list(map(entity_type_of, pids))
 
 
 def column_outcomes(columns: WriteColumns, results: Sequence[datetime | WriteResult | Exception]) -> list[Outcome]:
     """:func:`outcomes` of a bulk write sent as columns."""
+    firsts = [e + 1 for e in columns.expected_seq_nrs]
+    if set(map(type, results)) == {datetime}:  # every call written as a column: no loop in Python
+        rows = zip(columns.persistence_ids, firsts, firsts, results, strict=True)
+        written: list[Outcome] = list(map(_new, repeat(Written), rows))
+        return written
     out: list[Outcome] = []
     append = out.append
-    for pid, expected, res in zip(columns.persistence_ids, columns.expected_seq_nrs, results, strict=True):
+    for pid, first, res in zip(columns.persistence_ids, firsts, results, strict=True):
         if type(res) is datetime:
-            append(Written(pid, expected + 1, expected + 1, res))
+            append(_new(Written, (pid, first, first, res)))
         elif type(res) is WriteResult:
             append(Written(pid, res.first_seq_nr, res.first_seq_nr, res.db_timestamp))
         else:
