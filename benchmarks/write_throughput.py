@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import time
 import uuid
+from collections.abc import Iterator
 
 import asyncpg
 import orjson
@@ -28,9 +30,9 @@ import orjson
 from journal import JournalSettings, Write, failures, open_journal, runtime, slice_for
 
 try:
-    from benchmarks._common import CpuMeter, GcMeter, fresh_database, header, report
+    from benchmarks._common import CpuMeter, fresh_database, header, report
 except ImportError:  # run as a script from benchmarks/
-    from _common import CpuMeter, GcMeter, fresh_database, header, report  # type: ignore[no-redef]
+    from _common import CpuMeter, fresh_database, header, report  # type: ignore[no-redef]
 
 RAW_BATCH = 1000
 RAW_INSERT = """
@@ -70,33 +72,14 @@ async def raw_batched(
     return len(rows) / elapsed
 
 
-async def raw_from_values(dsn: str, entities: int, per_entity: int, prefix: str) -> float:
-    """The raw multi-row INSERT starting, like the journal, from Python values: rows built and
-    payloads serialized (with orjson, the journal's serializer) inside the timed loop."""
-    conn = await asyncpg.connect(dsn)
-    writer = str(uuid.uuid4())
-    start = time.perf_counter()
-    for n in range(1, per_entity + 1):
-        for e0 in range(0, entities, RAW_BATCH):
-            es = range(e0, min(entities, e0 + RAW_BATCH))
-            pids = [f"{prefix}|{e}" for e in es]
-            await conn.execute(
-                RAW_INSERT, [slice_for(p) for p in pids], pids, [n] * len(pids),
-                [orjson.dumps(payload(n)) for _ in es], writer,
-            )  # fmt: skip
-    elapsed = time.perf_counter() - start
-    await conn.close()
-    return entities * per_entity / elapsed
-
-
 async def journal_concurrent(
-    dsn: str, entities: int, per_entity: int, per_call: int = 1, cpu: CpuMeter | None = None
+    dsn: str, entities: int, per_entity: int, per_call: int = 1, cpu: CpuMeter | None = None, prefix: str = "bench"
 ) -> tuple[float, int]:
     settings = JournalSettings.load(env={}, dsn=dsn)
     async with open_journal(dsn, settings=settings) as j:
 
         async def entity(e: int) -> None:
-            pid = f"bench{per_call}|{e}"
+            pid = f"{prefix}{per_call}|{e}"
             for n in range(0, per_entity, per_call):
                 await j.persist(pid, [payload(n + k) for k in range(per_call)], expected_seq_nr=n)
 
@@ -110,34 +93,52 @@ async def journal_concurrent(
         return entities * per_entity / elapsed, j._group_commit.batches_written
 
 
-async def journal_bulk(
-    dsn: str,
-    entities: int,
-    per_entity: int,
-    prefix: str = "bulk",
-    cpu: CpuMeter | None = None,
-    gc_meter: GcMeter | None = None,
-) -> float:
-    settings = JournalSettings.load(env={}, dsn=dsn)
-    async with open_journal(dsn, settings=settings) as j:
-        await j.persist_many([Write(f"warm|{e}", [payload(e)]) for e in range(RAW_BATCH)])
-        if cpu:
-            cpu.start()
-        if gc_meter:
-            gc_meter.start()
-        start = time.perf_counter()
-        for n in range(per_entity):
-            for e0 in range(0, entities, RAW_BATCH):
-                out = await j.persist_many(
-                    [Write(f"{prefix}|{e}", [payload(n)], n) for e in range(e0, min(entities, e0 + RAW_BATCH))]
-                )
+class Interleaved:
+    """(c), one call at a time in turn: the raw INSERT of rows built up front, the raw INSERT
+    of rows built and serialized in the timed section, and ``persist_many`` of the same number
+    of parts (built in its timed section, as a caller does). Turn by turn, so the table's
+    growth and the shared machine's load weigh on all three alike; each sums its own time."""
+
+    def __init__(self) -> None:
+        self.seconds = {"raw": 0.0, "values": 0.0, "bulk": 0.0}
+        self.client = dict.fromkeys(self.seconds, 0.0)
+        self.rows = 0
+
+    async def run(self, dsn: str, pids: int, calls: int) -> None:
+        settings = JournalSettings.load(env={}, dsn=dsn)
+        conn = await asyncpg.connect(dsn)
+        writer = str(uuid.uuid4())
+        async with open_journal(dsn, settings=settings) as j:
+            await j.persist_many([Write(f"warm|{e}", [payload(e)]) for e in range(pids)])
+            for n in range(calls):
+                names = [f"rawc|{e}" for e in range(pids)]
+                rows = ([slice_for(p) for p in names], names, [n + 1] * pids, [json.dumps(payload(n)).encode()] * pids)
+                with self._timed("raw"):
+                    await conn.execute(RAW_INSERT, *rows, writer)
+                with self._timed("values"):
+                    names = [f"rawv|{e}" for e in range(pids)]
+                    await conn.execute(
+                        RAW_INSERT, [slice_for(p) for p in names], names, [n + 1] * pids,
+                        [orjson.dumps(payload(n)) for _ in names], writer,
+                    )  # fmt: skip
+                with self._timed("bulk"):
+                    out = await j.persist_many([Write(f"bulk|{e}", [payload(n)], n) for e in range(pids)])
                 assert not failures(out), failures(out)[:3]
-        elapsed = time.perf_counter() - start
-        if gc_meter:
-            gc_meter.stop()
-        if cpu:
-            cpu.stop()
-        return entities * per_entity / elapsed
+                self.rows += pids
+        await conn.close()
+
+    @contextlib.contextmanager
+    def _timed(self, what: str) -> Iterator[None]:
+        c0, t0 = time.process_time(), time.perf_counter()
+        yield
+        self.seconds[what] += time.perf_counter() - t0
+        self.client[what] += time.process_time() - c0
+
+    def rate(self, what: str) -> float:
+        return self.rows / self.seconds[what]
+
+    def client_ms_per_1000(self, what: str) -> float:
+        return 1e6 * self.client[what] / self.rows
 
 
 async def raw_single(dsn: str, n: int, pid: str = "rawone|1") -> float:
@@ -169,55 +170,37 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
     # warm up both paths (connections, plans, caches)
     await raw_single(dsn, 200, "warm|raw")
     await journal_single(dsn, 200, "warm|journal")
-    probe = await asyncpg.connect(dsn)
-    cpu_raw_a, cpu_a = CpuMeter(probe.get_server_pid()), CpuMeter(probe.get_server_pid())
-    await probe.close()
-    raw_a = await raw_batched(dsn, args.entities, per_entity, cpu=cpu_raw_a)
-    ours_a, batches = await journal_concurrent(dsn, args.entities, per_entity, cpu=cpu_a)
-    report(f"(a) {args.entities} entities concurrently", ours_a, raw_a, target=0.5)
-    print(f"    {args.entities * per_entity} events, one per call, in {batches} group-commit batches")
-    rows_a = args.entities * per_entity
-    if cpu_a.server is not None and cpu_raw_a.server is not None:
-        print(
-            f"    CPU per 1000 rows (client + server): raw {1e6 * cpu_raw_a.client / rows_a:.2f} + "
-            f"{1e6 * cpu_raw_a.server / rows_a:.2f} ms, journal {1e6 * cpu_a.client / rows_a:.2f} + "
-            f"{1e6 * cpu_a.server / rows_a:.2f} ms"
-        )
-    ours_a5, _ = await journal_concurrent(dsn, args.entities, per_entity - per_entity % 5, per_call=5)
-    report(f"(a') {args.entities} entities, 5 events per call", ours_a5, raw_a)
-    # the machine's load swings both sides: alternate short rounds, compare the best of each
-    # (and show the median of the per-round ratios)
-    rounds, raws, bulks = 5, [], []
+    # the machine's load swings: alternate rounds of each side, compare the best of each
+    rounds = 3
     per_round = max(1, per_entity // rounds)
-    probe = await asyncpg.connect(dsn)
-    cpu_raw, cpu_bulk = CpuMeter(probe.get_server_pid()), CpuMeter(probe.get_server_pid())
-    await probe.close()
-    cpu_used = [0.0, 0.0, 0.0, 0.0]  # raw client, raw server, bulk client, bulk server
-    gc_bulk = GcMeter()
+    raws, ours, batches = [], [], 0
     for k in range(rounds):
-        raws.append(await raw_batched(dsn, args.entities, per_round, f"rawc{k}", cpu_raw))
-        bulks.append(await journal_bulk(dsn, args.entities, per_round, f"bulk{k}", cpu_bulk, gc_bulk))
-        for i, v in enumerate((cpu_raw.client, cpu_raw.server, cpu_bulk.client, cpu_bulk.server)):
-            cpu_used[i] += v or 0.0
-    report(f"(c) persist_many, {min(args.entities, RAW_BATCH)} pids per call", max(bulks), max(raws), target=0.9)
-    ratios = sorted(b / r for b, r in zip(bulks, raws, strict=True))
+        raws.append(await raw_batched(dsn, args.entities, per_round, f"rawa{k}"))
+        rate, b = await journal_concurrent(dsn, args.entities, per_round, prefix=f"a{k}-")
+        ours.append(rate)
+        batches += b
+    report(f"(a) {args.entities} entities concurrently", max(ours), max(raws), target=0.5)
+    ratios = sorted(o / r for o, r in zip(ours, raws, strict=True))
     print(
-        f"    best of {rounds} alternating rounds of {args.entities * per_round} rows; median round ratio "
-        f"{ratios[rounds // 2]:.2f}; raw {min(raws):,.0f}..{max(raws):,.0f}, ours {min(bulks):,.0f}..{max(bulks):,.0f}"
+        f"    best of {rounds} alternating rounds of {args.entities * per_round} events, one per call, in"
+        f" {batches} group-commit batches in all; median round ratio {ratios[rounds // 2]:.2f}"
     )
-    values = [await raw_from_values(dsn, args.entities, per_round, f"rawv{k}") for k in range(2)]
+    ours_a5, _ = await journal_concurrent(dsn, args.entities, per_entity - per_entity % 5, per_call=5)
+    report(f"(a') {args.entities} entities, 5 events per call", ours_a5, max(raws))
+    pids = min(args.entities, RAW_BATCH)
+    c = Interleaved()
+    await c.run(dsn, pids, max(1, args.events // pids))
+    report(f"(c) persist_many, {pids} pids per call", c.rate("bulk"), c.rate("raw"), target=0.9)
     print(
-        f"    like for like (raw also builds and serializes its rows in the timed loop): raw {max(values):,.0f} rows/s,"
-        f" ratio {max(bulks) / max(values):.2f}"
+        f"    {c.rows} rows each, one statement (or call) of each in turn; like for like (raw also builds and"
+        f" serializes its rows in the timed section): raw {c.rate('values'):,.0f} rows/s,"
+        f" ratio {c.rate('bulk') / c.rate('values'):.2f}"
     )
-    rows_c = rounds * args.entities * per_round
-    if cpu_raw.server is not None:
-        rc, rs, bc, bs = (1e6 * v / rows_c for v in cpu_used)
-        print(
-            f"    CPU per 1000 rows (client + server): raw {rc:.2f} + {rs:.2f} ms, persist_many {bc:.2f} + {bs:.2f} ms;"
-            f" CPU ratio {(rc + rs) / (bc + bs):.2f}; of the client's, {1e6 * gc_bulk.seconds / rows_c:.2f} ms"
-            " in the garbage collector"
-        )
+    print(
+        f"    client CPU per 1000 rows: raw {c.client_ms_per_1000('raw'):.2f} ms, raw from values"
+        f" {c.client_ms_per_1000('values'):.2f} ms, persist_many {c.client_ms_per_1000('bulk'):.2f} ms"
+        " (including building its Write parts)"
+    )
     raw_b = await raw_single(dsn, args.single)
     ours_b = await journal_single(dsn, args.single)
     report("(b) one entity, one event per call", ours_b, raw_b, target=0.85)

@@ -17,7 +17,14 @@ from .backend import WriteRequest, WriteResult
 from .columns import WriteColumns
 from .errors import InvalidArgument, JournalError, SerializationError, StorageError
 from .ids import ENTITY_TYPE_SEPARATOR, MAX_PERSISTENCE_ID_LENGTH, MAX_SEQ_NR, entity_type_of, slice_for
-from .serialization import BYTES_SERIALIZER_ID, JSON_SERIALIZER_ID, Serialized, SerializerRegistry, dump_plain_json
+from .serialization import (
+    BYTES_SERIALIZER_ID,
+    JSON_SERIALIZER_ID,
+    Serialized,
+    SerializerRegistry,
+    dump_plain_json,
+    dump_plain_jsons,
+)
 
 
 class Write(NamedTuple):
@@ -99,7 +106,7 @@ def bulk_columns(writes: Sequence[Write | tuple[Any, ...]], serializers: Seriali
     types = set(map(type, evs))
     try:
         if types <= serializers.plain_json_types:
-            payloads: list[bytes] = list(map(dump_plain_json, evs))
+            payloads: list[bytes] = dump_plain_jsons(evs)
             ser_ids = [JSON_SERIALIZER_ID] * n
         elif types <= serializers.plain_json_types | {serializers.plain_bytes_type}:
             raw = serializers.plain_bytes_type

@@ -138,11 +138,13 @@ class GroupCommit:
         self.batches_written = 0
         self.calls_written = 0
 
-    async def submit(self, request: WriteRequest) -> WriteResult:
+    def submit(self, request: WriteRequest) -> Awaitable[WriteResult]:
+        """The call's result, to await: a future the batch it joins settles, or (idle journal)
+        the write of it alone. Not a coroutine itself: one frame less per call on the hot path."""
         if self._closed:
             raise JournalUnavailable("the journal is closed")
         if not self._running and not self._direct and not self._planner.queue and not self._releasing:
-            return await self._write_now(request)
+            return self._write_now(request)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[WriteResult] = loop.create_future()
         self._planner.queue.append(_new(Pending, (request, fut)))
@@ -152,7 +154,7 @@ class GroupCommit:
                 loop.call_later(self._max_batch_wait, self._pump)
             else:
                 loop.call_soon(self._pump)
-        return await fut
+        return fut
 
     async def submit_many(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
         """Write many requests (distinct pids), each atomic and failing alone; results in order.

@@ -113,8 +113,27 @@ MAX_MANIFEST_LENGTH = 255
 
 def dump_plain_json(value: Any) -> bytes:
     """What the JSON serializer stores for a value of :attr:`SerializerRegistry.plain_json_types`
-    (raises what orjson raises: a caller falls back to :meth:`SerializerRegistry.serialize`)."""
-    return orjson.dumps(value, default=_to_jsonable, option=_OPTS)
+    (raises what orjson raises: a caller falls back to :meth:`SerializerRegistry.serialize`).
+
+    orjson is called bare first: its options and ``default`` change nothing for a value it
+    serializes without them (they only rescue one it would refuse), and parsing them costs a
+    fifth of the call for a small event.
+    """
+    try:
+        return _dumps(value)
+    except TypeError:
+        return orjson.dumps(value, default=_to_jsonable, option=_OPTS)
+
+
+def dump_plain_jsons(values: list[Any]) -> list[bytes]:
+    """:func:`dump_plain_json` of each value, in one loop in C when none needs the fallback."""
+    try:
+        return list(map(_dumps, values))
+    except TypeError:
+        return list(map(dump_plain_json, values))
+
+
+_dumps = orjson.dumps
 
 
 def _type_name(cls: type) -> str:
