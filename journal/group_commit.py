@@ -69,13 +69,11 @@ class BatchPlanner:
             events += n
         kept.extend(self.queue)
         self.queue = kept
-        for p in batch:
-            self.in_flight_pids.add(p.request.persistence_id)
+        self.in_flight_pids.update([p.request.persistence_id for p in batch])
         return batch
 
     def done(self, batch: Sequence[Pending]) -> None:
-        for p in batch:
-            self.in_flight_pids.discard(p.request.persistence_id)
+        self.in_flight_pids.difference_update([p.request.persistence_id for p in batch])
 
 
 MIN_BULK_CHUNK_EVENTS = 250

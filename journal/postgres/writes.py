@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -234,11 +234,13 @@ class PostgresWrites(PostgresPart):
 
     async def _take_writer(self) -> asyncpg.Connection:
         """A write connection; failures to get one are retried with backoff (transient only)."""
-        delays = iter(backoff_delays(self.settings.retry))
+        delays: Iterator[float] | None = None  # built on the first failure only (hot path)
         while True:
             try:
                 return await self.conns.writers.take()
             except Exception as e:
+                if delays is None:
+                    delays = iter(backoff_delays(self.settings.retry))
                 delay = next(delays, None)
                 if not is_transient(e):
                     raise
