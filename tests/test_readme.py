@@ -50,3 +50,22 @@ def test_readme_is_a_front_page() -> None:
     assert not re.search(r"\bissue \d+", README, re.I), "an issue number in the README"
     for page in re.findall(r"\]\((docs/[^)#]+)", README):
         assert (ROOT / page).is_file(), f"README links to a missing page: {page}"
+
+
+def test_the_bulk_example_runs(dsn: str) -> None:
+    """The README's persist_many lines, run inside a journal ``j`` as the text around them says."""
+    asyncio.run(truncate_all(dsn))
+    section = README.split("## The journal", 1)[1]
+    snippet = re.findall(r"```python\n(.*?)```", section, re.S)[1]
+    body = "\n".join("        " + line for line in snippet.splitlines())
+    program = (
+        "import asyncio\nfrom journal import open_journal\n\nasync def main() -> None:\n"
+        f"    async with open_journal() as j:\n{body}\n"
+        "        again = await j.persist_many([Write('order|7', [{'placed': 7}], expected_seq_nr=0)])\n"
+        "        print(failures(again))\n\nasyncio.run(main())\n"
+    )
+    env = {**os.environ, "JOURNAL_DSN": dsn}
+    out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[(0, SequenceConflict("), lines
