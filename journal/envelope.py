@@ -125,7 +125,7 @@ class EventEnvelope:
         seq_nr = first_seq_nr
         for ev in events:
             # filled with plain slot stores, then given its frozen class (the same layout)
-            e = _NEW(_Unfrozen)
+            e: Any = _NEW(_Unfrozen)
             e.persistence_id = persistence_id
             e.entity_type = entity_type
             e.slice = slice
@@ -140,8 +140,8 @@ class EventEnvelope:
             e.source = "query"
             e._src = _SEQUENCE_OFFSETS
             e._index = seq_nr
-            e.__class__ = cls  # type: ignore[assignment]
-            append(e)  # type: ignore[arg-type]
+            e.__class__ = cls
+            append(e)
             seq_nr += 1
         return out
 
@@ -212,21 +212,6 @@ class _Unfrozen:
     setter), then assigns it its class, which the identical layout allows."""
 
     __slots__ = EventEnvelope.__slots__
-
-    persistence_id: str
-    entity_type: str
-    slice: int
-    seq_nr: int
-    db_timestamp: datetime
-    tags: tuple[str, ...]
-    metadata: Any
-    writer: str
-    has_payload: bool
-    source: str
-    _event: Any
-    _offset: Any
-    _src: LazySource | None
-    _index: int
 
 
 _SET: dict[str, Callable[[EventEnvelope, Any], None]] = {

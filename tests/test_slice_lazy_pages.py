@@ -91,3 +91,25 @@ def test_page_envelopes_read_the_row_and_look_like_eager_ones() -> None:
             pass
         case _:
             pytest.fail("positional match on a page envelope")
+
+
+def test_written_envelopes_are_frozen_eager_looking_envelopes() -> None:
+    """``EventEnvelope.written`` fills slots as a mutable twin, then switches the class: the
+    result must be indistinguishable from one built by the constructor, and frozen."""
+    import copy
+    import pickle
+    from dataclasses import FrozenInstanceError
+
+    from journal.offsets import SequenceOffset
+
+    ts = datetime(2026, 1, 2, tzinfo=UTC)
+    got = EventEnvelope.written("cart|1", "cart", 7, 4, ts, [{"a": 1}, "b"], ("t",), {"m": 1}, "w")
+    want = [
+        EventEnvelope("cart|1", "cart", 7, n, ts, ev, SequenceOffset(n), ("t",), {"m": 1}, "w")
+        for n, ev in ((4, {"a": 1}), (5, "b"))
+    ]
+    assert got == want and [type(e) for e in got] == [EventEnvelope, EventEnvelope]
+    assert repr(got[1]) == repr(want[1])
+    assert pickle.loads(pickle.dumps(got[1])) == want[1] and copy.deepcopy(got[0]) == want[0]
+    with pytest.raises(FrozenInstanceError):
+        got[0].seq_nr = 9  # type: ignore[misc]
