@@ -132,3 +132,37 @@ async def test_a_large_batch_wakes_its_callers_in_two_waves_and_sends_the_first_
     assert after[half] == ("batch", ["p|0", *big[:half]])  # its next calls, sent before ...
     assert after[half + 1 : len(big) + 1] == [("woke", pid) for pid in big[half:]]  # ... the second wave wakes
     await gc.close()
+
+
+async def test_close_delivers_the_second_wave() -> None:
+    """close() called by a caller of a finished batch's first wave returns only once the
+    second wave has its results too."""
+    from datetime import UTC, datetime
+
+    from journal.backend import WriteResult
+    from journal.group_commit import RELEASE_WAVE_MIN, GroupCommit
+
+    now = datetime.now(UTC)
+    release = asyncio.Event()
+
+    async def write_batch(reqs: object) -> list[WriteResult | Exception]:
+        batch = list(reqs)  # type: ignore[call-overload]
+        await release.wait()
+        return [WriteResult(1, now) for _ in batch]
+
+    gc = GroupCommit(write_batch, max_batch_events=5000, max_in_flight=1)
+    n = 2 * RELEASE_WAVE_MIN + 1
+    settled_at_close: list[int] = []
+
+    async def caller(i: int) -> None:
+        await gc.submit(WriteRequest(f"p|{i}", "p", 0, 0, (EV,)))
+        if i == 1:  # the batch's first call: in its first wave
+            await gc.close()
+            settled_at_close.append(sum(p.future.done() for p in batch))
+
+    calls = [asyncio.ensure_future(caller(i)) for i in range(n)]
+    await wait_until(lambda: len(gc._planner.queue) == n - 1, what="the rest queued behind the first")
+    batch = list(gc._planner.queue)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*calls), timeout=10)
+    assert settled_at_close == [n - 1]
