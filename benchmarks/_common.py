@@ -6,7 +6,6 @@ The server is ``JOURNAL_DSN`` when set, else an embedded PostgreSQL in a tempora
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import platform
 import tempfile
@@ -83,28 +82,6 @@ class CpuMeter:
     def per_1000(self, n: int) -> str:
         server = "n/a" if self.server is None else f"{self.server / n * 1e6:.2f} ms"
         return f"CPU per 1000 events: client {self.client / n * 1e6:.2f} ms, server {server}"
-
-
-class GcMeter:
-    """CPU seconds this process spent in the cyclic garbage collector between :meth:`start` and
-    :meth:`stop` (part of the client CPU time): a bulk write's objects alive across the database
-    round trip make CPython's full collections frequent, and this shows how much they cost."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._started = 0.0
-
-    def _callback(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._started = time.process_time()
-        else:
-            self.seconds += time.process_time() - self._started
-
-    def start(self) -> None:
-        gc.callbacks.append(self._callback)
-
-    def stop(self) -> None:
-        gc.callbacks.remove(self._callback)
 
 
 def _stat(pid: int, *, with_children: bool = False) -> tuple[int, float] | None:

@@ -30,9 +30,9 @@ import orjson
 from journal import JournalSettings, Write, failures, open_journal, runtime, slice_for
 
 try:
-    from benchmarks._common import CpuMeter, fresh_database, header, report
+    from benchmarks._common import fresh_database, header, report
 except ImportError:  # run as a script from benchmarks/
-    from _common import CpuMeter, fresh_database, header, report  # type: ignore[no-redef]
+    from _common import fresh_database, header, report  # type: ignore[no-redef]
 
 RAW_BATCH = 1000
 RAW_INSERT = """
@@ -49,9 +49,7 @@ def payload(i: int) -> dict[str, object]:
     return {"item": f"sku-{i % 977}", "qty": i % 7 + 1, "price": 1999}
 
 
-async def raw_batched(
-    dsn: str, entities: int, per_entity: int, prefix: str = "raw", cpu: CpuMeter | None = None
-) -> float:
+async def raw_batched(dsn: str, entities: int, per_entity: int, prefix: str = "raw") -> float:
     conn = await asyncpg.connect(dsn)
     writer = str(uuid.uuid4())
     rows = [
@@ -59,21 +57,17 @@ async def raw_batched(
         for n in range(1, per_entity + 1)
         for e in range(entities)
     ]
-    if cpu:
-        cpu.start()
     start = time.perf_counter()
     for i in range(0, len(rows), RAW_BATCH):
         chunk = rows[i : i + RAW_BATCH]
         await conn.execute(RAW_INSERT, *(list(c) for c in zip(*chunk, strict=True)), writer)
     elapsed = time.perf_counter() - start
-    if cpu:
-        cpu.stop()
     await conn.close()
     return len(rows) / elapsed
 
 
 async def journal_concurrent(
-    dsn: str, entities: int, per_entity: int, per_call: int = 1, cpu: CpuMeter | None = None, prefix: str = "bench"
+    dsn: str, entities: int, per_entity: int, per_call: int = 1, prefix: str = "bench"
 ) -> tuple[float, int]:
     settings = JournalSettings.load(env={}, dsn=dsn)
     async with open_journal(dsn, settings=settings) as j:
@@ -83,13 +77,9 @@ async def journal_concurrent(
             for n in range(0, per_entity, per_call):
                 await j.persist(pid, [payload(n + k) for k in range(per_call)], expected_seq_nr=n)
 
-        if cpu:
-            cpu.start()
         start = time.perf_counter()
         await asyncio.gather(*(entity(e) for e in range(entities)))
         elapsed = time.perf_counter() - start
-        if cpu:
-            cpu.stop()
         return entities * per_entity / elapsed, j._group_commit.batches_written
 
 

@@ -28,6 +28,14 @@ if TYPE_CHECKING:
 
 # -- what crosses the seam ------------------------------------------------------------------
 
+SLICE_GROUP_SIZE = 64
+"""A write's NOTIFY payload names a group of 64 slices, ``"<slice // 64>:<entity_type>"``;
+live queries listen for the groups of their slice range."""
+
+new_row: Any = tuple.__new__
+"""``new_row(SomeNamedTuple, (every, field))``: a NamedTuple built without its generated
+``__new__``'s Python frame, for the write path's one-per-call rows."""
+
 
 class WriteRequest(NamedTuple):
     """One ``persist`` call: all its events are written atomically, consecutively numbered.

@@ -13,7 +13,7 @@ from datetime import datetime
 from itertools import repeat
 from typing import Any, NamedTuple
 
-from .backend import WriteRequest, WriteResult
+from .backend import WriteRequest, WriteResult, new_row
 from .columns import WriteColumns
 from .errors import InvalidArgument, JournalError, SerializationError, StorageError
 from .ids import ENTITY_TYPE_SEPARATOR, MAX_PERSISTENCE_ID_LENGTH, MAX_SEQ_NR, entity_type_of, slice_for
@@ -59,10 +59,6 @@ def failures(outcomes: Sequence[Outcome]) -> list[tuple[int, JournalError]]:
     """The failed parts of a :meth:`~journal.Journal.persist_many` result, as (index, error)."""
     return [(i, o) for i, o in enumerate(outcomes) if isinstance(o, JournalError)]
 
-
-_new: Any = tuple.__new__
-"""Builds a NamedTuple from all its fields, without the generated ``__new__``'s Python frame
-(the hot paths below build one or two per call)."""
 
 MAX_EVENTS_PER_CALL = 10_000
 """At most this many events in one ``persist`` call or one ``persist_many`` part."""
@@ -139,13 +135,13 @@ def column_outcomes(columns: WriteColumns, results: Sequence[datetime | WriteRes
     firsts = [e + 1 for e in columns.expected_seq_nrs]
     if set(map(type, results)) == {datetime}:  # every call written as a column: no loop in Python
         rows = zip(columns.persistence_ids, firsts, firsts, results, strict=True)
-        written: list[Outcome] = list(map(_new, repeat(Written), rows))
+        written: list[Outcome] = list(map(new_row, repeat(Written), rows))
         return written
     out: list[Outcome] = []
     append = out.append
     for pid, first, res in zip(columns.persistence_ids, firsts, results, strict=True):
         if type(res) is datetime:
-            append(_new(Written, (pid, first, first, res)))
+            append(new_row(Written, (pid, first, first, res)))
         elif type(res) is WriteResult:
             append(Written(pid, res.first_seq_nr, res.first_seq_nr, res.db_timestamp))
         else:
@@ -204,7 +200,7 @@ def plain_request(
         if len(events) == 1 and type(events[0]) in plain:  # the commonest call
             try:
                 payload = dump_plain_json(events[0])
-                serialized: list[Serialized] | None = [_new(Serialized, (JSON_SERIALIZER_ID, "", payload))]
+                serialized: list[Serialized] | None = [new_row(Serialized, (JSON_SERIALIZER_ID, "", payload))]
             except Exception:  # the full path raises the error that names it
                 return None
         else:
@@ -212,7 +208,7 @@ def plain_request(
         if serialized is not None:
             cut = pid.find(ENTITY_TYPE_SEPARATOR)
             et = pid[:cut] if cut >= 0 else ""
-            request: WriteRequest = _new(WriteRequest, (pid, et, slice_for(pid), expected, serialized, (), None))
+            request: WriteRequest = new_row(WriteRequest, (pid, et, slice_for(pid), expected, serialized, (), None))
             return request
     return None
 

@@ -15,9 +15,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple, cast
+from typing import NamedTuple, cast
 
-from .backend import WriteRequest, WriteResult
+from .backend import WriteRequest, WriteResult, new_row
 from .columns import WriteColumns
 from .errors import JournalUnavailable
 
@@ -33,9 +33,6 @@ Result = WriteResult | Exception | datetime
 class Pending(NamedTuple):
     request: WriteRequest
     future: asyncio.Future[WriteResult]
-
-
-_new: Any = tuple.__new__  # a NamedTuple without its generated __new__'s frame (one per call)
 
 
 @dataclass
@@ -144,7 +141,7 @@ class GroupCommit:
             return await self._write_now(request)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[WriteResult] = loop.create_future()
-        self._planner.queue.append(_new(Pending, (request, fut)))
+        self._planner.queue.append(new_row(Pending, (request, fut)))
         if not self._scheduled:
             self._scheduled = True
             if self._max_batch_wait > 0 and not self._running:

@@ -27,7 +27,7 @@ from typing import Any
 from ..backend import WriteRequest
 from ..columns import WriteColumns
 from ..serialization import JSON_SERIALIZER_ID
-from .statements import SLICE_GROUP_SIZE, Statements, notify_groups
+from .statements import Statements, notify_groups
 
 _ROWS = """unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[], $6::text[], $8::int[], $9::text[],
               $10::int[], $11::text[], $12::bytea[])
@@ -157,7 +157,7 @@ SELECT ts, bad{notify} FROM stamp"""
         if many:
             params += ([r.persistence_id for r in requests], [r.expected_seq_nr + 1 for r in requests])  # type: ignore[operator]
         if self._notify:
-            params += (notify_groups(requests),)
+            params += (notify_groups([r.slice for r in requests], [r.entity_type for r in requests]),)
         return (self.many_events if many else self.one_event), params
 
     def _one_event_each(self, requests: Sequence[WriteRequest], writer: str) -> tuple[str, tuple[Any, ...]]:
@@ -169,6 +169,7 @@ SELECT ts, bad{notify} FROM stamp"""
         if ser_ids.count(JSON_SERIALIZER_ID) == n and manifests.count("") == n:
             ser_ids = manifests = ()
         et = entity_types[0]
+        notify = (notify_groups(slices, entity_types),) if self._notify else ()
         if entity_types.count(et) == n:
             entity_types = ()
         meta_ids: tuple[int | None, ...] = ()
@@ -180,10 +181,8 @@ SELECT ts, bad{notify} FROM stamp"""
             meta_payloads = tuple(m.payload if m else None for m in metas)
         params: tuple[Any, ...] = (
             pids, slices, [e + 1 for e in expected], payloads, writer, entity_types, et, ser_ids, manifests,
-            meta_ids, meta_manifests, meta_payloads,
+            meta_ids, meta_manifests, meta_payloads, *notify,
         )  # fmt: skip
-        if self._notify:
-            params += (notify_groups(requests),)
         return self.one_event, params
 
     def _columns(self, c: WriteColumns, writer: str) -> tuple[str, tuple[Any, ...]]:
@@ -195,8 +194,5 @@ SELECT ts, bad{notify} FROM stamp"""
             entity_types, et, ser_ids, [], [], [], [],
         )  # fmt: skip
         if self._notify:
-            groups = {f"{s // SLICE_GROUP_SIZE}:{et}" for s in c.slices} if not entity_types else {
-                f"{s // SLICE_GROUP_SIZE}:{t}" for s, t in zip(c.slices, entity_types, strict=True)
-            }
-            params += (list(groups),)
+            params += (notify_groups(c.slices, c.entity_types),)
         return self.one_event, params

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import asyncpg
@@ -27,7 +28,7 @@ from ..settings import validate_identifier
 from ..vector_time import VectorTime
 from . import recovery_guard
 from .replicated_insert import WAIT_FOR_CLOCK, insert_replicated
-from .statements import SLICE_GROUP_SIZE
+from .statements import notify_groups
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .writes import PostgresWrites
 
@@ -358,7 +359,7 @@ class PostgresReplicationStore:
         ]
         notify = b.settings.write.notify
         if notify:
-            params.append(sorted({f"{sl // SLICE_GROUP_SIZE}:{log_name}" for sl in set(slices)}))
+            params.append(sorted(notify_groups(set(slices), repeat(log_name))))
         if tagged:
             params.append(bucket_millis(b.settings.tags.bucket_size))
         row = await conn.fetchrow(self.sql.insert(notify=notify, tagged=tagged), *params)

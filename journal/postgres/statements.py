@@ -8,32 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
-from ..backend import SLICE_ROW_COLUMNS
+from ..backend import SLICE_GROUP_SIZE, SLICE_ROW_COLUMNS
 from ..settings import validate_identifier
-
-SLICE_GROUP_SIZE = 64
-"""NOTIFY payloads name a group of 64 slices: ``"<slice // 64>:<entity_type>"``."""
-assert SLICE_GROUP_SIZE == 1 << 6  # notify_groups shifts
-
 
 EVENT_COLUMNS = ", ".join(SLICE_ROW_COLUMNS)
 """The event_journal columns every read selects, in the seam's row layout
 (:func:`journal.backend.stored_event` decodes it)."""
 
 
-class _SliceAndType(Protocol):
-    @property
-    def slice(self) -> int: ...
-
-    @property
-    def entity_type(self) -> str: ...
-
-
-def notify_groups(requests: Iterable[_SliceAndType]) -> list[str]:
-    """The distinct NOTIFY payloads of a batch's calls (formatted once per group, not per call)."""
-    return [f"{g}:{et}" for g, et in {(r.slice >> 6, r.entity_type) for r in requests}]
+def notify_groups(slices: Iterable[int], entity_types: Iterable[str]) -> list[str]:
+    """The distinct NOTIFY payloads of a batch's rows, from each row's slice and entity type
+    (formatted once per group, not once per row)."""
+    groups = {(s // SLICE_GROUP_SIZE, t) for s, t in zip(slices, entity_types, strict=False)}
+    return [f"{g}:{t}" for g, t in groups]
 
 
 def notify_channel(schema: str) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import asyncpg
 
-from ..backend import Found, WriteCheck, WriteRequest, WriteResult, check_rows
+from ..backend import Found, WriteCheck, WriteRequest, WriteResult, check_rows, new_row
 from ..buckets import bucket_millis
 from ..columns import WriteColumns
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict
@@ -98,7 +98,7 @@ class PostgresWrites(PostgresPart):
             ser_ids = []
         notify: tuple[list[str], ...] = ()
         if self._notify:
-            notify = (notify_groups(requests),)
+            notify = (notify_groups([r.slice for r in requests], [r.entity_type for r in requests]),)
         return (
             [r.persistence_id for r in rr],
             [r.entity_type for r in rr],
@@ -134,8 +134,7 @@ class PostgresWrites(PostgresPart):
         if not interrupted and interruptions == 0 and len(requests) > 1 and self._known.accepts(requests):
             optimistic = await self._insert_known(requests)
             if isinstance(optimistic, datetime):
-                new = tuple.__new__
-                return [new(WriteResult, (r.expected_seq_nr + 1, optimistic)) for r in requests]  # type: ignore[operator]
+                return [new_row(WriteResult, (r.expected_seq_nr + 1, optimistic)) for r in requests]  # type: ignore[operator]
             interrupted = optimistic is _Unwritten.INTERRUPTED
         results: dict[int, WriteResult | Exception] = {}
         pending = list(range(len(requests)))

@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..backend import Listening, SliceQueryBackend
+from ..backend import SLICE_GROUP_SIZE, Listening, SliceQueryBackend
 
 log = logging.getLogger("journal.query.notifications")
-
-SLICE_GROUP_SIZE = 64
 
 
 class Subscription:
