@@ -103,6 +103,8 @@ class QuerySettings:
 
 
 TagBucketSize = Literal["Day", "Hour", "Minute"]
+HandlerRecoveryKind = Literal["fail", "retry-and-fail", "retry-and-skip", "retry-and-dead-letter"]
+"""What a projection does with an event its handler keeps failing on (see docs/handler-failures.md)."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,12 @@ class ProjectionSettings:
     at_least_once_interval: float = 1.0
     """...or after this many seconds, whichever comes first."""
     handler_attempts: int = 5
-    """Tries of a failing batch (rolled back each time) before the projection stops."""
+    """Tries of a failing batch (rolled back each time) before ``handler_recovery`` acts."""
+    handler_recovery: str = "retry-and-fail"
+    """Default failure strategy of a projection (each may set its own): ``fail`` (stop at the first
+    failure), ``retry-and-fail`` (``handler_attempts`` tries with backoff, then stop),
+    ``retry-and-skip`` or ``retry-and-dead-letter`` (then the one poisoned event is isolated and
+    skipped, or parked in ``projection_dead_letter``, and the offset moves past it)."""
     handler_backoff: float = 0.2
     """Seconds before the first retry; doubles up to ``handler_max_backoff``."""
     handler_max_backoff: float = 5.0
@@ -314,6 +321,9 @@ class JournalSettings:
             "lease_renew_interval", "queue_size",
         )  # fmt: skip
         _non_negative(p, "group_max_wait")
+        if p.handler_recovery not in get_args(HandlerRecoveryKind):
+            kinds = ", ".join(get_args(HandlerRecoveryKind))
+            raise ConfigurationError(f"handler_recovery must be one of {kinds}, got {p.handler_recovery!r}")
         if p.lease_renew_interval * 2 > p.lease_ttl:
             raise ConfigurationError("lease_renew_interval must be at most half of lease_ttl")
         _positive(
