@@ -38,7 +38,7 @@ JOURNAL_API = {
 
 PROJECTIONS_API = {
     "Worker", "TagWorker", "MODES", "Mode", "load_handler", "Stats", "ProjectionStatus", "RangeStatus",
-    "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy",
+    "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "HandlerRecovery", "DeadLetter",
 }  # fmt: skip
 
 
