@@ -221,7 +221,11 @@ class ProjectionSettings:
     (reference 5 min); older pids are looked up lazily."""
     offset_delete_after: float = 86400.0
     """Offset rows older than this behind their slice's latest row are pruned (reference 1 day);
-    the latest row of each slice is always kept."""
+    the latest row of each slice is always kept. At least ``offset_time_window``."""
+    offset_delete_after_consumed: float = 3600.0
+    """No offset row consumed (written) less than this many seconds ago is pruned, by either rule
+    (Akka Projection 1.6's ``delete-after-consumed``): a projection rebuilt from old events keeps
+    its recent rows. Rows a later row of the same pid supersedes are pruned after this too."""
     offset_prune_interval: float = 60.0
     """Seconds between pruning runs of a worker."""
     heartbeat_offset_interval: float = 10.0
@@ -320,7 +324,9 @@ class JournalSettings:
             "handler_attempts", "handler_backoff", "handler_max_backoff", "lease_ttl",
             "lease_renew_interval", "queue_size",
         )  # fmt: skip
-        _non_negative(p, "group_max_wait")
+        _non_negative(p, "group_max_wait", "offset_delete_after_consumed")
+        if p.offset_delete_after < p.offset_time_window:
+            raise ConfigurationError("offset_delete_after must be at least offset_time_window")
         if p.handler_recovery not in get_args(HandlerRecoveryKind):
             kinds = ", ".join(get_args(HandlerRecoveryKind))
             raise ConfigurationError(f"handler_recovery must be one of {kinds}, got {p.handler_recovery!r}")

@@ -133,6 +133,7 @@ class Worker:
                             await self.sql.prune(
                                 conn, self.name, sorted(self.epochs),
                                 timedelta(seconds=self.ps.offset_delete_after),
+                                timedelta(seconds=self.ps.offset_delete_after_consumed),
                             )  # fmt: skip
                     self.outage.answered()
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
