@@ -54,6 +54,7 @@ from .offsets import NO_OFFSET, NoOffset, Offset, SequenceOffset, TimestampOffse
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
+from .upcasting import EventSeq, StoredManifest, Upcasters
 from .vector_time import VectorTime
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "EntityStopped",
     "EventEnvelope",
     "EventRouter",
+    "EventSeq",
     "EventsMissing",
     "HandlerFailed",
     "IncompatibleVersion",
@@ -101,12 +103,14 @@ __all__ = [
     "Snapshot",
     "SparkSetupError",
     "StorageError",
+    "StoredManifest",
     "TagEventsMissing",
     "TagWriteTimeout",
     "TimeUUIDOffset",
     "TimedReply",
     "TimestampOffset",
     "UnsupportedOperation",
+    "Upcasters",
     "VectorTime",
     "View",
     "Write",

@@ -111,6 +111,16 @@ class SnapshotRow:
     db_timestamp: datetime | None = None
 
 
+class ManifestCount(NamedTuple):
+    """How many stored rows of one kind (``"event"`` or ``"snapshot"``) have this serializer id and
+    stored manifest (``journal manifests``)."""
+
+    kind: str
+    ser_id: int
+    manifest: str
+    rows: int
+
+
 class Found(Enum):
     """What the rows of an interrupted write say about it (:meth:`EventWrites.check_write`)."""
 
@@ -515,6 +525,11 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
 
     async def info(self) -> dict[str, Any]:
         """What the storage reports: at least ``events``, the event count per entity type."""
+        ...
+
+    async def manifests(self) -> list[ManifestCount]:
+        """Every (serializer id, stored manifest) of the stored events and snapshots, with counts
+        (a scan: a tool's call, not a hot path)."""
         ...
 
     def slice_queries(self) -> SliceQueryBackend:

@@ -50,6 +50,7 @@ from .query.validation import check_slice_query
 from .serialization import Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
+from .upcasting import StoredManifest, split_version
 
 log = logging.getLogger("journal")
 
@@ -292,6 +293,16 @@ class Journal:
             if len(ids) < page:
                 return
             after = ids[-1]
+
+    async def stored_manifests(self) -> list[StoredManifest]:
+        """Which manifests and versions the stored events and snapshots have, with counts, and
+        which of them this journal's serializers upcast (a scan: a tool's call)."""
+        steps = self.serializers.upcasters.steps
+        out = []
+        for c in await self.backend.manifests():
+            name, version = split_version(c.manifest)
+            out.append(StoredManifest(c.kind, c.ser_id, name, version, c.rows, c.manifest in steps))
+        return sorted(out)
 
     def envelope(self, r: StoredEvent) -> EventEnvelope:
         """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""

@@ -4,6 +4,9 @@ Stored rows carry ``event_ser_id`` and ``event_ser_manifest``; the registry pick
 that wrote a row to read it back. Built in: bytes pass through (id 0), JSON (id 1) for dicts,
 lists, scalars, dataclasses and pydantic-style models (anything with ``model_dump``). Register a
 serializer for your own types with :meth:`SerializerRegistry.register`.
+
+Old rows are upgraded here, on every read path: the registry's :class:`~journal.upcasting.Upcasters`
+run on the data of a row whose stored manifest (``name#version``) has one (docs/schema-evolution.md).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import orjson
 
 from .errors import ConfigurationError, SerializationError
+from .upcasting import EventSeq, Upcasters, versioned
 
 BYTES_SERIALIZER_ID = 0
 JSON_SERIALIZER_ID = 1
@@ -79,10 +83,20 @@ class JsonSerializer:
 
     def __init__(self) -> None:
         self._types: dict[str, Callable[[Any], Any]] = {}
+        self._manifests: dict[type, str] = {}
+        """Types written at a version above 1: their stored manifest (``name#version``)."""
 
-    def register_type(self, cls: type, manifest: str | None = None) -> None:
-        """Rebuild ``cls`` from stored JSON whose manifest is ``manifest`` (default: its type name)."""
-        name = manifest or _type_name(cls)
+    def register_type(self, cls: type, manifest: str | None = None, version: int = 1) -> None:
+        """Rebuild ``cls`` from stored JSON whose manifest is ``manifest`` (default: its type name).
+
+        ``version`` > 1: ``cls`` is that version of the event; new rows are written with the
+        manifest ``name#version`` and older rows are read through the registry's upcasters.
+        """
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ConfigurationError(f"version must be an int >= 1, got {version!r}")
+        name = versioned(manifest or _type_name(cls), version)
+        if version > 1:
+            self._manifests[cls] = name
         validate = getattr(cls, "model_validate", None)
         if callable(validate):
             self._types[name] = validate
@@ -93,13 +107,20 @@ class JsonSerializer:
         t = type(value)
         if t in _PLAIN or value is None or isinstance(value, dict | list | str | int | float):
             return ""
-        return _type_name(t)
+        return self._manifests.get(t) or _type_name(t)
 
     def to_bytes(self, value: Any) -> bytes:
         return orjson.dumps(value, default=_to_jsonable, option=_OPTS)
 
     def from_bytes(self, payload: bytes, manifest: str) -> Any:
-        data = orjson.loads(payload)
+        return self.build(orjson.loads(payload), manifest)
+
+    def decode(self, payload: bytes, manifest: str) -> Any:
+        """The data upcasters work on: the parsed JSON."""
+        return orjson.loads(payload)
+
+    def build(self, data: Any, manifest: str) -> Any:
+        """The value of (upcast) data: an instance of the type registered for ``manifest``, if any."""
         if manifest and manifest in self._types:
             return self._types[manifest](data)
         return data
@@ -145,6 +166,9 @@ class SerializerRegistry:
 
     def __init__(self) -> None:
         self.json = JsonSerializer()
+        self.upcasters = Upcasters()
+        """Upcasters of old rows, by stored manifest and version (see :mod:`journal.upcasting`)."""
+        self._upcast = self.upcasters.steps  # the read path's one lookup per row
         self._by_id: dict[int, Serializer] = {}
         self._by_type: dict[type, Serializer] = {}
         self._resolved: dict[type, Serializer] = {}
@@ -182,9 +206,10 @@ class SerializerRegistry:
         """``bytes`` when bytes values pass through unchanged (serializer id 0), else None."""
         return self._plain_bytes
 
-    def register_type(self, cls: type, manifest: str | None = None) -> None:
-        """Shortcut: read JSON rows of ``cls`` back as ``cls`` instances."""
-        self.json.register_type(cls, manifest)
+    def register_type(self, cls: type, manifest: str | None = None, version: int = 1) -> None:
+        """Shortcut: read JSON rows of ``cls`` back as ``cls`` instances (``version``: see
+        :meth:`JsonSerializer.register_type`)."""
+        self.json.register_type(cls, manifest, version)
 
     def _for_value(self, value: Any) -> Serializer:
         t = type(value)
@@ -238,8 +263,21 @@ class SerializerRegistry:
         if s is None:
             raise SerializationError(f"no serializer registered with id {ser_id} to read {what}")
         try:
+            if manifest in self._upcast:
+                return self._upcasted(s, manifest, payload)
             return s.from_bytes(payload, manifest)
         except Exception as e:
             raise SerializationError(
                 f"cannot deserialize {what} (serializer {ser_id}, manifest {manifest!r}): {e}"
             ) from e
+
+    def _upcasted(self, s: Serializer, manifest: str, payload: bytes) -> Any:
+        """An old row: its data through the upcasters, then built as what it became."""
+        decode, build = getattr(s, "decode", None), getattr(s, "build", None)
+        data = decode(payload, manifest) if decode is not None else payload
+        parts = self.upcasters.upcast(manifest, data)
+        if build is None:  # a serializer without a data form: upcasters return payload bytes
+            values = [s.from_bytes(d, m) for m, d in parts]
+        else:
+            values = [build(d, m) for m, d in parts]
+        return values[0] if len(values) == 1 else EventSeq(values)

@@ -34,6 +34,7 @@ JOURNAL_API = {
     "TagEventsMissing", "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "EntityError",
     "PersistNotAllowed", "EntityStopped", "RecoveryFailed", "ReplicationError", "LocationMismatch",
     "IncompatibleVersion", "LocalWritesRefused",
+    "EventSeq", "StoredManifest", "Upcasters",
 }  # fmt: skip
 
 PROJECTIONS_API = {

@@ -304,5 +304,14 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{noti
         return f"DELETE FROM {self.older} WHERE persistence_id = $1"
 
     @property
+    def manifest_counts(self) -> str:
+        return (
+            f"SELECT 'event', event_ser_id, event_ser_manifest, count(*) FROM {self.ej} WHERE NOT deleted "
+            f"GROUP BY 2, 3 UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.snap} "
+            f"GROUP BY 2, 3 UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.older} "
+            "GROUP BY 2, 3 ORDER BY 1, 3, 2"
+        )
+
+    @property
     def event_counts(self) -> str:
         return f"SELECT entity_type, count(*) FROM {self.ej} GROUP BY entity_type ORDER BY entity_type"

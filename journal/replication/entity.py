@@ -15,6 +15,7 @@ from ..backend import ReplicationStore
 from ..errors import SequenceConflict
 from ..ids import persistence_id_of, validate_persistence_id
 from ..journal import Journal
+from ..upcasting import events_of
 from ..vector_time import VectorTime
 from .concurrent_versions import ConcurrentVersions, Version
 from .conflicts import ConflictFold, Versioned
@@ -78,8 +79,9 @@ class ReplicatedEntities:
         fold: ConflictFold[S] = ConflictFold(entity.initial_state, entity.on_event, entity.on_concurrent)
         deserialize = self.journal.serializers.deserialize
         fold.add(
-            Versioned(deserialize(ser.ser_id, ser.manifest, ser.payload, what=entity.persistence_id), vt, origin, seq)
+            Versioned(event, vt, origin, seq)
             for ser, origin, seq, vt in await self.store.entity_events(entity.persistence_id)
+            for event in events_of(deserialize(ser.ser_id, ser.manifest, ser.payload, what=entity.persistence_id))
         )
         return ReplicatedState(fold.state, fold.vector_time, tuple(fold.folded))
 
