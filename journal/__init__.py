@@ -5,6 +5,7 @@ The public API is what ``__all__`` lists; everything else is internal.
 
 from .backend import Backend
 from .bulk import Outcome, Write, Written, failures
+from .codec import Forgotten, KeyStore
 from .entities import (
     Entity,
     EntityRegistry,
@@ -44,6 +45,7 @@ from .errors import (
     SerializationError,
     SparkSetupError,
     StorageError,
+    SubjectForgotten,
     TagEventsMissing,
     TagWriteTimeout,
     UnsupportedOperation,
@@ -74,6 +76,7 @@ __all__ = [
     "EventRouter",
     "EventSeq",
     "EventsMissing",
+    "Forgotten",
     "HandlerFailed",
     "IncompatibleVersion",
     "InvalidArgument",
@@ -81,6 +84,7 @@ __all__ = [
     "JournalError",
     "JournalSettings",
     "JournalUnavailable",
+    "KeyStore",
     "LeaseLost",
     "LocalWritesRefused",
     "LocationMismatch",
@@ -104,6 +108,7 @@ __all__ = [
     "SparkSetupError",
     "StorageError",
     "StoredManifest",
+    "SubjectForgotten",
     "TagEventsMissing",
     "TagWriteTimeout",
     "TimeUUIDOffset",

@@ -20,6 +20,7 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from .codec import KeyStore
 from .serialization import Serialized
 
 if TYPE_CHECKING:
@@ -542,4 +543,8 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
 
     def replication_store(self, location: str) -> ReplicationStore:
         """The replicated logs of ``location`` in this database (PostgreSQL)."""
+        ...
+
+    def key_store(self) -> KeyStore:
+        """The default store of encryption keys: a table of this database (PostgreSQL)."""
         ...

@@ -6,7 +6,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +23,7 @@ from .bulk import (
     outcomes,
     plain_request,
 )
+from .codec import KeyStore, PayloadCodec, inner_manifest
 from .envelope import EventEnvelope
 from .errors import (
     ConfigurationError,
@@ -71,11 +72,21 @@ class Journal:
     """
 
     def __init__(
-        self, backend: Backend, settings: JournalSettings, serializers: SerializerRegistry | None = None
-    ) -> None:
+        self, backend: Backend, settings: JournalSettings, serializers: SerializerRegistry | None = None, *,
+        key_store: KeyStore | None = None, subject_of: Callable[[str], str] | None = None,
+    ) -> None:  # fmt: skip
         self.backend = backend
         self.settings = settings
         self.serializers = serializers or SerializerRegistry()
+        c = settings.codec
+        if c.encrypt or c.compress_above:
+            self.serializers.use_codec(
+                PayloadCodec(
+                    (key_store or backend.key_store()) if c.encrypt else None, compress_above=c.compress_above,
+                    compression_level=c.compression_level, subject_of=subject_of, cache_ttl=c.key_cache_ttl,
+                    cache_size=c.key_cache_size,
+                )
+            )  # fmt: skip
         w = settings.write
         self._group_commit = GroupCommit(
             instrumented(backend.write_batch),
@@ -127,6 +138,8 @@ class Journal:
             JournalUnavailable: the database could not be reached; ``outcome_unknown`` tells
                 whether the write may have happened.
         """
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self._group_commit.submit(request)
         return self._written(request, result, events, metadata)
@@ -146,6 +159,8 @@ class Journal:
         the part's index.
         """
         parts = writes if type(writes) is list else list(writes)
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys(p[0] if isinstance(p, tuple) else p.persistence_id for p in parts)
         write_columns = getattr(self.backend, "write_columns", None)
         if write_columns is not None:
             columns = bulk_columns(parts, self.serializers)  # the commonest shape: no object per part
@@ -177,6 +192,8 @@ class Journal:
         Raises as :meth:`persist`; after a SequenceConflict caused by a concurrent writer the
         transaction is aborted and must be rolled back.
         """
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self.backend.write_on(conn, request)
         return self._written(request, result, events, metadata)
@@ -204,6 +221,8 @@ class Journal:
                 ``outcome_unknown=True`` when the database cannot be reached yet.
             SequenceConflict: another writer's rows are there (or the pid moved on).
         """
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         got = await self.backend.check_write(request)
         if got.outcome is Found.WRITTEN:
@@ -243,10 +262,10 @@ class Journal:
             validate_seq_nr("expected_seq_nr", expected, maximum=MAX_SEQ_NR - len(events))
         clean_tags = validate_tags(tags) if tags else ()
         try:
-            serialized = self.serializers.serialize_all(events)
+            serialized = self.serializers.serialize_all(events, pid=pid)
         except SerializationError:
             for i, e in enumerate(events):  # say which event failed
-                self.serializers.serialize(e, what=f"event {i} of {pid!r}")
+                self.serializers.serialize(e, what=f"event {i} of {pid!r}", pid=pid)
             raise
         meta = self.serializers.serialize(metadata, what="metadata") if metadata is not None else None
         return WriteRequest(pid, entity_type_of(pid), slice_for(pid), expected, serialized, clean_tags, meta)
@@ -268,6 +287,8 @@ class Journal:
         nxt = max(from_seq_nr, 1)
         while nxt <= upper:
             rows = await self.backend.read_events(persistence_id, nxt, upper, page)
+            if self.serializers.keyed:
+                await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
             for r in rows:
                 yield self.envelope(r)
             if len(rows) < page:
@@ -300,9 +321,26 @@ class Journal:
         steps = self.serializers.upcasters.steps
         out = []
         for c in await self.backend.manifests():
-            name, version = split_version(c.manifest)
-            out.append(StoredManifest(c.kind, c.ser_id, name, version, c.rows, c.manifest in steps))
+            flags, ser_id, manifest = inner_manifest(c.ser_id, c.manifest)
+            name, version = split_version(manifest)
+            out.append(StoredManifest(c.kind, ser_id, name, version, c.rows, manifest in steps, flags))
         return sorted(out)
+
+    async def forget(self, subject: str) -> bool:
+        """Crypto-shredding: delete ``subject``'s encryption key for good. Its encrypted event
+        payloads and snapshots read as :class:`~journal.codec.Forgotten` from then on (in other
+        processes within ``codec.key_cache_ttl``), and nothing more can be written for it
+        (:class:`SubjectForgotten`). Returns whether it had a key.
+
+        Raises:
+            ConfigurationError: this journal does not encrypt.
+        """
+        codec = self.serializers.codec
+        if codec is None or not codec.encrypts:
+            raise ConfigurationError("this journal does not encrypt (codec.encrypt): there is no key to forget")
+        if not isinstance(subject, str) or not subject or len(subject) > 255:
+            raise InvalidArgument(f"subject must be a non-empty string of at most 255 characters, got {subject!r}")
+        return await codec.forget(subject)
 
     def envelope(self, r: StoredEvent) -> EventEnvelope:
         """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""
@@ -420,6 +458,8 @@ class Journal:
         r = await sq.backend.load_event(persistence_id, seq_nr)
         if r is None:
             return None
+        if self.serializers.keyed:
+            await self.serializers.load_keys([(r.persistence_id, r.ser_id)])
         return sq.envelope(r, TimestampOffset(r.db_timestamp, {r.persistence_id: r.seq_nr}))
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -444,7 +484,9 @@ class Journal:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise InvalidArgument(f"keep must be an int >= 1, got {keep!r}")
         clean_tags = validate_tags(tags)
-        ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}")
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
+        ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}", pid=persistence_id)
         meta: Serialized | None = (
             self.serializers.serialize(metadata, what="snapshot metadata") if metadata is not None else None
         )
@@ -467,6 +509,8 @@ class Journal:
         row = await self.backend.load_snapshot(validate_persistence_id(persistence_id))
         if row is None:
             return None
+        if self.serializers.keyed:
+            await self.serializers.load_keys([(row.persistence_id, row.state.ser_id)])
         return self._snapshot(row)
 
     async def load_snapshots(self, persistence_id: str, limit: int = 16) -> list[Snapshot | SerializationError]:
@@ -476,7 +520,10 @@ class Journal:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(f"limit must be an int >= 1, got {limit!r}")
         out: list[Snapshot | SerializationError] = []
-        for row in await self.backend.load_snapshots(persistence_id, limit):
+        rows = await self.backend.load_snapshots(persistence_id, limit)
+        if self.serializers.keyed:
+            await self.serializers.load_keys((r.persistence_id, r.state.ser_id) for r in rows)
+        for row in rows:
             try:
                 out.append(self._snapshot(row))
             except SerializationError as e:
@@ -484,7 +531,8 @@ class Journal:
         return out
 
     def _snapshot(self, row: SnapshotRow) -> Snapshot:
-        state = self.serializers.deserialize(row.state.ser_id, row.state.manifest, row.state.payload, what="snapshot")
+        st, pid = row.state, row.persistence_id
+        state = self.serializers.deserialize(st.ser_id, st.manifest, st.payload, what="snapshot", pid=pid)
         meta = (
             self.serializers.deserialize(row.meta.ser_id, row.meta.manifest, row.meta.payload, what="snapshot metadata")
             if row.meta
@@ -515,6 +563,8 @@ async def open_journal(
     settings: JournalSettings | None = None,
     serializers: SerializerRegistry | None = None,
     migrate: bool | None = None,
+    key_store: KeyStore | None = None,
+    subject_of: Callable[[str], str] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Journal]:
     """Open a journal; close it (flushing queued writes) on exit.
@@ -522,13 +572,19 @@ async def open_journal(
     ``dsn``: a PostgreSQL DSN; when None, ``JOURNAL_DSN``; when that is unset too, an embedded
     PostgreSQL under ``data_dir`` (created and migrated on first use). ``migrate``: run the
     migrations at open (default: only for the embedded server). Other keywords override settings
-    (``schema="x"``, ``buffer_size=500``, ...).
+    (``schema="x"``, ``buffer_size=500``, ...). ``key_store`` and ``subject_of``: where the
+    encryption keys live (default: the backend's table) and whose key encrypts a persistence id's
+    payloads (default: the pid's own), when ``codec.encrypt`` is on (docs/encryption.md).
     """
     if settings is not None and overrides:
         raise ConfigurationError("pass either settings=... or keyword overrides, not both")
     settings = settings or JournalSettings.load(**overrides)
     backend, settings = await open_backend(resolve_dsn(dsn, settings), settings, migrate=migrate)
-    journal = Journal(backend, settings, serializers)
+    try:
+        journal = Journal(backend, settings, serializers, key_store=key_store, subject_of=subject_of)
+    except BaseException:
+        await backend.close()
+        raise
     try:
         yield journal
     finally:

@@ -7,16 +7,19 @@ serializer for your own types with :meth:`SerializerRegistry.register`.
 
 Old rows are upgraded here, on every read path: the registry's :class:`~journal.upcasting.Upcasters`
 run on the data of a row whose stored manifest (``name#version``) has one (docs/schema-evolution.md).
+With a :class:`~journal.codec.PayloadCodec`, event payloads and snapshot states are sealed
+(compressed, encrypted) after serializing and opened before deserializing (docs/encryption.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import orjson
 
+from .codec import CODEC_SERIALIZER_ID, Forgotten, PayloadCodec
 from .errors import ConfigurationError, SerializationError
 from .upcasting import EventSeq, Upcasters, versioned
 
@@ -169,6 +172,8 @@ class SerializerRegistry:
         self.upcasters = Upcasters()
         """Upcasters of old rows, by stored manifest and version (see :mod:`journal.upcasting`)."""
         self._upcast = self.upcasters.steps  # the read path's one lookup per row
+        self.codec: PayloadCodec | None = None
+        """Seals event payloads and snapshot states (:meth:`use_codec`); None: stored as serialized."""
         self._by_id: dict[int, Serializer] = {}
         self._by_type: dict[type, Serializer] = {}
         self._resolved: dict[type, Serializer] = {}
@@ -180,6 +185,8 @@ class SerializerRegistry:
         ident = getattr(serializer, "identifier", None)
         if not isinstance(ident, int) or isinstance(ident, bool):
             raise ConfigurationError(f"serializer {serializer!r} needs an int identifier")
+        if ident == CODEC_SERIALIZER_ID:
+            raise ConfigurationError(f"serializer id {ident} is the payload codec's (sealed payloads)")
         existing = self._by_id.get(ident)
         if existing is not None and existing is not serializer:
             raise ConfigurationError(
@@ -189,11 +196,42 @@ class SerializerRegistry:
         for t in types if isinstance(types, tuple) else (types,):
             self._by_type[t] = serializer
         self._resolved.clear()
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """The hot paths' shortcuts, off while a codec seals every payload."""
         self._plain_json = frozenset(
-            t for t in _PLAIN if all(self._by_type.get(k, self.json) is self.json for k in t.__mro__)
+            t
+            for t in _PLAIN
+            if self.codec is None and all(self._by_type.get(k, self.json) is self.json for k in t.__mro__)
         )
         bytes_ser = self._by_type.get(bytes)
-        self._plain_bytes: type | None = bytes if isinstance(bytes_ser, BytesSerializer) else None
+        self._plain_bytes: type | None = (
+            bytes if isinstance(bytes_ser, BytesSerializer) and self.codec is None else None
+        )
+
+    def use_codec(self, codec: PayloadCodec | None) -> None:
+        """Seal event payloads and snapshot states with ``codec`` (the journal sets it from the
+        ``codec`` settings); metadata is never sealed."""
+        self.codec = codec
+        self._refresh()
+
+    @property
+    def keyed(self) -> bool:
+        """True when payloads are encrypted: reads and writes load their subjects' keys first."""
+        return self.codec is not None and self.codec.encrypts
+
+    async def load_keys(self, rows: Iterable[tuple[str, int]]) -> None:
+        """Before decoding rows, given as (persistence id, serializer id): load the keys their
+        encrypted payloads need (no I/O when they are cached and fresh)."""
+        if self.codec is not None:
+            await self.codec.load((pid for pid, ser_id in rows if ser_id == CODEC_SERIALIZER_ID), create=False)
+
+    async def load_write_keys(self, pids: Iterable[str]) -> None:
+        """Before serializing a write: the keys of its persistence ids' subjects (made when
+        missing). Raises SubjectForgotten for a forgotten subject."""
+        if self.codec is not None:
+            await self.codec.load(pids, create=True)
 
     @property
     def plain_json_types(self) -> frozenset[type]:
@@ -219,9 +257,10 @@ class SerializerRegistry:
             self._resolved[t] = s
         return s
 
-    def serialize(self, value: Any, *, what: str = "event") -> Serialized:
+    def serialize(self, value: Any, *, what: str = "event", pid: str | None = None) -> Serialized:
         """Serialize or raise :class:`SerializationError` naming the value's type (also for a
-        manifest longer than the stored column's 255 characters)."""
+        manifest longer than the stored column's 255 characters). ``pid``: an event payload or
+        snapshot state of this persistence id, which the codec (if any) seals."""
         s = self._for_value(value)
         try:
             out = Serialized(s.identifier, s.manifest(value), s.to_bytes(value))
@@ -232,13 +271,15 @@ class SerializerRegistry:
                 f"cannot serialize {what} of type {type(value).__name__} "
                 f"with {type(s).__name__}: {e}"
             ) from e
+        if pid is not None and self.codec is not None:
+            out = Serialized(*self.codec.seal(pid, *out))
         if len(out.manifest) > MAX_MANIFEST_LENGTH:
             raise SerializationError(
                 f"serializer manifest longer than {MAX_MANIFEST_LENGTH} characters: {out.manifest[:40]!r}..."
             )
         return out
 
-    def serialize_all(self, values: Sequence[Any], *, what: str = "event") -> list[Serialized]:
+    def serialize_all(self, values: Sequence[Any], *, what: str = "event", pid: str | None = None) -> list[Serialized]:
         """:meth:`serialize` of each value. The write path's hot loop: plain JSON values and
         bytes that no registered serializer claims skip the lookup and the manifest call."""
         plain, raw = self._plain_json, self._plain_bytes
@@ -255,10 +296,20 @@ class SerializerRegistry:
             elif t is raw:
                 append(Serialized(BYTES_SERIALIZER_ID, "", v))
                 continue
-            append(self.serialize(v, what=what))
+            append(self.serialize(v, what=what, pid=pid))
         return out
 
-    def deserialize(self, ser_id: int, manifest: str, payload: bytes, *, what: str = "event") -> Any:
+    def deserialize(
+        self, ser_id: int, manifest: str, payload: bytes, *, what: str = "event", pid: str | None = None
+    ) -> Any:
+        """The value of a stored payload: opened (``pid``: whose it is, for its key), upcast when
+        its manifest has an upcaster, built. An encrypted payload of a forgotten subject reads as a
+        :class:`~journal.codec.Forgotten` value."""
+        if ser_id == CODEC_SERIALIZER_ID:
+            opened = (self.codec or _UNSEALER).open(pid, manifest, payload)
+            if type(opened) is Forgotten:
+                return opened
+            ser_id, manifest, payload = opened  # type: ignore[misc]
         s = self._by_id.get(ser_id)
         if s is None:
             raise SerializationError(f"no serializer registered with id {ser_id} to read {what}")
@@ -281,3 +332,7 @@ class SerializerRegistry:
         else:
             values = [build(d, m) for m, d in parts]
         return values[0] if len(values) == 1 else EventSeq(values)
+
+
+_UNSEALER = PayloadCodec(None)
+"""Opens compressed payloads for a registry without a codec (an encrypted one needs keys)."""

@@ -288,6 +288,28 @@ class EntitySettings:
 
 
 @dataclass(frozen=True)
+class CodecSettings:
+    """Payload compression and encryption (docs/encryption.md). Off by default: payloads are stored
+    as serialized, readable by a JVM service that shares the tables."""
+
+    encrypt: bool = False
+    """Encrypt event payloads and snapshot states (AES-256-GCM, a key per subject; extra
+    ``encryption``). Metadata is never encrypted."""
+    compress_above: int = 0
+    """Compress (zlib) payloads larger than this many bytes; 0: never."""
+    compression_level: int = 6
+    """zlib level, 1 (fast) .. 9 (small)."""
+    key_cache_ttl: float = 30.0
+    """Seconds a cached data key is used before it is checked with the key store again: a subject
+    forgotten by another process stops being readable here within this time."""
+    key_cache_size: int = 100_000
+    """Data keys kept in memory (least recently used go first)."""
+    master_key: str | None = None
+    """Base64 of 32 bytes: data keys are stored wrapped with it (env ``JOURNAL_CODEC_MASTER_KEY``).
+    None: stored as they are (whoever reads the key table can decrypt)."""
+
+
+@dataclass(frozen=True)
 class JournalSettings:
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     write: WriteSettings = field(default_factory=WriteSettings)
@@ -298,6 +320,7 @@ class JournalSettings:
     projection: ProjectionSettings = field(default_factory=ProjectionSettings)
     entities: EntitySettings = field(default_factory=EntitySettings)
     cassandra: CassandraSettings = field(default_factory=CassandraSettings)
+    codec: CodecSettings = field(default_factory=CodecSettings)
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
@@ -361,6 +384,10 @@ class JournalSettings:
             )
         if (c.username is None) != (c.password is None):
             raise ConfigurationError("cassandra username and password must be set together")
+        _positive(self.codec, "key_cache_ttl", "key_cache_size")
+        _non_negative(self.codec, "compress_above")
+        if not 1 <= self.codec.compression_level <= 9:
+            raise ConfigurationError(f"codec compression_level must be 1..9, got {self.codec.compression_level!r}")
         from .buckets import parse_first_bucket
 
         parse_first_bucket(t.first_time_bucket, t.bucket_size)
@@ -414,6 +441,7 @@ _GROUPS: dict[str, type] = {
     "projection": ProjectionSettings,
     "entities": EntitySettings,
     "cassandra": CassandraSettings,
+    "codec": CodecSettings,
 }
 
 

@@ -45,6 +45,9 @@ class StoredManifest(NamedTuple):
     version: int
     rows: int
     upcast: bool
+    sealed: str = ""
+    """How the payloads are stored: "" as serialized; flags of the codec: ``e`` encrypted,
+    ``z`` compressed (``ser_id`` and ``name`` are then those under the seal)."""
 
 
 class EventSeq(tuple[Any, ...]):

@@ -34,7 +34,7 @@ JOURNAL_API = {
     "TagEventsMissing", "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "EntityError",
     "PersistNotAllowed", "EntityStopped", "RecoveryFailed", "ReplicationError", "LocationMismatch",
     "IncompatibleVersion", "LocalWritesRefused",
-    "EventSeq", "StoredManifest", "Upcasters",
+    "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten",
 }  # fmt: skip
 
 PROJECTIONS_API = {

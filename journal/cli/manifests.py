@@ -1,4 +1,4 @@
-"""``journal manifests``: which event and snapshot manifests and versions are stored, with counts."""
+"""``journal manifests`` (which manifests and versions are stored, with counts) and ``journal forget``."""
 
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ def manifests(
     if as_json:
         typer.echo(json.dumps([r._asdict() for r in rows], indent=2))
         return
-    typer.echo(f"{'kind':9} {'ser_id':>6} {'version':>7} {'rows':>10}  manifest")
+    typer.echo(f"{'kind':9} {'ser_id':>6} {'version':>7} {'sealed':>6} {'rows':>10}  manifest")
     for r in rows:
         mark = "  (upcast)" if r.upcast else ""
-        typer.echo(f"{r.kind:9} {r.ser_id:>6} {r.version:>7} {r.rows:>10}  {r.name or '(none)'}{mark}")
+        typer.echo(f"{r.kind:9} {r.ser_id:>6} {r.version:>7} {r.sealed:>6} {r.rows:>10}  {r.name or '(none)'}{mark}")
 
 
 def _load_registry(spec: str) -> Any:
@@ -68,3 +68,24 @@ def _load_registry(spec: str) -> Any:
     if not isinstance(obj, SerializerRegistry):
         raise ConfigurationError(f"{spec!r} is not a SerializerRegistry (or a function returning one)")
     return obj
+
+
+@app.command()
+def forget(
+    subject: Annotated[str, typer.Argument(help="The subject whose key goes (by default a persistence id).")],
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Crypto-shredding: delete a subject's encryption key for good (its payloads become unreadable)."""
+    from ..journal import open_journal
+
+    settings = settings_from(schema, data_dir, encrypt=True)
+    target, _ = target_dsn(dsn, settings)
+
+    async def go() -> bool:
+        async with open_journal(target, settings=settings) as j:
+            return await j.forget(subject)
+
+    had = asyncio.run(go())
+    typer.echo(f"forgot {subject}" if had else f"{subject} had no key (it is marked forgotten now)")

@@ -262,6 +262,19 @@ projection_dead_letter = Table(
 transaction that moves the offset past the event, deleted in the transaction that applies it on
 ``projections dead-letters retry`` (issue 26). The event itself stays in the journal."""
 
+encryption_key = Table(
+    "encryption_key",
+    metadata,
+    Column("subject", String(255), nullable=False),
+    Column("data_key", LargeBinary),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("forgotten_at", TIMESTAMP(timezone=True)),
+    PrimaryKeyConstraint("subject", name="encryption_key_pkey"),
+)
+"""Data keys of encrypted payloads, one per subject (issue 26). Forgetting a subject sets
+``data_key`` NULL and ``forgotten_at``: the row stays, so the key is never made again, and every
+payload encrypted with it is unreadable for good (crypto-shredding)."""
+
 # -- replication (issue 14) ---------------------------------------------------------------------
 
 replication_log = Table(

@@ -39,7 +39,8 @@ def envelope_of(
     ``event=None``; an unreadable one a SerializationError naming ``pid#seq_nr``."""
     deserialize = serializers.deserialize
     try:
-        event = deserialize(r.ser_id, r.ser_manifest, r.payload) if r.payload is not None else None
+        pid = r.persistence_id
+        event = deserialize(r.ser_id, r.ser_manifest, r.payload, pid=pid) if r.payload is not None else None
         m = r.meta
         meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None else None
     except SerializationError as e:
@@ -134,6 +135,8 @@ class SliceQueries:
             while pending is not None:
                 rows = await pending
                 pending = None
+                if self.serializers.keyed:
+                    await self.serializers.load_keys((r[0], r[5]) for r in rows)
                 page = _Page(rows, state.offset, self.serializers)
                 if rows:
                     state.offset = page.offset_at(len(rows) - 1)
@@ -286,9 +289,14 @@ class SliceQueries:
                 first = bt.first_undelivered(pid, seq_nr)
                 if first is None:
                     continue
-                for e in await order.before(pid, first, seq_nr, r.db_timestamp):
+                earlier = await order.before(pid, first, seq_nr, r.db_timestamp)
+                if self.serializers.keyed:
+                    await self.serializers.load_keys((e.persistence_id, e.ser_id) for e in earlier)
+                for e in earlier:
                     yield self.envelope(e, bt.offset_for(e), source="backtracking")
                 full = await b.load_event(pid, seq_nr)
+                if full is not None and self.serializers.keyed:
+                    await self.serializers.load_keys([(full.persistence_id, full.ser_id)])
                 bt.mark(pid, seq_nr, r.db_timestamp)
                 if full is None:  # deleted meanwhile
                     continue
@@ -325,6 +333,8 @@ class SliceQueries:
                     continue
                 if down.active:
                     down.clear(f"live events of {pid}: database available again")
+                if self.serializers.keyed:
+                    await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
                 for r in rows:
                     yield self.envelope(r, SeqOffset(r.seq_nr))
                     nxt = r.seq_nr + 1
@@ -356,7 +366,7 @@ class _Page:
     def event_at(self, i: int) -> Any:
         r = self.rows[i]
         try:
-            return self.serializers.deserialize(r[5], r[6], r[7])
+            return self.serializers.deserialize(r[5], r[6], r[7], pid=r[0])
         except SerializationError as e:
             raise SerializationError(f"{r[0]}#{r[3]}: {e}") from e
 
