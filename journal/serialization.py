@@ -199,16 +199,13 @@ class SerializerRegistry:
         self._refresh()
 
     def _refresh(self) -> None:
-        """The hot paths' shortcuts, off while a codec seals every payload."""
+        """The hot paths' shortcuts. Outside the registry they are off while a codec seals every
+        payload (:attr:`plain_json_types` is then empty); :meth:`serialize_all` seals them."""
         self._plain_json = frozenset(
-            t
-            for t in _PLAIN
-            if self.codec is None and all(self._by_type.get(k, self.json) is self.json for k in t.__mro__)
+            t for t in _PLAIN if all(self._by_type.get(k, self.json) is self.json for k in t.__mro__)
         )
         bytes_ser = self._by_type.get(bytes)
-        self._plain_bytes: type | None = (
-            bytes if isinstance(bytes_ser, BytesSerializer) and self.codec is None else None
-        )
+        self._plain_bytes: type | None = bytes if isinstance(bytes_ser, BytesSerializer) else None
 
     def use_codec(self, codec: PayloadCodec | None) -> None:
         """Seal event payloads and snapshot states with ``codec`` (the journal sets it from the
@@ -236,13 +233,14 @@ class SerializerRegistry:
     @property
     def plain_json_types(self) -> frozenset[type]:
         """Types whose values the built-in JSON serializer writes with no manifest (no registered
-        serializer claims them): a hot loop may serialize them with :func:`dump_plain_json`."""
-        return self._plain_json
+        serializer claims them): a hot loop may serialize them with :func:`dump_plain_json`.
+        Empty while a codec seals payloads."""
+        return self._plain_json if self.codec is None else frozenset()
 
     @property
     def plain_bytes_type(self) -> type | None:
         """``bytes`` when bytes values pass through unchanged (serializer id 0), else None."""
-        return self._plain_bytes
+        return self._plain_bytes if self.codec is None else None
 
     def register_type(self, cls: type, manifest: str | None = None, version: int = 1) -> None:
         """Shortcut: read JSON rows of ``cls`` back as ``cls`` instances (``version``: see
@@ -285,16 +283,20 @@ class SerializerRegistry:
         plain, raw = self._plain_json, self._plain_bytes
         out: list[Serialized] = []
         append = out.append
+        seal = self.codec.seal if self.codec is not None and pid is not None else None
         for v in values:
             t = type(v)
             if t in plain:
                 try:
-                    append(Serialized(JSON_SERIALIZER_ID, "", orjson.dumps(v, default=_to_jsonable, option=_OPTS)))
-                    continue
+                    s = Serialized(JSON_SERIALIZER_ID, "", orjson.dumps(v, default=_to_jsonable, option=_OPTS))
                 except Exception:  # the general path below raises with the full message
                     pass
+                else:
+                    append(s if seal is None else Serialized(*seal(pid, *s)))  # type: ignore[arg-type]
+                    continue
             elif t is raw:
-                append(Serialized(BYTES_SERIALIZER_ID, "", v))
+                s = Serialized(BYTES_SERIALIZER_ID, "", v)
+                append(s if seal is None else Serialized(*seal(pid, *s)))  # type: ignore[arg-type]
                 continue
             append(self.serialize(v, what=what, pid=pid))
         return out
