@@ -22,6 +22,9 @@ _FIELDS = (
     "tags", "metadata", "writer", "has_payload", "source",
 )  # fmt: skip
 _UNSET: Any = object()
+TRACE_MANIFEST = "slice-journal.trace"
+"""The metadata manifest of rows whose metadata is only the trace context of their write (see
+:mod:`journal.tracing`): such rows read as ``metadata=None``, the context kept aside."""
 
 
 class LazySource(Protocol):
@@ -43,7 +46,7 @@ class EventEnvelope:
     """
 
     __slots__ = (
-        "_event", "_index", "_offset", "_src", "db_timestamp", "entity_type", "has_payload",
+        "_event", "_index", "_offset", "_src", "_trace", "db_timestamp", "entity_type", "has_payload",
         "metadata", "persistence_id", "seq_nr", "slice", "source", "tags", "writer",
     )  # fmt: skip
     __match_args__ = _FIELDS
@@ -282,6 +285,20 @@ setattr(_TagRowEnvelope, "slice", property(lambda self: slice_for(self._r[0]))) 
 setattr(_TagRowEnvelope, "db_timestamp", property(lambda self: datetime_of(self._r[1])))  # noqa: B010
 
 
+_ST = _SET["_trace"]
+
+
+def with_trace(e: EventEnvelope, payload: bytes) -> EventEnvelope:
+    """``e`` with the trace context its write left in its metadata columns (:mod:`journal.tracing`)."""
+    _ST(e, payload)
+    return e
+
+
+def trace_payload(e: EventEnvelope) -> bytes | None:
+    """The trace metadata payload of ``e``'s write, if it carried one."""
+    return getattr(e, "_trace", None)
+
+
 def _public(e: EventEnvelope) -> type[EventEnvelope]:
     return EventEnvelope if isinstance(e, _RowEnvelope) else type(e)
 
@@ -320,7 +337,13 @@ def lazy_page_envelopes(
         s6(e, unset)
         t = r[9]
         s7(e, tuple(t) if t else ())
-        s8(e, None if r[10] is None else metadata(r))
+        if r[10] is None:
+            s8(e, None)
+        elif r[11] == TRACE_MANIFEST:
+            s8(e, None)
+            _ST(e, r[12])
+        else:
+            s8(e, metadata(r))
         s12(e, src)
         s13(e, i)
         append(e)

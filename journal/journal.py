@@ -6,11 +6,12 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from . import tracing
 from .backend import Backend, Found, SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from .backends import open_backend
 from .bulk import (
@@ -24,7 +25,7 @@ from .bulk import (
     plain_request,
 )
 from .codec import KeyStore, PayloadCodec, inner_manifest
-from .envelope import EventEnvelope
+from .envelope import TRACE_MANIFEST, EventEnvelope
 from .errors import (
     ConfigurationError,
     InvalidArgument,
@@ -48,7 +49,7 @@ from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries, envelope_of
 from .query.validation import check_slice_query
-from .serialization import Serialized, SerializerRegistry
+from .serialization import JSON_SERIALIZER_ID, Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
 from .upcasting import StoredManifest, split_version
@@ -89,7 +90,7 @@ class Journal:
             )  # fmt: skip
         w = settings.write
         self._group_commit = GroupCommit(
-            instrumented(backend.write_batch),
+            traced_batches(instrumented(backend.write_batch)),
             max_batch_events=w.max_batch_events,
             max_in_flight=w.max_in_flight if backend.name != "cassandra" else CASSANDRA_MAX_IN_FLIGHT,
             max_batch_wait=w.max_batch_wait,
@@ -138,11 +139,32 @@ class Journal:
             JournalUnavailable: the database could not be reached; ``outcome_unknown`` tells
                 whether the write may have happened.
         """
+        if tracing.ON:
+            return await self._persist_traced(persistence_id, events, expected_seq_nr, tags, metadata)
         if self.serializers.keyed:
             await self.serializers.load_write_keys((persistence_id,))
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self._group_commit.submit(request)
         return self._written(request, result, events, metadata)
+
+    async def _persist_traced(
+        self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
+    ) -> list[EventEnvelope]:
+        """:meth:`persist` in a span whose context travels in the events' metadata columns when
+        the call has no metadata of its own (docs/tracing.md)."""
+        attributes = {"persistence_id": pid, "events": len(events)}
+        with tracing.span("journal.persist", kind="PRODUCER", attributes=attributes):
+            if self.serializers.keyed:
+                await self.serializers.load_write_keys((pid,))
+            request = self._request(pid, events, expected, tags, metadata)
+            if metadata is None:
+                request = request._replace(metadata=Serialized(JSON_SERIALIZER_ID, TRACE_MANIFEST, tracing.carrier()))
+            tracing.note(request)
+            try:
+                result = await self._group_commit.submit(request)
+            finally:
+                tracing.forget(request)
+            return self._written(request, result, events, metadata)
 
     async def persist_many(self, writes: Iterable[Write | tuple[Any, ...]]) -> list[Outcome]:
         """Write many persistence ids at once: each part atomic and conflict-checked on its own.
@@ -551,6 +573,22 @@ class Journal:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
 
 
+def traced_batches(
+    write: Callable[[Sequence[WriteRequest]], Awaitable[Any]],
+) -> Callable[[Sequence[WriteRequest]], Awaitable[Any]]:
+    """The group commit's batch writer, in a span linked to the persist spans of its calls
+    (a batch serves calls of many traces) while tracing is on."""
+
+    async def write_batch(requests: Sequence[WriteRequest]) -> Any:
+        if not tracing.ON:
+            return await write(requests)
+        attributes = {"calls": len(requests), "events": sum(len(r.events) for r in requests)}
+        with tracing.span("journal.write_batch", links=tracing.links_of(requests), attributes=attributes):
+            return await write(requests)
+
+    return write_batch
+
+
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:
     """Explicit DSN, else the settings' (``JOURNAL_DSN``), else None (embedded)."""
     return dsn or settings.connection.dsn or os.environ.get("JOURNAL_DSN") or None
@@ -579,6 +617,7 @@ async def open_journal(
     if settings is not None and overrides:
         raise ConfigurationError("pass either settings=... or keyword overrides, not both")
     settings = settings or JournalSettings.load(**overrides)
+    tracing.configure(settings.tracing.mode)
     backend, settings = await open_backend(resolve_dsn(dsn, settings), settings, migrate=migrate)
     try:
         journal = Journal(backend, settings, serializers, key_store=key_store, subject_of=subject_of)

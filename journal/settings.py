@@ -288,6 +288,15 @@ class EntitySettings:
 
 
 @dataclass(frozen=True)
+class TracingSettings:
+    """OpenTelemetry spans (docs/tracing.md; extra ``tracing``)."""
+
+    mode: str = "auto"
+    """``auto``: on when ``opentelemetry-api`` is installed and an SDK tracer provider is set when
+    a journal opens; ``on``; ``off`` (then instrumented code reads one global and does nothing)."""
+
+
+@dataclass(frozen=True)
 class CodecSettings:
     """Payload compression and encryption (docs/encryption.md). Off by default: payloads are stored
     as serialized, readable by a JVM service that shares the tables."""
@@ -321,6 +330,7 @@ class JournalSettings:
     entities: EntitySettings = field(default_factory=EntitySettings)
     cassandra: CassandraSettings = field(default_factory=CassandraSettings)
     codec: CodecSettings = field(default_factory=CodecSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
@@ -384,6 +394,8 @@ class JournalSettings:
             )
         if (c.username is None) != (c.password is None):
             raise ConfigurationError("cassandra username and password must be set together")
+        if self.tracing.mode not in ("auto", "on", "off"):
+            raise ConfigurationError(f"tracing mode must be auto, on or off; got {self.tracing.mode!r}")
         _positive(self.codec, "key_cache_ttl", "key_cache_size")
         _non_negative(self.codec, "compress_above")
         if not 1 <= self.codec.compression_level <= 9:
@@ -442,6 +454,7 @@ _GROUPS: dict[str, type] = {
     "entities": EntitySettings,
     "cassandra": CassandraSettings,
     "codec": CodecSettings,
+    "tracing": TracingSettings,
 }
 
 

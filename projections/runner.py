@@ -14,9 +14,11 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import ExitStack
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
+from journal import tracing
 from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
@@ -227,7 +229,9 @@ class RangeProcessor:
 
                 failures = Failures()
                 try:
-                    await self._retrying(once, transactional=False, failures=failures)
+                    await self._retrying(
+                        once if not tracing.ON else self._traced(once, [env]), transactional=False, failures=failures
+                    )
                 except HandlerFailed:
                     if not self.recovery.isolates:
                         raise
@@ -404,9 +408,34 @@ class RangeProcessor:
             await self.sql.save_offsets(conn, self.name, self.key, rows)
 
         await self._retrying(
-            body, transactional=True, fence=touched, committed=self._proven_by(rows), attempts=attempts,
-            failures=failures,
+            body if not tracing.ON else self._traced(body, envs), transactional=True, fence=touched,
+            committed=self._proven_by(rows), attempts=attempts, failures=failures,
         )  # fmt: skip
+
+    def _traced(
+        self, body: Callable[[Any], Awaitable[None]], envs: Sequence[EventEnvelope]
+    ) -> Callable[[Any], Awaitable[None]]:
+        """``body`` in a ``projection.batch`` span linked to the writes of ``envs``, with one
+        ``projection.handle`` span per envelope that carries its write's trace context, a child
+        of that context: one trace from the command that wrote an event to its read model."""
+
+        async def traced(conn: Any) -> None:
+            origins = [(e, tracing.context_of(e)) for e in envs]
+            links = [tracing.link_to(ctx) for _, ctx in origins if ctx is not None]
+            attributes = {"projection": self.name, "slices": self.key, "events": len(envs)}
+            with tracing.span("projection.batch", links=links, attributes=attributes) as batch, ExitStack() as spans:
+                for e, ctx in origins:
+                    if ctx is not None:
+                        spans.enter_context(
+                            tracing.span(
+                                "projection.handle", parent=ctx, kind="CONSUMER", links=[tracing.link_to(batch)],
+                                attributes={"projection": self.name, "persistence_id": e.persistence_id,
+                                            "seq_nr": e.seq_nr},
+                            )
+                        )  # fmt: skip
+                await body(conn)
+
+        return traced
 
     def _proven_by(self, rows: list[OffsetRow]) -> Callable[[Any], Awaitable[bool]]:
         """Did a transaction that stores ``rows`` commit? (asked when its COMMIT got no answer)"""

@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .. import tracing
 from ..backend import PageRequest, SliceQueryBackend, SliceRange, StoredEvent
 from ..conditions import Condition
-from ..envelope import EventEnvelope, lazy_page_envelopes
+from ..envelope import TRACE_MANIFEST, EventEnvelope, lazy_page_envelopes, with_trace
 from ..errors import JournalUnavailable, SerializationError
 from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
 from ..offsets import SequenceOffset as SeqOffset
@@ -42,13 +43,15 @@ def envelope_of(
         pid = r.persistence_id
         event = deserialize(r.ser_id, r.ser_manifest, r.payload, pid=pid) if r.payload is not None else None
         m = r.meta
-        meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None else None
+        traced = m is not None and m.manifest == TRACE_MANIFEST
+        meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None and not traced else None
     except SerializationError as e:
         raise SerializationError(f"{r.persistence_id}#{r.seq_nr}: {e}") from e
-    return EventEnvelope(
+    env = EventEnvelope(
         r.persistence_id, r.entity_type, r.slice, r.seq_nr, r.db_timestamp, event, offset,
         r.tags, meta, r.writer, r.payload is not None, source,
     )  # fmt: skip
+    return with_trace(env, m.payload) if traced else env  # type: ignore[union-attr]
 
 
 class SliceQueries:
@@ -123,7 +126,8 @@ class SliceQueries:
         slices = SliceRange(et, lo, hi)
 
         def read(req: PageRequest) -> asyncio.Task[list[Any]]:
-            t = asyncio.ensure_future(b.read_slice_rows(slices, req))
+            rows = b.read_slice_rows(slices, req)
+            t = asyncio.ensure_future(rows if not tracing.ON else _traced_page(rows, et, lo, hi))
             t.add_done_callback(_retrieve)
             return t
 
@@ -401,6 +405,13 @@ class _Page:
         if i + 1 < len(rows) and rows[i + 1][4] == ts:
             self._memo = (i, o)
         return o
+
+
+async def _traced_page(rows: Awaitable[list[Any]], et: str, lo: int, hi: int) -> list[Any]:
+    with tracing.span("journal.slice_page", attributes={"entity_type": et, "slices": f"{lo}-{hi}"}) as s:
+        got = await rows
+        s.set_attribute("rows", len(got))
+        return got
 
 
 def _retrieve(t: asyncio.Task[list[Any]]) -> None:
