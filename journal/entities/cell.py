@@ -163,17 +163,10 @@ class EntityCell:
                 cmd = self._queue.popleft()
                 if cmd.future.done():  # the caller gave up before the command ran
                     continue
-                if cmd.trace is not None:
-                    await self._traced_step(cmd)
-                    continue
-                handled = await self._handle(cmd)
-                if handled is None:
-                    continue
-                if self.state_sync:
-                    await self._write([handled])
+                if cmd.trace is None:
+                    await self._step(cmd)
                 else:
-                    self._pending.append(handled)
-                    self._kick_writer()
+                    await self._traced_step(cmd)
             await self._drain_writer()
             self._fail(
                 list(self._stash),
@@ -225,18 +218,22 @@ class EntityCell:
         self.entity = self._factory(self.entity_id)
         return await self._recover()
 
+    async def _step(self, cmd: _Command) -> None:
+        """One command: handled, then written (state_sync) or queued for the writer."""
+        handled = await self._handle(cmd)
+        if handled is None:
+            return
+        if self.state_sync:
+            await self._write([handled])
+        else:
+            self._pending.append(handled)
+            self._kick_writer()
+
     async def _traced_step(self, cmd: _Command) -> None:
-        """One command of the loop in an ``entity.command`` span, a child of the asker's context:
-        its write (and so the read model's handling of its events) joins the asker's trace."""
+        """:meth:`_step` in an ``entity.command`` span, a child of the asker's context: its write
+        (and so the read model's handling of its events) joins the asker's trace."""
         with tracing.span("entity.command", parent=cmd.trace, attributes={"persistence_id": self.persistence_id}):
-            handled = await self._handle(cmd)
-            if handled is None:
-                return
-            if self.state_sync:
-                await self._write([handled])
-            else:
-                self._pending.append(handled)
-                self._kick_writer()
+            await self._step(cmd)
 
     # -- commands ---------------------------------------------------------------------------
 
