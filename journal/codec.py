@@ -175,8 +175,9 @@ class PayloadCodec:
     async def forget(self, subject: str) -> bool:
         if self.keys is None:
             raise ConfigurationError("this journal does not encrypt: there is no key to forget")
+        had = await self.keys.forget(subject)  # the store first: a failure leaves the key usable here too
         self.cache.forget(subject)
-        return await self.keys.forget(subject)
+        return had
 
     def seal(self, pid: str, ser_id: int, manifest: str, payload: bytes) -> tuple[int, str, bytes]:
         flags = ""

@@ -25,6 +25,7 @@ from journal import (
     JournalSettings,
     SerializationError,
     SubjectForgotten,
+    failures,
     open_journal,
 )
 from journal.codec import CODEC_SERIALIZER_ID
@@ -191,6 +192,15 @@ async def test_compression_resolution_master_key_and_tampering(journal: Journal,
     async with open_journal(dsn, settings=enc(dsn)) as j:
         with pytest.raises(SerializationError, match="does not authenticate"):
             _ = [e.event async for e in j.current_events_by_persistence_id("Doc|d3")]
+    async with open_journal(dsn, settings=enc(dsn)) as j:  # bulk writes are sealed too
+        out = await j.persist_many([("Doc|b1", [{"n": 1}]), ("Doc|b2", [b"raw", {"n": 2}])])
+        assert not failures(out)
+        assert [e.event async for e in j.current_events_by_persistence_id("Doc|b2")] == [b"raw", {"n": 2}]
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert {r[0] for r in await stored(conn, "Doc|b2")} == {CODEC_SERIALIZER_ID}
+    finally:
+        await conn.close()
     # compression alone: no keys, and a journal without a codec still reads it
     async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn, compress_above=1000)) as j:
         await j.persist("Doc|d2", [big])
