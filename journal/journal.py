@@ -617,7 +617,7 @@ async def open_journal(
     if settings is not None and overrides:
         raise ConfigurationError("pass either settings=... or keyword overrides, not both")
     settings = settings or JournalSettings.load(**overrides)
-    tracing.configure(settings.tracing.mode)
+    tracing.configure(settings.tracing.tracing_mode)
     backend, settings = await open_backend(resolve_dsn(dsn, settings), settings, migrate=migrate)
     try:
         journal = Journal(backend, settings, serializers, key_store=key_store, subject_of=subject_of)

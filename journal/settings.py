@@ -291,8 +291,8 @@ class EntitySettings:
 class TracingSettings:
     """OpenTelemetry spans (docs/tracing.md; extra ``tracing``)."""
 
-    mode: str = "auto"
-    """``auto``: on when ``opentelemetry-api`` is installed and an SDK tracer provider is set when
+    tracing_mode: str = "auto"
+    """(env ``JOURNAL_TRACING_MODE``) ``auto``: on when ``opentelemetry-api`` is installed and an SDK tracer provider is set when
     a journal opens; ``on``; ``off`` (then instrumented code reads one global and does nothing)."""
 
 
@@ -394,8 +394,8 @@ class JournalSettings:
             )
         if (c.username is None) != (c.password is None):
             raise ConfigurationError("cassandra username and password must be set together")
-        if self.tracing.mode not in ("auto", "on", "off"):
-            raise ConfigurationError(f"tracing mode must be auto, on or off; got {self.tracing.mode!r}")
+        if self.tracing.tracing_mode not in ("auto", "on", "off"):
+            raise ConfigurationError(f"tracing_mode must be auto, on or off; got {self.tracing.tracing_mode!r}")
         _positive(self.codec, "key_cache_ttl", "key_cache_size")
         _non_negative(self.codec, "compress_above")
         if not 1 <= self.codec.compression_level <= 9:

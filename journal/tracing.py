@@ -47,7 +47,7 @@ def disable() -> None:
 
 
 def configure(mode: str) -> None:
-    """The ``tracing`` setting: ``on``, ``off``, or ``auto`` (on when the API is installed and an
+    """The ``tracing_mode`` setting: ``on``, ``off``, or ``auto`` (on when the API is installed and an
     SDK tracer provider is set when the journal opens)."""
     if mode == "off" or ON:
         return
