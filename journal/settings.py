@@ -292,8 +292,9 @@ class TracingSettings:
     """OpenTelemetry spans (docs/tracing.md; extra ``tracing``)."""
 
     tracing_mode: str = "auto"
-    """(env ``JOURNAL_TRACING_MODE``) ``auto``: on when ``opentelemetry-api`` is installed and an SDK tracer provider is set when
-    a journal opens; ``on``; ``off`` (then instrumented code reads one global and does nothing)."""
+    """(env ``JOURNAL_TRACING_MODE``) ``auto``: on when ``opentelemetry-api`` is installed and an
+    SDK tracer provider is set when a journal opens; ``on``; ``off`` (then instrumented code reads
+    one global and does nothing)."""
 
 
 @dataclass(frozen=True)
