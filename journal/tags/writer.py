@@ -16,6 +16,7 @@ room (back-pressure) instead of growing without limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -26,6 +27,7 @@ from ..backend import TaggedEvent, TagProgress, TagRow, TagStore
 from ..buckets import bucket_of
 from ..errors import TagWriteTimeout
 from ..settings import TagSettings
+from ..waits import within
 
 log = logging.getLogger("journal.tags.writer")
 
@@ -197,10 +199,8 @@ class TagWriter:
                     self._wake.notify_all()  # room in the buffer
                     return batch
                 due = self.state.flush_due_in(now)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=due)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    await within(self._wake.wait(), due)
 
     async def _run(self) -> None:
         backoff = self._settings.retry_initial_backoff
@@ -284,7 +284,7 @@ class TagWriters:
 
     async def _wait(self, futures: list[asyncio.Future[None]], pids: set[str]) -> None:
         try:
-            await asyncio.wait_for(asyncio.gather(*futures), self.settings.tag_write_timeout)
+            await within(asyncio.gather(*futures), self.settings.tag_write_timeout)
         except (TimeoutError, asyncio.CancelledError) as e:
             self._recovered.difference_update(pids)
             raise TagWriteTimeout(
