@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ..backend import TaggedEvent, TagProgress, TagRow, TagStore
 from ..buckets import bucket_of
-from ..errors import TagWriteTimeout
+from ..errors import JournalUnavailable, TagWriteTimeout
 from ..settings import TagSettings
 from ..waits import within
 
@@ -261,10 +261,11 @@ class TagWriters:
         unknown): recover it again before its next write."""
         self._recovered.discard(pid)
 
-    async def ensure_recovered(self, pid: str) -> None:
-        """Call before storing a pid's new events: recovers it on first use (and after a timeout)."""
+    async def ensure_recovered(self, pid: str, highest: int | None = None) -> None:
+        """Call before storing a pid's new events: recovers it on first use (and after a timeout),
+        reading at least up to ``highest`` (the stored highest the write starts from)."""
         if pid not in self._recovered:
-            await self.recover(pid)
+            await self.recover(pid, highest)
 
     async def write(self, events: Sequence[TaggedEvent]) -> None:
         """Write the tag rows of freshly stored events (their pids recovered before they were
@@ -292,10 +293,15 @@ class TagWriters:
                 "the events are stored and their tag rows are resent on the next recovery"
             ) from e
 
-    async def recover(self, pid: str) -> int:
+    async def recover(self, pid: str, highest_stored: int | None = None) -> int:
         """Crash recovery of one pid: reset the writers' numbering from the stored progress, drop
         the pid's buffered rows, and resend its tagged events above the progress (idempotent:
-        same UUIDs and numbers). Returns how many tag rows were resent."""
+        same UUIDs and numbers). Returns how many tag rows were resent.
+
+        Raises:
+            JournalUnavailable: (nothing sent) the events read end below ``highest_stored``: the
+                numbering would skip the unread ones, so the pid stays unrecovered.
+        """
         lock = self._locks.setdefault(pid, asyncio.Lock())
         async with lock:
             progress = await self.store.read_progress(pid)
@@ -324,6 +330,12 @@ class TagWriters:
                 if len(evs) < page:
                     break
                 nxt = evs[-1].seq_nr + 1
+            if highest_stored is not None and highest < highest_stored:
+                raise JournalUnavailable(
+                    f"tag recovery of {pid!r} read events up to {highest}, but {highest_stored} are stored: "
+                    "not numbering past unread events",
+                    outcome_unknown=False,
+                )
             if futures:
                 self._recovered.discard(pid)
                 await self._wait(futures, {pid})
