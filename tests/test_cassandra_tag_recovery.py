@@ -20,6 +20,8 @@ from cassandra_fixtures import recent_first_bucket
 from tag_backends import CassandraRaw
 
 from journal import JournalSettings, SequenceConflict, open_journal
+from journal.buckets import bucket_of
+from journal.timeuuid import timeuuid_for_event
 
 pytestmark = pytest.mark.cassandra
 
@@ -50,16 +52,25 @@ async def test_a_write_landing_after_the_recovery_read_is_never_numbered_over(
     ks = cassandra_dsn.rsplit("/", 1)[1]
     raw = CassandraRaw(cassandra_session, ks)
     pid = "Late|1"
+    settings = JournalSettings.load(env={}, first_time_bucket=recent_first_bucket(), eventual_consistency_delay=0.0)
+    backend: Any = None
 
     async def land() -> None:  # what the unknown-outcome call's batch does: its event and the partition's highest
-        await raw.store_event(pid, 2, datetime.now(UTC), ["late"], b'"late"')
+        part = backend.layout.write_partition(2)
+        u = timeuuid_for_event(datetime.now(UTC), pid, 2)
         cassandra_session.execute(
-            f"UPDATE {ks}.messages SET highest_sequence_nr = 2 WHERE persistence_id = %s AND partition_nr = 0", (pid,)
+            f"INSERT INTO {ks}.messages (persistence_id, partition_nr, sequence_nr, timestamp, timebucket, "
+            "writer_uuid, ser_id, ser_manifest, event_manifest, event, tags) "
+            "VALUES (%s, %s, 2, %s, %s, 'other', 1, '', '', %s, {'late'})",
+            (pid, part, u, str(bucket_of(u, settings.tags.bucket_size)), b'"late"'),
+        )
+        cassandra_session.execute(
+            f"UPDATE {ks}.messages SET highest_sequence_nr = 2 WHERE persistence_id = %s AND partition_nr = %s",
+            (pid, part),
         )
 
-    settings = JournalSettings.load(env={}, first_time_bucket=recent_first_bucket(), eventual_consistency_delay=0.0)
     async with open_journal(cassandra_dsn, settings=settings) as j:
-        backend: Any = j.backend
+        backend = j.backend
         await j.persist(pid, ["first"], tags=["late"])
         store = LandsAfterTheRecoveryRead(backend.tag_writers.store, land)
         backend.tag_writers.store = store
