@@ -280,6 +280,14 @@ async def _count(dsn: str, sql: str) -> int:
         await conn.close()
 
 
+async def _rows(dsn: str, sql: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(sql))
+    finally:
+        await conn.close()
+
+
 async def test_both_write_at_once_and_both_projections_see_everything_once(
     jvm: jvm_driver.Jvm, pyj: Journal, jvm_db: str
 ) -> None:
@@ -359,11 +367,7 @@ async def test_the_plugins_projection_and_current_query_read_bursts_and_the_larg
             raise AssertionError(f"{e}; JVM stderr:\n{jvm_proj.stderr()[-3000:]}") from None
     finally:
         jvm_proj.stop()
-    conn = await asyncpg.connect(jvm_db)
-    try:
-        rows = await conn.fetch("SELECT persistence_id, seq_nr FROM jvm_projection_seen")
-    finally:
-        await conn.close()
+    rows = await _rows(jvm_db, "SELECT persistence_id, seq_nr FROM jvm_projection_seen")
     # the primary key makes a second delivery fail the handler: equal sets of equal size = exactly once
     assert {(r[0], r[1]) for r in rows} == want and len(rows) == len(want)
     current = _jvm_events(jvm.run("events-by-slices", **{"entity-type": TYPE}))
@@ -480,11 +484,7 @@ async def test_python_worker_takes_over_a_jvm_projection(jvm: jvm_driver.Jvm, py
         )
     finally:
         stop([worker])
-    conn = await asyncpg.connect(jvm_db)
-    try:
-        rows = await conn.fetch("SELECT persistence_id, seq_nr FROM py_projection_seen")
-    finally:
-        await conn.close()
+    rows = await _rows(jvm_db, "SELECT persistence_id, seq_nr FROM py_projection_seen")
     got = Counter((r[0], r[1]) for r in rows)
     assert set(got) == batch2 | {(f"{TYPE}|t-marker", 1)}, "nothing of batch 1 again, nothing of batch 2 missed"
     assert max(got.values()) == 1
@@ -536,11 +536,7 @@ async def test_jvm_projection_takes_over_a_python_projection(jvm: jvm_driver.Jvm
         raise AssertionError(f"{e}; JVM stderr:\n{jvm_proj.stderr()}") from None
     finally:
         jvm_proj.stop()
-    conn = await asyncpg.connect(jvm_db)
-    try:
-        rows = await conn.fetch("SELECT persistence_id, seq_nr FROM jvm_projection_seen")
-    finally:
-        await conn.close()
+    rows = await _rows(jvm_db, "SELECT persistence_id, seq_nr FROM jvm_projection_seen")
     got = Counter((r[0], r[1]) for r in rows)
     assert set(got) == batch2 | {(f"{TYPE}|u-marker", 1)}, "nothing of batch 1 again, nothing of batch 2 missed"
     assert max(got.values()) == 1
