@@ -1,21 +1,9 @@
-"""The timestamp rule: how every row of event_journal gets its db_timestamp, in one place.
+"""The timestamp rule's one home: the SQL every INSERT of event_journal builds db_timestamp from,
+and the trigger that enforces it for other writers.
 
-Every INSERT of this library builds its db_timestamp from :func:`stamp` and waits with
-:func:`settle`; the rule (documented in docs/concepts.md, "The write rule") is:
-
-- **clock**: ``clock_timestamp()`` read once per statement (:data:`CLOCK`), during execution, so
-  after the statement holds RowExclusiveLock on event_journal (the horizon's premise);
-- **per pid**: raised to the newest stored timestamp of the row's pid + 1 µs (the reference's
-  GREATEST rule: never backwards for one pid);
-- **per row**: the n-th row of a statement gets ``+ (n - 1)`` µs, so no two rows of one statement
-  share a timestamp. A reader that pages by timestamp (the Akka plugin's buffer of 1,000 rows)
-  then meets at most one row per statement writing at that microsecond, never a whole batch;
-- **settle**: the statement ends only once the clock has passed ``clock + (rows - 1)`` µs, so a
-  statement that starts after it reads a later clock, and a query started after a write returned
-  (``currentEventsBySlices`` ends at the clock it read first) finds every row of that write.
-
-Stamps only move forward of the clock reading, which keeps the horizon proof
-(:mod:`journal.query.horizon`): a row is still stamped after its writer's lock and transaction start.
+The rule itself is defined in docs/concepts.md ("The write rule", with why horizon mode stays
+sound); here it is code: :data:`CLOCK` (one clock reading per statement, after its lock),
+:func:`stamp` (per pid, per row) and :func:`settle` (the statement ends after its per-row steps).
 
 Writers that do not follow it (JVM services) get it enforced by the database: the rule installed
 here (``journal timestamp-rule install``) is a BEFORE INSERT row trigger that raises
