@@ -428,8 +428,9 @@ class TagRowWriter(Protocol):
     to the backend by the factory, so no backend imports it.
     """
 
-    async def ensure_recovered(self, pid: str) -> None:
-        """Before storing a pid's new tagged events: its earlier tag rows are all written."""
+    async def ensure_recovered(self, pid: str, highest: int | None = None) -> None:
+        """Before storing a pid's new tagged events: its earlier tag rows are all written, for
+        every event up to ``highest`` (the stored highest the write starts from)."""
         ...
 
     async def write(self, events: Sequence[TaggedEvent]) -> None:

@@ -8,9 +8,11 @@ surface is a frozen dataclass's: same constructor, attributes, equality, hash an
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import FrozenInstanceError
-from datetime import datetime
+from datetime import datetime, timedelta
+from itertools import accumulate, repeat
 from typing import Any, Protocol
 
 from .ids import entity_type_of, slice_for
@@ -25,6 +27,15 @@ _UNSET: Any = object()
 TRACE_MANIFEST = "slice-journal.trace"
 """The metadata manifest of rows whose metadata is only the trace context of their write (see
 :mod:`journal.tracing`): such rows read as ``metadata=None``, the context kept aside."""
+
+ROW_STEP = timedelta(microseconds=1)
+"""Rows of one write statement are stamped one microsecond apart (the write rule, see
+docs/concepts.md): event i of a call has its first event's db_timestamp + i steps."""
+
+
+def consecutive_stamps(first: datetime, n: int) -> list[datetime]:
+    """The db_timestamps of ``n`` consecutive rows of one write, the first stamped ``first``."""
+    return list(accumulate(repeat(ROW_STEP, n - 1), operator.add, initial=first))
 
 
 class LazySource(Protocol):
@@ -122,11 +133,13 @@ class EventEnvelope:
         writer: str,
     ) -> list[EventEnvelope]:
         """Hot-path constructor of what one ``persist`` call returns: its events, numbered from
-        ``first_seq_nr``, each with its :class:`~journal.offsets.SequenceOffset`."""
+        ``first_seq_nr`` and stamped from ``db_timestamp`` (:data:`ROW_STEP` apart), each with
+        its :class:`~journal.offsets.SequenceOffset`."""
         out: list[EventEnvelope] = []
         append = out.append
         seq_nr = first_seq_nr
-        for ev in events:
+        stamps = consecutive_stamps(db_timestamp, len(events)) if len(events) > 1 else (db_timestamp,)
+        for ev, db_timestamp in zip(events, stamps, strict=True):
             # filled with plain slot stores, then given its frozen class (the same layout)
             e: Any = _NEW(_Unfrozen)
             e.persistence_id = persistence_id

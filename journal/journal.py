@@ -58,13 +58,6 @@ log = logging.getLogger("journal")
 
 
 
-CASSANDRA_MAX_IN_FLIGHT = 1
-"""Group-commit batches in flight on Cassandra, whatever ``write.max_in_flight`` says. There a
-batch is one request per call, so a second batch in flight gains little; and with two, a node
-killed mid-write lost a tag-view row in 2 of 15 runs of
-``tests/test_cassandra_faults.py::test_node_killed_during_writes_and_a_live_tag_query`` (0 of 12
-with one), a race in the tag writer's crash recovery not found yet."""
-
 class Journal:
     """An open event journal. Use :func:`open_journal` to get one.
 
@@ -92,7 +85,7 @@ class Journal:
         self._group_commit = GroupCommit(
             traced_batches(instrumented(backend.write_batch)),
             max_batch_events=w.max_batch_events,
-            max_in_flight=w.max_in_flight if backend.name != "cassandra" else CASSANDRA_MAX_IN_FLIGHT,
+            max_in_flight=w.max_in_flight,
             max_batch_wait=w.max_batch_wait,
             bulk_in_flight=w.bulk_in_flight,
         )

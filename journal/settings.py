@@ -59,8 +59,8 @@ class WriteSettings:
     max_in_flight: int = 2
     """Group commit batches written at once (each on its own connection). With 2 (the default)
     the client wakes one batch's callers and builds their next calls while the server writes
-    another batch, which measured fastest on 2 cores (see ``GroupCommit._release``). PostgreSQL
-    only: Cassandra writes one batch at a time (``journal.journal.CASSANDRA_MAX_IN_FLIGHT``)."""
+    another batch, which measured fastest on 2 cores (see ``GroupCommit._release``); on Cassandra
+    2 measured ~5% faster than 1 (``benchmarks/cassandra_write.py``, one event per call)."""
     bulk_in_flight: int = 2
     """persist_many: statements of one bulk call written at once (on separate connections), so
     the client encodes the next chunk while the server writes the last one."""

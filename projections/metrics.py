@@ -9,7 +9,6 @@ owned slice range (seconds and events) is sampled from the database by :class:`L
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import weakref
 from collections.abc import Iterable, Iterator
@@ -19,6 +18,8 @@ from typing import Any, Protocol
 from prometheus_client import REGISTRY, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from journal.waits import wait_set
 
 log = logging.getLogger("projections.metrics")
 
@@ -196,8 +197,7 @@ class LagSampler:
                     await self.sample(conn)
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
                     log.warning("lag sample failed (will retry): %s", e)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.interval)
+                await wait_set(self._stop, self.interval)
         finally:
             if conn is not None:
                 await conn.close()

@@ -10,7 +10,6 @@ acts: stop (HandlerFailed), or isolate the poisoned event and skip or dead-lette
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -23,6 +22,7 @@ from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
 from journal.settings import ProjectionSettings, QueryMode
+from journal.waits import wait_set, within
 
 from .dead_letter_store import DeadLetter, DeadLetterSql
 from .handlers import Mode
@@ -176,7 +176,7 @@ class RangeProcessor:
                 else:
                     timeout = 0.2
                 try:
-                    item = await asyncio.wait_for(queue.get(), timeout)
+                    item = await within(queue.get(), timeout)
                 except TimeoutError:
                     break
             else:
@@ -650,9 +650,7 @@ class RangeProcessor:
 
     async def _pause(self, seconds: float, cause: BaseException) -> None:
         """Wait before a retry; a stop request ends the wait (the batch stays rolled back)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-        if self._stopping.is_set():
+        if await wait_set(self._stopping, seconds):
             raise LeaseLost(f"{self.name} {self.key}: stopping during retries (batch rolled back)") from cause
 
     async def _db(self, what: str, op: Callable[[], Awaitable[T]]) -> T:

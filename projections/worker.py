@@ -26,6 +26,7 @@ from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, Lea
 from journal.ids import NUMBER_OF_SLICES
 from journal.postgres.dsn import asyncpg_dsn
 from journal.settings import JournalSettings, QueryMode
+from journal.waits import wait_set
 
 from . import metrics
 from .handlers import Mode, validate_mode
@@ -141,8 +142,7 @@ class Worker:
                         self.outage.failed("lease round", e)
                     else:
                         log.warning("%s: lease round failed (will retry): %s", self.worker_id, e)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.ps.lease_renew_interval)
+                await wait_set(self._stop, self.ps.lease_renew_interval)
         finally:
             await self._shutdown()
         if self.error is not None:
@@ -162,8 +162,7 @@ class Worker:
                 if not database_unavailable(e):
                     raise
                 self.outage.failed("start-up", e)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
+            await wait_set(self._stop, delay)
             delay = min(delay * 2, self.ps.handler_max_backoff)
 
     async def _tick(self) -> None:

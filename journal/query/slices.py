@@ -8,7 +8,6 @@ Transient failures are retried with backoff and the query resumes from its last 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -24,6 +23,7 @@ from ..offsets import SequenceOffset as SeqOffset
 from ..offsets import TimestampOffset
 from ..serialization import SerializerRegistry
 from ..settings import JournalSettings, QueryMode
+from ..waits import wait_set
 from .backtracking import BacktrackingState
 from .horizon import Horizon
 from .notifications import NotificationHub, Subscription
@@ -422,5 +422,4 @@ def _retrieve(t: asyncio.Task[list[Any]]) -> None:
 async def _wait(sub: Subscription, delay: float) -> None:
     if delay <= 0:
         return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(sub.wake.wait(), timeout=delay)
+    await wait_set(sub.wake, delay)
