@@ -3,14 +3,14 @@ keys per subject for crypto-shredding (issue 26). Used only by the serializer re
 
 A sealed payload is stored with serializer id :data:`CODEC_SERIALIZER_ID` and the manifest
 ``"<flags>|<inner serializer id>|<inner manifest>"`` (flags: ``e`` encrypted, ``z`` compressed).
-Encryption is AES-256-GCM (the ``cryptography`` package, extra ``encryption``) with a data key per
-subject (default: the persistence id) and the subject, the flags, inner serializer id and inner
-manifest as associated data, so a payload cannot be moved to another subject or type unnoticed
-(within one subject and type the position is not bound: the sequence number is not known yet
-when a payload is sealed). The nonce is
-synthetic (the first 12 bytes of HMAC-SHA256 of that data and the plaintext under the data key):
-a payload written again is stored byte for byte the same, which is what resolving an interrupted
-write compares; it reveals only that two payloads of one subject are equal.
+Encryption is AES-SIV (RFC 5297, deterministic authenticated encryption; the ``cryptography``
+package, extra ``encryption``) with a 512-bit data key per subject (default: the persistence id)
+and the subject, the flags, inner serializer id and inner manifest as associated data, so a
+payload cannot be moved to another subject or type unnoticed (within one subject and type the
+position is not bound: the sequence number is not known yet when a payload is sealed).
+Deterministic, because a payload written again must be stored byte for byte the same: that is
+what resolving an interrupted write compares. It reveals only that two payloads of one subject
+are equal. Data keys are wrapped for storage with AES-256-GCM under the master key (random nonce).
 
 Forgetting a subject deletes its key for good: its payloads read as :class:`Forgotten` values.
 """
@@ -18,8 +18,6 @@ Forgetting a subject deletes its key for good: its payloads read as :class:`Forg
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import os
 import time
 import zlib
@@ -35,6 +33,9 @@ CODEC_SERIALIZER_ID = 1_460_303
 serializer with this id: it sees opaque bytes (and fails to deserialize them, as it should)."""
 
 KEY_BYTES = 32
+"""The master key's size (AES-256-GCM)."""
+DATA_KEY_BYTES = 64
+"""A subject's data key (AES-SIV with AES-256: two 256-bit halves)."""
 _NONCE = 12
 
 
@@ -155,7 +156,7 @@ class PayloadCodec:
         self.cache = KeyCache(cache_ttl, cache_size)
         self._aeads: dict[bytes, Any] = {}
         if self.encrypts:
-            _aesgcm(b"\0" * KEY_BYTES)  # the optional dependency is there (a clear error if not)
+            _ciphers()  # the optional dependency is there (a clear error if not)
 
     async def load(self, pids: Iterable[str], *, create: bool) -> None:
         """Make the keys of these persistence ids' subjects available to :meth:`seal` / :meth:`open`
@@ -191,8 +192,7 @@ class PayloadCodec:
                 raise SubjectForgotten(subject)
             flags += "e"
             aad = _aad(subject, flags, ser_id, manifest)
-            nonce = hmac.digest(key, aad + payload, hashlib.sha256)[:_NONCE]
-            payload = nonce + self._aead(key).encrypt(nonce, payload, aad)
+            payload = self._aead(key).encrypt(payload, [aad])
         if not flags:
             return ser_id, manifest, payload
         return CODEC_SERIALIZER_ID, f"{flags}|{ser_id}|{manifest}", payload
@@ -211,7 +211,7 @@ class PayloadCodec:
                 return Forgotten(subject, inner)
             try:
                 aad = _aad(subject, flags, inner_id, inner)
-                payload = self._aead(key).decrypt(payload[:_NONCE], payload[_NONCE:], aad)
+                payload = self._aead(key).decrypt(payload, [aad])
             except Exception as e:
                 raise SerializationError(f"payload of {pid!r} does not authenticate: {type(e).__name__}") from e
         if "z" in flags:
@@ -223,7 +223,7 @@ class PayloadCodec:
         if a is None:
             if len(self._aeads) >= self.cache.size:
                 self._aeads.clear()
-            a = self._aeads[key] = _aesgcm(key)
+            a = self._aeads[key] = _aead(key)
         return a
 
 
@@ -235,7 +235,8 @@ def inner_manifest(ser_id: int, manifest: str) -> tuple[str, int, str]:
 
 
 def new_key() -> bytes:
-    return os.urandom(KEY_BYTES)
+    """A fresh data key for a subject."""
+    return os.urandom(DATA_KEY_BYTES)
 
 
 def _parse(manifest: str) -> tuple[str, int, str]:
@@ -251,13 +252,21 @@ def _aad(subject: str, flags: str, ser_id: int, manifest: str) -> bytes:
 
 
 def _aesgcm(key: bytes) -> Any:
+    return _ciphers().AESGCM(key)
+
+
+def _aead(key: bytes) -> Any:
+    return _ciphers().AESSIV(key)
+
+
+def _ciphers() -> Any:
     try:
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+        from cryptography.hazmat.primitives.ciphers import aead
     except ImportError as e:
         raise ConfigurationError(
             "payload encryption needs the 'cryptography' package: pip install 'slice-journal[encryption]'"
         ) from e
-    return AESGCM(key)
+    return aead
 
 
 def _same(pid: str) -> str:

@@ -303,7 +303,7 @@ class CodecSettings:
     as serialized, readable by a JVM service that shares the tables."""
 
     encrypt: bool = False
-    """Encrypt event payloads and snapshot states (AES-256-GCM, a key per subject; extra
+    """Encrypt event payloads and snapshot states (AES-SIV, a key per subject; extra
     ``encryption``). Metadata is never encrypted."""
     compress_above: int = 0
     """Compress (zlib) payloads larger than this many bytes; 0: never."""

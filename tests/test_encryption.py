@@ -222,7 +222,7 @@ async def test_data_keys_wrapped_with_a_master_key(journal: Journal, dsn: str) -
     conn = await asyncpg.connect(dsn)
     try:
         wrapped = await conn.fetchval("SELECT data_key FROM encryption_key WHERE subject = 'Person|frank'")
-        assert len(wrapped) == 12 + 32 + 16  # nonce, key, tag: not the raw key
+        assert len(wrapped) == 12 + 64 + 16  # nonce, key, tag: not the raw key
     finally:
         await conn.close()
     async with open_journal(dsn, settings=enc(dsn, master_key=master)) as j:

@@ -11,7 +11,7 @@ from .connections import PostgresConnections, PostgresPart
 class PostgresKeyStore(PostgresPart):
     """Data keys by subject in this database, wrapped with ``master`` when one is configured.
 
-    Keys are made in Python (32 random bytes) and inserted with ``ON CONFLICT DO NOTHING``, so two
+    Keys are made in Python (64 random bytes) and inserted with ``ON CONFLICT DO NOTHING``, so two
     writers that make a subject's key at once both end up with the one that was stored."""
 
     def __init__(self, conns: PostgresConnections, master: MasterKey | None = None) -> None:
