@@ -25,6 +25,7 @@ schema = validate_identifier(
     x_args.get("schema") or config.attributes.get("schema") or os.environ.get("JOURNAL_SCHEMA") or "public",
     "schema",
 )
+config.attributes["resolved_schema"] = schema  # for migrations that create schema-qualified functions
 dsn = x_args.get("dsn") or config.attributes.get("dsn") or os.environ.get("JOURNAL_DSN")
 
 

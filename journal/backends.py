@@ -7,11 +7,16 @@ backend's tag writers), so no backend imports an algorithm.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from .backend import Backend, TagStore
 from .errors import ConfigurationError
 from .settings import JournalSettings
+
+if TYPE_CHECKING:
+    from .postgres.partitions import PartitionRow
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 CASSANDRA_SCHEME = "cassandra"
@@ -40,6 +45,9 @@ async def open_backend(
     """Open (start) the backend the DSN names; returns it with the settings it runs with (the
     embedded server's DSN filled in). ``migrate``: run the Postgres migrations first (default:
     only for the embedded server)."""
+    databases = settings.partitions.databases
+    if databases:
+        return await _open_partitioned(databases, dsn, settings, migrate=bool(migrate))
     kind = backend_kind(dsn)
     if kind == "cassandra":
         assert dsn is not None
@@ -58,6 +66,49 @@ async def open_backend(
     settings = settings.with_dsn(target)
     backend = PostgresBackend(target, settings)
     await backend.start()
+    if not _serves_every_slice(await backend.partitions().rows()):
+        # a database partitioned by another journal (a range moved away): follow its map
+        await backend.close()
+        return await _open_partitioned((target,), target, settings, migrate=False, claim=False)
+    return backend, settings
+
+
+def _serves_every_slice(rows: Sequence[PartitionRow]) -> bool:
+    from .postgres.partitions import OWNED
+
+    return not rows or (
+        len(rows) == 1 and rows[0].min_slice == 0 and rows[0].max_slice == 1023 and rows[0].state == OWNED
+    )
+
+
+async def _open_partitioned(
+    databases: Sequence[str], dsn: str | None, settings: JournalSettings, *, migrate: bool, claim: bool = True
+) -> tuple[Backend, JournalSettings]:
+    """Several databases by slice range (``partitions.databases``); ``dsn`` is the home database."""
+    from .partitioned.backend import PartitionedBackend
+
+    for d in databases:
+        if backend_kind(d) != "postgres":
+            raise ConfigurationError(f"partitions databases must be PostgreSQL DSNs, got {d!r}")
+    home = dsn or databases[0]
+    if migrate:
+        from .postgres.migrations import upgrade
+
+        for d in dict.fromkeys((*databases, home)):
+            await asyncio.to_thread(upgrade, d, settings.schema)
+    settings = settings.with_dsn(home)
+    backend = PartitionedBackend(databases, settings, home)
+    try:
+        await backend.start(claim=claim)
+    except BaseException:
+        await backend.close()
+        raise
+    if not backend.dbs.map.served():
+        await backend.close()
+        raise ConfigurationError(
+            f"no database of this journal serves a slice ({', '.join(backend.dbs.names)}): "
+            "is this the home database of a partitioned journal? set partitions.databases"
+        )
     return backend, settings
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "ReplicationError",
     "SequenceConflict",
     "SerializationError",
+    "SliceRangeMoved",
     "SparkSetupError",
     "StorageError",
     "SubjectForgotten",
@@ -109,6 +110,27 @@ class JournalUnavailable(JournalError):
     def __init__(self, message: str, *, outcome_unknown: bool = False) -> None:
         self.outcome_unknown = outcome_unknown
         super().__init__(message)
+
+
+class SliceRangeMoved(JournalUnavailable):
+    """A database refused an operation on slices it does not serve now: they moved to another
+    database, they are being moved (``waiting``: a fenced range's writes, or a moving range's
+    deletes, wait for the move), or the caller's partition map is older than the range's.
+    Nothing was written. A partitioned journal reloads its map and retries on its own (see
+    docs/scaling-out.md); a journal opened on one database without ``partitions.databases``
+    raises it: reopen it with that setting."""
+
+    def __init__(
+        self, message: str, *, min_slice: int, max_slice: int, state: str | None, epoch: int, location: str | None,
+        waiting: bool,
+    ) -> None:  # fmt: skip
+        super().__init__(message, outcome_unknown=False)
+        self.min_slice = min_slice
+        self.max_slice = max_slice
+        self.state = state
+        self.epoch = epoch
+        self.location = location
+        self.waiting = waiting
 
 
 class StorageError(JournalError):

@@ -320,6 +320,21 @@ class CodecSettings:
 
 
 @dataclass(frozen=True)
+class PartitionSettings:
+    """A journal over several PostgreSQL databases by slice range (docs/scaling-out.md)."""
+
+    databases: tuple[str, ...] = ()
+    """DSNs of the journal's databases (env ``JOURNAL_DATABASES``: separated by spaces). The
+    1024 slices split over them in contiguous, equal ranges in this order: with N databases
+    (N must divide 1024), database i holds slices ``[i*1024/N, (i+1)*1024/N - 1]``. Empty: one
+    database, ``dsn``. With databases, ``dsn`` is the journal's home database (projection
+    offsets, read models, leases, dead letters, encryption keys); default: the first one."""
+    fence_wait: float = 30.0
+    """Seconds a write to a range that a move is switching (or a delete of a range being moved)
+    waits for the move before it fails with JournalUnavailable."""
+
+
+@dataclass(frozen=True)
 class JournalSettings:
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     write: WriteSettings = field(default_factory=WriteSettings)
@@ -332,6 +347,7 @@ class JournalSettings:
     cassandra: CassandraSettings = field(default_factory=CassandraSettings)
     codec: CodecSettings = field(default_factory=CodecSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    partitions: PartitionSettings = field(default_factory=PartitionSettings)
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
@@ -401,6 +417,14 @@ class JournalSettings:
         _non_negative(self.codec, "compress_above")
         if not 1 <= self.codec.compression_level <= 9:
             raise ConfigurationError(f"codec compression_level must be 1..9, got {self.codec.compression_level!r}")
+        d = self.partitions.databases
+        if not isinstance(d, tuple) or not all(isinstance(x, str) and x.strip() for x in d):
+            raise ConfigurationError(f"partitions databases must be a tuple of DSNs, got {d!r}")
+        if d and 1024 % len(d):
+            raise ConfigurationError(f"the number of databases must divide 1024, got {len(d)}")
+        if len(set(d)) != len(d):
+            raise ConfigurationError("partitions databases lists a database twice")
+        _positive(self.partitions, "fence_wait")
         from .buckets import parse_first_bucket
 
         parse_first_bucket(t.first_time_bucket, t.bucket_size)
@@ -436,6 +460,8 @@ class JournalSettings:
             if g not in values or leaf not in {f.name for f in fields(_GROUPS[g])}:
                 raise ConfigurationError(f"unknown setting {key!r}")
             f = next(f for f in fields(_GROUPS[g]) if f.name == leaf)
+            if isinstance(value, list):
+                value = tuple(value)
             values[g][leaf] = _coerce(key, value, f) if isinstance(value, str) else value
         groups = {g: replace(_GROUPS[g](), **v) for g, v in values.items()}
         return cls(**groups)
@@ -456,6 +482,7 @@ _GROUPS: dict[str, type] = {
     "cassandra": CassandraSettings,
     "codec": CodecSettings,
     "tracing": TracingSettings,
+    "partitions": PartitionSettings,
 }
 
 
@@ -484,6 +511,8 @@ def _coerce(key: str, raw: Any, f: dataclasses.Field[Any]) -> Any:
             raise ValueError(raw)
         if t == "Path":
             return Path(raw)
+        if t == "tuple[str, ...]":
+            return tuple(raw.split())
     except ValueError:
         raise ConfigurationError(f"setting {key}={raw!r} is not a valid {t}") from None
     return raw

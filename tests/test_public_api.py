@@ -33,7 +33,7 @@ JOURNAL_API = {
     "TagWriteTimeout", "CircuitBreakerOpen", "StorageError", "UnsupportedOperation", "EventsMissing",
     "TagEventsMissing", "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "EntityError",
     "PersistNotAllowed", "EntityStopped", "RecoveryFailed", "ReplicationError", "LocationMismatch",
-    "IncompatibleVersion", "LocalWritesRefused",
+    "IncompatibleVersion", "LocalWritesRefused", "SliceRangeMoved",
     "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten",
 }  # fmt: skip
 

@@ -176,11 +176,12 @@ async def test_slice_page_uses_the_slice_index(journal: Journal, dsn: str) -> No
             [],
             [],
             1000,
+            0,
         )
         text = "\n".join(r[0] for r in plan)
         assert "event_journal_slice_idx" in text, text
         probe = await conn.fetch(
-            "EXPLAIN " + SliceStatements("public").next_timestamp, "ix", 0, 255, now - timedelta(seconds=20), now
+            "EXPLAIN " + SliceStatements("public").next_timestamp, "ix", 0, 255, now - timedelta(seconds=20), now, 0
         )
         assert "event_journal_slice_idx" in "\n".join(r[0] for r in probe)
     finally:

@@ -17,6 +17,7 @@ from .cleanup import PostgresCleanup
 from .connections import PostgresConnections
 from .info import PostgresInfo
 from .key_store import PostgresKeyStore
+from .partitions import PostgresPartitions
 from .reads import PostgresReads
 from .slice_reader import PostgresSliceReader
 from .snapshots import PostgresSnapshots
@@ -36,10 +37,22 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
         self.slices = PostgresSliceReader(self.conns)
         self._tag_store = PostgresTagStore(self.conns)
         self._cleanup = PostgresCleanup(self.conns, self.delete_events_to)
+        self._partitions = PostgresPartitions(self.conns)
 
     async def start(self) -> None:
         await self.conns.open()
         await self._tag_store.ensure_bucket_size(self.settings.tags.bucket_size)
+        # a database another journal partitioned: write with the newest epoch of its map (a
+        # range that moved away is refused, never written here)
+        self.use_epoch(max((r.epoch for r in await self._partitions.rows()), default=0))
+
+    def use_epoch(self, epoch: int) -> None:
+        """The partition map epoch this backend's writes and slice reads send."""
+        self.conns.epoch = epoch
+
+    def partitions(self) -> PostgresPartitions:
+        """This database's part of the partition map, and a move's row work."""
+        return self._partitions
 
     async def close(self) -> None:
         await self.conns.close()

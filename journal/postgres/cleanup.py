@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from ..backend import PidFootprint
+from ..ids import slice_for
 from ..settings import validate_identifier
 from .connections import PostgresConnections
 
@@ -122,6 +123,7 @@ class PostgresCleanup:
 
         async def op(conn: asyncpg.Connection) -> None:
             async with conn.transaction():
+                await conn.execute(self.conns.sql.delete_check, self.conns.epoch, [slice_for(persistence_id)])
                 tags = [r[0] for r in await conn.fetch(self.sql.tag_names)]
                 if tags and keep_numbering:
                     await conn.execute(self.sql.raise_tag_progress, persistence_id, tags)
@@ -138,10 +140,14 @@ class PostgresCleanup:
             # the highest row stays as the reference's tombstone: the next write continues after it
             await self._delete_events_to(persistence_id, _ALL)
             return
+
+        async def batch(conn: asyncpg.Connection) -> str:
+            async with conn.transaction():
+                await conn.execute(self.conns.sql.delete_check, self.conns.epoch, [slice_for(persistence_id)])
+                status: str = await conn.execute(self.sql.delete_events_batch, persistence_id, DELETE_BATCH_SIZE)
+                return status
+
         while True:
-            status = await self._run(
-                "cleanup events",
-                lambda conn: conn.execute(self.sql.delete_events_batch, persistence_id, DELETE_BATCH_SIZE),
-            )
+            status = await self._run("cleanup events", batch)
             if int(status.split()[-1]) < DELETE_BATCH_SIZE:
                 return

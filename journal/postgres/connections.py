@@ -31,6 +31,9 @@ class PostgresConnections:
         self.settings = settings
         self.writer_id = writer_id
         self.sql = Statements(settings.schema)
+        self.epoch = 0
+        """The partition map epoch this journal's writes and slice reads send (the database
+        refuses a range whose last change is newer: :mod:`.timestamp_rule`)."""
         self._pool: asyncpg.Pool | None = None
         self._writers: WriterConnections | None = None
 

@@ -31,6 +31,17 @@ def sqlalchemy_url(dsn: str) -> str:
     return "postgresql+psycopg://" + rest
 
 
+def without_password(dsn: str) -> str:
+    """The DSN with no password at all: how the partition map names a database (a map row is
+    readable by whoever reads the table; the password comes from configuration or libpq's
+    environment and password file)."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.replace(f":{parts.password}@", "@")
+    return parts._replace(netloc=netloc).geturl()
+
+
 def redact(dsn: str) -> str:
     """The DSN without its password, for logs and CLI output."""
     parts = urlsplit(dsn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
@@ -10,7 +11,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from ..errors import JournalError, JournalUnavailable, LocalWritesRefused, StorageError
+from ..errors import JournalError, JournalUnavailable, LocalWritesRefused, SliceRangeMoved, StorageError
 from ..settings import RetrySettings
 
 log = logging.getLogger("journal.postgres")
@@ -20,6 +21,10 @@ T = TypeVar("T")
 LOCAL_WRITES_REFUSED_SQLSTATE = "SJ014"
 """Raised by the recovery guard (``journal.postgres.replication_store``) for a local write to a
 replicated log that is being recovered from its peers."""
+WAIT_SQLSTATE = "SJ025"
+"""The owner check (:mod:`.timestamp_rule`): these slices are being moved; wait and retry."""
+ELSEWHERE_SQLSTATE = "SJ026"
+"""The owner check: this database does not serve these slices (now, or for this map epoch)."""
 
 _TRANSIENT_SQLSTATE_PREFIXES = ("08", "57P", "53")  # connection, operator intervention, resources
 
@@ -59,6 +64,9 @@ async def with_retries(what: str, settings: RetrySettings, op: Callable[[], Awai
             return await op()
         except Exception as e:
             if not is_transient(e):
+                moved = partition_refusal(e)
+                if moved is not None:
+                    raise moved from e
                 raise
             if attempt >= len(delays):
                 raise JournalUnavailable(
@@ -70,8 +78,26 @@ async def with_retries(what: str, settings: RetrySettings, op: Callable[[], Awai
     raise AssertionError("unreachable")
 
 
+def partition_refusal(cause: BaseException) -> SliceRangeMoved | None:
+    """The owner check's refusal (SQLSTATE SJ025/SJ026, the range as JSON in DETAIL) as a typed
+    error; None for any other error."""
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate not in (WAIT_SQLSTATE, ELSEWHERE_SQLSTATE):
+        return None
+    d = json.loads(getattr(cause, "detail", None) or "{}")
+    return SliceRangeMoved(
+        str(getattr(cause, "message", cause)), min_slice=int(d.get("min_slice") or 0),
+        max_slice=int(d.get("max_slice") or 0), state=d.get("state"), epoch=int(d.get("epoch") or 0),
+        location=d.get("location"), waiting=sqlstate == WAIT_SQLSTATE,
+    )  # fmt: skip
+
+
 def write_error(persistence_id: str, cause: BaseException) -> JournalError:
     """A write the database refused (not a conflict, not an outage) as a typed error."""
+    moved = partition_refusal(cause)
+    if moved is not None:
+        moved.__cause__ = cause
+        return moved
     if getattr(cause, "sqlstate", None) == LOCAL_WRITES_REFUSED_SQLSTATE:
         refused = LocalWritesRefused(f"write of {persistence_id!r} refused: {getattr(cause, 'message', cause)}")
         refused.__cause__ = cause

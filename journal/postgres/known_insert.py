@@ -28,7 +28,7 @@ from ..backend import WriteRequest
 from ..columns import WriteColumns
 from ..serialization import JSON_SERIALIZER_ID
 from .statements import Statements, notify_groups
-from .timestamp_rule import CLOCK, settle, stamp
+from .timestamp_rule import clock, settle, stamp
 
 _ROWS = """unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[], $6::text[], $8::int[], $9::text[],
               $10::int[], $11::text[], $12::bytea[])
@@ -37,7 +37,7 @@ _ROWS = """unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[], $6::text[], 
 
 # the calls to check: from the event arrays when every call has one event, else their own arrays
 _CALLS_OF_ONE_EVENT = "unnest($1::text[], $3::bigint[]) AS c0(persistence_id, seq_nr)"
-_CALLS = "unnest($13::text[], $14::bigint[]) AS c0(persistence_id, seq_nr)"
+_CALLS = "unnest($14::text[], $15::bigint[]) AS c0(persistence_id, seq_nr)"
 
 
 class KnownSeqInsert:
@@ -45,15 +45,17 @@ class KnownSeqInsert:
 
     Parameters: per-event arrays $1 pid, $2 slice, $3 seq_nr, $4 payload, $6 entity type (empty:
     every row is $7), $8 serializer id (empty: JSON), $9 manifest (empty: ''), $10-$12 metadata
-    (empty: none); $5 the writer id; with calls of several events, $13/$14 each call's pid and
-    first seq_nr; with notifications, the last parameter is the notification payloads.
+    (empty: none); $5 the writer id; $13 the writer's partition map epoch (checked with the
+    slices of $2); with calls of several events, $14/$15 each call's pid and first seq_nr; with
+    notifications, the last parameter is the notification payloads.
     """
 
     def __init__(self, sql: Statements, *, notify: bool) -> None:
         self._notify = notify
         self._channel = sql.channel
-        self.one_event = self._statement(sql.ej, _CALLS_OF_ONE_EVENT, notify_param="$13")
-        self.many_events = self._statement(sql.ej, _CALLS, notify_param="$15")
+        self._clock = clock(sql.schema, "$13", "$2")
+        self.one_event = self._statement(sql.ej, _CALLS_OF_ONE_EVENT, notify_param="$14")
+        self.many_events = self._statement(sql.ej, _CALLS, notify_param="$16")
 
     @staticmethod
     def accepts(requests: Sequence[WriteRequest]) -> bool:
@@ -71,7 +73,7 @@ class KnownSeqInsert:
             else ""
         )
         return f"""
-WITH {CLOCK}, chk AS (
+WITH {self._clock}, chk AS (
   SELECT count(*) FILTER (WHERE COALESCE(f.seq_nr, 0) <> c.expected) AS bad, max(f.db_timestamp) AS prev
   FROM (SELECT c0.persistence_id, c0.seq_nr - 1 AS expected FROM {calls}) c
   LEFT JOIN LATERAL (
@@ -90,14 +92,17 @@ WITH {CLOCK}, chk AS (
 )
 SELECT {stamp("prev", "1")} AS ts, bad, {settle("ins")} AS settled{notify} FROM chk"""
 
-    def statement(self, batch: Sequence[WriteRequest] | WriteColumns, writer: str) -> tuple[str, tuple[Any, ...]]:
+    def statement(
+        self, batch: Sequence[WriteRequest] | WriteColumns, writer: str, epoch: int
+    ) -> tuple[str, tuple[Any, ...]]:
         """The statement and its parameters for ``batch`` (requests :meth:`accepts`-ed, or
-        columns), built in one pass; arrays whose every element is the default are sent empty."""
+        columns), built in one pass; arrays whose every element is the default are sent empty.
+        ``epoch``: the writer's partition map epoch."""
         if isinstance(batch, WriteColumns):
-            return self._columns(batch, writer)
+            return self._columns(batch, writer, epoch)
         requests = batch
         if all([len(r.events) == 1 for r in requests]):
-            return self._one_event_each(requests, writer)
+            return self._one_event_each(requests, writer, epoch)
         pids: list[str] = []
         slices: list[int] = []
         seqs: list[int] = []
@@ -152,7 +157,7 @@ SELECT {stamp("prev", "1")} AS ts, bad, {settle("ins")} AS settled{notify} FROM 
             ser_ids, manifests = [], []
         params: tuple[Any, ...] = (
             pids, slices, seqs, payloads, writer, entity_types, entity_type, ser_ids, manifests,
-            meta_ids, meta_manifests, meta_payloads,
+            meta_ids, meta_manifests, meta_payloads, epoch,
         )  # fmt: skip
         if many:
             params += ([r.persistence_id for r in requests], [r.expected_seq_nr + 1 for r in requests])  # type: ignore[operator]
@@ -160,7 +165,7 @@ SELECT {stamp("prev", "1")} AS ts, bad, {settle("ins")} AS settled{notify} FROM 
             params += (notify_groups([r.slice for r in requests], [r.entity_type for r in requests]),)
         return (self.many_events if many else self.one_event), params
 
-    def _one_event_each(self, requests: Sequence[WriteRequest], writer: str) -> tuple[str, tuple[Any, ...]]:
+    def _one_event_each(self, requests: Sequence[WriteRequest], writer: str, epoch: int) -> tuple[str, tuple[Any, ...]]:
         """The group commit's commonest batch (one event per call): the requests transposed
         with ``zip`` (a loop in C) rather than a comprehension per column."""
         n = len(requests)
@@ -181,17 +186,17 @@ SELECT {stamp("prev", "1")} AS ts, bad, {settle("ins")} AS settled{notify} FROM 
             meta_payloads = tuple(m.payload if m else None for m in metas)
         params: tuple[Any, ...] = (
             pids, slices, [e + 1 for e in expected], payloads, writer, entity_types, et, ser_ids, manifests,
-            meta_ids, meta_manifests, meta_payloads, *notify,
+            meta_ids, meta_manifests, meta_payloads, epoch, *notify,
         )  # fmt: skip
         return self.one_event, params
 
-    def _columns(self, c: WriteColumns, writer: str) -> tuple[str, tuple[Any, ...]]:
+    def _columns(self, c: WriteColumns, writer: str, epoch: int) -> tuple[str, tuple[Any, ...]]:
         et = c.entity_types[0]
         entity_types = [] if c.entity_types.count(et) == len(c.entity_types) else c.entity_types
         ser_ids = [] if c.ser_ids.count(JSON_SERIALIZER_ID) == len(c.ser_ids) else c.ser_ids
         params: tuple[Any, ...] = (
             c.persistence_ids, c.slices, [e + 1 for e in c.expected_seq_nrs], c.payloads, writer,
-            entity_types, et, ser_ids, [], [], [], [],
+            entity_types, et, ser_ids, [], [], [], [], epoch,
         )  # fmt: skip
         if self._notify:
             params += (notify_groups(c.slices, c.entity_types),)

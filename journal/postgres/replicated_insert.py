@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..settings import validate_identifier
 from .statements import notify_channel
 from .tag_statements import TagStatements
-from .timestamp_rule import CLOCK, settle, stamp
+from .timestamp_rule import clock, settle, stamp
 
 _COLUMNS = (
     "slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest, "
@@ -32,13 +32,13 @@ def insert_replicated(schema: str, *, notify: bool, tagged: bool) -> str:
     """The batch insert. $1 pids, $2 slices, $3 serializer ids, $4 manifests, $5 payloads,
     $6 tags (JSON text or NULL), $7-$9 metadata (id, manifest, payload), $10 origin locations,
     $11 origin seq nrs, $12 vector times (JSON text), $13 log positions, $14 the entity type
-    (the log), $15 the writer id; then with ``notify`` $16 the notification payloads; then with
-    ``tagged`` the tag bucket size (milliseconds). Returns the number of rows and the last
-    timestamp."""
+    (the log), $15 the writer id, $16 the writer's partition map epoch; then with ``notify`` $17
+    the notification payloads; then with ``tagged`` the tag bucket size (milliseconds). Returns
+    the number of rows and the last timestamp."""
     validate_identifier(schema, "schema")
     ej = f'"{schema}".event_journal'
     rows = f"""
-WITH {CLOCK}, i AS MATERIALIZED (
+WITH {clock(schema, "$16", "$2")}, i AS MATERIALIZED (
   SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::bytea[], $6::text[], $7::int[],
                        $8::text[], $9::bytea[], $10::text[], $11::bigint[], $12::text[], $13::bigint[])
     WITH ORDINALITY AS i(persistence_id, slice, ser_id, ser_manifest, payload, tags_json, meta_ser_id,
@@ -67,11 +67,11 @@ WITH {CLOCK}, i AS MATERIALIZED (
 )"""
     tags = ""
     if tagged:
-        bucket = "$17" if notify else "$16"
+        bucket = "$18" if notify else "$17"
         tag_rows = TagStatements(schema).insert_from_events("src", "$15", bucket, "")
         tags = f", tv AS ({tag_rows}\n)"
     notified = (
-        f", (SELECT count(pg_notify('{notify_channel(schema)}', g)) FROM unnest($16::text[]) g) AS notified"
+        f", (SELECT count(pg_notify('{notify_channel(schema)}', g)) FROM unnest($17::text[]) g) AS notified"
         if notify
         else ""
     )

@@ -356,6 +356,7 @@ class PostgresReplicationStore:
             positions,
             log_name,
             b.writer_id,
+            b.conns.epoch,
         ]
         notify = b.settings.write.notify
         if notify:

@@ -314,3 +314,43 @@ replication_target_progress = Table(
 )
 """How far each target has stored this log, as its reads say (a read after N proves the target
 committed everything up to N): what deferred physical deletion waits for."""
+
+# -- data partitions (issue 25) -------------------------------------------------------------------
+
+slice_partition = Table(
+    "slice_partition",
+    metadata,
+    Column("min_slice", Integer, nullable=False),
+    Column("max_slice", Integer, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("location", Text),
+    Column("floor", TIMESTAMP(timezone=True)),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("min_slice", name="slice_partition_pkey"),
+)
+"""Which slice ranges this database serves, as its part of the partition map (docs/scaling-out.md).
+No row: every slice (a database never partitioned). ``state``: owned, moving, fenced, moved,
+incoming; ``epoch``: the map epoch of the range's last change; ``location``: where a moving or
+moved range goes (an incoming one comes from), as a DSN without its password; ``floor``: no new
+event of the range is stamped below it. Every write and slice read checks it in the database
+(``journal.postgres.timestamp_rule.check_function_sql``)."""
+
+slice_move = Table(
+    "slice_move",
+    metadata,
+    Column("min_slice", Integer, nullable=False),
+    Column("max_slice", Integer, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("step", String(16), nullable=False),
+    Column("copied_to", TIMESTAMP(timezone=True)),
+    Column("copied_seen", JSONB),
+    Column("started_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("updated_at", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("min_slice", name="slice_move_pkey"),
+)
+"""The state of a move of a slice range out of this database (``journal partitions move``): its
+target, the epoch it will switch to, the step it reached and how far the copy got (a slice
+query offset). Present from the move's start until the source's rows are removed: a move
+interrupted at any step is finished by running it again."""

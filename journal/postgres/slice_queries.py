@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..settings import validate_identifier
 from .statements import EVENT_COLUMNS
+from .timestamp_rule import read_check
 
 _PAYLOAD_COLUMNS = EVENT_COLUMNS
 _NO_PAYLOAD_COLUMNS = EVENT_COLUMNS.replace("event_payload", "NULL::bytea AS event_payload")
@@ -40,7 +41,8 @@ class SliceStatements:
         ``$3`` already delivered (``$5``/``$6``: parallel arrays of pid and the highest seq_nr
         seen at that timestamp) are skipped in SQL, so a page always progresses even when more
         than a page of events share one timestamp. The time range is bounded on both sides, so
-        the scan stays short far from the tail.
+        the scan stays short far from the tail. ``$8``: the reader's partition map epoch; the
+        database refuses the page if it does not serve these slices (:mod:`.timestamp_rule`).
         """
         cols = _PAYLOAD_COLUMNS if with_payload else _NO_PAYLOAD_COLUMNS
         return (
@@ -49,6 +51,7 @@ class SliceStatements:
             "AND db_timestamp >= $3 AND db_timestamp < $4 AND deleted = false "
             "AND NOT (db_timestamp = $3 AND EXISTS (SELECT 1 FROM unnest($5::text[], $6::bigint[]) "
             "AS s(pid, seq) WHERE s.pid = persistence_id AND s.seq >= seq_nr)) "
+            f"AND {read_check(self.schema, '$8', '$2')} "
             "ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $7"
         )
 
@@ -56,14 +59,16 @@ class SliceStatements:
     def next_timestamp(self) -> str:
         """The smallest db_timestamp in ``[$4, $5)`` of the range: one index probe per slice.
 
-        Used to jump over empty stretches of time without scanning them.
+        Used to jump over empty stretches of time without scanning them (so it is checked like
+        a page: ``$6`` the reader's partition map epoch).
         """
         return (
             "SELECT min(t.db_timestamp) FROM generate_series($2::int, $3::int) AS s(slice) "
             "CROSS JOIN LATERAL ("
             f"SELECT e.db_timestamp FROM {self.ej} e WHERE e.slice = s.slice "
             "AND e.entity_type = $1 AND e.db_timestamp >= $4 AND e.db_timestamp < $5 "
-            "AND e.deleted = false ORDER BY e.db_timestamp LIMIT 1) AS t"
+            "AND e.deleted = false ORDER BY e.db_timestamp LIMIT 1) AS t "
+            f"WHERE {read_check(self.schema, '$6', 'ARRAY(SELECT generate_series($2::int, $3::int))')}"
         )
 
     @property

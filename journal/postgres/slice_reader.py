@@ -46,7 +46,7 @@ class PostgresSliceReader(PostgresReads):
             "slice page",
             self._page[with_payload],
             slices.entity_type, self._slices(slices.min_slice, slices.max_slice), page.from_timestamp,
-            page.to_timestamp, list(seen.keys()), list(seen.values()), page.limit,
+            page.to_timestamp, list(seen.keys()), list(seen.values()), page.limit, self.conns.epoch,
         )  # fmt: skip
 
     async def next_slice_timestamp(
@@ -54,7 +54,7 @@ class PostgresSliceReader(PostgresReads):
     ) -> datetime | None:
         value: datetime | None = await self.conns.fetchval(
             "next slice timestamp", self.slice_sql.next_timestamp,
-            slices.entity_type, slices.min_slice, slices.max_slice, from_timestamp, to_timestamp,
+            slices.entity_type, slices.min_slice, slices.max_slice, from_timestamp, to_timestamp, self.conns.epoch,
         )  # fmt: skip
         return value
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..backend import SLICE_GROUP_SIZE, SLICE_ROW_COLUMNS
 from ..settings import validate_identifier
-from .timestamp_rule import CLOCK, settle, stamp
+from .timestamp_rule import clock, delete_check_sql, settle, stamp
 
 EVENT_COLUMNS = ", ".join(SLICE_ROW_COLUMNS)
 """The event_journal columns every read selects, in the seam's row layout
@@ -64,7 +64,8 @@ class Statements:
         Each row's db_timestamp follows :mod:`.timestamp_rule` (its pid's newest stored event
         is ``prev``; ``n`` its position in the arrays, so a call's events get consecutive
         microseconds). A call whose ``base_seq_nr`` does not match the stored highest yields no
-        rows (reported as a conflict). Needs the statement's ``clock`` CTE.
+        rows (reported as a conflict). Needs the statement's ``clock`` CTE (:meth:`clock`: $14 is
+        the writer's partition map epoch, checked with the slices of $3).
         """
         return f"""
   SELECT i.slice, i.entity_type, i.persistence_id, COALESCE(prev.seq_nr, 0) + COALESCE(i.ordinal, 1) AS seq_nr,
@@ -93,11 +94,15 @@ class Statements:
   {conflict}
   RETURNING persistence_id, seq_nr, db_timestamp"""
 
+    def clock(self) -> str:
+        """The insert's clock CTE: the owner check of the batch's slices ($3) for the map epoch $14."""
+        return clock(self.schema, "$14", "$3")
+
     def _result(self, notify: bool) -> str:
-        # $14: the batch's distinct "<slice // 64>:<entity_type>" groups, computed by the client
+        # $15: the batch's distinct "<slice // 64>:<entity_type>" groups, computed by the client
         # (a DISTINCT over the inserted rows costs a text sort per row, a third of the statement)
         notify_col = (
-            f", (SELECT count(pg_notify('{self.channel}', g)) FROM unnest($14::text[]) g) AS notified"
+            f", (SELECT count(pg_notify('{self.channel}', g)) FROM unnest($15::text[]) g) AS notified"
             if notify
             else ""
         )
@@ -110,42 +115,44 @@ FROM ins GROUP BY persistence_id"""
         """Group-commit insert of many calls in one statement (see :meth:`_event_rows`).
 
         Returns one row per written call: pid, first seq_nr, row count, the first row's
-        db_timestamp (each next row of the call is one microsecond later). With
-        ``notify``, parameter $14 is the text[] of notification payloads to send.
+        db_timestamp (each next row of the call is one microsecond later). $14 is the writer's
+        partition map epoch; with ``notify``, $15 is the text[] of notification payloads to send.
         """
         conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
         rows = self._event_rows()
-        return f"WITH {CLOCK}, ins AS (\n  {self._insert_from(f'({rows}) src', conflict)}\n){self._result(notify)}"
+        ins = self._insert_from(f"({rows}) src", conflict)
+        return f"WITH {self.clock()}, ins AS (\n  {ins}\n){self._result(notify)}"
 
     def insert_events_tagged(self, *, on_conflict_do_nothing: bool, notify: bool, tag_rows: str) -> str:
         """:meth:`insert_events` for batches with tags: the same event rows (from CTE ``src``) plus
         a data-modifying CTE that inserts their tag rows in the same statement and transaction.
         ``tag_rows`` is that CTE's body (``TagStatements.insert_from_events``), with its bucket
-        parameter after the notification payloads (:meth:`tag_bucket_param`). Only batches that
-        carry tags use it; the untagged statement is unchanged."""
+        parameter after the epoch and the notification payloads (:meth:`tag_bucket_param`). Only
+        batches that carry tags use it; the untagged statement is unchanged."""
         conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
         return (
-            f"WITH {CLOCK}, src AS MATERIALIZED ({self._event_rows()}\n),"
+            f"WITH {self.clock()}, src AS MATERIALIZED ({self._event_rows()}\n),"
             f" ins AS (\n  {self._insert_from('src', conflict)}\n"
             f"), tv AS ({tag_rows}\n){self._result(notify)}"
         )
 
     @staticmethod
     def tag_bucket_param(notify: bool) -> str:
-        """The tagged insert's bucket-size parameter: after $14 (the notifications) when notifying."""
-        return "$15" if notify else "$14"
+        """The tagged insert's bucket-size parameter: after $15 (the notifications) when notifying."""
+        return "$16" if notify else "$15"
 
     def insert_one(self, *, notify: bool) -> str:
         """The same write rule for the most common batch: one call of one untagged event.
 
         Scalar parameters instead of arrays, so a lone ``persist`` costs about what a plain
-        single-row INSERT does. Returns the same columns as :meth:`insert_events`.
+        single-row INSERT does. Returns the same columns as :meth:`insert_events`; $12 is the
+        writer's partition map epoch.
         """
         notify_col = (
             f", pg_notify('{self.channel}', (slice / 64)::text || ':' || entity_type) AS notified" if notify else ""
         )
         return f"""
-WITH {CLOCK}, prev AS (
+WITH {clock(self.schema, "$12", "ARRAY[$1::int]")}, prev AS (
   SELECT e.seq_nr, e.db_timestamp FROM {self.ej} e
   WHERE e.persistence_id = $3::text ORDER BY e.seq_nr DESC LIMIT 1
 ), ins AS (
@@ -160,6 +167,12 @@ WITH {CLOCK}, prev AS (
 )
 SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp,
   {settle("ins")} AS settled{notify_col} FROM ins"""
+
+    @property
+    def delete_check(self) -> str:
+        """First in a transaction that deletes events or tag rows of one pid: the owner check for
+        deletes ($1 the map epoch, $2 the pid's slice as an array; :mod:`.timestamp_rule`)."""
+        return delete_check_sql(self.schema)
 
     writer_busy = (
         "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND application_name = $2 AND state = 'active'"
@@ -195,10 +208,7 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp,
 
     @property
     def load_event(self) -> str:
-        return (
-            f"SELECT {EVENT_COLUMNS} FROM {self.ej} "
-            "WHERE persistence_id = $1 AND seq_nr = $2 AND deleted = false"
-        )
+        return f"SELECT {EVENT_COLUMNS} FROM {self.ej} WHERE persistence_id = $1 AND seq_nr = $2 AND deleted = false"
 
     @property
     def timestamp_of(self) -> str:
@@ -223,8 +233,7 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp,
     @property
     def persistence_ids(self) -> str:
         return (
-            f"SELECT DISTINCT persistence_id FROM {self.ej} WHERE persistence_id > $1 "
-            "ORDER BY persistence_id LIMIT $2"
+            f"SELECT DISTINCT persistence_id FROM {self.ej} WHERE persistence_id > $1 ORDER BY persistence_id LIMIT $2"
         )
 
     @property
@@ -240,9 +249,7 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp,
             "slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, "
             "ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload"
         )
-        updates = ", ".join(
-            f"{c} = EXCLUDED.{c}" for c in cols.split(", ") if c != "persistence_id"
-        )
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in cols.split(", ") if c != "persistence_id")
         return (
             f"INSERT INTO {self.snap} ({cols}) VALUES "
             "($1, $2, $3, $4, clock_timestamp(), $5, $6, $7, $8, $9, $10, $11, $12) "
@@ -299,9 +306,7 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp,
 
     @property
     def load_older_snapshots(self) -> str:
-        return (
-            f"SELECT {_SNAP_COLS} FROM {self.older} WHERE persistence_id = $1 ORDER BY seq_nr DESC LIMIT $2"
-        )
+        return f"SELECT {_SNAP_COLS} FROM {self.older} WHERE persistence_id = $1 ORDER BY seq_nr DESC LIMIT $2"
 
     @property
     def delete_older_snapshots(self) -> str:

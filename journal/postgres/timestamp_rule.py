@@ -28,8 +28,143 @@ TRIGGER = "slice_journal_timestamp_rule"
 
 MICROSECOND = "interval '1 microsecond'"
 
-CLOCK = "clock AS MATERIALIZED (SELECT clock_timestamp() AS t)"
-"""The CTE every insert reads its one clock reading from (``(SELECT t FROM clock)``)."""
+CHECK_FUNCTION = "slice_journal_check"
+"""The function every statement of the journal that writes or reads by slice calls (its owner
+check, and for writes the clock reading): :func:`check_function_sql`."""
+
+
+def _covered(schema: str, epoch: str, slices: str, states: str) -> str:
+    """The fast path of the owner check, inline in a statement: one row of ``slice_partition``
+    in one of ``states`` covers every slice of ``slices`` (from its least to its greatest) at
+    an epoch the writer knows. Anything else (no such row, or a database that was never
+    partitioned) goes to the exact check (:func:`check_function_sql`)."""
+    parts = f'"{schema}".slice_partition'
+    return (
+        f"(SELECT min(x) AS lo, max(x) AS hi FROM unnest({slices}::int[]) x) b LEFT JOIN LATERAL ("
+        f"SELECT true AS ok, p.floor FROM {parts} p WHERE p.min_slice <= b.lo AND p.max_slice >= b.hi "
+        f"AND p.state IN ({states}) AND p.epoch <= {epoch}::bigint LIMIT 1) c ON true"
+    )
+
+
+def clock(schema: str, epoch: str, slices: str) -> str:
+    """The CTE every insert reads its one clock reading from (``(SELECT t FROM clock)``): the
+    database's owner check of the statement's ``slices`` (an int[] expression) for a writer whose
+    partition map has ``epoch`` (a bigint expression), then the clock, raised to the floor of
+    the slices' range. The common case (one owned range covers the slices, or a database never
+    partitioned) is decided inline; anything else calls the exact check, which raises when
+    this database does not hold those slices for writes (:func:`check_function_sql`)."""
+    fn = _function(schema)
+    return (
+        f"clock AS MATERIALIZED (SELECT CASE WHEN c.ok THEN GREATEST(clock_timestamp(), c.floor) "
+        f'WHEN NOT EXISTS (SELECT 1 FROM "{schema}".slice_partition) THEN clock_timestamp() '
+        f"ELSE {fn}({epoch}::bigint, {slices}::int[], 'write') END AS t "
+        f"FROM {_covered(schema, epoch, slices, _WRITABLE)})"
+    )
+
+
+def read_check(schema: str, epoch: str, slices: str) -> str:
+    """A predicate that raises unless this database serves ``slices`` for reads (a slice page,
+    the next-timestamp probe): evaluated once per statement (an uncorrelated subquery)."""
+    fn = _function(schema)
+    return (
+        f'(SELECT CASE WHEN c.ok THEN true WHEN NOT EXISTS (SELECT 1 FROM "{schema}".slice_partition) THEN true '
+        f"ELSE {fn}({epoch}::bigint, {slices}::int[], 'read') IS NOT NULL END "
+        f"FROM {_covered(schema, epoch, slices, _READABLE)})"
+    )
+
+
+_WRITABLE = "'owned', 'moving'"
+_READABLE = "'owned', 'moving', 'fenced'"
+
+
+def delete_check_sql(schema: str) -> str:
+    """The statement a deleting transaction runs first: it takes the write lock, then raises
+    unless this database serves the slices ($2) for deletes. $1: the writer's map epoch."""
+    return f"SELECT {_function(schema)}($1::bigint, $2::int[], 'delete')"
+
+
+def fence_key(schema: str) -> int:
+    """The first key of the advisory lock a move holds while it fences a range (the second is
+    the range's first slice); a signed 32-bit int per schema."""
+    import zlib
+
+    return zlib.crc32(f"slice_journal.fence.{schema}".encode()) - 2**31
+
+
+def _function(schema: str) -> str:
+    validate_identifier(schema, "schema")
+    return f'"{schema}".{CHECK_FUNCTION}'
+
+
+def check_function_sql(schema: str) -> str:
+    """The owner check of a database that may hold only some slices (docs/scaling-out.md).
+
+    ``slice_partition`` says which slice ranges this database serves: no row at all means every
+    slice (a database that was never partitioned). A range is ``owned``; ``moving`` while a move
+    copies it away (writes and reads go on, deletes wait); ``fenced`` during the move's last copy
+    (writes wait, unless the move's session holding the fence lock has gone: then the fence has
+    lapsed); ``moved`` once another database serves it; ``incoming`` while it is copied here.
+
+    ``slice_journal_check(epoch, slices, mode)`` raises SQLSTATE ``SJ025`` (wait: the range is
+    moving or fenced) or ``SJ026`` (not here: moved, incoming, unknown, or the writer's map
+    epoch is older than the range's) with the range as JSON in DETAIL; else it returns the
+    clock, for writes raised to the ``floor`` of the ranges written (a moved range's new home
+    never stamps an event below what readers of the old home passed). ``mode`` is ``write``,
+    ``read`` or ``delete``; ``delete`` first takes the write lock on event_journal, so a move's
+    drain of writers in progress (which lists that lock) sees the deleting transaction. Each
+    query of a plpgsql function takes its own snapshot, after the statement's lock: a writer
+    that the drain does not list reads a state the move committed before it listed."""
+    fn = _function(schema)
+    ej, _ = _names(schema)
+    parts = f'"{schema}".slice_partition'
+    return f"""
+CREATE OR REPLACE FUNCTION {fn}(writer_epoch bigint, slices int[], mode text)
+RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $check$
+DECLARE
+  r record;
+  lift timestamptz;
+BEGIN
+  IF mode = 'delete' THEN
+    LOCK TABLE {ej} IN ROW EXCLUSIVE MODE;
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM {parts}) THEN
+    RETURN clock_timestamp();
+  END IF;
+  FOR r IN
+    SELECT DISTINCT p.min_slice, p.max_slice, p.state, p.epoch, p.location,
+           CASE WHEN p.min_slice IS NULL THEN s.slice END AS lone
+      FROM unnest(slices) AS s(slice)
+      LEFT JOIN {parts} p ON s.slice BETWEEN p.min_slice AND p.max_slice
+     WHERE p.min_slice IS NULL OR p.epoch > writer_epoch OR NOT (
+           p.state = 'owned' OR (p.state = 'moving' AND mode <> 'delete') OR (p.state = 'fenced' AND mode = 'read'))
+  LOOP
+    IF r.min_slice IS NOT NULL AND r.epoch <= writer_epoch AND r.state = 'fenced' AND mode = 'write'
+       AND pg_try_advisory_xact_lock_shared({fence_key(schema)}, r.min_slice) THEN
+      CONTINUE;  -- the move holding the fence is gone: the fence has lapsed
+    END IF;
+    RAISE EXCEPTION USING
+      ERRCODE = CASE WHEN r.min_slice IS NOT NULL AND r.epoch <= writer_epoch AND r.state IN ('moving', 'fenced')
+                     THEN 'SJ025' ELSE 'SJ026' END,
+      MESSAGE = format('slices %s-%s are %s here (map epoch %s, the writer''s %s)',
+                       coalesce(r.min_slice, r.lone), coalesce(r.max_slice, r.lone),
+                       coalesce(r.state, 'not served'), coalesce(r.epoch, 0), writer_epoch),
+      DETAIL = json_build_object('min_slice', coalesce(r.min_slice, r.lone),
+                                 'max_slice', coalesce(r.max_slice, r.lone), 'state', r.state,
+                                 'epoch', r.epoch, 'location', r.location)::text;
+  END LOOP;
+  IF mode = 'write' THEN
+    SELECT max(p.floor) INTO lift FROM {parts} p
+     WHERE p.floor IS NOT NULL AND EXISTS (SELECT 1 FROM unnest(slices) s WHERE s BETWEEN p.min_slice AND p.max_slice);
+    RETURN GREATEST(clock_timestamp(), lift);
+  END IF;
+  RETURN clock_timestamp();
+END
+$check$;
+"""
+
+
+def drop_check_function_sql(schema: str) -> str:
+    return f"DROP FUNCTION IF EXISTS {_function(schema)}(bigint, int[], text);\n"
 
 
 def stamp(prev: str, n: str) -> str:

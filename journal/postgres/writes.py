@@ -19,9 +19,17 @@ from ..buckets import bucket_millis
 from ..columns import WriteColumns
 from ..envelope import ROW_STEP, consecutive_stamps
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict
+from ..ids import slice_for
 from ..serialization import JSON_SERIALIZER_ID
 from .connections import PostgresConnections, PostgresPart
-from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, with_retries, write_error
+from .errors import (
+    LOCAL_WRITES_REFUSED_SQLSTATE,
+    backoff_delays,
+    is_transient,
+    partition_refusal,
+    with_retries,
+    write_error,
+)
 from .known_insert import KnownSeqInsert
 from .statements import notify_groups
 from .tag_statements import TagStatements
@@ -63,6 +71,7 @@ class PostgresWrites(PostgresPart):
             return self._insert_one, (
                 r.slice, r.entity_type, r.persistence_id, r.expected_seq_nr, ev.ser_id, ev.manifest, ev.payload,
                 self.writer_id, m.ser_id if m else None, m.manifest if m else None, m.payload if m else None,
+                self.conns.epoch,
             )  # fmt: skip
         params = self._params(batch)
         if any(r.tags for r in batch):
@@ -75,7 +84,8 @@ class PostgresWrites(PostgresPart):
         Arrays that would hold only NULLs, 1s or empty manifests (tags, metadata, ordinals of
         one-event calls, JSON serializer ids: the common case) are sent empty: a multi-argument unnest pads them with
         NULLs, the statement reads those as the default, and asyncpg skips encoding every element.
-        With notifications on, the last parameter is the distinct notification payloads.
+        Then the writer's partition map epoch; with notifications on, the last parameter is the
+        distinct notification payloads.
         """
         if any(len(r.events) > 1 for r in requests):
             rr: Sequence[WriteRequest] = [r for r in requests for _ in r.events]
@@ -115,6 +125,7 @@ class PostgresWrites(PostgresPart):
             meta_ids,
             meta_manifests,
             meta_payloads,
+            self.conns.epoch,
             *notify,
         )
 
@@ -151,6 +162,13 @@ class PostgresWrites(PostgresPart):
                 else:
                     written, resend = await self._insert_batch(batch)
             except asyncpg.exceptions.PostgresError as e:
+                moved = partition_refusal(e)
+                if moved is not None:  # the calls of the refused range fail; the others go again
+                    refused = [i for i in pending if moved.min_slice <= requests[i].slice <= moved.max_slice]
+                    for i in refused or pending:
+                        results[i] = moved
+                    pending = [i for i in pending if i not in results]
+                    continue
                 if isinstance(e, asyncpg.exceptions.UniqueViolationError) and len(pending) == 1:
                     results[pending[0]] = _conflict(batch[0], "another writer took these sequence numbers")
                     pending = []
@@ -202,8 +220,8 @@ class PostgresWrites(PostgresPart):
             rows = await conn.fetch(stmt, *params)
         except asyncpg.exceptions.UniqueViolationError as e:
             raise _conflict(request, "another writer took these sequence numbers") from e
-        except asyncpg.exceptions.PostgresError as e:  # the recovery guard's refusal, typed
-            if e.sqlstate == LOCAL_WRITES_REFUSED_SQLSTATE:
+        except asyncpg.exceptions.PostgresError as e:  # the recovery guard's or owner check's refusal, typed
+            if e.sqlstate == LOCAL_WRITES_REFUSED_SQLSTATE or partition_refusal(e) is not None:
                 raise write_error(request.persistence_id, e) from e
             raise
         got = _by_pid(rows).get(request.persistence_id)
@@ -254,7 +272,7 @@ class PostgresWrites(PostgresPart):
         """The optimistic insert: its first row's timestamp when every call was written; NOTHING when nothing
         was written (the check failed, or the database refused a row); INTERRUPTED when the
         connection broke once the statement was sent (its server process has settled since)."""
-        stmt, params = self._known.statement(batch, self.writer_id)
+        stmt, params = self._known.statement(batch, self.writer_id, self.conns.epoch)
         conn = await self._take_writer()
         server_pid = conn.get_server_pid()
         try:
@@ -391,6 +409,7 @@ class PostgresWrites(PostgresPart):
 
         async def op() -> None:
             async with self.pool.acquire() as conn, conn.transaction():
+                await conn.execute(self.sql.delete_check, self.conns.epoch, [slice_for(persistence_id)])
                 highest = await conn.fetchval(self.sql.highest_seq_nr, persistence_id)
                 upto = min(to_seq_nr, highest)
                 if upto <= 0:

@@ -1,0 +1,201 @@
+"""The journal over several PostgreSQL databases by slice range: one backend per database, composed.
+
+:class:`PartitionedBackend` implements the whole seam (:class:`~journal.backend.Backend`) by
+routing each operation to the database that serves its slice (writes split by database, reads by
+persistence id, snapshots, deletes, the tag view, cleanup), and by reading slice ranges where
+they are served (:mod:`.slice_reads`). It never inherits from the PostgreSQL backend: it holds one
+per database (:mod:`.databases`). The journal's home database (``dsn``; default: the first one)
+holds what belongs to a journal rather than to a slice: projection offsets and read models,
+leases, dead letters, the encryption keys. See docs/scaling-out.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from ..backend import Backend, ManifestCount, SnapshotRow, WriteCheck, WriteRequest, WriteResult
+from ..errors import UnsupportedOperation
+from ..ids import slice_for
+from ..postgres.backend import PostgresBackend
+from ..postgres.dsn import redact
+from ..postgres.key_store import PostgresKeyStore
+from ..postgres.partitions import MOVED
+from ..settings import JournalSettings
+from .databases import Databases
+from .routing import Router
+from .slice_reads import PartitionedSliceReads
+from .stores import PartitionedCleanup, PartitionedTagStore
+from .writes import PartitionedWrites
+
+
+class PartitionedBackend:
+    """Journal storage on several PostgreSQL databases (:class:`~journal.backend.Backend`)."""
+
+    name = "postgres"
+
+    def __init__(self, databases: Sequence[str], settings: JournalSettings, home: str | None = None) -> None:
+        self.settings = settings
+        self.writer_id = settings.write.writer_id or str(uuid.uuid4())
+        self.dbs = Databases(databases, settings.with_dsn(None), self.writer_id)
+        self.dsn = home or databases[0]
+        self.router = Router(self.dbs)
+        self.slices = PartitionedSliceReads(self.dbs, self.router)
+        self._writes = PartitionedWrites(self.dbs, self.router)
+        self._tags = PartitionedTagStore(self.dbs, self.router)
+        self._cleanup = PartitionedCleanup(self.router)
+        self._home: PostgresBackend | None = None
+
+    async def start(self, *, claim: bool = True) -> None:
+        """Open every database and load the map (``claim``: record each configured database's
+        range of the layout where its map is still empty)."""
+        await self.dbs.open(claim=claim)
+        await self._tags.ensure_bucket_size(self.settings.tags.bucket_size)
+        await self.home()
+
+    async def close(self) -> None:
+        if self._home is not None:
+            await self._home.close()
+            self._home = None
+        await self.dbs.close()
+
+    async def home(self) -> PostgresBackend:
+        """The home database's backend (one of the journal's databases, or its own)."""
+        if self.dsn in self.dbs.dsns:
+            return await self.dbs.usable(self.dbs.dsns.index(self.dsn))
+        if self._home is None:
+            self._home = PostgresBackend(self.dsn, self.settings.with_dsn(self.dsn))
+            self._home.writer_id = self.writer_id
+            await self._home.start()
+            if not await self._home.partitions().rows():  # it holds no slice: no event is ever written there
+                await self._home.partitions().set_range(0, 1023, MOVED, 0)
+        return self._home
+
+    # -- writes -------------------------------------------------------------------------------
+
+    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+        return await self._writes.write_batch(requests)
+
+    async def write_on(self, conn: Any, request: WriteRequest) -> WriteResult:
+        """On the caller's connection, which must be to the database serving the request's
+        slice (``pool_for``); any other database refuses it (SliceRangeMoved)."""
+        backend = await self.dbs.usable(max(self.dbs.map.owner(request.slice), 0))
+        return await backend.write_on(conn, request)
+
+    def pool_for(self, persistence_id: str) -> Any:
+        """The connection pool of the database serving the pid's slice now (for ``persist_in``)."""
+        return self.dbs.backends[max(self.dbs.map.owner(slice_for(persistence_id)), 0)].pool
+
+    async def check_write(self, request: WriteRequest) -> WriteCheck:
+        return await self.router.on_owner(
+            request.slice, "resolve write", lambda b: b.check_write(request), check="read"
+        )
+
+    async def highest_seq_nr(self, persistence_id: str) -> int:
+        return await self.router.on_owner(
+            slice_for(persistence_id), "highest_seq_nr", lambda b: b.highest_seq_nr(persistence_id), check="read"
+        )
+
+    async def delete_events_to(self, persistence_id: str, to_seq_nr: int) -> None:
+        await self.router.on_owner(
+            slice_for(persistence_id), "delete events", lambda b: b.delete_events_to(persistence_id, to_seq_nr)
+        )
+
+    # -- reads by pid -------------------------------------------------------------------------
+
+    async def read_events(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> Any:
+        return await self.slices.read_events(persistence_id, from_seq_nr, to_seq_nr, limit)
+
+    async def persistence_ids(self, entity_type: str | None, after: str | None, limit: int) -> list[str]:
+        return await self.slices.persistence_ids(entity_type, after, limit)
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    async def save_snapshot(self, row: SnapshotRow, keep: int = 1) -> None:
+        await self.router.on_owner(row.slice, "save snapshot", lambda b: b.save_snapshot(row, keep), check="write")
+
+    async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None:
+        return await self.router.on_owner(
+            slice_for(persistence_id), "load snapshot", lambda b: b.load_snapshot(persistence_id), check="read"
+        )
+
+    async def load_snapshots(self, persistence_id: str, limit: int) -> list[SnapshotRow]:
+        return await self.router.on_owner(
+            slice_for(persistence_id), "load snapshots", lambda b: b.load_snapshots(persistence_id, limit), check="read"
+        )
+
+    async def delete_snapshot(self, persistence_id: str) -> None:
+        await self.router.on_owner(
+            slice_for(persistence_id), "delete snapshot", lambda b: b.delete_snapshot(persistence_id), check="write"
+        )
+
+    # -- what the storage reports -------------------------------------------------------------
+
+    async def info(self) -> dict[str, Any]:
+        """Each database's report (server, revision, events, the slices it serves), the totals
+        (``events``: counted where each slice is served) and the map epoch."""
+        m = self.dbs.map
+        ranges: dict[int, list[str]] = {}
+        for p in m.pieces(0, 1023):
+            ranges.setdefault(p.database, []).append(f"{p.min_slice}-{p.max_slice}")
+        reports = []
+        total: Counter[str] = Counter()
+        for i, name in enumerate(self.dbs.names):
+            try:
+                got = await (await self.dbs.usable(i)).info()
+            except Exception as e:  # a database that does not answer is reported as such
+                reports.append({"database": name, "error": str(e), "slices": ranges.get(i, [])})
+                continue
+            reports.append({"database": name, **got, "slices": ranges.get(i, [])})
+            if i in ranges:
+                total.update(got["events"])
+        first = next((r for r in reports if "error" not in r), {})
+        return {
+            "server_version": first.get("server_version"), "schema_revision": first.get("schema_revision"),
+            "events": dict(sorted(total.items())), "databases": reports, "epoch": m.epoch,
+            "home": redact(self.dsn),
+        }  # fmt: skip
+
+    async def manifests(self) -> list[ManifestCount]:
+        async def one(db: int) -> list[ManifestCount]:
+            return await (await self.dbs.usable(db)).manifests()
+
+        got = await asyncio.gather(*(one(db) for db in self.dbs.map.served()))
+        counts: Counter[tuple[str, int, str]] = Counter()
+        for its in got:
+            for c in its:
+                counts[(c.kind, c.ser_id, c.manifest)] += c.rows
+        return [ManifestCount(k, i, m, n) for (k, i, m), n in sorted(counts.items())]
+
+    # -- stores -------------------------------------------------------------------------------
+
+    def slice_queries(self) -> PartitionedSliceReads:
+        return self.slices
+
+    def tag_store(self) -> PartitionedTagStore:
+        return self._tags
+
+    def cleanup_store(self) -> PartitionedCleanup:
+        return self._cleanup
+
+    def replication_store(self, location: str) -> Any:
+        raise UnsupportedOperation(
+            "replication needs a location in one database: a replicated log's positions and version "
+            "vector are written in the transaction of its events, and a partitioned location spreads "
+            "a log's events over several databases (see docs/scaling-out.md)"
+        )
+
+    def key_store(self) -> PostgresKeyStore:
+        """The encryption keys live in the home database (they belong to subjects, not slices)."""
+        if self.dsn in self.dbs.dsns:
+            return self.dbs.backends[self.dbs.dsns.index(self.dsn)].key_store()
+        if self._home is None:
+            raise UnsupportedOperation("the journal is not open")
+        return self._home.key_store()
+
+
+_check: type[Backend] = PartitionedBackend
+"""mypy checks here that the backend implements the whole seam."""

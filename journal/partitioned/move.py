@@ -1,0 +1,291 @@
+"""Moving a slice range to another database while the journal runs (``journal partitions move``).
+
+The steps, and what each guarantees (docs/scaling-out.md has the picture):
+
+1. **Start.** The target records the range as ``incoming`` (it serves none of it yet), the
+   source records the move (``slice_move``) and marks the range ``moving`` at the new epoch, then
+   waits out the transactions that were deleting in it. From here deletes of the range wait
+   (a delete could otherwise remove a row the copy already took); writes and reads go on.
+2. **Catch-up copy.** Passes over the source's rows of the range stamped in ``[copied_to,
+   horizon)``, each written to the target as it is (same db_timestamp; a row already there is
+   left alone, so a pass may overlap an earlier one); ``copied_to`` is saved after each pass.
+   Every row below the source's horizon is committed, so nothing stamped below ``copied_to``
+   can appear later. Passes end when one copies little.
+3. **Fence.** The move's own session takes the range's fence lock and marks it ``fenced``;
+   writes of the range are refused (the journal waits and retries them) unless that session is
+   gone (the fence lapses with a crashed move). The writers already past the check are waited
+   out; the last pass copies every remaining row, then the range's snapshots are copied whole.
+4. **Switch.** The source marks the range ``moved`` to the target: the commit point (from then
+   on the source refuses every write and slice read of it). Then the source's clock is read and
+   the target marks the range ``owned`` with that reading as its floor: no new event of the
+   range is stamped below anything a reader of the source could have passed, whatever the skew
+   between the two servers' clocks. Between these two steps the range is served nowhere and
+   its operations wait (a few milliseconds).
+5. **Removal.** The source deletes the range's rows; the move record goes. The ``moved`` row
+   stays: a process with an old map is refused there and told where the range went.
+
+Interrupted at any step (the tool killed, a database crashed), running the same move again
+finishes it from the state the databases recorded: before the switch it redoes the fence from
+``copied_to``, after it it completes the target's row and the removal. Nothing is lost (the
+copy never skips a committed row) or doubled (the copy keeps keys, and the range is served by one
+database at a time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable
+from ..ids import validate_slice_range
+from ..postgres.backend import PostgresBackend
+from ..postgres.dsn import redact, without_password
+from ..postgres.partitions import FENCED, INCOMING, MOVED, MOVING, OWNED, MoveRecord
+from ..query.horizon import HorizonTracker
+from .backend import PartitionedBackend
+
+log = logging.getLogger("journal.partitioned.move")
+
+COPY_PAGE = 5000
+"""Event rows per copy round trip."""
+SMALL_PASS = 2000
+"""A catch-up pass that copied fewer rows than this is the last before the fence."""
+DRAIN_TIMEOUT = 60.0
+"""Seconds the move waits for the transactions in progress to end."""
+_START = datetime(1, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class MoveReport:
+    """What a move did (``journal partitions move`` prints it; the benchmark measures it)."""
+
+    min_slice: int
+    max_slice: int
+    source: str
+    target: str
+    epoch: int
+    resumed_from: str | None = None
+    rows: int = 0
+    passes: int = 0
+    copy_seconds: float = 0.0
+    fence_seconds: float = 0.0
+    """From the fence to the switch: how long writes of the range waited at most."""
+    removed_pids: int = 0
+    steps: list[str] = field(default_factory=list)
+
+
+class SliceMove:
+    """One move of ``[min_slice, max_slice]`` to the database ``target`` (a DSN)."""
+
+    def __init__(
+        self, journal: PartitionedBackend, min_slice: int, max_slice: int, target: str,
+        say: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
+        validate_slice_range(min_slice, max_slice)
+        self.journal = journal
+        self.dbs = journal.dbs
+        self.lo, self.hi = min_slice, max_slice
+        self.target_dsn = target
+        self.say = say or (lambda line: log.info("%s", line))
+        self._tracker = HorizonTracker()
+
+    # -- where things are ---------------------------------------------------------------------
+
+    async def _find(self) -> tuple[int, int, MoveRecord | None]:
+        """The source (the database with a record of this move, else the one serving the range)
+        and the target's index."""
+        await self.dbs.reload()
+        t = self.dbs.index_of(self.target_dsn)
+        for i in range(len(self.dbs.backends)):
+            if i == t:
+                continue
+            try:
+                b = await self.dbs.usable(i)
+            except JournalUnavailable:
+                continue
+            for rec in await b.partitions().moves():
+                if (rec.min_slice, rec.max_slice) == (self.lo, self.hi):
+                    if rec.target != without_password(self.target_dsn):
+                        raise ConfigurationError(
+                            f"slices {self.lo}-{self.hi} are being moved to {rec.target}, not to "
+                            f"{redact(self.target_dsn)}: finish that move first"
+                        )
+                    return i, t, rec
+                if rec.min_slice <= self.hi and rec.max_slice >= self.lo:
+                    raise ConfigurationError(
+                        f"slices {rec.min_slice}-{rec.max_slice} are being moved: finish that move first"
+                    )
+        owners = self.dbs.map.databases_of(self.lo, self.hi)
+        if len(owners) != 1 or owners[0] < 0:
+            raise InvalidArgument(
+                f"slices {self.lo}-{self.hi} are not served by one database ({self.dbs.map.describe(self.dbs.names)})"
+            )
+        if owners[0] == t:
+            raise InvalidArgument(f"slices {self.lo}-{self.hi} are already served by {redact(self.target_dsn)}")
+        return owners[0], t, None
+
+    async def plan(self) -> list[str]:
+        """What the move would do (``--dry-run``), with nothing changed."""
+        s, t, rec = await self._find()
+        src = await self.dbs.usable(s)
+        lines = [
+            f"move slices {self.lo}-{self.hi} from {self.dbs.names[s]} to {self.dbs.names[t]}",
+            f"map epoch {self.dbs.map.epoch} -> {rec.epoch if rec else self.dbs.map.epoch + 1}",
+        ]
+        if rec is not None:
+            lines.append(f"resume an interrupted move at step {rec.step!r} (copied up to {rec.copied_to})")
+        rows = {r.min_slice: r for r in await src.partitions().rows()}
+        state = rows[self.lo].state if self.lo in rows else OWNED
+        lines.append(
+            f"the source has the range {state}; its events of the range: "
+            f"{'some' if await src.partitions().events_inside(self.lo, self.hi) else 'none'}"
+        )
+        lines += [
+            "steps: migrate the target; mark the range incoming there and moving here (deletes wait);",
+            "       copy its rows in passes while writes go on; fence (writes wait), copy the rest and",
+            "       the snapshots; switch the map (writes resume on the target); remove the rows here",
+        ]
+        return lines
+
+    # -- the move -----------------------------------------------------------------------------
+
+    async def run(self) -> MoveReport:
+        from ..postgres.migrations import upgrade
+
+        await asyncio.to_thread(upgrade, self.target_dsn, self.journal.settings.schema)
+        s, t, rec = await self._find()
+        src, dst = await self.dbs.usable(s), await self.dbs.usable(t)
+        if await src.partitions().has_replication():
+            raise ConfigurationError(
+                "the source database holds replicated logs: a partitioned location cannot replicate "
+                "(see docs/scaling-out.md)"
+            )
+        epoch = rec.epoch if rec is not None else self.dbs.map.epoch + 1
+        report = MoveReport(self.lo, self.hi, self.dbs.names[s], self.dbs.names[t], epoch, rec.step if rec else None)
+        target_loc = without_password(self.target_dsn)
+        source_loc = without_password(self.dbs.dsns[s])
+        rows = {r.min_slice: r for r in await src.partitions().rows()}
+        here = rows.get(self.lo)
+        if here is not None and here.state == MOVED:  # switched already: finish it
+            await self._switch_target(src, dst, epoch, report)
+            await self._remove(src, report)
+            return report
+        await self._start(src, dst, epoch, source_loc, target_loc, rec, report)
+        copied_to = rec.copied_to if rec is not None and rec.copied_to else _START
+        copied_to = await self._catch_up(src, dst, copied_to, report)
+        await self._copy_pid_tables(src, dst, report)
+        fence = await src.partitions().hold_fence(self.lo)
+        try:
+            fenced_at = time.perf_counter()
+            await src.partitions().set_range(self.lo, self.hi, FENCED, epoch, target_loc, expect=(MOVING, FENCED))
+            await src.partitions().save_move(self.lo, "fenced", copied_to)
+            report.steps.append("fenced")
+            await src.partitions().drain(DRAIN_TIMEOUT)
+            report.rows += await self._copy_window(src, dst, copied_to, None)
+            await dst.partitions().write_rows(
+                "snapshot",
+                await src.partitions().rows_by_slices("snapshot", self.lo, self.hi),
+                replace_slices=(self.lo, self.hi),
+            )
+            await dst.partitions().write_rows(
+                "snapshot_older",
+                await src.partitions().rows_by_slices("snapshot_older", self.lo, self.hi),
+                replace_slices=(self.lo, self.hi),
+            )
+            await src.partitions().set_range(self.lo, self.hi, MOVED, epoch, target_loc, expect=(FENCED,))
+            report.steps.append("switched")
+        finally:
+            await fence.close()
+        await self._switch_target(src, dst, epoch, report)
+        report.fence_seconds = time.perf_counter() - fenced_at
+        await self._remove(src, report)
+        return report
+
+    async def _start(
+        self, src: PostgresBackend, dst: PostgresBackend, epoch: int, source_loc: str, target_loc: str,
+        rec: MoveRecord | None, report: MoveReport,
+    ) -> None:  # fmt: skip
+        if not await dst.partitions().rows() and await dst.partitions().events_inside(0, 1023):
+            raise ConfigurationError(
+                f"the target {redact(self.target_dsn)} holds events but no partition map: it is another "
+                "journal's database"
+            )
+        await dst.partitions().set_range(self.lo, self.hi, INCOMING, epoch, source_loc, expect=(None, INCOMING))
+        if rec is None:
+            await src.partitions().start_move(self.lo, self.hi, target_loc, epoch, "moving")
+        await src.partitions().set_range(self.lo, self.hi, MOVING, epoch, target_loc, expect=(OWNED, MOVING, FENCED))
+        await self.dbs.reload()
+        await src.partitions().drain(DRAIN_TIMEOUT)  # deletes that passed the check before "moving"
+        report.steps.append("moving")
+
+    async def _bound(self, src: PostgresBackend) -> datetime:
+        return self._tracker.observe(await src.slices.horizon_reading())
+
+    async def _catch_up(
+        self, src: PostgresBackend, dst: PostgresBackend, copied_to: datetime, report: MoveReport
+    ) -> datetime:
+        started = time.perf_counter()
+        while True:
+            bound = await self._bound(src)
+            n = await self._copy_window(src, dst, copied_to, bound)
+            copied_to = bound
+            await src.partitions().save_move(self.lo, "moving", copied_to)
+            report.rows += n
+            report.passes += 1
+            if n < SMALL_PASS:
+                break
+        report.copy_seconds = time.perf_counter() - started
+        return copied_to
+
+    async def _copy_window(
+        self, src: PostgresBackend, dst: PostgresBackend, since: datetime, until: datetime | None
+    ) -> int:
+        """Every row of the range stamped in ``[since, until)`` (``until`` None: no end), with
+        the tag rows of their pids; returns the number of event rows."""
+        after: tuple[str, int] = ("", 0)
+        n = 0
+        while True:
+            rows = await src.partitions().event_rows(self.lo, self.hi, since, until, after, COPY_PAGE)
+            if not rows:
+                return n
+            await dst.partitions().write_rows("event_journal", rows)
+            tags = sorted({t for r in rows for t in (r["tags"] or ())})
+            if tags:
+                pids = sorted({r["persistence_id"] for r in rows if r["tags"]})
+                await dst.partitions().write_rows("tag_views", await src.partitions().tag_rows(tags, pids))
+            n += len(rows)
+            last = rows[-1]
+            after = (last["persistence_id"], last["seq_nr"])
+            if len(rows) < COPY_PAGE:
+                return n
+
+    async def _copy_pid_tables(self, src: PostgresBackend, dst: PostgresBackend, report: MoveReport) -> None:
+        """Tag write progress and scanning rows of the range's pids (they change only through
+        deletes, which wait while the range is moving)."""
+        after = ""
+        while True:
+            pids = await src.partitions().pids_after(self.lo, self.hi, after, 1000)
+            if not pids:
+                return
+            for table in ("tag_write_progress", "tag_scanning"):
+                await dst.partitions().write_rows(
+                    table, await src.partitions().rows_by_pids(table, pids), replace_pids=pids
+                )
+            after = pids[-1]
+
+    async def _switch_target(self, src: PostgresBackend, dst: PostgresBackend, epoch: int, report: MoveReport) -> None:
+        """After the commit point: the target serves the range from a floor above the source's
+        clock (read after the switch committed)."""
+        floor = await src.partitions().clock()
+        await dst.partitions().set_range(self.lo, self.hi, OWNED, epoch, None, floor, expect=(INCOMING, OWNED))
+        await self.dbs.reload()
+        report.steps.append("owned by the target")
+
+    async def _remove(self, src: PostgresBackend, report: MoveReport) -> None:
+        report.removed_pids = await src.partitions().remove_range(self.lo, self.hi)
+        await src.partitions().end_move(self.lo)
+        report.steps.append("removed from the source")

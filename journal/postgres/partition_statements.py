@@ -1,0 +1,201 @@
+"""SQL of the partition map and of a move (``slice_partition``, ``slice_move``, range copies).
+
+Built once per schema like :mod:`.statements`. The owner check every write and slice read runs
+lives with the timestamp rule (:mod:`.timestamp_rule`); these are the statements of the map's
+own maintenance and of ``journal partitions move``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..settings import validate_identifier
+from .timestamp_rule import delete_check_sql, fence_key
+
+COPIED_TABLES = ("event_journal", "snapshot", "snapshot_older", "tag_views", "tag_write_progress", "tag_scanning")
+"""The tables whose rows follow their slice (the projection and replication tables stay where
+they are: they belong to a database, not to a slice)."""
+
+
+@dataclass(frozen=True)
+class PartitionStatements:
+    schema: str
+
+    def __post_init__(self) -> None:
+        validate_identifier(self.schema, "schema")
+
+    def t(self, table: str) -> str:
+        validate_identifier(table, "table")
+        return f'"{self.schema}".{table}'
+
+    @property
+    def fence_key(self) -> int:
+        return fence_key(self.schema)
+
+    @property
+    def rows(self) -> str:
+        return (
+            f"SELECT min_slice, max_slice, state, epoch, location, floor FROM {self.t('slice_partition')} "
+            "ORDER BY min_slice"
+        )
+
+    @property
+    def lock_map(self) -> str:
+        """Changes of this database's part of the map are serialized (a claim, a move's steps)."""
+        return f"LOCK TABLE {self.t('slice_partition')} IN EXCLUSIVE MODE"
+
+    @property
+    def events_outside(self) -> str:
+        """Does this database hold an event of a slice outside ``[$1, $2]``?"""
+        return f"SELECT EXISTS (SELECT 1 FROM {self.t('event_journal')} WHERE slice < $1 OR slice > $2)"
+
+    @property
+    def events_inside(self) -> str:
+        """Does this database hold an event of a slice inside ``[$1, $2]``?"""
+        return f"SELECT EXISTS (SELECT 1 FROM {self.t('event_journal')} WHERE slice BETWEEN $1 AND $2)"
+
+    @property
+    def delete_rows(self) -> str:
+        return f"DELETE FROM {self.t('slice_partition')} WHERE min_slice = ANY($1::int[])"
+
+    @property
+    def insert_row(self) -> str:
+        return (
+            f"INSERT INTO {self.t('slice_partition')} (min_slice, max_slice, state, epoch, location, floor, "
+            "updated_at) VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp())"
+        )
+
+    @property
+    def check(self) -> str:
+        """The owner check on its own (``$1`` epoch, ``$2`` slices, ``$3`` mode)."""
+        return f'SELECT "{self.schema}".slice_journal_check($1::bigint, $2::int[], $3::text)'
+
+    @property
+    def delete_check(self) -> str:
+        return delete_check_sql(self.schema)
+
+    @property
+    def has_replication(self) -> str:
+        return f"SELECT EXISTS (SELECT 1 FROM {self.t('replication_log')})"
+
+    # -- the fence and the drain ------------------------------------------------------------
+
+    lock_fence = "SELECT pg_advisory_lock($1, $2)"
+    unlock_fence = "SELECT pg_advisory_unlock($1, $2)"
+
+    @property
+    def writers(self) -> str:
+        """Transactions holding the write lock on event_journal now (other than this session)."""
+        return (
+            "SELECT DISTINCT l.virtualtransaction FROM pg_locks l "
+            "WHERE l.locktype = 'relation' "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND l.relation = $1::regclass AND l.mode = 'RowExclusiveLock' AND l.granted "
+            "AND l.pid IS DISTINCT FROM pg_backend_pid()"
+        )
+
+    still_running = "SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY($1::text[])"
+    """How many of these transactions (virtual ids) are still running."""
+
+    clock = "SELECT clock_timestamp()"
+
+    # -- the move record ----------------------------------------------------------------------
+
+    @property
+    def moves(self) -> str:
+        return (
+            f"SELECT min_slice, max_slice, target, epoch, step, copied_to FROM {self.t('slice_move')} "
+            "ORDER BY min_slice"
+        )
+
+    @property
+    def start_move(self) -> str:
+        return (
+            f"INSERT INTO {self.t('slice_move')} (min_slice, max_slice, target, epoch, step, started_at, updated_at) "
+            "VALUES ($1, $2, $3, $4, $5, clock_timestamp(), clock_timestamp())"
+        )
+
+    @property
+    def save_move(self) -> str:
+        return (
+            f"UPDATE {self.t('slice_move')} SET step = $2, copied_to = $3, updated_at = clock_timestamp() "
+            "WHERE min_slice = $1"
+        )
+
+    @property
+    def end_move(self) -> str:
+        return f"DELETE FROM {self.t('slice_move')} WHERE min_slice = $1"
+
+    # -- copies -------------------------------------------------------------------------------
+
+    @property
+    def columns(self) -> str:
+        """A table's columns in their order ($1: the table, as regclass text)."""
+        return (
+            "SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 "
+            "AND NOT attisdropped ORDER BY attnum"
+        )
+
+    @property
+    def copy_events(self) -> str:
+        """Every row (deleted ones too) of slices ``[$1, $2]`` stamped in ``[$3, $4)`` ($4 NULL: no
+        end), after the key ``($5, $6)``, in key order, at most ``$7``."""
+        return (
+            f"SELECT * FROM {self.t('event_journal')} WHERE slice BETWEEN $1 AND $2 AND db_timestamp >= $3 "
+            "AND ($4::timestamptz IS NULL OR db_timestamp < $4) AND (persistence_id, seq_nr) > ($5, $6) "
+            "ORDER BY persistence_id, seq_nr LIMIT $7"
+        )
+
+    def by_slices(self, table: str) -> str:
+        """Every row of a table with a slice column, of slices ``[$1, $2]``."""
+        return f"SELECT * FROM {self.t(table)} WHERE slice BETWEEN $1 AND $2"
+
+    def delete_by_slices(self, table: str) -> str:
+        return f"DELETE FROM {self.t(table)} WHERE slice BETWEEN $1 AND $2"
+
+    @property
+    def tag_rows_of(self) -> str:
+        """Tag rows of these tags ($1) and pids ($2) (the unique index leads with both)."""
+        return (
+            f"SELECT * FROM {self.t('tag_views')} WHERE tag_name = ANY($1::text[]) AND persistence_id = ANY($2::text[])"
+        )
+
+    def by_pids(self, table: str) -> str:
+        return f"SELECT * FROM {self.t(table)} WHERE persistence_id = ANY($1::text[])"
+
+    def delete_by_pids(self, table: str) -> str:
+        return f"DELETE FROM {self.t(table)} WHERE persistence_id = ANY($1::text[])"
+
+    @property
+    def delete_tag_rows_of(self) -> str:
+        return (
+            f"DELETE FROM {self.t('tag_views')} WHERE tag_name = ANY($1::text[]) AND persistence_id = ANY($2::text[])"
+        )
+
+    @property
+    def pids_in(self) -> str:
+        """Up to ``$3`` persistence ids with events in slices ``[$1, $2]``."""
+        return f"SELECT DISTINCT persistence_id FROM {self.t('event_journal')} WHERE slice BETWEEN $1 AND $2 LIMIT $3"
+
+    @property
+    def pids_after(self) -> str:
+        """Up to ``$4`` persistence ids of slices ``[$1, $2]`` after ``$3``, in order."""
+        return (
+            f"SELECT DISTINCT persistence_id FROM {self.t('event_journal')} WHERE slice BETWEEN $1 AND $2 "
+            "AND persistence_id > $3 ORDER BY persistence_id LIMIT $4"
+        )
+
+    @property
+    def tags_of(self) -> str:
+        """The tags the events of these pids ($1) carry."""
+        return (
+            f"SELECT DISTINCT unnest(tags) FROM {self.t('event_journal')} "
+            "WHERE persistence_id = ANY($1::text[]) AND tags IS NOT NULL"
+        )
+
+    def stage(self, table: str) -> str:
+        """A session's staging table for rows copied into ``table`` (emptied at commit)."""
+        return f"CREATE TEMP TABLE IF NOT EXISTS sj_stage_{table} (LIKE {self.t(table)}) ON COMMIT DELETE ROWS"
+
+    def insert_staged(self, table: str, columns: str, conflict: str = "ON CONFLICT DO NOTHING") -> str:
+        return f"INSERT INTO {self.t(table)} ({columns}) SELECT {columns} FROM sj_stage_{table} {conflict}"
