@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from journal.cli.common import DataDirOption, DsnOption, SchemaOption
+from journal.cli.common import DataDirOption, DsnOption, SchemaOption, VersionOption
+from journal.cli.failures import DebugOption, configure_logging, run_app, set_debug
 
 from .spark import cli as spark_cli
 
@@ -31,8 +32,9 @@ log = logging.getLogger("projections")
 
 
 @app.callback()
-def _root() -> None:
+def _root(version: bool = VersionOption, debug: bool = DebugOption) -> None:
     """Projection workers: run, status, pause, resume, reset, clear."""
+    set_debug(debug)
 
 
 def _settings(schema: str | None, data_dir: Path | None) -> Any:
@@ -76,24 +78,42 @@ def run(
 ) -> None:
     """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
     from journal import runtime
-    from journal.errors import JournalError
+    from journal.errors import InvalidArgument
+    from journal.ids import validate_entity_type, validate_name, validate_tags
     from journal.journal import open_journal
 
-    from .handlers import load_handler, validate_mode
+    from .entity_types import has_events, known_entity_types, listing
+    from .handlers import load_handler
     from .tag_runner import TagWorker
     from .worker import Worker
 
+    # everything a person typed is checked before anything connects or starts
     if (entity_type is None) == (tag is None):
-        typer.secho("error: give exactly one of --entity-type and --tag", err=True, fg=typer.colors.RED)
-        raise typer.Exit(2)
+        raise InvalidArgument("give exactly one of --entity-type and --tag")
+    validate_name(name, "projection name")
+    if entity_type is not None:
+        validate_entity_type(entity_type, required=True)
+    else:
+        validate_tags([tag])
     settings = _settings(schema, data_dir)
-    fn = load_handler(handler)
-    validate_mode(mode)
+    fn = load_handler(handler, mode)
     show = sys.stdout.isatty() if progress is None else progress
-    logging.getLogger().setLevel(logging.INFO)
+    for logger in ("projections", "journal"):  # INFO for our own loggers, not for the libraries below
+        logging.getLogger(logger).setLevel(logging.INFO)
+    port = None
+    if metrics_port is not None:  # bound first: a port in use fails before anything connects
+        from . import metrics
+
+        port = metrics.serve(metrics_port, metrics_addr)
+        log.info("metrics on http://%s:%d/metrics", metrics_addr, port)
 
     async def go() -> int:
         async with open_journal(dsn, settings=settings) as j:
+            if entity_type is not None and not await has_events(j, entity_type):
+                log.warning(
+                    "entity type %r has no events yet (waiting for some); the journal has %s",
+                    entity_type, listing(await known_entity_types(j)),
+                )  # fmt: skip
             ws: list[Worker] = [
                 TagWorker(j, j.settings, name, tag, fn, mode)
                 if tag is not None
@@ -117,11 +137,9 @@ def run(
             tasks = [asyncio.create_task(w.run()) for w in ws]
             reporter = asyncio.create_task(_report(ws, show))
             sampler = None
-            if metrics_port is not None:
+            if port is not None:
                 from . import metrics
 
-                port = metrics.serve(metrics_port, metrics_addr)
-                log.info("metrics on http://%s:%d/metrics", metrics_addr, port)
                 sampler = metrics.LagSampler(
                     ws, j.settings.connection.dsn or "", j.settings.schema, interval=metrics_interval
                 )
@@ -136,16 +154,12 @@ def run(
                 log.error("worker stopped: %s", r)
             return 1 if failed else 0
 
-    try:
-        code = runtime.run(go())  # on uvloop when installed: ~6% less CPU per projected event
-    except JournalError as e:
-        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
-        raise typer.Exit(2) from e
-    raise typer.Exit(code)
+    raise typer.Exit(runtime.run(go()))  # on uvloop when installed: ~6% less CPU per projected event
 
 
 async def _report(ws: list[Any], show: bool) -> None:
-    """Events/s and lag: a rich live line on a terminal, a log line every 10 s otherwise."""
+    """Events/s and lag: a rich live line on a terminal; otherwise a log line every 10 s in which
+    events were processed (an idle worker stays quiet)."""
     last_n, last_t = 0, time.monotonic()
 
     def line() -> str:
@@ -168,14 +182,16 @@ async def _report(ws: list[Any], show: bool) -> None:
     else:
         while True:
             await asyncio.sleep(10.0)
-            log.info("%s", line())
+            if sum(w.stats.events for w in ws) != last_n:
+                log.info("%s", line())
 
 
-def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: Any) -> Any:
-    import asyncpg
-
+def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: Any, what: str) -> Any:
+    """``fn(conn, sql)`` on a connection of its own; failures come out as the library's errors."""
     from journal.cli.common import target_dsn
-    from journal.postgres.dsn import asyncpg_dsn
+    from journal.postgres.connections import connect
+    from journal.postgres.dsn import target_of
+    from journal.postgres.errors import mapped_errors
 
     from .postgres_store import ProjectionSql
 
@@ -183,9 +199,10 @@ def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: A
     target, _ = target_dsn(dsn, settings)
 
     async def go() -> Any:
-        conn = await asyncpg.connect(asyncpg_dsn(target))
+        conn = await connect(target, settings)
         try:
-            return await fn(conn, ProjectionSql(settings.schema))
+            with mapped_errors(what, target_of(target)):
+                return await fn(conn, ProjectionSql(settings.schema))
         finally:
             await conn.close()
 
@@ -210,7 +227,7 @@ def status(
         names = [name] if name else await sql.projection_names(conn)
         return [await management.status(conn, sql, n) for n in names]
 
-    results = _with_conn(dsn, schema, data_dir, go)
+    results = _with_conn(dsn, schema, data_dir, go, "projections status")
     if as_json:
         typer.echo(management.status_json(results))
         return
@@ -245,7 +262,7 @@ def pause(
     from . import management
 
     lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, True))
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, True), "pause")
     typer.echo(f"paused {name} slices {lo}-{hi}")
 
 
@@ -258,7 +275,7 @@ def resume(
     from . import management
 
     lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, False))
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, False), "resume")
     typer.echo(f"resumed {name} slices {lo}-{hi}")
 
 
@@ -273,7 +290,7 @@ def reset(
     from . import management
 
     lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.reset(c, s, name, lo, hi, to))
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.reset(c, s, name, lo, hi, to), "reset")
     typer.echo(f"reset {name} slices {lo}-{hi} to {to.isoformat()}")
 
 
@@ -286,7 +303,7 @@ def clear(
     from . import management
 
     lo, hi = _range(slices)
-    n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi))
+    n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi), "clear")
     typer.echo(f"cleared {n} offset rows of {name} slices {lo}-{hi}")
 
 
@@ -294,11 +311,6 @@ spark_cli.register(app)
 
 
 def main() -> None:
-    from journal.errors import JournalError
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        app()
-    except JournalError as e:
-        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
-        sys.exit(2)
+    """Console script entry point (also ``python -m projections``): one line per failure."""
+    configure_logging("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_app(app, "projections")

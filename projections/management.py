@@ -24,6 +24,7 @@ class ManagementStore(Protocol):
     """What management needs of the offset store (:class:`~projections.postgres_store.ProjectionSql`)."""
 
     async def now(self, conn: Any) -> datetime: ...
+    async def projection_names(self, conn: Any) -> list[str]: ...
     async def slice_offsets(self, conn: Any, name: str) -> Sequence[Any]: ...
     async def lease_owners(self, conn: Any, name: str) -> Sequence[Any]: ...
     async def workers(self, conn: Any, name: str) -> Sequence[Any]: ...
@@ -57,8 +58,21 @@ class ProjectionStatus:
     workers: list[dict[str, Any]]
 
 
+async def require_known(conn: Any, sql: ManagementStore, name: str) -> None:
+    """Refuse a projection name that nothing knows (no worker, offset or pause ever stored): a
+    typo would otherwise be paused, reset or cleared without a word. Names the known ones."""
+    known = await sql.projection_names(conn)
+    if name not in known:
+        raise InvalidArgument(
+            f"unknown projection {name!r}: known projections are {', '.join(map(repr, known))}"
+            if known
+            else f"unknown projection {name!r}: no projection has run against this database yet"
+        )
+
+
 async def status(conn: Any, sql: ManagementStore, name: str) -> ProjectionStatus:
     """Per slice range (grouped by owner): offset, lag, owner, paused; plus the workers."""
+    await require_known(conn, sql, name)
     now = await sql.now(conn)
     offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
     leases = {r["slice"]: (r["owner"] if r["live"] else None) for r in await sql.lease_owners(conn, name)}
@@ -108,6 +122,7 @@ def status_json(statuses: list[ProjectionStatus]) -> str:
 
 async def set_paused(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, paused: bool) -> None:
     key = slice_key(lo, hi)
+    await require_known(conn, sql, name)
     if paused:
         await sql.set_paused(conn, name, key, True)
         return
@@ -135,6 +150,7 @@ async def reset(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, to
     slice_key(lo, hi)
     if to.tzinfo is None:
         to = to.replace(tzinfo=UTC)
+    await require_known(conn, sql, name)
     await _require_stopped(conn, sql, name, lo, hi)
     async with conn.transaction():
         slices = list(range(lo, hi + 1))
@@ -147,6 +163,7 @@ async def reset(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, to
 async def clear(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int) -> int:
     """Forget the offsets of slices ``lo..hi``: they are processed again from the start."""
     slice_key(lo, hi)
+    await require_known(conn, sql, name)
     await _require_stopped(conn, sql, name, lo, hi)
     return await sql.delete_offsets(conn, name, list(range(lo, hi + 1)))
 

@@ -23,12 +23,12 @@ from typing import Any
 import asyncpg
 
 from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
-from journal.ids import NUMBER_OF_SLICES
+from journal.ids import NUMBER_OF_SLICES, validate_entity_type, validate_name
 from journal.postgres.dsn import asyncpg_dsn
 from journal.settings import JournalSettings, QueryMode
 
 from . import metrics
-from .handlers import Mode, validate_mode
+from .handlers import Mode, check_handler, validate_mode
 from .outage import Outage, database_unavailable
 from .postgres_store import ProjectionSql
 from .runner import EventSource, RangeProcessor
@@ -80,10 +80,10 @@ class Worker:
         self.journal = journal
         self.settings = settings
         self.ps = settings.projection
-        self.name = name
-        self.entity_type = entity_type
-        self.handler = handler
+        self.name = validate_name(name, "projection name")
+        self.entity_type = validate_entity_type(entity_type, required=True)
         self.mode: Mode = validate_mode(mode)
+        self.handler = check_handler(handler, mode)
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.sql = ProjectionSql(settings.schema)
         self.stats = Stats(name)

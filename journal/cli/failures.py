@@ -1,0 +1,91 @@
+"""The one place where a command's failure becomes what a person reads: one line on stderr and a
+documented exit code (the traceback only with ``--debug``). Both command lines (``journal`` and
+``projections``) run their app through :func:`run_app`.
+
+Exit codes:
+
+- 0: done;
+- 1: the command ran and failed (a projection stopped, the demo found a loss, any other error);
+- 2: usage or configuration: a bad option or setting, a wrong password, a missing database or
+  table, a file that cannot be read, a port in use. Retrying the same command will not help;
+- 3: unavailable: the database (or node, or endpoint) did not answer within the retry budget.
+  The same command may work later;
+- 130: interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from collections.abc import Callable
+from typing import NoReturn
+
+import typer
+
+from ..errors import ConfigurationError, InvalidArgument, JournalError, JournalUnavailable
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_INTERRUPTED = 130
+
+_debug = False
+
+
+def set_debug(on: bool) -> None:
+    """``--debug``: tracebacks on failure and DEBUG logging of this library."""
+    global _debug
+    _debug = on
+    if on:
+        for name in ("journal", "projections"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
+
+
+DebugOption = typer.Option(
+    False, "--debug", "-v", help="On failure print the traceback too; log this library's debug messages."
+)
+
+
+def exit_code(exc: BaseException) -> int:
+    """The documented exit code of a failure (see the module docstring)."""
+    if isinstance(exc, JournalUnavailable):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, ConfigurationError | InvalidArgument):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def message(exc: BaseException) -> str:
+    """One line naming the cause; an error that is not the library's is named by its type."""
+    text = " ".join(str(exc).split()) if isinstance(exc, JournalError) else f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, JournalError):
+        text += " (an unexpected error: run again with --debug for the traceback)"
+    return text
+
+
+def fail(exc: BaseException) -> NoReturn:
+    """Print ``error: ...`` (and the traceback with --debug) and exit with the failure's code."""
+    if _debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    typer.secho(f"error: {message(exc)}", err=True, fg=typer.colors.RED)
+    sys.exit(exit_code(exc))
+
+
+def configure_logging(fmt: str) -> None:
+    """WARNING for everything (the libraries underneath stay quiet); a command raises its own
+    loggers when it has something to say."""
+    logging.basicConfig(level=logging.WARNING, format=fmt)
+
+
+def run_app(app: Callable[..., object], prog: str) -> None:
+    """Run a Typer app as the console script ``prog``. Click handles usage errors itself (exit
+    2); every other failure goes through :func:`fail`."""
+    try:
+        app(prog_name=prog)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as e:
+        fail(e)
