@@ -214,6 +214,7 @@ def _latency_rows(rows: list[Any]) -> list[tuple[str, str]]:
     label = {True: "latency, steady state", False: "latency, across the kill"}
     why = {True: "(before the kill)", False: "(from the kill on: its slices wait for lease expiry and takeover)"}
     return [
-        (label[r["steady"]], f"p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, max {r['mx']:.1f} s {why[r['steady']]}")
+        (label[r["steady"]], f"p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, max {r['mx']:.1f} s "
+                             + why[r["steady"]])
         for r in sorted(rows, key=lambda r: not r["steady"])
-    ]
+    ]  # fmt: skip
