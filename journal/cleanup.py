@@ -31,7 +31,7 @@ class CleanupAction(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PidResult:
-    """One pid's cleanup: what it held before, and after (None in a dry run)."""
+    """One pid's cleanup: what it held before, and after (in a dry run: what a real run would leave)."""
 
     persistence_id: str
     action: CleanupAction
@@ -120,8 +120,8 @@ class Cleanup:
         if action is CleanupAction.DELETE_BEFORE_SNAPSHOT and before.snapshot_seq_nr is None:
             skipped = "no snapshot"
         if self.dry_run:
-            after = None if skipped else _predicted(action, before, reset_seq_nr)
-            return PidResult(pid, action, before, after, skipped)
+            predicted = before if skipped else _predicted(action, before, reset_seq_nr)
+            return PidResult(pid, action, before, predicted, skipped)
         if action is CleanupAction.DELETE_ALL:
             await self.store.delete_tag_rows(pid, keep_numbering=not reset_seq_nr)
             await self.store.delete_all_events(pid, reset_seq_nr=reset_seq_nr)
