@@ -69,6 +69,12 @@ class WriteSettings:
     """Send NOTIFY in the write transaction so live queries wake at once."""
     writer_id: str | None = None
     """Value of the ``writer`` column (default: a fresh UUID per journal instance)."""
+    max_event_bytes: int = 8 * 1024 * 1024
+    """An event (or a call's metadata) larger than this once serialized is refused with
+    InvalidArgument before any I/O, on every backend. PostgreSQL would store up to 1 GB, at a cost
+    of several times that in memory on both sides; Cassandra refuses a request above about 12 MiB
+    with its default heap (see ``cassandra.max_write_bytes``). Keep large payloads elsewhere and
+    put a reference in the event."""
 
 
 @dataclass(frozen=True)
@@ -298,7 +304,7 @@ class JournalSettings:
         _non_negative(self.connection, "pool_min_size")
         if self.connection.pool_min_size > self.connection.pool_max_size:
             raise ConfigurationError("pool_min_size must not exceed pool_max_size")
-        _positive(self.write, "max_batch_events", "max_in_flight", "bulk_in_flight")
+        _positive(self.write, "max_batch_events", "max_in_flight", "bulk_in_flight", "max_event_bytes")
         _non_negative(self.write, "max_batch_wait")
         _positive(self.retry, "attempts", "initial_backoff", "max_backoff", "budget")
         _positive(self.query, "buffer_size", "catch_up_buffer_size", "refresh_interval", "heartbeat_interval")
