@@ -17,12 +17,11 @@ from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 import sqlalchemy
+from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-
-from alembic import command
 
 from ..errors import ConfigurationError, JournalUnavailable, StorageError
 from ..settings import validate_identifier
