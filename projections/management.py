@@ -9,11 +9,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-import asyncpg
-
 from journal.errors import InvalidArgument, ProjectionError
 from journal.ids import NUMBER_OF_SLICES, slice_for
-from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres.connections import connect
 from journal.settings import JournalSettings
 
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
@@ -177,7 +175,7 @@ async def processed_up_to(settings: JournalSettings, name: str, targets: Mapping
     if dsn is None:
         raise InvalidArgument("processed_up_to needs settings with a DSN")
     sql = ProjectionSql(settings.schema)
-    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    conn = await connect(dsn, settings)
     try:
         for pid, seq_nr in targets.items():
             stored = await sql.load_pid(conn, name, slice_for(pid), pid)

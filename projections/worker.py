@@ -24,7 +24,8 @@ import asyncpg
 
 from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
 from journal.ids import NUMBER_OF_SLICES, validate_entity_type, validate_name
-from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres.dsn import asyncpg_dsn, target_of
+from journal.postgres.errors import driver_error
 from journal.settings import JournalSettings, QueryMode
 
 from . import metrics
@@ -116,7 +117,7 @@ class Worker:
             asyncpg_dsn(dsn), min_size=0, max_size=8, server_settings={"application_name": self.application_name}
         )
         try:
-            await self._start_up()
+            await self._start_up(dsn)
             last_prune = 0.0
             loop = asyncio.get_running_loop()
             while not self._stop.is_set() and self.error is None:
@@ -143,7 +144,7 @@ class Worker:
         if self.error is not None:
             raise HandlerFailed(self.error)
 
-    async def _start_up(self) -> None:
+    async def _start_up(self, dsn: str) -> None:
         """Create the lease rows; a database that is down is waited for, however long."""
         assert self._pool is not None
         delay = self.ps.handler_backoff
@@ -154,8 +155,8 @@ class Worker:
                 self.outage.answered()
                 return
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-                if not database_unavailable(e):
-                    raise
+                if not database_unavailable(e):  # a wrong password, an unmigrated database: no retry fixes it
+                    raise driver_error(f"projection {self.name} start-up", target_of(asyncpg_dsn(dsn)), e) from e
                 self.outage.failed("start-up", e)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)

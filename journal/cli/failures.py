@@ -16,6 +16,7 @@ Exit codes:
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -31,6 +32,8 @@ EXIT_UNAVAILABLE = 3
 EXIT_INTERRUPTED = 130
 
 _debug = False
+_quieted: list[str] = []
+"""Environment variables this module set to quiet a library (``--debug`` takes them back)."""
 
 
 def set_debug(on: bool) -> None:
@@ -38,8 +41,10 @@ def set_debug(on: bool) -> None:
     global _debug
     _debug = on
     if on:
-        for name in ("journal", "projections"):
+        for name in ("journal", "projections", *QUIET_LOGGERS):
             logging.getLogger(name).setLevel(logging.DEBUG)
+        for variable in _quieted:
+            os.environ.pop(variable, None)
 
 
 DebugOption = typer.Option(
@@ -72,10 +77,21 @@ def fail(exc: BaseException) -> NoReturn:
     sys.exit(exit_code(exc))
 
 
+QUIET_LOGGERS = ("cassandra",)
+"""Drivers that log each failed connection with a traceback: the command's own error line says
+it once (``--debug`` shows them again). gRPC's C core logs to stderr by itself: it is quieted
+through ``GRPC_VERBOSITY`` (unless set), before it is imported."""
+
+
 def configure_logging(fmt: str) -> None:
     """WARNING for everything (the libraries underneath stay quiet); a command raises its own
     loggers when it has something to say."""
     logging.basicConfig(level=logging.WARNING, format=fmt)
+    if "GRPC_VERBOSITY" not in os.environ:
+        os.environ["GRPC_VERBOSITY"] = "NONE"
+        _quieted.append("GRPC_VERBOSITY")
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def run_app(app: Callable[..., object], prog: str) -> None:
