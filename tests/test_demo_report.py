@@ -18,5 +18,6 @@ def test_latency_is_reported_in_steady_state_and_across_the_kill() -> None:
         {"steady": True, "p50": 0.05, "p99": 0.2, "mx": 0.3},
     ]
     (steady, label_s), (kill, label_k) = _latency_rows(rows)
-    assert steady == "latency, steady state" and label_s.startswith("p50 50 ms, p99 200 ms") and "before the kill" in label_s
+    assert steady == "latency, steady state" and label_s.startswith("p50 50 ms, p99 200 ms")
+    assert "before the kill" in label_s
     assert kill == "latency, across the kill" and "p99 2600 ms" in label_k and "lease expiry and takeover" in label_k
