@@ -234,6 +234,11 @@ def _plain_events(
     """The serialized events of a common part, or None to take the full path (also when a value
     does not serialize or is too large: the full path raises the error that names it)."""
     try:
+        if set(map(type, events)) <= plain:  # the common part: serialized and read back in loops in C
+            payloads = dump_plain_jsons(events if type(events) is list else list(events))
+            if max(map(len, payloads)) > max_bytes:
+                return None
+            return [Serialized(JSON_SERIALIZER_ID, "", p) for p in payloads]
         out: list[Serialized] = []
         for ev in events:
             t = type(ev)

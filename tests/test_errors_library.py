@@ -125,7 +125,8 @@ async def test_a_statement_on_a_missing_table_is_a_configuration_error(migrated:
         conn = await asyncpg.connect(migrated)
         await conn.execute("DROP TABLE snapshot")
         await conn.close()
-        with pytest.raises(ConfigurationError, match=r"save snapshot on .*: relation \"public.snapshot\" does not exist: is the schema migrated"):
+        missing = r"save snapshot on .*: relation \"public.snapshot\" does not exist: is the schema migrated"
+        with pytest.raises(ConfigurationError, match=missing):
             await j.save_snapshot("Cart|1", 1, {"n": 1})
 
 
