@@ -3,12 +3,12 @@ computed (it was printed whatever happened), and the latency is split at the kil
 
 from __future__ import annotations
 
-from projections.demo.command import _latency_rows, _pace
+from projections.demo.report import latency_rows, pace
 
 
 def test_kept_pace_is_computed_from_the_backlog() -> None:
-    assert _pace(backlog=40, rate=1000, catch_up=0.2).startswith("kept pace with the writes (40 events behind")
-    behind = _pace(backlog=5000, rate=1000, catch_up=6.5)
+    assert pace(backlog=40, rate=1000, catch_up=0.2).startswith("kept pace with the writes (40 events behind")
+    behind = pace(backlog=5000, rate=1000, catch_up=6.5)
     assert behind.startswith("fell behind the writes (5000 events, 5.0s of writes") and "caught up 6.5s later" in behind
 
 
@@ -17,7 +17,7 @@ def test_latency_is_reported_in_steady_state_and_across_the_kill() -> None:
         {"steady": False, "p50": 0.4, "p99": 2.6, "mx": 2.9},
         {"steady": True, "p50": 0.05, "p99": 0.2, "mx": 0.3},
     ]
-    (steady, label_s), (kill, label_k) = _latency_rows(rows)
+    (steady, label_s), (kill, label_k) = latency_rows(rows)
     assert steady == "latency, steady state" and label_s.startswith("p50 50 ms, p99 200 ms")
     assert "before the kill" in label_s
     assert kill == "latency, across the kill" and "p99 2600 ms" in label_k and "lease expiry and takeover" in label_k

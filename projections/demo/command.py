@@ -65,6 +65,7 @@ async def _demo(
 
     from . import statements
     from .cart import CartWorkload, prepare, projected_count, verify
+    from .report import latency_rows, pace
 
     console = Console()
     run_id = uuid.uuid4().hex[:8]
@@ -183,8 +184,8 @@ async def _demo(
         ("missing", f"{v.missing}"),
         ("read model rows wrong", f"{v.view_mismatches} of {entities} carts"),
         ("projection throughput", f"{v.distinct_projected / elapsed:,.0f} events/s over {elapsed:.1f}s, "
-                                  + _pace(backlog_at_end, rate, catch_up)),
-        *_latency_rows(latencies),
+                                  + pace(backlog_at_end, rate, catch_up)),
+        *latency_rows(latencies),
         ("worker processes", f"{started} started ({n_workers} -> kill+restart -> {scale_to}); logs in {logdir}"),
     ]  # fmt: skip
     for k, val in rows:
@@ -195,26 +196,3 @@ async def _demo(
         console.print("[bold red]VERIFICATION FAILED[/]: see the figures above and the worker logs")
     return ok
 
-
-def _pace(backlog: int, rate: float, catch_up: float) -> str:
-    """Whether the projection kept pace: when the writes stopped, at most one second of writes
-    was still to be projected."""
-    if backlog <= rate:
-        return f"kept pace with the writes ({backlog} events behind when they stopped, caught up {catch_up:.1f}s later)"
-    return (
-        f"fell behind the writes ({backlog} events, {backlog / rate:.1f}s of writes, still to project when "
-        f"they stopped; caught up {catch_up:.1f}s later)"
-    )
-
-
-def _latency_rows(rows: list[Any]) -> list[tuple[str, str]]:
-    """Commit of an event -> commit of its read-model row, in steady state (events before the kill)
-    and across the kill, the takeover and the rescale: a killed worker's slices wait until its
-    leases expire (``lease_ttl``, 3 s here) and another worker resumes from their offsets."""
-    label = {True: "latency, steady state", False: "latency, across the kill"}
-    why = {True: "(before the kill)", False: "(from the kill on: its slices wait for lease expiry and takeover)"}
-    return [
-        (label[r["steady"]], f"p50 {r['p50'] * 1000:.0f} ms, p99 {r['p99'] * 1000:.0f} ms, max {r['mx']:.1f} s "
-                             + why[r["steady"]])
-        for r in sorted(rows, key=lambda r: not r["steady"])
-    ]  # fmt: skip
