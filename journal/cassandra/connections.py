@@ -121,8 +121,8 @@ def connect_error(where: str, exc: BaseException) -> BaseException:
         for host, e in (exc.errors or {}).items()
     )
     message = f"cannot connect to Cassandra at {where}: {causes or 'no host answered'}"
-    if isinstance(mapped, ConfigurationError):
-        return ConfigurationError(message)
+    if isinstance(mapped, ConfigurationError):  # every host refused the login
+        return ConfigurationError(f"cannot connect to Cassandra at {where}: authentication failed: {causes}")
     return JournalUnavailable(message, outcome_unknown=mapped.outcome_unknown)
 
 
