@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from journal.cli.common import DataDirOption, DsnOption, SchemaOption, VersionOption
-from journal.cli.failures import DebugOption, configure_logging, run_app, set_debug
+from journal.cli.failures import DebugOption, HandledGroup, configure_logging, run_app, set_debug
 
 from .spark import cli as spark_cli
 
@@ -24,6 +24,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=HandledGroup,
 )
 
 SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range LO-HI (default: all).")]

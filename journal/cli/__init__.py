@@ -12,7 +12,7 @@ from importlib.metadata import entry_points
 import typer
 
 from .common import VersionOption
-from .failures import DebugOption, configure_logging, run_app, set_debug
+from .failures import DebugOption, HandledGroup, configure_logging, run_app, set_debug
 
 app = typer.Typer(
     name="journal",
@@ -20,6 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=HandledGroup,
 )
 
 

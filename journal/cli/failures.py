@@ -1,6 +1,7 @@
 """The one place where a command's failure becomes what a person reads: one line on stderr and a
 documented exit code (the traceback only with ``--debug``). Both command lines (``journal`` and
-``projections``) run their app through :func:`run_app`.
+``projections``) are built with :class:`HandledGroup`, so every command of them (and a test's
+``CliRunner``) goes through :func:`report`; :func:`run_app` runs one as a console script.
 
 Exit codes:
 
@@ -20,9 +21,10 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
 
 from ..errors import ConfigurationError, InvalidArgument, JournalError, JournalUnavailable
 
@@ -69,12 +71,29 @@ def message(exc: BaseException) -> str:
     return text
 
 
-def fail(exc: BaseException) -> NoReturn:
-    """Print ``error: ...`` (and the traceback with --debug) and exit with the failure's code."""
+def report(exc: BaseException) -> int:
+    """Print ``error: ...`` (and the traceback with --debug); the failure's exit code."""
     if _debug:
         traceback.print_exception(exc, file=sys.stderr)
     typer.secho(f"error: {message(exc)}", err=True, fg=typer.colors.RED)
-    sys.exit(exit_code(exc))
+    return exit_code(exc)
+
+
+class HandledGroup(TyperGroup):
+    """A command group whose commands' failures go through :func:`report` (click's own usage
+    errors and exits pass as they are)."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Exception as e:
+            if type(e).__module__.startswith(_FRAMEWORK):  # typer.Exit, usage errors: not failures
+                raise
+            raise typer.Exit(report(e)) from e
+
+
+_FRAMEWORK = ("typer", "click")
+"""Where the command-line framework's own exceptions come from (typer ships its own click)."""
 
 
 QUIET_LOGGERS = ("cassandra",)
@@ -103,5 +122,5 @@ def run_app(app: Callable[..., object], prog: str) -> None:
         raise
     except KeyboardInterrupt:
         sys.exit(EXIT_INTERRUPTED)
-    except Exception as e:
-        fail(e)
+    except Exception as e:  # outside a command (loading the app)
+        sys.exit(report(e))
