@@ -54,6 +54,8 @@ class ProjectionStatus:
     name: str
     ranges: list[RangeStatus]
     workers: list[dict[str, Any]]
+    dead_letters: int = 0
+    """Events parked by ``retry-and-dead-letter`` and not retried or discarded yet."""
 
 
 async def require_known(conn: Any, sql: ManagementStore, name: str) -> None:
@@ -68,8 +70,15 @@ async def require_known(conn: Any, sql: ManagementStore, name: str) -> None:
         )
 
 
-async def status(conn: Any, sql: ManagementStore, name: str) -> ProjectionStatus:
-    """Per slice range (grouped by owner): offset, lag, owner, paused; plus the workers."""
+class DeadLetterCount(Protocol):
+    async def count(self, conn: Any, name: str) -> int: ...
+
+
+async def status(
+    conn: Any, sql: ManagementStore, name: str, dead_letters: DeadLetterCount | None = None
+) -> ProjectionStatus:
+    """Per slice range (grouped by owner): offset, lag, owner, paused; the workers; the number of
+    dead letters (when ``dead_letters`` is given)."""
     await require_known(conn, sql, name)
     now = await sql.now(conn)
     offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
@@ -92,7 +101,8 @@ async def status(conn: Any, sql: ManagementStore, name: str) -> ProjectionStatus
         )
         start = s
     workers = [dict(r) for r in await sql.workers(conn, name)]
-    return ProjectionStatus(name, ranges, workers)
+    dead = await dead_letters.count(conn, name) if dead_letters is not None else 0
+    return ProjectionStatus(name, ranges, workers, dead)
 
 
 def status_json(statuses: list[ProjectionStatus]) -> str:
@@ -112,6 +122,7 @@ def status_json(statuses: list[ProjectionStatus]) -> str:
                 for r in st.ranges
             ],
             "workers": st.workers,
+            "dead_letters": st.dead_letters,
         }
         for st in statuses
     ]  # fmt: skip

@@ -24,7 +24,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root(version: bool = VersionOption, debug: bool = DebugOption) -> None:
     """slice-journal: an event journal on PostgreSQL (slices, projections, Spark, Cassandra).
@@ -37,6 +36,7 @@ from . import cassandra as _cassandra  # noqa: E402,F401
 from . import cassandra_local as _cassandra_local  # noqa: E402,F401
 from . import cleanup as _cleanup  # noqa: E402,F401
 from . import endpoint as _endpoint  # noqa: E402,F401
+from . import manifests as _manifests  # noqa: E402,F401
 from . import migrate as _migrate  # noqa: E402,F401  (registers commands)
 from . import timestamp_rule as _timestamp_rule  # noqa: E402,F401
 
