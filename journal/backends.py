@@ -16,6 +16,7 @@ from .errors import ConfigurationError
 from .settings import JournalSettings
 
 if TYPE_CHECKING:
+    from .partitioned.backend import PartitionedBackend
     from .postgres.partitions import PartitionRow
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -79,6 +80,21 @@ def _serves_every_slice(rows: Sequence[PartitionRow]) -> bool:
     return not rows or (
         len(rows) == 1 and rows[0].min_slice == 0 and rows[0].max_slice == 1023 and rows[0].state == OWNED
     )
+
+
+async def open_partitioned(dsn: str | None, settings: JournalSettings) -> PartitionedBackend:
+    """The databases of ``partitions.databases`` (else the one DSN, partitioned from now on) as a
+    partitioned backend, started: what the partition tools work on (``journal partitions``)."""
+    databases = settings.partitions.databases
+    if not databases:
+        if dsn is None or backend_kind(dsn) != "postgres":
+            raise ConfigurationError("partition tools need PostgreSQL: set partitions.databases or a DSN")
+        databases = (dsn,)
+    backend, _ = await _open_partitioned(databases, dsn, settings, migrate=False)
+    from .partitioned.backend import PartitionedBackend
+
+    assert isinstance(backend, PartitionedBackend)
+    return backend
 
 
 async def _open_partitioned(

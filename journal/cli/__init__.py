@@ -38,6 +38,7 @@ from . import cleanup as _cleanup  # noqa: E402,F401
 from . import endpoint as _endpoint  # noqa: E402,F401
 from . import manifests as _manifests  # noqa: E402,F401
 from . import migrate as _migrate  # noqa: E402,F401  (registers commands)
+from . import partitions as _partitions  # noqa: E402,F401
 from . import timestamp_rule as _timestamp_rule  # noqa: E402,F401
 
 ENTRY_POINT_GROUP = "slice_journal.cli"

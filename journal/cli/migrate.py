@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ..errors import ConfigurationError
 from ..postgres.dsn import redact
+from ..settings import JournalSettings
 from . import app
-from .common import DataDirOption, DsnOption, SchemaOption, check_reachable, settings_from, target_dsn
+from .common import DataDirOption, DsnOption, SchemaOption, check_reachable, target_dsn
+from .partitions import DatabasesOption, partition_settings
 
 
 @app.command()
@@ -25,20 +27,53 @@ def migrate(
     yes: Annotated[
         bool, typer.Option("--yes", help="Confirm a downgrade that drops tables holding rows (no question asked).")
     ] = False,
+    databases: DatabasesOption = None,
 ) -> None:
     """Create or upgrade the journal tables (Alembic migrations shipped in the package).
 
-    A downgrade that would drop tables holding rows lists them with their row counts and asks;
-    without a terminal it needs --yes."""
+    With several databases (``--databases`` or $JOURNAL_DATABASES), every one of them and the
+    home database (``--dsn``, default the first), each reported; then each records its slice
+    range. A downgrade that would drop tables holding rows lists them with their row counts and
+    asks; without a terminal it needs --yes."""
     from ..postgres import migrations
 
-    settings = settings_from(schema, data_dir)
+    settings = partition_settings(schema, data_dir, databases)
     if sql:
         typer.echo(migrations.offline_sql(settings.schema, revision))
         return
     migrations.check_revision(revision)
+    if settings.partitions.databases:
+        from ..journal import resolve_dsn
+
+        home = resolve_dsn(dsn, settings) or settings.partitions.databases[0]
+        for target in dict.fromkeys((*settings.partitions.databases, home)):
+            _migrate_one(target, redact(target), settings, revision, downgrade=downgrade, yes=yes)
+        if not downgrade:
+            for line in asyncio.run(_claim(home, settings)):
+                typer.echo(line)
+        return
     target, embedded = target_dsn(dsn, settings)
     where = f"embedded PostgreSQL ({settings.connection.data_dir})" if embedded else redact(target)
+    _migrate_one(target, where, settings, revision, downgrade=downgrade, yes=yes)
+
+
+async def _claim(home: str, settings: JournalSettings) -> list[str]:
+    """Each database records its slice range (the layout of partitions.databases)."""
+    from ..backends import open_partitioned
+
+    backend = await open_partitioned(home, settings)
+    try:
+        dbs = backend.dbs
+        return [f"slices {lo}-{hi}: {name}" for lo, hi, name in dbs.map.describe(dbs.names)]
+    finally:
+        await backend.close()
+
+
+def _migrate_one(
+    target: str, where: str, settings: JournalSettings, revision: str, *, downgrade: bool, yes: bool
+) -> None:
+    from ..postgres import migrations
+
     check_reachable(target, settings)
     before = migrations.current_revision(target, settings.schema)
     if downgrade:
@@ -61,28 +96,43 @@ def migrate(
 
 
 @app.command()
-def info(dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None) -> None:
-    """Server version, schema revision and event counts per entity type."""
-    from ..postgres.backend import PostgresBackend
+def info(
+    dsn: DsnOption = None,
+    schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+    databases: DatabasesOption = None,
+) -> None:
+    """Server version, schema revision and event counts per entity type (of each database, and
+    the slices it serves, when the journal has several)."""
+    from ..backends import open_backend
     from ..postgres.migrations import head_revision
 
-    settings = settings_from(schema, data_dir)
-    target, embedded = target_dsn(dsn, settings)
+    settings = partition_settings(schema, data_dir, databases)
+    target, embedded = (None, False) if settings.partitions.databases else target_dsn(dsn, settings)
 
-    async def go() -> dict[str, object]:
-        backend = PostgresBackend(target, settings.with_dsn(target))
-        await backend.start()
+    async def go() -> dict[str, Any]:
+        backend, _ = await open_backend(target or dsn, settings, migrate=False)
         try:
             return await backend.info()
         finally:
             await backend.close()
 
     data = asyncio.run(go())
-    typer.echo(f"database:        {'embedded ' + str(settings.connection.data_dir) if embedded else redact(target)}")
-    typer.echo(f"server:          PostgreSQL {data['server_version']}")
-    typer.echo(f"schema:          {settings.schema} (revision {data['schema_revision']}, head {head_revision()})")
-    events = data["events"]
-    assert isinstance(events, dict)
-    typer.echo(f"events:          {sum(events.values())}")
-    for et, n in events.items():
-        typer.echo(f"  {et or '(none: pids without an entity type)':<20} {n}")
+    reports = data.get("databases")
+    for d in reports if isinstance(reports, list) else [{"database": None, **data}]:
+        name = d["database"] or (f"embedded {settings.connection.data_dir}" if embedded else redact(str(target)))
+        typer.echo(f"database:        {name}")
+        if "error" in d:
+            typer.echo(f"  unavailable:   {d['error']}")
+            continue
+        typer.echo(f"server:          PostgreSQL {d['server_version']}")
+        typer.echo(f"schema:          {settings.schema} (revision {d['schema_revision']}, head {head_revision()})")
+        if "slices" in d:
+            typer.echo(f"slices:          {', '.join(d['slices']) or '(none)'}")
+        events = d["events"]
+        assert isinstance(events, dict)
+        typer.echo(f"events:          {sum(events.values())}")
+        for et, n in events.items():
+            typer.echo(f"  {et or '(none: pids without an entity type)':<20} {n}")
+    if isinstance(reports, list):
+        typer.echo(f"map epoch:       {data['epoch']}; home database {data['home']}")

@@ -133,10 +133,11 @@ class CartWorkload:
     async def _long_transactions(self, hold: float = 1.5) -> None:
         """A transaction that takes its db_timestamp now and commits ``hold`` seconds later:
         the case the slice query's horizon exists for (its events must not be skipped)."""
+        from journal.partitioned.backend import PartitionedBackend
         from journal.postgres.backend import PostgresBackend
 
         backend = self.journal.backend
-        if not isinstance(backend, PostgresBackend):
+        if not isinstance(backend, PostgresBackend | PartitionedBackend):
             return
         rng = random.Random(99)
         i = 0
@@ -145,7 +146,9 @@ class CartWorkload:
             pid = f"{self.entity_type}|long-{i}"
             i += 1
             ev = {"type": "ItemAdded", "item": f"sku-{rng.randrange(50)}", "qty": 1}
-            async with backend.pool.acquire() as conn, conn.transaction():
+            # several databases: the transaction is on the one that serves the pid's slice
+            pool = backend.pool_for(pid) if isinstance(backend, PartitionedBackend) else backend.pool
+            async with pool.acquire() as conn, conn.transaction():
                 await self.journal.persist_in(conn, pid, [ev])  # a transaction held open
                 await asyncio.sleep(hold)
             self.written += 1

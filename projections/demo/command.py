@@ -39,6 +39,12 @@ def demo(
     scale_to: Annotated[int, typer.Option(min=1, help="Worker processes after the rescale.")] = 4,
     rate: Annotated[float, typer.Option(min=10, help="Target events written per second.")] = 1000.0,
     writers: Annotated[int, typer.Option(min=1, help="Concurrent writer tasks.")] = 50,
+    databases: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Journal databases (a divisor of 1024) on the same server, the slices split over them."
+        ),
+    ] = 1,
 ) -> None:
     """Write, project across processes (kill one, restart, rescale), verify: exit 1 on any loss or double."""
     from journal.postgres import migrations
@@ -48,10 +54,42 @@ def demo(
     typer.echo(f"database: {'embedded PostgreSQL ' + str(settings.connection.data_dir) if embedded else 'DSN'}")
     check_reachable(target, settings)
     migrations.upgrade(target, settings.schema)
+    if databases > 1:
+        parts = asyncio.run(_partition_databases(target, settings, databases))
+        for d in parts:
+            migrations.upgrade(d, settings.schema)
+        settings = settings_from(schema, data_dir, databases=parts)
+        typer.echo(f"journal databases: {databases} on the same server, {1024 // databases} slices each")
     ok = asyncio.run(
         _demo(target, settings.with_dsn(target), entities, duration, workers, scale_to, rate, writers)
     )
     raise typer.Exit(0 if ok else 1)
+
+
+async def _partition_databases(home: str, settings: Any, n: int) -> tuple[str, ...]:
+    """``n`` databases beside the home one (``<home>_p0``..), created when missing; the home
+    database keeps the read model and the projection offsets."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from journal.errors import ConfigurationError
+    from journal.postgres.connections import connect
+    from journal.settings import validate_identifier
+
+    from . import statements
+
+    if 1024 % n:
+        raise ConfigurationError(f"--databases must divide 1024, got {n}")
+    parts = urlsplit(home)
+    conn = await connect(home, settings)
+    try:
+        base = parts.path.lstrip("/") or str(await conn.fetchval(statements.CURRENT_DATABASE))
+        names = [validate_identifier(f"{base}_p{i}", "database") for i in range(n)]
+        for name in names:
+            if not await conn.fetchval(statements.DATABASE_EXISTS, name):
+                await conn.execute(statements.create_database(name))
+    finally:
+        await conn.close()
+    return tuple(urlunsplit(parts._replace(path="/" + name)) for name in names)
 
 
 async def _demo(
@@ -79,6 +117,7 @@ async def _demo(
         "JOURNAL_PROJECTION_LEASE_RENEW_INTERVAL": "0.5",
         "JOURNAL_PROJECTION_HEARTBEAT_OFFSET_INTERVAL": "2",
         "JOURNAL_SCHEMA": settings.schema,
+        "JOURNAL_DATABASES": " ".join(settings.partitions.databases),
     }
     procs: list[asyncio.subprocess.Process] = []
     started = 0
@@ -172,6 +211,7 @@ async def _demo(
             except TimeoutError:
                 p.kill()
         v = await verify(j, conn, entity_type)
+        info = await j.backend.info()
         latencies = await conn.fetch(statements.LATENCIES_SPLIT, entity_type, killed_at or datetime.now(UTC))
     await conn.close()
     for e in events:
@@ -188,6 +228,10 @@ async def _demo(
                                   + pace(backlog_at_end, rate, catch_up)),
         *latency_rows(latencies),
         ("worker processes", f"{started} started ({n_workers} -> kill+restart -> {scale_to}); logs in {logdir}"),
+        *(
+            (f"database {i}", f"slices {', '.join(d['slices'])}: {d['events'].get(entity_type, 0)} events")
+            for i, d in enumerate(info.get("databases", []))
+        ),
     ]  # fmt: skip
     for k, val in rows:
         console.print(f"  {k:<24} {val}")

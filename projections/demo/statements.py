@@ -48,3 +48,12 @@ from $2 on (across the kill, the takeover and the rescale)."""
 
 NOW = "SELECT clock_timestamp()"
 """The database's clock (event timestamps are the database's)."""
+
+CURRENT_DATABASE = "SELECT current_database()"
+DATABASE_EXISTS = "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)"
+
+
+def create_database(name: str) -> str:
+    """A database of the demo's partitioned journal (``journal demo --databases N``); ``name``
+    is made by the demo from the server's database name and a number (validated there)."""
+    return f'CREATE DATABASE "{name}"'
