@@ -1,0 +1,185 @@
+"""A journal over several PostgreSQL servers by slice range: every operation goes where its slice is.
+
+Real servers (``partition_fixtures``): each row is looked up in the database that must hold it,
+and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import asyncpg
+import pytest
+
+from journal import (
+    Journal,
+    JournalSettings,
+    SequenceConflict,
+    SliceRangeMoved,
+    Write,
+    Written,
+    open_journal,
+    slice_for,
+)
+from journal.cleanup import Cleanup, CleanupAction
+from journal.partitioned.backend import PartitionedBackend
+from journal.partitioned.layout import PartitionMap
+from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres.partitions import MOVED, OWNED, PartitionRow
+
+PIDS = [f"route|{i}" for i in range(120)]
+
+
+def settings(dsns: Sequence[str], **more: object) -> JournalSettings:
+    return JournalSettings.load(env={}, databases=list(dsns), **more)
+
+
+@asynccontextmanager
+async def partitioned(dsns: Sequence[str], **more: object) -> AsyncIterator[Journal]:
+    async with open_journal(settings=settings(dsns, **more)) as j:
+        assert isinstance(j.backend, PartitionedBackend)
+        yield j
+
+
+async def stored(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def keys(dsn: str, table: str = "event_journal") -> set[tuple[str, int]]:
+    col = "seq_nr" if table in ("event_journal", "snapshot") else "sequence_nr"
+    return {(r[0], r[1]) for r in await stored(dsn, f"SELECT persistence_id, {col} FROM {table}")}
+
+
+def test_the_layout_is_r2dbcs_and_the_newest_epoch_wins() -> None:
+    assert PartitionMap.seed(4) == [(0, 255), (256, 511), (512, 767), (768, 1023)]
+    assert PartitionMap.seed(1) == [(0, 1023)]
+    m = PartitionMap.build(2, {0: [], 1: []})  # never partitioned: each serves its range of the layout
+    assert [(p.database, p.min_slice, p.max_slice) for p in m.pieces(0, 1023)] == [(0, 0, 511), (1, 512, 1023)]
+    m = PartitionMap.build(
+        2,
+        {
+            0: [PartitionRow(0, 511, OWNED, 0)],
+            1: [PartitionRow(512, 767, MOVED, 3, "postgresql:///c"), PartitionRow(768, 1023, OWNED, 0)],
+            2: [PartitionRow(512, 767, OWNED, 3)],
+        },
+    )
+    assert m.epoch == 3
+    assert [(p.database, p.min_slice, p.max_slice) for p in m.pieces(500, 800)] == [
+        (0, 500, 511), (2, 512, 767), (1, 768, 800),
+    ]  # fmt: skip
+    assert m.databases_of(0, 1023) == [0, 2, 1]
+
+
+async def test_every_operation_goes_to_the_database_of_its_slice(parts: list[str]) -> None:
+    a, b = parts[0], parts[1]  # two servers
+    low = {p for p in PIDS if slice_for(p) < 512}
+    assert 20 < len(low) < len(PIDS) - 20  # both databases get pids
+    async with partitioned([a, b]) as j:
+        for p in PIDS:
+            await j.persist(p, [{"n": 1}], tags=["route-tag"] if slice_for(p) % 3 == 0 else ())
+        # persist_many across both databases: each part alone; a stale part fails alone
+        stale = PIDS[0]
+        got = await j.persist_many([Write(p, [{"n": 2}], expected_seq_nr=0 if p == stale else 1) for p in PIDS])
+        assert isinstance(got[0], SequenceConflict)
+        assert all(isinstance(o, Written) and o.first_seq_nr == 2 for o in got[1:])
+        # every row is in the database of its slice, and only there
+        expected = {(p, n) for p in PIDS for n in (1, 2) if (p, n) != (stale, 2)}
+        in_a, in_b = await keys(a), await keys(b)
+        assert in_a == {k for k in expected if slice_for(k[0]) < 512}
+        assert in_b == {k for k in expected if slice_for(k[0]) >= 512}
+        tagged = {(p, 1) for p in PIDS if slice_for(p) % 3 == 0}
+        assert await keys(a, "tag_views") | await keys(b, "tag_views") == tagged
+        assert not {k for k in await keys(a, "tag_views") if slice_for(k[0]) >= 512}
+        # reads by persistence id, highest sequence number, deletes
+        one = next(p for p in PIDS if slice_for(p) >= 512 and p != stale)
+        assert await j.highest_seq_nr(one) == 2
+        assert [e.seq_nr async for e in j.current_events_by_persistence_id(one)] == [1, 2]
+        await j.delete_events_to(one, 2)
+        assert await j.highest_seq_nr(one) == 2  # the tombstone keeps it
+        assert [r[0] for r in await stored(b, "SELECT deleted FROM event_journal WHERE persistence_id = $1", one)] == [
+            True
+        ]
+        # snapshots
+        await j.save_snapshot(one, 2, {"s": 1}, keep=2)
+        await j.save_snapshot(one, 3, {"s": 2}, keep=2)
+        assert (await j.load_snapshot(one)).state == {"s": 2}  # type: ignore[union-attr]
+        assert len(await j.load_snapshots(one)) == 2
+        assert await keys(b, "snapshot") == {(one, 3)} and await keys(a, "snapshot") == set()
+        await j.delete_snapshot(one)
+        assert await j.load_snapshot(one) is None
+        # events by tag span both databases
+        by_tag = [(e.persistence_id, e.seq_nr) async for e in j.current_events_by_tag("route-tag")]
+        assert sorted(by_tag) == sorted(tagged)
+        # the pids, once each, in order
+        ids = [p async for p in j.current_persistence_ids("route")]
+        assert ids == sorted(PIDS)
+        # cleanup, where the pid is
+        other = next(p for p in PIDS if slice_for(p) < 512 and p != stale)
+        await Cleanup(j.backend).run(CleanupAction.DELETE_ALL, [other])
+        assert not {k for k in await keys(a) if k[0] == other}
+        # persist_in on a connection of the database that serves the pid
+        pool = j.backend.pool_for(other)  # type: ignore[attr-defined]
+        async with pool.acquire() as conn, conn.transaction():
+            await j.persist_in(conn, other, [{"n": 3}])
+        assert (other, 3) in await keys(a)
+        # on a connection of the other database: refused there, nothing written
+        async with j.backend.pool_for(one).acquire() as conn:  # type: ignore[attr-defined]
+            with pytest.raises(SliceRangeMoved):
+                await j.persist_in(conn, other, [{"n": 4}])
+        assert (other, 4) not in await keys(a) | await keys(b)
+
+
+async def test_a_slice_query_over_several_databases_has_one_databases_offsets(parts: list[str]) -> None:
+    async with partitioned(parts[:4], buffer_size=7, catch_up_buffer_size=7) as j:  # small pages: many merges
+        for i in range(3):
+            await j.persist_many([Write(p, [{"i": i}, {"i": i}]) for p in PIDS])
+        everything = [e async for e in j.current_events_by_slices("route", 0, 1023)]
+        assert len(everything) == len(PIDS) * 6
+        order = [(e.db_timestamp, e.seq_nr, e.persistence_id) for e in everything]
+        assert order == sorted(order) and len(set(order)) == len(order)
+        for k in (0, 5, 300, len(everything) - 2):  # resuming from any offset gives exactly the rest
+            rest = [e async for e in j.current_events_by_slices("route", 0, 1023, everything[k].offset)]
+            assert [(e.persistence_id, e.seq_nr) for e in rest] == [
+                (e.persistence_id, e.seq_nr) for e in everything[k + 1 :]
+            ]
+        # a range inside one database: only its slices
+        inside = [e async for e in j.current_events_by_slices("route", 256, 511)]
+        assert inside == [e for e in everything if 256 <= e.slice <= 511]
+
+
+async def test_a_plain_journal_on_a_partitioned_database_is_refused_then_follows_the_map(
+    parts: list[str],
+) -> None:
+    async with partitioned(parts[:2]):
+        pass  # each database records its range
+    high = next(p for p in PIDS if slice_for(p) >= 512)
+    low = next(p for p in PIDS if slice_for(p) < 512)
+    from journal.postgres.backend import PostgresBackend
+
+    # one database's backend alone (no map): writes of slices it does not serve are refused in the database
+    b = PostgresBackend(parts[0], JournalSettings.load(env={}, dsn=parts[0]))
+    await b.start()
+    try:
+        j = Journal(b, b.settings)
+        with pytest.raises(SliceRangeMoved) as refused:
+            await j.persist(high, [{"n": 1}])
+        assert (refused.value.min_slice, refused.value.state) == (slice_for(high), None)
+        await j.persist(low, [{"n": 1}])
+        with pytest.raises(SliceRangeMoved):  # nor read by slice
+            [e async for e in j.current_events_by_slices("route", 512, 1023)]
+        await j.close()
+    finally:
+        await b.close()
+    assert await keys(parts[0]) == {(low, 1)}
+    # a writer whose map epoch is older than a range's last change is refused, reloads, retries
+    async with partitioned(parts[:2]) as j:
+        conn = await asyncpg.connect(asyncpg_dsn(parts[1]))
+        await conn.execute("UPDATE slice_partition SET epoch = 5")
+        await conn.close()
+        await j.persist(high, [{"n": 1}])
+        assert j.backend.dbs.map.epoch == 5  # type: ignore[attr-defined]
