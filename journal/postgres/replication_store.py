@@ -59,6 +59,7 @@ class ReplicationStatements:
         self.log_row = f"SELECT location, log_seq_nr, version_vector, recovering FROM {rl} WHERE log_name = $1"
         self.set_recovering = f"UPDATE {rl} SET recovering = $2 WHERE log_name = $1"
         self.any_recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering)"
+        self.recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering AND log_name = ANY($1::text[]))"
         self.lock_log = self.log_row + " FOR UPDATE"
         self.save_log = f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
         self.ej = ej
@@ -217,9 +218,16 @@ class PostgresReplicationStore:
 
     async def stamp(self, log_name: str, limit: int = 1000) -> int:
         """Give local events not yet in the log (written by the plain journal) their position,
-        origin and vector time, oldest first (the order of the slice queries). Returns how many."""
+        origin and vector time, oldest first (the order of the slice queries). Returns how many.
+
+        Nothing is stamped while the log is recovering: its positions are not yet past what the
+        peers have read of this location, and its version vector does not yet hold what the
+        location had; local events written before or during the recovery are stamped after it,
+        at new positions, with a vector time that covers everything recovered."""
         async with self.backend.pool.acquire() as conn, conn.transaction():
             head = await _head(conn, self.sql.lock_log, log_name)
+            if head["recovering"]:
+                return 0
             rows = await conn.fetch(self.sql.unstamped(log_name), limit)
             if not rows:
                 return 0
@@ -381,6 +389,11 @@ class PostgresReplicationStore:
                 await conn.execute(self.sql.set_recovering, name, False)
             if not await conn.fetchval(self.sql.any_recovering):
                 await conn.execute(recovery_guard.remove_sql(self.backend.settings.schema))
+
+    async def recovering(self, log_names: Sequence[str]) -> bool:
+        """Is one of these logs flagged as recovering (a recovery began and has not completed)?"""
+        async with self.backend.pool.acquire() as conn:
+            return bool(await conn.fetchval(self.sql.recovering, list(log_names)))
 
     async def guard_installed(self) -> bool:
         schema = self.backend.settings.schema
