@@ -46,7 +46,7 @@ from .entity import (
     set_sequence_nr,
 )
 from .recovery import recover
-from .reliable import ON_EVENT_KEY, with_marks
+from .reliable import CONFIRMS_KEY, ON_EVENT_KEY, with_marks
 from .routing import routes_metadata, snapshot_route_metadata, vector_time_of
 from .snapshot_result import SnapshotResult
 
@@ -332,6 +332,15 @@ class EntityCell:
         expected = self.entity.sequence_nr
         # also what _resolve re-checks
         metadata = with_marks(routes_metadata(expected + 1, dests, routed), expected + 1, event_marks)
+        book = bookkeeping(self.entity)
+        confirming = {str(m[CONFIRMS_KEY]) for m in event_marks.values() if CONFIRMS_KEY in m}
+        book.confirming |= confirming  # no redelivery while the confirmation may be stored
+        try:
+            await self._write_events(batch, events, expected, metadata)
+        finally:
+            book.confirming -= confirming
+
+    async def _write_events(self, batch: list[_Command], events: list[Any], expected: int, metadata: Any) -> None:
         try:
             self._breaker.check()
         except JournalUnavailable as e:

@@ -90,6 +90,9 @@ class Bookkeeping:
         self.unconfirmed: dict[str, Unconfirmed] = {}
         self.fresh: list[str] = []
         """Delivery ids asked for by events just written: sent at once, not at the next tick."""
+        self.confirming: set[str] = set()
+        """Delivery ids whose confirmation is being written (or its outcome resolved): not sent
+        meanwhile, since the confirmation may already be stored."""
 
     def observe(self, envelope: EventEnvelope) -> None:
         """Read the marks of an event about to be applied."""
