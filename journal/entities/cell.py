@@ -272,18 +272,20 @@ class EntityCell:
         if not bookkeeping(self.entity).has_follow_ups_to_write:
             return
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(self._flushed)
         self._queue.appendleft(_Command(_FLUSH, fut))
         self._wake.set()
 
-    def _flushed(self, fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled() or fut.exception() is None:
+    def _after_flush(self, error: BaseException | None) -> None:
+        """Right where the follow-ups' write ended, before the loop takes another command: a
+        failure restarts the entity first (a done-callback would run only after the next
+        command had been handled, on state that lacks the follow-ups)."""
+        if error is None:
             return
         # Eventuate restarts the actor: recovery finds the follow-ups still missing and retries
-        log.warning("follow-up write of %s failed (%s): restarting before the next command",
-                    self.persistence_id, fut.exception())  # fmt: skip
+        log.warning("follow-up write of %s failed (%s): restarting before the next command", self.persistence_id, error)
         bookkeeping(self.entity).release()
         self._needs_restart = True
+        self._wake.set()
 
     def _unstash(self) -> None:
         """Stashed commands go to the front of the queue, in stash order."""
@@ -339,6 +341,9 @@ class EntityCell:
             await self._write_events(batch, events, expected, metadata)
         finally:
             book.confirming -= confirming
+        for cmd in batch:
+            if cmd.command is _FLUSH and cmd.future.done() and not cmd.future.cancelled():
+                self._after_flush(cmd.future.exception())
 
     async def _write_events(self, batch: list[_Command], events: list[Any], expected: int, metadata: Any) -> None:
         try:
