@@ -24,9 +24,9 @@ from typing import Any
 import asyncpg
 
 from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
-from journal.ids import NUMBER_OF_SLICES
+from journal.ids import NUMBER_OF_SLICES, runs
 from journal.postgres.dsn import asyncpg_dsn
-from journal.postgres.leases import PostgresSliceLeases, runs
+from journal.postgres.leases import PostgresSliceLeases
 from journal.settings import JournalSettings, QueryMode
 
 from . import metrics

@@ -1,7 +1,8 @@
-"""Subprocess used by tests: ``python -m tests.router_worker DSN SAVE_INTERVAL``.
+"""Subprocess used by tests: ``python -m tests.router_worker DSN SAVE_INTERVAL [ROUTER_ID LEASE_TTL RENEW]``.
 
 Hosts the Account entities and an EventRouter over "order" until SIGTERM (then stops cleanly and
-prints ``delivered=N duplicates=M``) or SIGKILL (then nothing: the test's crash).
+prints ``delivered=N duplicates=M``) or SIGKILL (then nothing: the test's crash). Several of them
+with the same router id share the slices through leases.
 """
 
 from __future__ import annotations
@@ -14,17 +15,28 @@ from journal import EntityRegistry, EventRouter, JournalSettings, open_journal
 from tests.routing_fixtures import Account
 
 
-async def main(dsn: str, save_interval: float) -> None:
+async def main(dsn: str, save_interval: float, router_id: str, lease_ttl: float | None, renew: float | None) -> None:
     settings = JournalSettings.load(env={}, dsn=dsn)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     async with open_journal(dsn, settings=settings) as j, EntityRegistry(j) as reg:
         reg.register(Account)
-        async with EventRouter(reg, ["order"], router_id="crash", save_interval=save_interval) as router:
+        async with EventRouter(
+            reg, ["order"], router_id=router_id, save_interval=save_interval, lease_ttl=lease_ttl, renew_interval=renew
+        ) as router:
             print("started", flush=True)
             await stop.wait()
         print(f"delivered={router.delivered} duplicates={router.duplicates}", flush=True)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+    more = sys.argv[3:]
+    asyncio.run(
+        main(
+            sys.argv[1],
+            float(sys.argv[2]),
+            more[0] if more else "crash",
+            float(more[1]) if len(more) > 1 else None,
+            float(more[2]) if len(more) > 2 else None,
+        )
+    )

@@ -3,7 +3,7 @@
 One lease row per (job, slice) in ``projection_slice_lease`` and one membership row per member in
 ``projection_worker``. Every round (:meth:`PostgresSliceLeases.rebalance`) a member heartbeats its
 membership, renews its leases, and rebalances: live members sorted by id split the slices into
-contiguous chunks (:func:`chunk`); a member gives away what is no longer its chunk (after its
+contiguous chunks (:func:`journal.ids.chunk`); a member gives away what is no longer its chunk (after its
 ``give_up`` callback stopped the work on it) and takes free or expired leases of its chunk. A dead
 member's leases expire after the ttl and the others take its chunk. ``epoch`` grows with every
 acquisition: a job whose writes must be fenced checks it under a row lock (:meth:`LeaseSql.fence`).
@@ -25,7 +25,7 @@ from typing import Any
 
 import asyncpg
 
-from ..ids import NUMBER_OF_SLICES
+from ..ids import NUMBER_OF_SLICES, chunk
 from ..settings import validate_identifier
 
 HEARTBEAT_PID = ""
@@ -33,22 +33,6 @@ HEARTBEAT_PID = ""
 
 FORGET_DEAD_AFTER = timedelta(hours=1)
 """Membership rows of members gone this long are deleted (a failed one stays, for status)."""
-
-
-def chunk(index: int, count: int, slices: int = NUMBER_OF_SLICES) -> range:
-    """The contiguous slices of member ``index`` among ``count`` (any count, not only divisors)."""
-    return range(index * slices // count, (index + 1) * slices // count)
-
-
-def runs(slices: set[int]) -> list[tuple[int, int]]:
-    """Contiguous runs ``(lo, hi)`` of a set of slices."""
-    out: list[tuple[int, int]] = []
-    for s in sorted(slices):
-        if out and out[-1][1] == s - 1:
-            out[-1] = (out[-1][0], s)
-        else:
-            out.append((s, s))
-    return out
 
 
 @dataclass(frozen=True)
