@@ -6,6 +6,7 @@ The public API is what ``__all__`` lists; everything else is internal.
 from .backend import Backend
 from .bulk import Outcome, Write, Written, failures
 from .entities import (
+    DeliveryScan,
     Entity,
     EntityRegistry,
     EventRouter,
@@ -65,6 +66,7 @@ __all__ = [
     "CircuitBreakerOpen",
     "ConditionTimeout",
     "ConfigurationError",
+    "DeliveryScan",
     "Entity",
     "EntityError",
     "EntityRegistry",

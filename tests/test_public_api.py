@@ -26,7 +26,7 @@ JOURNAL_API = {
     # entities
     "Entity", "EntityRegistry", "after_persist", "destinations_of", "routed_to",
     # collaboration: routing that delivers, views, conditional requests (vector time)
-    "EventRouter", "routed_from", "View", "TimedReply", "VectorTime", "ConditionTimeout",
+    "EventRouter", "routed_from", "View", "TimedReply", "VectorTime", "ConditionTimeout", "DeliveryScan",
     # the error tree
     "JournalError", "ConfigurationError", "SparkSetupError", "CassandraSetupError", "CassandraStartError",
     "InvalidArgument", "OffsetError", "SerializationError", "SequenceConflict", "JournalUnavailable",

@@ -134,6 +134,10 @@ class EntityCell:
             and not self.deliveries.pending
         )
 
+    def unconfirmed_from(self) -> int | None:
+        """The seq_nr of the oldest event whose delivery is unconfirmed (None: none is)."""
+        return min((u.seq_nr for u in bookkeeping(self.entity).unconfirmed.values()), default=None)
+
     async def stop(self) -> None:
         """Finish queued commands and writes, then stop."""
         self._stopping = True

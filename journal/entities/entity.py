@@ -203,7 +203,7 @@ class Entity(Generic[S]):
         for what, v in (("delivery_id", delivery_id), ("destination", destination)):
             if not isinstance(v, str) or not v:
                 raise InvalidArgument(f"{what} must be a non-empty string, got {v!r}")
-        self._book.add_delivery(delivery_id, destination, message, live=not ctx.replay)
+        self._book.add_delivery(delivery_id, destination, message, live=not ctx.replay, seq_nr=ctx.seq_nr)
 
     @property
     def unconfirmed(self) -> Mapping[str, Any]:
