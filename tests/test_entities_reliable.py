@@ -225,42 +225,17 @@ class Reserving(Entity[list[str]]):
         return [*state, event]
 
 
-REFUSE_ONCE = """
-CREATE SEQUENCE sj_test_refusals;
-CREATE FUNCTION sj_test_refuse_once() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF NEW.persistence_id = 'reserving|r1' AND convert_from(NEW.event_payload, 'UTF8') LIKE '%reserved%'
-     AND nextval('sj_test_refusals') = 1 THEN
-    RAISE EXCEPTION 'the database refuses this row once';
-  END IF;
-  RETURN NEW;
-END $$;
-CREATE TRIGGER sj_test_refuse_once BEFORE INSERT ON event_journal FOR EACH ROW EXECUTE FUNCTION sj_test_refuse_once();
-"""
-DROP_REFUSE_ONCE = """
-DROP TRIGGER IF EXISTS sj_test_refuse_once ON event_journal;
-DROP FUNCTION IF EXISTS sj_test_refuse_once();
-DROP SEQUENCE IF EXISTS sj_test_refusals;
-"""
-
-
 async def test_a_failed_follow_up_write_restarts_the_entity_before_its_next_command(journal: Journal, dsn: str) -> None:
     """The database refuses the follow-up's write once; a command queued behind the trigger must
     run only after the restarted entity wrote the follow-up (not between the two)."""
     import asyncio
 
-    import asyncpg
+    from tests.support.refusals import refusing
 
-    conn = await asyncpg.connect(dsn)
-    await conn.execute(DROP_REFUSE_ONCE + REFUSE_ONCE)
-    try:
-        async with EntityRegistry(journal) as reg:
-            placed = asyncio.ensure_future(reg.ask(Reserving, "r1", ("placed", "1")))
-            other = asyncio.ensure_future(reg.ask(Reserving, "r1", ("other", "2")))  # queued behind it
-            assert await placed == ["placed 1"]
-            assert await other == ["placed 1", "reserved 1", "other 2"]
-        assert [e.event for e in await events_of(journal, "reserving|r1")] == ["placed 1", "reserved 1", "other 2"]
+    async with refusing(dsn, "reserving|r1", "reserved") as conn, EntityRegistry(journal) as reg:
+        placed = asyncio.ensure_future(reg.ask(Reserving, "r1", ("placed", "1")))
+        other = asyncio.ensure_future(reg.ask(Reserving, "r1", ("other", "2")))  # queued behind it
+        assert await placed == ["placed 1"]
+        assert await other == ["placed 1", "reserved 1", "other 2"]
         assert await conn.fetchval("SELECT last_value FROM sj_test_refusals") == 2  # refused once, then written
-    finally:
-        await conn.execute(DROP_REFUSE_ONCE)
-        await conn.close()
+    assert [e.event for e in await events_of(journal, "reserving|r1")] == ["placed 1", "reserved 1", "other 2"]

@@ -32,7 +32,7 @@ JOURNAL_API = {
     "InvalidArgument", "OffsetError", "SerializationError", "SequenceConflict", "JournalUnavailable",
     "TagWriteTimeout", "CircuitBreakerOpen", "StorageError", "UnsupportedOperation", "EventsMissing",
     "TagEventsMissing", "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "EntityError",
-    "PersistNotAllowed", "EntityStopped", "RecoveryFailed", "ReplicationError", "LocationMismatch",
+    "PersistNotAllowed", "EntityStopped", "StashTimeout", "RecoveryFailed", "ReplicationError", "LocationMismatch",
     "IncompatibleVersion", "LocalWritesRefused",
 }  # fmt: skip
 

@@ -26,9 +26,11 @@ from ..errors import (
     JournalUnavailable,
     RecoveryFailed,
     SequenceConflict,
+    StashTimeout,
 )
 from ..journal import Journal
 from ..settings import EntitySettings
+from ..vector_time import VectorTime
 from .circuit_breaker import CircuitBreaker
 from .conditional import TimedReply
 from .confirmed_delivery import Deliverer, Destination
@@ -44,10 +46,11 @@ from .entity import (
     end_command,
     outside_command,
     set_sequence_nr,
+    undo_behaviours,
 )
 from .recovery import recover
 from .reliable import CONFIRMS_KEY, ON_EVENT_KEY, with_marks
-from .routing import routes_metadata, snapshot_route_metadata, vector_time_of
+from .routing import routes_metadata, snapshot_route_metadata
 from .snapshot_result import SnapshotResult
 
 log = logging.getLogger("journal.entities")
@@ -60,6 +63,16 @@ class _Command:
     collected: Collected | None = None
     reply: Any = None
     timed: bool = False
+    undo: _Undo | None = None
+
+
+@dataclass
+class _Undo:
+    """What a command handler changed besides events, undone if the command's write fails."""
+
+    behaviours_before: tuple[Any, ...]
+    behaviours_after: tuple[Any, ...]
+    unstashed: list[_Command]
 
 
 _FLUSH = object()
@@ -96,6 +109,8 @@ class EntityCell:
         self._wake = asyncio.Event()
         self._pending: list[_Command] = []  # stateSync=False: handled, not yet written
         self._stash: deque[_Command] = deque()  # stashed by the entity, replies pending
+        self._stash_timers: dict[_Command, asyncio.TimerHandle] = {}
+        self.stash_timeout = settings.stash_timeout if cls.stash_timeout is None else cls.stash_timeout
         self._writer: asyncio.Task[None] | None = None
         self._needs_restart = False
         self._stopping = False
@@ -173,11 +188,8 @@ class EntityCell:
                     self._pending.append(handled)
                     self._kick_writer()
             await self._drain_writer()
-            self._fail(
-                list(self._stash),
-                EntityStopped(f"{self.persistence_id!r} stopped with this command stashed"),
-            )
-            self._stash.clear()
+            stashed = self._take_stash()
+            self._fail(stashed, EntityStopped(f"{self.persistence_id!r} stopped with this command stashed"))
             if self._background:
                 await asyncio.gather(*self._background, return_exceptions=True)
         finally:
@@ -195,7 +207,12 @@ class EntityCell:
                 RecoveryFailed(self.persistence_id, None, f"{type(e).__name__}: {e}")
             )
             return False
-        self.entity.on_recovery(None)
+        changes, token = begin_command(self.entity, after_write=True)  # may restore a behaviour
+        try:
+            self.entity.on_recovery(None)
+        finally:
+            end_command(token)
+        self._make_changes(changes)
         self.recovered.set()
         self._enqueue_follow_ups()
         self.deliveries.recovered()
@@ -244,18 +261,55 @@ class EntityCell:
         finally:
             end_command(token)
         cmd.collected, cmd.reply = collected, reply
-        apply_behaviours(self.entity, collected.behaviours)
-        if collected.unstash:
-            self._unstash()
+        undo = self._make_changes(collected)
         if collected.stash:
-            self._stash.append(cmd)
+            self._stash_one(cmd)
             return None
         if collected.events:
+            cmd.undo = undo  # if the write fails
             return cmd
         if collected.snapshot:
             await self._save_snapshot()
         self._reply(cmd)
         return None
+
+    def _make_changes(self, c: Collected) -> _Undo:
+        """What a handler asked for besides events: behaviour changes, unstashing, redelivery."""
+        before, after = apply_behaviours(self.entity, c.behaviours)
+        unstashed = self._unstash() if c.unstash else []
+        if c.redeliver:
+            self.deliveries.redeliver_now()
+        return _Undo(before, after, unstashed)
+
+    def _undo(self, batch: list[_Command]) -> None:
+        """The batch's write failed: its commands' behaviour changes and unstashing are undone
+        (the unstashed commands not handled yet go back to the stash)."""
+        for cmd in reversed(batch):
+            if cmd.undo is None:
+                continue
+            undo_behaviours(self.entity, cmd.undo.behaviours_before, cmd.undo.behaviours_after)
+            back = [c for c in cmd.undo.unstashed if c in self._queue]
+            for c in back:
+                self._queue.remove(c)
+            for c in reversed(back):
+                self._stash_one(c, first=True)
+            cmd.undo = None
+
+    def _stash_one(self, cmd: _Command, *, first: bool = False) -> None:
+        if first:
+            self._stash.appendleft(cmd)
+        else:
+            self._stash.append(cmd)
+        if self.stash_timeout:
+            loop = asyncio.get_running_loop()
+            self._stash_timers[cmd] = loop.call_later(self.stash_timeout, self._stash_expired, cmd)
+
+    def _stash_expired(self, cmd: _Command) -> None:
+        if cmd not in self._stash_timers:
+            return
+        del self._stash_timers[cmd]
+        self._stash.remove(cmd)
+        self._fail([cmd], StashTimeout(f"a command to {self.persistence_id!r} stayed stashed {self.stash_timeout}s"))
 
     def _flush(self, cmd: _Command) -> _Command | None:
         """Turn the follow-ups not yet written into this internal command's events."""
@@ -291,20 +345,36 @@ class EntityCell:
         self._needs_restart = True
         self._wake.set()
 
-    def _unstash(self) -> None:
+    def _unstash(self) -> list[_Command]:
         """Stashed commands go to the front of the queue, in stash order."""
-        self._queue.extendleft(reversed(self._stash))
-        self._stash.clear()
+        stashed = self._take_stash()
+        self._queue.extendleft(reversed(stashed))
+        self._wake.set()  # also from a write that completed in the background
+        return stashed
 
-    def _reply(self, cmd: _Command) -> None:
+    def _take_stash(self) -> list[_Command]:
+        for timer in self._stash_timers.values():
+            timer.cancel()
+        self._stash_timers.clear()
+        stashed = list(self._stash)
+        self._stash.clear()
+        return stashed
+
+    def _reply(self, cmd: _Command, written: EventEnvelope | None = None) -> None:
+        """``written``: the command's last event (its write's vector time is the timed reply's)."""
         if cmd.future.done():
             return
         try:
             value = cmd.reply.fn() if isinstance(cmd.reply, AfterPersist) else cmd.reply
         except Exception as e:
             cmd.future.set_exception(e)
-        else:
-            cmd.future.set_result(TimedReply(value, vector_time_of(self.entity)) if cmd.timed else value)
+            return
+        if not cmd.timed:
+            cmd.future.set_result(value)
+            return
+        as_of = cmd.collected.as_of if cmd.collected is not None else None
+        seq_nr = written.seq_nr if written is not None else as_of if as_of is not None else self.entity.sequence_nr
+        cmd.future.set_result(TimedReply(value, VectorTime({self.persistence_id: seq_nr})))
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -353,7 +423,7 @@ class EntityCell:
         try:
             self._breaker.check()
         except JournalUnavailable as e:
-            self._fail(batch, e)
+            self._write_failed(batch, e)
             return
         try:
             envs = await self._journal.persist(
@@ -371,7 +441,7 @@ class EntityCell:
         except JournalUnavailable as e:
             self._breaker.record_failure()
             if not e.outcome_unknown:  # known not written: report at once
-                self._fail(batch, e)
+                self._write_failed(batch, e)
                 return
             log.warning("write of %s interrupted (%s): resolving its outcome", self.persistence_id, e)
             try:
@@ -380,10 +450,10 @@ class EntityCell:
                 self._conflict(batch, c)
                 return
             except JournalError as n:
-                self._fail(batch, n)
+                self._write_failed(batch, n)
                 return
         except Exception as e:  # serialization or bad input: nothing was written
-            self._fail(batch, e)
+            self._write_failed(batch, e)
             return
         self._applied(batch, envs)
 
@@ -409,13 +479,18 @@ class EntityCell:
                     self._needs_restart = True
                     self._fail(batch[batch.index(cmd) :], e)
                     return
-                for env, cb in zip(mine, cmd.collected.callbacks, strict=True):
-                    if cb is not None:
-                        try:
-                            cb(env)
-                        except Exception:
-                            log.exception("on_persisted callback of %s raised", self.persistence_id)
-                self._reply(cmd)
+                handlers, persisting = begin_command(self.entity, after_write=True)  # the persist handler
+                try:
+                    for env, cb in zip(mine, cmd.collected.callbacks, strict=True):
+                        if cb is not None:
+                            try:
+                                cb(env)
+                            except Exception:
+                                log.exception("on_persisted callback of %s raised", self.persistence_id)
+                    self._reply(cmd, mine[-1])
+                finally:
+                    end_command(persisting)
+                self._make_changes(handlers)
         finally:
             end_command(token)
         self._enqueue_follow_ups()
@@ -483,6 +558,11 @@ class EntityCell:
         self._pending = []
         self._fail(stale, e)
         self._wake.set()
+
+    def _write_failed(self, batch: list[_Command], e: BaseException) -> None:
+        """Known not written: undo what the commands changed besides events, fail them."""
+        self._undo(batch)
+        self._fail(batch, e)
 
     @staticmethod
     def _fail(batch: list[_Command], e: BaseException) -> None:

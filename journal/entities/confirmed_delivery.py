@@ -63,6 +63,12 @@ class Deliverer:
                 self._tick(), name=f"deliveries of {self.sender}"
             )
 
+    def redeliver_now(self) -> None:
+        """Every unconfirmed delivery goes out again now (those in flight when their attempt
+        returns), then every ``interval`` again."""
+        self._last.clear()
+        self._wake.set()
+
     def send_fresh(self) -> None:
         """Send the deliveries that events just written asked for."""
         now = time.monotonic()
