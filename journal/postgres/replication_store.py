@@ -33,6 +33,8 @@ from .statements import notify_groups
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .writes import PostgresWrites
 
+STAMP_LIMIT = 1000
+"""Local events stamped per statement."""
 SEQUENCE_RACE_ATTEMPTS = 3
 """Writes of a replicated batch that lost its sequence numbers to a local write, before giving up."""
 PRIMARY_KEY = "event_journal_pkey"
@@ -229,7 +231,7 @@ class PostgresReplicationStore:
             row = await conn.fetchrow(self.sql.log_row, log_name)
         return 0 if row is None else int(row["log_seq_nr"])
 
-    async def stamp(self, log_name: str, limit: int = 1000) -> int:
+    async def stamp(self, log_name: str, limit: int = STAMP_LIMIT) -> int:
         """Give local events not yet in the log (written by the plain journal) their position,
         origin and vector time, oldest first (the order of the slice queries). Returns how many.
 
@@ -241,23 +243,30 @@ class PostgresReplicationStore:
             head = await _head(conn, self.sql.lock_log, log_name)
             if head["recovering"]:
                 return 0
-            rows = await conn.fetch(self.sql.unstamped(log_name), limit)
-            if not rows:
-                return 0
-            vv = _vt(head["version_vector"])
-            # never reuse a position of ours that the log (after a disaster recovery) has seen
-            pos = max(int(head["log_seq_nr"]), vv.get(self.location, 0))
-            cols: list[list[Any]] = [[], [], [], [], [], []]
-            for r in rows:
-                pos += 1
-                vv = vv.with_entry(self.location, pos)
-                for col, v in zip(
-                    cols, (r["persistence_id"], r["seq_nr"], self.location, pos, _dump(vv), pos), strict=True
-                ):
-                    col.append(v)
-            await conn.execute(self.sql.stamp, *cols)
-            await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
-            return len(rows)
+            pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
+            n, _, _ = await self._stamp_locked(conn, log_name, pos, vv, limit)
+            return n
+
+    async def _stamp_locked(
+        self, conn: Any, log_name: str, pos: int, vv: VectorTime, limit: int
+    ) -> tuple[int, int, VectorTime]:
+        """:meth:`stamp` under the log row lock the caller holds, from the log's position and
+        version vector: how many, and the position and version vector after them."""
+        rows = await conn.fetch(self.sql.unstamped(log_name), limit)
+        if not rows:
+            return 0, pos, vv
+        # never reuse a position of ours that the log (after a disaster recovery) has seen
+        pos = max(pos, vv.get(self.location, 0))
+        cols: list[list[Any]] = [[], [], [], [], [], []]
+        for r in rows:
+            pos += 1
+            vv = vv.with_entry(self.location, pos)
+            row = (r["persistence_id"], r["seq_nr"], self.location, pos, _dump(vv), pos)
+            for col, v in zip(cols, row, strict=True):
+                col.append(v)
+        await conn.execute(self.sql.stamp, *cols)
+        await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
+        return len(rows), pos, vv
 
     async def read_log(self, log_name: str, after: int, limit: int) -> tuple[list[ReplicatedEvent], int]:
         """Events of the log after position ``after`` in log order, and the last position
@@ -327,6 +336,12 @@ class PostgresReplicationStore:
             await conn.execute(f"{recovery_guard.MARK_REPLICATED_SQL}; {MARK_WRITER_LOCAL_SQL}")
             head = await _head(conn, self.sql.lock_log, log_name)
             pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
+            while not head["recovering"]:
+                # local events committed before this batch are stamped first: their vector times
+                # never cover what arrives now, which their writers cannot have seen
+                n, pos, vv = await self._stamp_locked(conn, log_name, pos, vv, STAMP_LIMIT)
+                if n < STAMP_LIMIT:
+                    break
             new = await self._not_stored(conn, log_name, events)
             if new:
                 pos, vv = await self._insert(conn, log_name, new, pos, vv)
