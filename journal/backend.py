@@ -20,6 +20,7 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from .codec import KeyStore
 from .serialization import Serialized
 
 if TYPE_CHECKING:
@@ -109,6 +110,16 @@ class SnapshotRow:
     tags: tuple[str, ...] = ()
     meta: Serialized | None = None
     db_timestamp: datetime | None = None
+
+
+class ManifestCount(NamedTuple):
+    """How many stored rows of one kind (``"event"`` or ``"snapshot"``) have this serializer id and
+    stored manifest (``journal manifests``)."""
+
+    kind: str
+    ser_id: int
+    manifest: str
+    rows: int
 
 
 class Found(Enum):
@@ -417,8 +428,9 @@ class TagRowWriter(Protocol):
     to the backend by the factory, so no backend imports it.
     """
 
-    async def ensure_recovered(self, pid: str) -> None:
-        """Before storing a pid's new tagged events: its earlier tag rows are all written."""
+    async def ensure_recovered(self, pid: str, highest: int | None = None) -> None:
+        """Before storing a pid's new tagged events: its earlier tag rows are all written, for
+        every event up to ``highest`` (the stored highest the write starts from)."""
         ...
 
     async def write(self, events: Sequence[TaggedEvent]) -> None:
@@ -550,6 +562,11 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
         """What the storage reports: at least ``events``, the event count per entity type."""
         ...
 
+    async def manifests(self) -> list[ManifestCount]:
+        """Every (serializer id, stored manifest) of the stored events and snapshots, with counts
+        (a scan: a tool's call, not a hot path)."""
+        ...
+
     def slice_queries(self) -> SliceQueryBackend:
         """The reads the slice queries run over (PostgreSQL)."""
         ...
@@ -565,4 +582,8 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
     def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
         """Membership ``owner`` of the job ``name``, its leases expiring ``ttl`` seconds after
         the last round (PostgreSQL)."""
+        ...
+
+    def key_store(self) -> KeyStore:
+        """The default store of encryption keys: a table of this database (PostgreSQL)."""
         ...

@@ -8,9 +8,11 @@ surface is a frozen dataclass's: same constructor, attributes, equality, hash an
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import FrozenInstanceError
-from datetime import datetime
+from datetime import datetime, timedelta
+from itertools import accumulate, repeat
 from typing import Any, Protocol
 
 from .ids import entity_type_of, slice_for
@@ -22,6 +24,18 @@ _FIELDS = (
     "tags", "metadata", "writer", "has_payload", "source",
 )  # fmt: skip
 _UNSET: Any = object()
+TRACE_MANIFEST = "slice-journal.trace"
+"""The metadata manifest of rows whose metadata is only the trace context of their write (see
+:mod:`journal.tracing`): such rows read as ``metadata=None``, the context kept aside."""
+
+ROW_STEP = timedelta(microseconds=1)
+"""Rows of one write statement are stamped one microsecond apart (the write rule, see
+docs/concepts.md): event i of a call has its first event's db_timestamp + i steps."""
+
+
+def consecutive_stamps(first: datetime, n: int) -> list[datetime]:
+    """The db_timestamps of ``n`` consecutive rows of one write, the first stamped ``first``."""
+    return list(accumulate(repeat(ROW_STEP, n - 1), operator.add, initial=first))
 
 
 class LazySource(Protocol):
@@ -43,7 +57,7 @@ class EventEnvelope:
     """
 
     __slots__ = (
-        "_event", "_index", "_offset", "_src", "db_timestamp", "entity_type", "has_payload",
+        "_event", "_index", "_offset", "_src", "_trace", "db_timestamp", "entity_type", "has_payload",
         "metadata", "persistence_id", "seq_nr", "slice", "source", "tags", "writer",
     )  # fmt: skip
     __match_args__ = _FIELDS
@@ -119,11 +133,13 @@ class EventEnvelope:
         writer: str,
     ) -> list[EventEnvelope]:
         """Hot-path constructor of what one ``persist`` call returns: its events, numbered from
-        ``first_seq_nr``, each with its :class:`~journal.offsets.SequenceOffset`."""
+        ``first_seq_nr`` and stamped from ``db_timestamp`` (:data:`ROW_STEP` apart), each with
+        its :class:`~journal.offsets.SequenceOffset`."""
         out: list[EventEnvelope] = []
         append = out.append
         seq_nr = first_seq_nr
-        for ev in events:
+        stamps = consecutive_stamps(db_timestamp, len(events)) if len(events) > 1 else (db_timestamp,)
+        for ev, db_timestamp in zip(events, stamps, strict=True):
             # filled with plain slot stores, then given its frozen class (the same layout)
             e: Any = _NEW(_Unfrozen)
             e.persistence_id = persistence_id
@@ -282,6 +298,20 @@ setattr(_TagRowEnvelope, "slice", property(lambda self: slice_for(self._r[0]))) 
 setattr(_TagRowEnvelope, "db_timestamp", property(lambda self: datetime_of(self._r[1])))  # noqa: B010
 
 
+_ST = _SET["_trace"]
+
+
+def with_trace(e: EventEnvelope, payload: bytes) -> EventEnvelope:
+    """``e`` with the trace context its write left in its metadata columns (:mod:`journal.tracing`)."""
+    _ST(e, payload)
+    return e
+
+
+def trace_payload(e: EventEnvelope) -> bytes | None:
+    """The trace metadata payload of ``e``'s write, if it carried one."""
+    return getattr(e, "_trace", None)
+
+
 def _public(e: EventEnvelope) -> type[EventEnvelope]:
     return EventEnvelope if isinstance(e, _RowEnvelope) else type(e)
 
@@ -320,7 +350,13 @@ def lazy_page_envelopes(
         s6(e, unset)
         t = r[9]
         s7(e, tuple(t) if t else ())
-        s8(e, None if r[10] is None else metadata(r))
+        if r[10] is None:
+            s8(e, None)
+        elif r[11] == TRACE_MANIFEST:
+            s8(e, None)
+            _ST(e, r[12])
+        else:
+            s8(e, metadata(r))
         s12(e, src)
         s13(e, i)
         append(e)

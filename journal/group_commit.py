@@ -19,6 +19,7 @@ from typing import NamedTuple, cast
 
 from .backend import WriteRequest, WriteResult, new_row
 from .columns import WriteColumns
+from .envelope import consecutive_stamps
 from .errors import JournalUnavailable
 
 log = logging.getLogger("journal.group_commit")
@@ -176,7 +177,8 @@ class GroupCommit:
 
     async def submit_columns(self, columns: WriteColumns, write_columns: WriteColumnsFn) -> list[Result]:
         """:meth:`submit_many` for one-event calls given as columns, written by ``write_columns``
-        (no object per call). A call's result is the timestamp it was written with, a
+        (no object per call). A call's result is the timestamp it was written with (one
+        :data:`~journal.envelope.ROW_STEP` after the call before it in its chunk), a
         WriteResult, or its error. Calls not written from the caller's task (other calls
         queued up) join the queue as requests."""
         if self._closed:
@@ -190,7 +192,7 @@ class GroupCommit:
 
             async def write(start: int, end: int) -> Sequence[Result]:
                 got = await write_columns(columns.chunk(start, end))
-                return [got] * (end - start) if isinstance(got, datetime) else got
+                return consecutive_stamps(got, end - start) if isinstance(got, datetime) else got
 
             done = await self._write_many_now(chunks, write, lambda s, e: columns.persistence_ids[s:e], out)
         if done < n:

@@ -6,11 +6,12 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+from . import tracing
 from .backend import Backend, Found, SnapshotRow, StoredEvent, WriteRequest, WriteResult
 from .backends import open_backend
 from .bulk import (
@@ -23,7 +24,8 @@ from .bulk import (
     outcomes,
     plain_request,
 )
-from .envelope import EventEnvelope
+from .codec import KeyStore, PayloadCodec, inner_manifest
+from .envelope import TRACE_MANIFEST, EventEnvelope
 from .errors import (
     ConfigurationError,
     InvalidArgument,
@@ -47,20 +49,14 @@ from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries, envelope_of
 from .query.validation import check_slice_query
-from .serialization import Serialized, SerializerRegistry
+from .serialization import JSON_SERIALIZER_ID, Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
+from .upcasting import StoredManifest, split_version
 
 log = logging.getLogger("journal")
 
 
-
-CASSANDRA_MAX_IN_FLIGHT = 1
-"""Group-commit batches in flight on Cassandra, whatever ``write.max_in_flight`` says. There a
-batch is one request per call, so a second batch in flight gains little; and with two, a node
-killed mid-write lost a tag-view row in 2 of 15 runs of
-``tests/test_cassandra_faults.py::test_node_killed_during_writes_and_a_live_tag_query`` (0 of 12
-with one), a race in the tag writer's crash recovery not found yet."""
 
 class Journal:
     """An open event journal. Use :func:`open_journal` to get one.
@@ -70,16 +66,26 @@ class Journal:
     """
 
     def __init__(
-        self, backend: Backend, settings: JournalSettings, serializers: SerializerRegistry | None = None
-    ) -> None:
+        self, backend: Backend, settings: JournalSettings, serializers: SerializerRegistry | None = None, *,
+        key_store: KeyStore | None = None, subject_of: Callable[[str], str] | None = None,
+    ) -> None:  # fmt: skip
         self.backend = backend
         self.settings = settings
         self.serializers = serializers or SerializerRegistry()
+        c = settings.codec
+        if c.encrypt or c.compress_above:
+            self.serializers.use_codec(
+                PayloadCodec(
+                    (key_store or backend.key_store()) if c.encrypt else None, compress_above=c.compress_above,
+                    compression_level=c.compression_level, subject_of=subject_of, cache_ttl=c.key_cache_ttl,
+                    cache_size=c.key_cache_size,
+                )
+            )  # fmt: skip
         w = settings.write
         self._group_commit = GroupCommit(
-            instrumented(backend.write_batch),
+            traced_batches(instrumented(backend.write_batch)),
             max_batch_events=w.max_batch_events,
-            max_in_flight=w.max_in_flight if backend.name != "cassandra" else CASSANDRA_MAX_IN_FLIGHT,
+            max_in_flight=w.max_in_flight,
             max_batch_wait=w.max_batch_wait,
             bulk_in_flight=w.bulk_in_flight,
         )
@@ -126,9 +132,32 @@ class Journal:
             JournalUnavailable: the database could not be reached; ``outcome_unknown`` tells
                 whether the write may have happened.
         """
+        if tracing.ON:
+            return await self._persist_traced(persistence_id, events, expected_seq_nr, tags, metadata)
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self._group_commit.submit(request)
         return self._written(request, result, events, metadata)
+
+    async def _persist_traced(
+        self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
+    ) -> list[EventEnvelope]:
+        """:meth:`persist` in a span whose context travels in the events' metadata columns when
+        the call has no metadata of its own (docs/tracing.md)."""
+        attributes = {"persistence_id": pid, "events": len(events)}
+        with tracing.span("journal.persist", kind="PRODUCER", attributes=attributes):
+            if self.serializers.keyed:
+                await self.serializers.load_write_keys((pid,))
+            request = self._request(pid, events, expected, tags, metadata)
+            if metadata is None:
+                request = request._replace(metadata=Serialized(JSON_SERIALIZER_ID, TRACE_MANIFEST, tracing.carrier()))
+            tracing.note(request)
+            try:
+                result = await self._group_commit.submit(request)
+            finally:
+                tracing.forget(request)
+            return self._written(request, result, events, metadata)
 
     async def persist_many(self, writes: Iterable[Write | tuple[Any, ...]]) -> list[Outcome]:
         """Write many persistence ids at once: each part atomic and conflict-checked on its own.
@@ -145,6 +174,8 @@ class Journal:
         the part's index.
         """
         parts = writes if type(writes) is list else list(writes)
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys(p[0] if isinstance(p, tuple) else p.persistence_id for p in parts)
         write_columns = getattr(self.backend, "write_columns", None)
         if write_columns is not None:
             columns = bulk_columns(parts, self.serializers)  # the commonest shape: no object per part
@@ -176,6 +207,8 @@ class Journal:
         Raises as :meth:`persist`; after a SequenceConflict caused by a concurrent writer the
         transaction is aborted and must be rolled back.
         """
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self.backend.write_on(conn, request)
         return self._written(request, result, events, metadata)
@@ -204,6 +237,8 @@ class Journal:
                 answer) yet: only an answer proves that nothing was written.
             SequenceConflict: another writer's rows are there (or the pid moved on).
         """
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
         request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
         try:
             got = await self.backend.check_write(request)
@@ -250,10 +285,10 @@ class Journal:
             validate_seq_nr("expected_seq_nr", expected, maximum=MAX_SEQ_NR - len(events))
         clean_tags = validate_tags(tags) if tags else ()
         try:
-            serialized = self.serializers.serialize_all(events)
+            serialized = self.serializers.serialize_all(events, pid=pid)
         except SerializationError:
             for i, e in enumerate(events):  # say which event failed
-                self.serializers.serialize(e, what=f"event {i} of {pid!r}")
+                self.serializers.serialize(e, what=f"event {i} of {pid!r}", pid=pid)
             raise
         meta = self.serializers.serialize(metadata, what="metadata") if metadata is not None else None
         return WriteRequest(pid, entity_type_of(pid), slice_for(pid), expected, serialized, clean_tags, meta)
@@ -275,6 +310,8 @@ class Journal:
         nxt = max(from_seq_nr, 1)
         while nxt <= upper:
             rows = await self.backend.read_events(persistence_id, nxt, upper, page)
+            if self.serializers.keyed:
+                await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
             for r in rows:
                 yield self.envelope(r)
             if len(rows) < page:
@@ -300,6 +337,33 @@ class Journal:
             if len(ids) < page:
                 return
             after = ids[-1]
+
+    async def stored_manifests(self) -> list[StoredManifest]:
+        """Which manifests and versions the stored events and snapshots have, with counts, and
+        which of them this journal's serializers upcast (a scan: a tool's call)."""
+        steps = self.serializers.upcasters.steps
+        out = []
+        for c in await self.backend.manifests():
+            flags, ser_id, manifest = inner_manifest(c.ser_id, c.manifest)
+            name, version = split_version(manifest)
+            out.append(StoredManifest(c.kind, ser_id, name, version, c.rows, manifest in steps, flags))
+        return sorted(out)
+
+    async def forget(self, subject: str) -> bool:
+        """Crypto-shredding: delete ``subject``'s encryption key for good. Its encrypted event
+        payloads and snapshots read as :class:`~journal.codec.Forgotten` from then on (in other
+        processes within ``codec.key_cache_ttl``), and nothing more can be written for it
+        (:class:`SubjectForgotten`). Returns whether it had a key.
+
+        Raises:
+            ConfigurationError: this journal does not encrypt.
+        """
+        codec = self.serializers.codec
+        if codec is None or not codec.encrypts:
+            raise ConfigurationError("this journal does not encrypt (codec.encrypt): there is no key to forget")
+        if not isinstance(subject, str) or not subject or len(subject) > 255:
+            raise InvalidArgument(f"subject must be a non-empty string of at most 255 characters, got {subject!r}")
+        return await codec.forget(subject)
 
     def envelope(self, r: StoredEvent) -> EventEnvelope:
         """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""
@@ -417,6 +481,8 @@ class Journal:
         r = await sq.backend.load_event(persistence_id, seq_nr)
         if r is None:
             return None
+        if self.serializers.keyed:
+            await self.serializers.load_keys([(r.persistence_id, r.ser_id)])
         return sq.envelope(r, TimestampOffset(r.db_timestamp, {r.persistence_id: r.seq_nr}))
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -441,7 +507,9 @@ class Journal:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise InvalidArgument(f"keep must be an int >= 1, got {keep!r}")
         clean_tags = validate_tags(tags)
-        ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}")
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
+        ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}", pid=persistence_id)
         meta: Serialized | None = (
             self.serializers.serialize(metadata, what="snapshot metadata") if metadata is not None else None
         )
@@ -464,6 +532,8 @@ class Journal:
         row = await self.backend.load_snapshot(validate_persistence_id(persistence_id))
         if row is None:
             return None
+        if self.serializers.keyed:
+            await self.serializers.load_keys([(row.persistence_id, row.state.ser_id)])
         return self._snapshot(row)
 
     async def load_snapshots(self, persistence_id: str, limit: int = 16) -> list[Snapshot | SerializationError]:
@@ -473,7 +543,10 @@ class Journal:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(f"limit must be an int >= 1, got {limit!r}")
         out: list[Snapshot | SerializationError] = []
-        for row in await self.backend.load_snapshots(persistence_id, limit):
+        rows = await self.backend.load_snapshots(persistence_id, limit)
+        if self.serializers.keyed:
+            await self.serializers.load_keys((r.persistence_id, r.state.ser_id) for r in rows)
+        for row in rows:
             try:
                 out.append(self._snapshot(row))
             except SerializationError as e:
@@ -481,7 +554,8 @@ class Journal:
         return out
 
     def _snapshot(self, row: SnapshotRow) -> Snapshot:
-        state = self.serializers.deserialize(row.state.ser_id, row.state.manifest, row.state.payload, what="snapshot")
+        st, pid = row.state, row.persistence_id
+        state = self.serializers.deserialize(st.ser_id, st.manifest, st.payload, what="snapshot", pid=pid)
         meta = (
             self.serializers.deserialize(row.meta.ser_id, row.meta.manifest, row.meta.payload, what="snapshot metadata")
             if row.meta
@@ -500,6 +574,22 @@ class Journal:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
 
 
+def traced_batches(
+    write: Callable[[Sequence[WriteRequest]], Awaitable[Any]],
+) -> Callable[[Sequence[WriteRequest]], Awaitable[Any]]:
+    """The group commit's batch writer, in a span linked to the persist spans of its calls
+    (a batch serves calls of many traces) while tracing is on."""
+
+    async def write_batch(requests: Sequence[WriteRequest]) -> Any:
+        if not tracing.ON:
+            return await write(requests)
+        attributes = {"calls": len(requests), "events": sum(len(r.events) for r in requests)}
+        with tracing.span("journal.write_batch", links=tracing.links_of(requests), attributes=attributes):
+            return await write(requests)
+
+    return write_batch
+
+
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:
     """Explicit DSN, else the settings' (``JOURNAL_DSN``), else None (embedded)."""
     return dsn or settings.connection.dsn or os.environ.get("JOURNAL_DSN") or None
@@ -512,6 +602,8 @@ async def open_journal(
     settings: JournalSettings | None = None,
     serializers: SerializerRegistry | None = None,
     migrate: bool | None = None,
+    key_store: KeyStore | None = None,
+    subject_of: Callable[[str], str] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Journal]:
     """Open a journal; close it (flushing queued writes) on exit.
@@ -519,13 +611,20 @@ async def open_journal(
     ``dsn``: a PostgreSQL DSN; when None, ``JOURNAL_DSN``; when that is unset too, an embedded
     PostgreSQL under ``data_dir`` (created and migrated on first use). ``migrate``: run the
     migrations at open (default: only for the embedded server). Other keywords override settings
-    (``schema="x"``, ``buffer_size=500``, ...).
+    (``schema="x"``, ``buffer_size=500``, ...). ``key_store`` and ``subject_of``: where the
+    encryption keys live (default: the backend's table) and whose key encrypts a persistence id's
+    payloads (default: the pid's own), when ``codec.encrypt`` is on (docs/encryption.md).
     """
     if settings is not None and overrides:
         raise ConfigurationError("pass either settings=... or keyword overrides, not both")
     settings = settings or JournalSettings.load(**overrides)
+    tracing.configure(settings.tracing.tracing_mode)
     backend, settings = await open_backend(resolve_dsn(dsn, settings), settings, migrate=migrate)
-    journal = Journal(backend, settings, serializers)
+    try:
+        journal = Journal(backend, settings, serializers, key_store=key_store, subject_of=subject_of)
+    except BaseException:
+        await backend.close()
+        raise
     try:
         yield journal
     finally:

@@ -9,7 +9,6 @@ owned slice range (seconds and events) is sampled from the database by :class:`L
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import weakref
 from collections.abc import Iterable, Iterator
@@ -19,6 +18,8 @@ from typing import Any, Protocol
 from prometheus_client import REGISTRY, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from journal.waits import wait_set
 
 log = logging.getLogger("projections.metrics")
 
@@ -67,6 +68,10 @@ class _Counters(Protocol):
     def replayed(self) -> int: ...
     @property
     def retries(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...
+    @property
+    def dead_lettered(self) -> int: ...
 
 
 class TrackedWorker(Protocol):
@@ -116,6 +121,13 @@ class WorkerCollector(Collector):
         failures = CounterMetricFamily(
             "projection_handler_failures", "Batch attempts that failed and were rolled back.", labels=labels
         )
+        skipped = CounterMetricFamily(
+            "projection_events_skipped", "Events a failing handler gave up on (retry-and-skip).", labels=labels
+        )
+        dead = CounterMetricFamily(
+            "projection_dead_letters", "Events parked in the dead-letter table (retry-and-dead-letter).",
+            labels=labels,
+        )  # fmt: skip
         failed = GaugeMetricFamily("projection_worker_failed", "1 when the worker stopped on an error.", labels=labels)
         leases = GaugeMetricFamily("projection_leases_held", "Slice leases this worker holds.", labels=labels)
         owned = GaugeMetricFamily(
@@ -136,6 +148,8 @@ class WorkerCollector(Collector):
             dups.add_metric(key, st.duplicates)
             replayed.add_metric(key, st.replayed)
             failures.add_metric(key, st.retries)
+            skipped.add_metric(key, st.skipped)
+            dead.add_metric(key, st.dead_lettered)
             failed.add_metric(key, 1.0 if w.error else 0.0)
             leases.add_metric(key, len(w.epochs))
             for lo, hi in _ranges(w):
@@ -145,7 +159,7 @@ class WorkerCollector(Collector):
                 if lag is not None:
                     lag_s.add_metric([w.name, slices], lag[0])
                     lag_n.add_metric([w.name, slices], lag[1])
-        yield from (events, dups, replayed, failures, failed, leases, owned, lag_s, lag_n)
+        yield from (events, dups, replayed, failures, skipped, dead, failed, leases, owned, lag_s, lag_n)
 
 
 REGISTRY.register(WorkerCollector())
@@ -183,8 +197,7 @@ class LagSampler:
                     await self.sample(conn)
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
                     log.warning("lag sample failed (will retry): %s", e)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.interval)
+                await wait_set(self._stop, self.interval)
         finally:
             if conn is not None:
                 await conn.close()

@@ -20,6 +20,7 @@ from journal import (
     destinations_of,
     routed_to,
 )
+from journal.envelope import ROW_STEP
 from journal.settings import EntitySettings
 from tests.entity_fixtures import Counter, LazyCounter, SkipCounter, SnapCounter
 from tests.support.waiting import wait_until
@@ -74,7 +75,8 @@ async def test_persist_all_is_atomic_and_ordered(
     assert [(e.seq_nr, e.event) for e in envs] == [(1, "1"), (2, "2"), (3, "3")]
     assert persist_calls == [("counter|a", 3)]  # one write
     if journal.backend.name == "postgres":
-        assert len({e.db_timestamp for e in envs}) == 1  # one statement, one timestamp
+        first = envs[0].db_timestamp  # one statement: consecutive microseconds
+        assert [e.db_timestamp for e in envs] == [first, first + ROW_STEP, first + 2 * ROW_STEP]
     # an unserializable event in the batch: nothing of it is written, state unchanged
     with pytest.raises(SerializationError):
         await registry.ask(Counter, "a", ("unserializable",))

@@ -22,6 +22,7 @@ from journal import (
     open_journal,
     slice_for,
 )
+from journal.envelope import ROW_STEP
 from journal.offsets import SequenceOffset
 from tests.support.rows import count_rows
 
@@ -33,7 +34,7 @@ async def events_of(j: Journal, pid: str, **kw: int) -> list[object]:
 async def test_round_trip_with_everything(journal: Journal) -> None:
     envs = await journal.persist("cart|a", [{"n": 1}, {"n": 2}], tags=["t1", "t2"], metadata={"by": "me"})
     assert [e.seq_nr for e in envs] == [1, 2]
-    assert envs[0].db_timestamp == envs[1].db_timestamp  # one call, one timestamp
+    assert envs[1].db_timestamp - envs[0].db_timestamp == ROW_STEP  # one call: consecutive microseconds
     assert envs[0].db_timestamp.tzinfo is not None
     assert envs[0].slice == slice_for("cart|a") and envs[0].entity_type == "cart"
     more = await journal.persist("cart|a", [b"raw"], expected_seq_nr=2)
@@ -43,7 +44,7 @@ async def test_round_trip_with_everything(journal: Journal) -> None:
     assert stored[0].tags == ("t1", "t2") and stored[0].metadata == {"by": "me"}
     assert stored[2].tags == () and stored[2].metadata is None
     assert stored[0].writer == journal.writer_id
-    assert stored[0].db_timestamp == envs[0].db_timestamp
+    assert [e.db_timestamp for e in stored[:2]] == [e.db_timestamp for e in envs]
     assert await journal.highest_seq_nr("cart|a") == 3
     assert await journal.highest_seq_nr("cart|none") == 0
     assert await events_of(journal, "cart|a", from_seq_nr=2, to_seq_nr=2) == [{"n": 2}]

@@ -21,7 +21,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from journal import Journal, JournalSettings, open_journal
+from journal import Journal, JournalSettings, failures, open_journal
+from journal.bulk import MAX_EVENTS_PER_CALL
 from journal.ids import slice_for
 from journal.postgres import timestamp_rule
 from journal.postgres.migrations import upgrade
@@ -279,6 +280,14 @@ async def _count(dsn: str, sql: str) -> int:
         await conn.close()
 
 
+async def _rows(dsn: str, sql: str) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return list(await conn.fetch(sql))
+    finally:
+        await conn.close()
+
+
 async def test_both_write_at_once_and_both_projections_see_everything_once(
     jvm: jvm_driver.Jvm, pyj: Journal, jvm_db: str
 ) -> None:
@@ -323,6 +332,46 @@ async def test_both_write_at_once_and_both_projections_see_everything_once(
     assert {(r[0], r[1]) for r in py_rows} == want and len(py_rows) == len(want)
     assert all(r[2] is not None for r in [*jvm_rows, *py_rows]), "every payload decoded on both sides"
     assert Counter((x["pid"], x["seq_nr"]) for x in _jvm_events(jvm_lines)) == Counter(want)
+
+
+async def test_the_plugins_projection_and_current_query_read_bursts_and_the_largest_call(
+    jvm: jvm_driver.Jvm, pyj: Journal, jvm_db: str
+) -> None:
+    """Group commit writes up to 2,000 rows per statement and one call may hold 10,000 events;
+    the plugin pages 1,000 rows by timestamp and stalls for ever on a timestamp that holds more
+    ("Too many events stored with the same timestamp"). With rows stamped one microsecond apart
+    its exactly-once projection (live) and currentEventsBySlices read every event once."""
+    conn = await asyncpg.connect(jvm_db)
+    await conn.execute(SEEN_TABLES)
+    await timestamp_rule.install(conn)  # the shared deployment: the rule for the JVM's writes
+    await conn.close()
+    jvm_proj = jvm.start("project", name="bursts", **{"entity-type": TYPE})
+    want: set[tuple[str, int]] = set()
+    try:
+        await asyncio.to_thread(jvm_proj.wait_for, lambda ls: any("started" in x for x in ls), 120)
+        # (i) a burst of concurrent single-event calls (group-commit batches)
+        await asyncio.gather(*(pyj.persist(f"{TYPE}|burst-{i}", [{"n": i}]) for i in range(1500)))
+        want |= {(f"{TYPE}|burst-{i}", 1) for i in range(1500)}
+        # (ii) persist_many of thousands of parts
+        assert failures(await pyj.persist_many([(f"{TYPE}|many-{i}", [{"n": i}]) for i in range(2000)])) == []
+        want |= {(f"{TYPE}|many-{i}", 1) for i in range(2000)}
+        # (iii) one call of the largest allowed size
+        await pyj.persist(f"{TYPE}|largest", [{"n": n} for n in range(MAX_EVENTS_PER_CALL)])
+        want |= {(f"{TYPE}|largest", n) for n in range(1, MAX_EVENTS_PER_CALL + 1)}
+        try:
+            await wait_until(
+                lambda: _count(jvm_db, f"SELECT count(*) >= {len(want)} FROM jvm_projection_seen"),
+                240, "the plugin's projection to read every event",
+            )  # fmt: skip
+        except AssertionError as e:
+            raise AssertionError(f"{e}; JVM stderr:\n{jvm_proj.stderr()[-3000:]}") from None
+    finally:
+        jvm_proj.stop()
+    rows = await _rows(jvm_db, "SELECT persistence_id, seq_nr FROM jvm_projection_seen")
+    # the primary key makes a second delivery fail the handler: equal sets of equal size = exactly once
+    assert {(r[0], r[1]) for r in rows} == want and len(rows) == len(want)
+    current = _jvm_events(jvm.run("events-by-slices", **{"entity-type": TYPE}))
+    assert Counter((x["pid"], x["seq_nr"]) for x in current) == Counter(dict.fromkeys(want, 1))
 
 
 # -- horizon mode with foreign writers ---------------------------------------------------------
@@ -435,11 +484,7 @@ async def test_python_worker_takes_over_a_jvm_projection(jvm: jvm_driver.Jvm, py
         )
     finally:
         stop([worker])
-    conn = await asyncpg.connect(jvm_db)
-    try:
-        rows = await conn.fetch("SELECT persistence_id, seq_nr FROM py_projection_seen")
-    finally:
-        await conn.close()
+    rows = await _rows(jvm_db, "SELECT persistence_id, seq_nr FROM py_projection_seen")
     got = Counter((r[0], r[1]) for r in rows)
     assert set(got) == batch2 | {(f"{TYPE}|t-marker", 1)}, "nothing of batch 1 again, nothing of batch 2 missed"
     assert max(got.values()) == 1
@@ -491,11 +536,7 @@ async def test_jvm_projection_takes_over_a_python_projection(jvm: jvm_driver.Jvm
         raise AssertionError(f"{e}; JVM stderr:\n{jvm_proj.stderr()}") from None
     finally:
         jvm_proj.stop()
-    conn = await asyncpg.connect(jvm_db)
-    try:
-        rows = await conn.fetch("SELECT persistence_id, seq_nr FROM jvm_projection_seen")
-    finally:
-        await conn.close()
+    rows = await _rows(jvm_db, "SELECT persistence_id, seq_nr FROM jvm_projection_seen")
     got = Counter((r[0], r[1]) for r in rows)
     assert set(got) == batch2 | {(f"{TYPE}|u-marker", 1)}, "nothing of batch 1 again, nothing of batch 2 missed"
     assert max(got.values()) == 1

@@ -15,6 +15,7 @@ import pytest
 
 from journal import Journal, JournalSettings, SequenceConflict, StorageError, Write, Written, failures, open_journal
 from journal.columns import WriteColumns
+from journal.envelope import ROW_STEP
 from tests.support.rows import count_rows
 
 
@@ -87,9 +88,10 @@ async def test_a_refused_row_leaves_nothing_of_its_part(dsn: str, journal: Journ
         await conn.close()
 
 
-async def test_one_timestamp_per_statement_above_every_previous_event_of_its_pids(dsn: str, journal: Journal) -> None:
+async def test_one_base_per_statement_above_every_previous_event_of_its_pids(dsn: str, journal: Journal) -> None:
     """The per-pid monotonic rule holds even when a previous event's timestamp is ahead of the
-    database clock (a clock step back): the statement's one timestamp is raised above it."""
+    database clock (a clock step back): the statement's one base timestamp is raised above it,
+    and its rows follow one microsecond apart."""
     await journal.persist("ts|ahead", ["old"])
     conn = await asyncpg.connect(dsn)
     try:
@@ -101,9 +103,9 @@ async def test_one_timestamp_per_statement_above_every_previous_event_of_its_pid
         await conn.close()
     out = await journal.persist_many([Write(f"ts|{i}", [i], 0) for i in range(20)] + [Write("ts|ahead", ["new"], 1)])
     assert failures(out) == []
-    stamps = {o.db_timestamp for o in out if isinstance(o, Written)}
-    assert len(stamps) == 1  # one statement, one timestamp
-    assert stamps.pop() == ahead + timedelta(microseconds=1)
+    stamps = [o.db_timestamp for o in out if isinstance(o, Written)]
+    base = ahead + timedelta(microseconds=1)
+    assert stamps == [base + i * ROW_STEP for i in range(21)]  # one statement, one base
     stored = [e async for e in journal.current_events_by_persistence_id("ts|ahead")]
     assert stored[1].db_timestamp > stored[0].db_timestamp
 
@@ -301,7 +303,7 @@ async def test_parts_with_metadata_and_several_events_keep_them(journal: Journal
     assert [(e.seq_nr, e.event, e.metadata) for e in stored] == [
         (1, "first", None), (2, "x", meta), (3, "y", meta), (4, "z", meta),
     ]  # fmt: skip
-    assert len({e.db_timestamp for e in stored[1:]}) == 1
+    assert [e.db_timestamp - stored[1].db_timestamp for e in stored[1:]] == [i * ROW_STEP for i in range(3)]
     two = [e async for e in journal.current_events_by_persistence_id("md|2")]
     assert [(e.event, e.metadata) for e in two] == [(b"raw", {"source_seq_nr": 3})]
     three = [e async for e in journal.current_events_by_persistence_id("md|3")]

@@ -46,7 +46,7 @@ async def test_every_part_written_with_its_numbers_tags_and_metadata(journal: Jo
     stored_b = [e async for e in journal.current_events_by_persistence_id("acc|b")]
     assert [e.event for e in stored_b] == ["old", {"n": 3}]
     assert stored_b[1].tags == ("t",) and stored_b[1].metadata == {"by": "bulk"}
-    assert stored_b[1].db_timestamp == b.db_timestamp
+    assert stored_b[1].db_timestamp == b.db_timestamp  # the first event of the part
     assert await events_of(journal, "acc|c") == [b"raw"]
     assert failures(out) == []
 

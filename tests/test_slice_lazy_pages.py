@@ -100,12 +100,13 @@ def test_written_envelopes_are_frozen_eager_looking_envelopes() -> None:
     import pickle
     from dataclasses import FrozenInstanceError
 
+    from journal.envelope import ROW_STEP
     from journal.offsets import SequenceOffset
 
     ts = datetime(2026, 1, 2, tzinfo=UTC)
     got = EventEnvelope.written("cart|1", "cart", 7, 4, ts, [{"a": 1}, "b"], ("t",), {"m": 1}, "w")
-    want = [
-        EventEnvelope("cart|1", "cart", 7, n, ts, ev, SequenceOffset(n), ("t",), {"m": 1}, "w")
+    want = [  # events of one call are stamped one microsecond apart
+        EventEnvelope("cart|1", "cart", 7, n, ts + (n - 4) * ROW_STEP, ev, SequenceOffset(n), ("t",), {"m": 1}, "w")
         for n, ev in ((4, {"a": 1}), (5, "b"))
     ]
     assert got == want and [type(e) for e in got] == [EventEnvelope, EventEnvelope]

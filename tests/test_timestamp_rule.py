@@ -30,15 +30,19 @@ async def test_rule_stamps_foreign_rows_and_skips_the_journals_own(journal: Jour
             pid = "Foreign|f-1"
             stamped = await conn.fetchval(FOREIGN_INSERT, slice_for(pid), pid, 1)
         assert stamped > started
-        # this library's own writes obey the rule already: untouched, one timestamp per call
+        # this library's own writes obey the rule already: untouched (one microsecond per row)
         written = await journal.persist("Own|o-1", [{"n": 1}, {"n": 2}, {"n": 3}])
-        stored = await conn.fetch("SELECT db_timestamp FROM event_journal WHERE persistence_id = 'Own|o-1'")
-        assert {r[0] for r in stored} == {written[0].db_timestamp}
+        stored = await conn.fetch(
+            "SELECT db_timestamp FROM event_journal WHERE persistence_id = 'Own|o-1' ORDER BY seq_nr"
+        )
+        assert [r[0] for r in stored] == [e.db_timestamp for e in written]
         # persist_in inside the caller's transaction: skipped too
         async with conn.transaction():
             mine = await journal.persist_in(conn, "Own|o-2", [{"n": 1}, {"n": 2}])
-        stored = await conn.fetch("SELECT db_timestamp FROM event_journal WHERE persistence_id = 'Own|o-2'")
-        assert {r[0] for r in stored} == {mine[0].db_timestamp}
+        stored = await conn.fetch(
+            "SELECT db_timestamp FROM event_journal WHERE persistence_id = 'Own|o-2' ORDER BY seq_nr"
+        )
+        assert [r[0] for r in stored] == [e.db_timestamp for e in mine]
         await timestamp_rule.remove(conn)
         assert not await timestamp_rule.installed(conn)
         async with conn.transaction():

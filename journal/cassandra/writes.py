@@ -61,17 +61,23 @@ class CassandraWrites(CassandraReads):
 
     async def _write_one(self, r: WriteRequest) -> WriteResult:
         """One call: the pid's calls one at a time (in this journal), each from the state the last
-        one left (read from the table when unknown, or when ``expected_seq_nr`` disagrees)."""
+        one left (read from the table when unknown, or when ``expected_seq_nr`` disagrees).
+
+        The state is read *before* the tag writers recover the pid, and the recovery must have
+        read every event up to it: a previous call of the pid whose outcome was unknown may land
+        late, and a recovery that missed it would number the next tag row in its place (its tag
+        row lost for good). One that lands after the state was read makes this call's
+        conditional write fail (:meth:`store`), and the next call recovers it."""
         pid = r.persistence_id
         self._check_size(r)
         lock = self._pid_locks.setdefault(pid, asyncio.Lock())
         async with lock:
             state = self._states.pop(pid, None)
             try:
-                if r.tags:
-                    await self.tag_writers.ensure_recovered(pid)
                 if state is None or (r.expected_seq_nr is not None and r.expected_seq_nr != state.highest):
                     state = await self.write_state(pid)
+                if r.tags:
+                    await self.tag_writers.ensure_recovered(pid, state.highest)
             except JournalUnavailable as e:  # nothing of this call was sent yet
                 raise JournalUnavailable(str(e), outcome_unknown=False) from e
             result = await self.store(r, state)  # on any error the state is forgotten
@@ -142,6 +148,8 @@ class CassandraWrites(CassandraReads):
                 self._unlisted.add(pid)
             raise
         if check and rows and not rows[0][0]:
+            # events this journal did not number may be there (a late write of its own): recover first
+            self.tag_writers.forget(pid)
             raise SequenceConflict(
                 pid, r.expected_seq_nr, f"another writer stored sequence numbers from {first} on meanwhile"
             )

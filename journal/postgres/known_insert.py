@@ -9,9 +9,9 @@ client knows. This statement instead:
 - checks, per call, with one index probe, that ``expected_seq_nr`` is the stored highest (the
   lowest stored row at or above it is exactly it, or there is none when it is 0): this catches
   a gap, and a stale 0 after the pid's first events were deleted, which the key cannot;
-- takes ONE timestamp for the statement, after the table lock (the horizon rule), raised above
-  every call's previous event (the per-pid monotonic rule), and returns only that and the
-  number of calls that failed the check.
+- stamps its rows by :mod:`.timestamp_rule`, with ``prev`` the newest stored event of any of its
+  pids (one base for the statement; the n-th row gets base + (n - 1) µs), and returns only the
+  first row's timestamp and the number of calls that failed the check.
 
 If the check fails nothing is inserted; if a row is refused the statement rolls back. Either
 way nothing of the batch is written and the caller falls back to the general insert, which
@@ -28,11 +28,12 @@ from ..backend import WriteRequest
 from ..columns import WriteColumns
 from ..serialization import JSON_SERIALIZER_ID
 from .statements import Statements, notify_groups
+from .timestamp_rule import CLOCK, settle, stamp
 
 _ROWS = """unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[], $6::text[], $8::int[], $9::text[],
               $10::int[], $11::text[], $12::bytea[])
-    AS t(persistence_id, slice, seq_nr, payload, entity_type, ser_id, ser_manifest,
-         meta_ser_id, meta_ser_manifest, meta_payload)"""
+    WITH ORDINALITY AS t(persistence_id, slice, seq_nr, payload, entity_type, ser_id, ser_manifest,
+                         meta_ser_id, meta_ser_manifest, meta_payload, n)"""
 
 # the calls to check: from the event arrays when every call has one event, else their own arrays
 _CALLS_OF_ONE_EVENT = "unnest($1::text[], $3::bigint[]) AS c0(persistence_id, seq_nr)"
@@ -70,25 +71,24 @@ class KnownSeqInsert:
             else ""
         )
         return f"""
-WITH chk AS (
+WITH {CLOCK}, chk AS (
   SELECT count(*) FILTER (WHERE COALESCE(f.seq_nr, 0) <> c.expected) AS bad, max(f.db_timestamp) AS prev
   FROM (SELECT c0.persistence_id, c0.seq_nr - 1 AS expected FROM {calls}) c
   LEFT JOIN LATERAL (
     SELECT e.seq_nr, e.db_timestamp FROM {ej} e
     WHERE e.persistence_id = c.persistence_id AND e.seq_nr >= c.expected ORDER BY e.seq_nr LIMIT 1
   ) f ON true
-), stamp AS (
-  SELECT GREATEST((SELECT clock_timestamp()), prev + interval '1 microsecond') AS ts, bad FROM chk
 ), ins AS (
   INSERT INTO {ej} (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,
     event_ser_manifest, event_payload, deleted, writer, meta_ser_id, meta_ser_manifest, meta_payload)
-  SELECT t.slice, COALESCE(t.entity_type, $7::text), t.persistence_id, t.seq_nr, stamp.ts,
+  SELECT t.slice, COALESCE(t.entity_type, $7::text), t.persistence_id, t.seq_nr, {stamp("chk.prev", "t.n")},
     COALESCE(t.ser_id, {JSON_SERIALIZER_ID}), COALESCE(t.ser_manifest, ''), t.payload, false, $5::text,
     t.meta_ser_id, t.meta_ser_manifest, t.meta_payload
-  FROM stamp, {_ROWS}
-  WHERE stamp.bad = 0
+  FROM chk, {_ROWS}
+  WHERE chk.bad = 0
+  RETURNING 1
 )
-SELECT ts, bad{notify} FROM stamp"""
+SELECT {stamp("prev", "1")} AS ts, bad, {settle("ins")} AS settled{notify} FROM chk"""
 
     def statement(self, batch: Sequence[WriteRequest] | WriteColumns, writer: str) -> tuple[str, tuple[Any, ...]]:
         """The statement and its parameters for ``batch`` (requests :meth:`accepts`-ed, or

@@ -16,6 +16,7 @@ import asyncpg
 
 from ..conditions import Condition
 from ..settings import JournalSettings
+from ..waits import wait_set
 from .errors import is_transient
 from .statements import notify_channel
 
@@ -64,8 +65,7 @@ class PostgresListener:
                 self.down.clear("notification listener connected again")
                 self._on_reconnect()  # notifications sent while not listening are lost: poll now
                 while not lost.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(lost.wait(), timeout=5.0)
+                    await wait_set(lost, 5.0)
                     if not lost.is_set() and conn.is_closed():
                         break
                 log.warning("notification listener connection lost; reconnecting")

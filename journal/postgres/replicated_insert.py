@@ -2,14 +2,12 @@
 
 The events arrive in their source's log order, which extends the causal order; the target must
 store them so that its slice queries deliver them in that order too. Slice queries order by
-``(db_timestamp, seq_nr, persistence_id)``, so every event gets its own timestamp, one
-microsecond after the one before it in the batch: ``base + (n - 1) µs`` for the n-th event,
-where ``base`` is the clock read inside the statement (after it holds its lock on
-event_journal, as the journal's write rule requires), raised above the newest stored event of
-every pid in the batch (the per-pid monotonic rule). Sequence numbers continue each pid's, in
-batch order. The last timestamp may be up to ``batch size`` microseconds ahead of the clock: the
-caller waits until the clock has passed it before committing (:data:`WAIT_FOR_CLOCK`), so any
-event written after the commit, here or by a reader of these events, gets a later timestamp.
+``(db_timestamp, seq_nr, persistence_id)``, and :mod:`.timestamp_rule` gives the n-th row of a
+statement base + (n - 1) µs, so the events are stamped in batch order; ``prev`` is the newest
+stored event of every pid of the batch (one base for the whole batch). Sequence numbers continue
+each pid's, in batch order. The statement settles before it returns (the clock has passed its
+per-row steps), so any event written after the commit, here or by a reader of these events, gets
+a later timestamp.
 
 Parameters are parallel arrays, one element per event (see :func:`insert_replicated`); tags
 get their tag-view rows in the same statement, and the NOTIFY of the journal's write path is sent
@@ -21,15 +19,13 @@ from __future__ import annotations
 from ..settings import validate_identifier
 from .statements import notify_channel
 from .tag_statements import TagStatements
+from .timestamp_rule import CLOCK, settle, stamp
 
 _COLUMNS = (
     "slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest, "
     "event_payload, deleted, writer, tags, meta_ser_id, meta_ser_manifest, meta_payload, "
     "origin_location, origin_seq_nr, vector_time, log_seq_nr"
 )
-
-WAIT_FOR_CLOCK = "SELECT pg_sleep(GREATEST(0, extract(epoch FROM $1::timestamptz - clock_timestamp())))"
-"""Before commit: let the clock pass the batch's last timestamp ($1)."""
 
 
 def insert_replicated(schema: str, *, notify: bool, tagged: bool) -> str:
@@ -42,7 +38,7 @@ def insert_replicated(schema: str, *, notify: bool, tagged: bool) -> str:
     validate_identifier(schema, "schema")
     ej = f'"{schema}".event_journal'
     rows = f"""
-WITH i AS MATERIALIZED (
+WITH {CLOCK}, i AS MATERIALIZED (
   SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::text[], $5::bytea[], $6::text[], $7::int[],
                        $8::text[], $9::bytea[], $10::text[], $11::bigint[], $12::text[], $13::bigint[])
     WITH ORDINALITY AS i(persistence_id, slice, ser_id, ser_manifest, payload, tags_json, meta_ser_id,
@@ -53,12 +49,10 @@ WITH i AS MATERIALIZED (
     SELECT e.seq_nr, e.db_timestamp FROM {ej} e
     WHERE e.persistence_id = p.persistence_id ORDER BY e.seq_nr DESC LIMIT 1
   ) h ON true
-), base AS MATERIALIZED (
-  SELECT GREATEST((SELECT clock_timestamp()), (SELECT max(db_timestamp) FROM prev) + interval '1 microsecond') AS ts
 ), src AS MATERIALIZED (
   SELECT i.slice, $14::text AS entity_type, i.persistence_id,
     COALESCE(prev.seq_nr, 0) + row_number() OVER (PARTITION BY i.persistence_id ORDER BY i.n) AS seq_nr,
-    (SELECT ts FROM base) + (i.n - 1) * interval '1 microsecond' AS db_timestamp,
+    {stamp("(SELECT max(db_timestamp) FROM prev)", "i.n")} AS db_timestamp,
     i.ser_id, i.ser_manifest, i.payload,
     CASE WHEN i.tags_json IS NULL THEN NULL
          ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags_json::jsonb)) END AS tags,
@@ -81,4 +75,5 @@ WITH i AS MATERIALIZED (
         if notify
         else ""
     )
-    return f"{rows}{tags}\nSELECT count(*) AS n, max(db_timestamp) AS last_timestamp{notified} FROM ins"
+    result = f"count(*) AS n, max(db_timestamp) AS last_timestamp, {settle('ins')} AS settled"
+    return f"{rows}{tags}\nSELECT {result}{notified} FROM ins"

@@ -28,7 +28,7 @@ from ..settings import validate_identifier
 from ..vector_time import VectorTime
 from . import recovery_guard
 from .errors import is_transient
-from .replicated_insert import WAIT_FOR_CLOCK, insert_replicated
+from .replicated_insert import insert_replicated
 from .statements import notify_groups
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .writes import PostgresWrites
@@ -398,8 +398,7 @@ class PostgresReplicationStore:
             params.append(sorted(notify_groups(set(slices), repeat(log_name))))
         if tagged:
             params.append(bucket_millis(b.settings.tags.bucket_size))
-        row = await conn.fetchrow(self.sql.insert(notify=notify, tagged=tagged), *params)
-        await conn.execute(WAIT_FOR_CLOCK, row["last_timestamp"])
+        await conn.fetchrow(self.sql.insert(notify=notify, tagged=tagged), *params)
         return positions[-1], vv
 
     async def begin_recovery(self, log_names: Sequence[str]) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..backend import SLICE_GROUP_SIZE, SLICE_ROW_COLUMNS
 from ..settings import validate_identifier
+from .timestamp_rule import CLOCK, settle, stamp
 
 EVENT_COLUMNS = ", ".join(SLICE_ROW_COLUMNS)
 """The event_journal columns every read selects, in the seam's row layout
@@ -60,22 +61,22 @@ class Statements:
         Parameters are parallel arrays, one element per event; the ordinal, manifest, tag and
         metadata arrays may be sent empty when every element would be 1, '' or NULL (a multi-
         argument unnest pads them with NULLs); an empty serializer-id array means JSON (id 1).
-        Each row's db_timestamp is the clock at execution (one reading per statement, taken
-        after the table lock), kept monotonic per pid with the
-        reference's GREATEST rule; every event of one call gets the same timestamp. A call whose
-        ``base_seq_nr`` does not match the stored highest yields no rows (reported as a conflict).
+        Each row's db_timestamp follows :mod:`.timestamp_rule` (its pid's newest stored event
+        is ``prev``; ``n`` its position in the arrays, so a call's events get consecutive
+        microseconds). A call whose ``base_seq_nr`` does not match the stored highest yields no
+        rows (reported as a conflict). Needs the statement's ``clock`` CTE.
         """
         return f"""
   SELECT i.slice, i.entity_type, i.persistence_id, COALESCE(prev.seq_nr, 0) + COALESCE(i.ordinal, 1) AS seq_nr,
-    GREATEST((SELECT clock_timestamp()), prev.db_timestamp + interval '1 microsecond') AS db_timestamp,
+    {stamp("prev.db_timestamp", "i.n")} AS db_timestamp,
     COALESCE(i.ser_id, 1) AS ser_id, COALESCE(i.ser_manifest, '') AS ser_manifest, i.payload,
     CASE WHEN i.tags_json IS NULL THEN NULL
          ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags_json::jsonb)) END AS tags,
     i.meta_ser_id, i.meta_ser_manifest, i.meta_payload
   FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::bigint[], $6::int[],
               $7::text[], $8::bytea[], $10::text[], $11::int[], $12::text[], $13::bytea[])
-    AS i(persistence_id, entity_type, slice, ordinal, base_seq_nr, ser_id, ser_manifest,
-         payload, tags_json, meta_ser_id, meta_ser_manifest, meta_payload)
+    WITH ORDINALITY AS i(persistence_id, entity_type, slice, ordinal, base_seq_nr, ser_id, ser_manifest,
+                         payload, tags_json, meta_ser_id, meta_ser_manifest, meta_payload, n)
   LEFT JOIN LATERAL (
     SELECT e.seq_nr, e.db_timestamp FROM {self.ej} e
     WHERE e.persistence_id = i.persistence_id ORDER BY e.seq_nr DESC LIMIT 1
@@ -101,19 +102,20 @@ class Statements:
             else ""
         )
         return f"""
-SELECT persistence_id, min(seq_nr) AS first_seq_nr, count(*) AS n, max(db_timestamp) AS db_timestamp
-  {notify_col}
+SELECT persistence_id, min(seq_nr) AS first_seq_nr, count(*) AS n, min(db_timestamp) AS db_timestamp,
+  {settle("ins")} AS settled{notify_col}
 FROM ins GROUP BY persistence_id"""
 
     def insert_events(self, *, on_conflict_do_nothing: bool, notify: bool) -> str:
         """Group-commit insert of many calls in one statement (see :meth:`_event_rows`).
 
-        Returns one row per written call: pid, first seq_nr, row count, db_timestamp. With
+        Returns one row per written call: pid, first seq_nr, row count, the first row's
+        db_timestamp (each next row of the call is one microsecond later). With
         ``notify``, parameter $14 is the text[] of notification payloads to send.
         """
         conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
         rows = self._event_rows()
-        return f"WITH ins AS (\n  {self._insert_from(f'({rows}) src', conflict)}\n){self._result(notify)}"
+        return f"WITH {CLOCK}, ins AS (\n  {self._insert_from(f'({rows}) src', conflict)}\n){self._result(notify)}"
 
     def insert_events_tagged(self, *, on_conflict_do_nothing: bool, notify: bool, tag_rows: str) -> str:
         """:meth:`insert_events` for batches with tags: the same event rows (from CTE ``src``) plus
@@ -123,7 +125,8 @@ FROM ins GROUP BY persistence_id"""
         carry tags use it; the untagged statement is unchanged."""
         conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
         return (
-            f"WITH src AS MATERIALIZED ({self._event_rows()}\n), ins AS (\n  {self._insert_from('src', conflict)}\n"
+            f"WITH {CLOCK}, src AS MATERIALIZED ({self._event_rows()}\n),"
+            f" ins AS (\n  {self._insert_from('src', conflict)}\n"
             f"), tv AS ({tag_rows}\n){self._result(notify)}"
         )
 
@@ -142,7 +145,7 @@ FROM ins GROUP BY persistence_id"""
             f", pg_notify('{self.channel}', (slice / 64)::text || ':' || entity_type) AS notified" if notify else ""
         )
         return f"""
-WITH prev AS (
+WITH {CLOCK}, prev AS (
   SELECT e.seq_nr, e.db_timestamp FROM {self.ej} e
   WHERE e.persistence_id = $3::text ORDER BY e.seq_nr DESC LIMIT 1
 ), ins AS (
@@ -150,12 +153,13 @@ WITH prev AS (
     event_ser_id, event_ser_manifest, event_payload, deleted, writer,
     meta_ser_id, meta_ser_manifest, meta_payload)
   SELECT $1::int, $2::text, $3::text, COALESCE((SELECT seq_nr FROM prev), 0) + 1,
-    GREATEST((SELECT clock_timestamp()), (SELECT db_timestamp FROM prev) + interval '1 microsecond'),
+    {stamp("(SELECT db_timestamp FROM prev)", "1")},
     $5::int, $6::text, $7::bytea, false, $8::text, $9::int, $10::text, $11::bytea
   WHERE $4::bigint IS NULL OR $4::bigint = COALESCE((SELECT seq_nr FROM prev), 0)
   RETURNING persistence_id, seq_nr, db_timestamp, slice, entity_type
 )
-SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{notify_col} FROM ins"""
+SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp,
+  {settle("ins")} AS settled{notify_col} FROM ins"""
 
     writer_busy = (
         "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND application_name = $2 AND state = 'active'"
@@ -302,6 +306,37 @@ SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp{noti
     @property
     def delete_older_snapshots(self) -> str:
         return f"DELETE FROM {self.older} WHERE persistence_id = $1"
+
+    @property
+    def insert_keys(self) -> str:
+        return (
+            f'INSERT INTO "{self.schema}".encryption_key (subject, data_key, created_at) '
+            "SELECT s, k, now() FROM unnest($1::text[], $2::bytea[]) AS u(s, k) ON CONFLICT DO NOTHING"
+        )
+
+    @property
+    def load_keys(self) -> str:
+        return f'SELECT subject, data_key FROM "{self.schema}".encryption_key WHERE subject = ANY($1::text[])'
+
+    @property
+    def forget_key(self) -> str:
+        """A subject with no key yet gets its tombstone too: it is never made later."""
+        t = f'"{self.schema}".encryption_key'
+        return (
+            f"WITH old AS (SELECT data_key FROM {t} WHERE subject = $1) "
+            f"INSERT INTO {t} AS k (subject, data_key, created_at, forgotten_at) VALUES ($1, NULL, now(), now()) "
+            "ON CONFLICT (subject) DO UPDATE SET data_key = NULL, forgotten_at = coalesce(k.forgotten_at, now()) "
+            "RETURNING coalesce((SELECT data_key IS NOT NULL FROM old), false)"
+        )
+
+    @property
+    def manifest_counts(self) -> str:
+        return (
+            f"SELECT 'event', event_ser_id, event_ser_manifest, count(*) FROM {self.ej} WHERE NOT deleted "
+            f"GROUP BY 2, 3 UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.snap} "
+            f"GROUP BY 2, 3 UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.older} "
+            "GROUP BY 2, 3 ORDER BY 1, 3, 2"
+        )
 
     @property
     def event_counts(self) -> str:

@@ -1,17 +1,18 @@
-"""The write rule enforced by the database, for writers that do not follow it (JVM services).
+"""The timestamp rule's one home: the SQL every INSERT of event_journal builds db_timestamp from,
+and the trigger that enforces it for other writers.
 
-Horizon mode (:mod:`journal.query.horizon`) is sound when every row's db_timestamp is read from
-the clock *after* its statement holds RowExclusiveLock on event_journal. This library's insert
-does that. Akka Persistence R2DBC does not: it uses ``transaction_timestamp()``, taken when its
-transaction began, before the lock; an atomic write of several events sends BEGIN first, so a
-stall between BEGIN and INSERT (a GC pause, the network) lets it commit rows below a horizon
-that readers have already passed, and horizon mode misses them.
+The rule itself is defined in docs/concepts.md ("The write rule", with why horizon mode stays
+sound); here it is code: :data:`CLOCK` (one clock reading per statement, after its lock),
+:func:`stamp` (per pid, per row) and :func:`settle` (the statement ends after its per-row steps).
 
-The rule installed here is a BEFORE INSERT row trigger that raises ``db_timestamp`` to
-``clock_timestamp()`` — read inside the insert, after the lock — for every row not written by
-this library (whose writer connections set ``slice_journal.writer = 'rule'``; they already obey
-it, and one timestamp per call is kept for them). Raising only ever moves a timestamp forward,
-so the per-pid monotonic rule still holds, and RETURNING reports the raised value to the plugin.
+Writers that do not follow it (JVM services) get it enforced by the database: the rule installed
+here (``journal timestamp-rule install``) is a BEFORE INSERT row trigger that raises
+``db_timestamp`` to ``clock_timestamp()`` — read inside the insert, after the lock — for every row
+not written by this library (whose writer connections set ``slice_journal.writer = 'rule'``; they
+already obey it). Akka Persistence R2DBC uses ``transaction_timestamp()``, taken when its
+transaction began, before the lock: a stall between BEGIN and INSERT would otherwise let it commit
+rows below a horizon that readers have already passed. Raising only ever moves a timestamp
+forward, so the per-pid monotonic rule still holds, and RETURNING reports the raised value.
 """
 
 from __future__ import annotations
@@ -24,6 +25,26 @@ WRITER_SETTING = "slice_journal.writer"
 """Custom setting this library's write connections carry; the trigger skips their rows."""
 WRITER_VALUE = "rule"
 TRIGGER = "slice_journal_timestamp_rule"
+
+MICROSECOND = "interval '1 microsecond'"
+
+CLOCK = "clock AS MATERIALIZED (SELECT clock_timestamp() AS t)"
+"""The CTE every insert reads its one clock reading from (``(SELECT t FROM clock)``)."""
+
+
+def stamp(prev: str, n: str) -> str:
+    """The db_timestamp of the ``n``-th row (1-based) of a statement whose pid's (or pids')
+    newest stored timestamp is ``prev`` (NULL: none). Needs :data:`CLOCK` in the statement."""
+    return f"GREATEST((SELECT t FROM clock), {prev} + {MICROSECOND}) + ({n} - 1) * {MICROSECOND}"
+
+
+def settle(inserted: str) -> str:
+    """A select-list expression (true) that waits, if it must, until the clock has passed the
+    last per-row step of the rows of the data-modifying CTE ``inserted`` (it needs a RETURNING).
+    Reading that CTE makes it run after the rows are inserted; it then costs one clock reading,
+    since inserting a row takes longer than a microsecond."""
+    last = f"(SELECT t FROM clock) + ((SELECT count(*) FROM {inserted}) - 1) * {MICROSECOND}"
+    return f"(SELECT true FROM pg_sleep(GREATEST(0, extract(epoch FROM {last} - clock_timestamp()))))"
 
 
 def _names(schema: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from enum import Enum
+from itertools import repeat
 from typing import Any
 
 import asyncpg
@@ -16,6 +17,7 @@ import asyncpg
 from ..backend import Found, WriteCheck, WriteRequest, WriteResult, check_rows, new_row
 from ..buckets import bucket_millis
 from ..columns import WriteColumns
+from ..envelope import ROW_STEP, consecutive_stamps
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict
 from ..serialization import JSON_SERIALIZER_ID
 from .connections import PostgresConnections, PostgresPart
@@ -136,7 +138,7 @@ class PostgresWrites(PostgresPart):
         if not interrupted and interruptions == 0 and len(requests) > 1 and self._known.accepts(requests):
             optimistic = await self._insert_known(requests)
             if isinstance(optimistic, datetime):
-                return [new_row(WriteResult, (r.expected_seq_nr + 1, optimistic)) for r in requests]  # type: ignore[operator]
+                return _known_results(requests, optimistic)
             interrupted = optimistic is _Unwritten.INTERRUPTED
         results: dict[int, WriteResult | Exception] = {}
         pending = list(range(len(requests)))
@@ -225,7 +227,8 @@ class PostgresWrites(PostgresPart):
 
     async def write_columns(self, columns: WriteColumns) -> datetime | list[WriteResult | Exception]:
         """Write calls given as columns (see :class:`~journal.columns.WriteColumns`): the
-        optimistic insert, with no object per call; returns the timestamp every call got. If it
+        optimistic insert, with no object per call; returns the first call's timestamp (each
+        next call's is one :data:`~journal.envelope.ROW_STEP` later). If it
         wrote nothing (a conflict) or its outcome is unknown, the calls are built and go through
         :meth:`write_batch`, which isolates or resolves them; returns its per-call results."""
         got = await self._insert_known(columns)
@@ -250,7 +253,7 @@ class PostgresWrites(PostgresPart):
                 await asyncio.sleep(delay)
 
     async def _insert_known(self, batch: Sequence[WriteRequest] | WriteColumns) -> datetime | _Unwritten:
-        """The optimistic insert: its timestamp when every call was written; NOTHING when nothing
+        """The optimistic insert: its first row's timestamp when every call was written; NOTHING when nothing
         was written (the check failed, or the database refused a row); INTERRUPTED when the
         connection broke once the statement was sent (its server process has settled since)."""
         stmt, params = self._known.statement(batch, self.writer_id)
@@ -423,6 +426,21 @@ class _Unwritten(Enum):
 
 _Written = tuple[int, int, datetime]
 """Per written pid: first seq_nr, number of rows, db_timestamp."""
+
+
+def _known_results(requests: Sequence[WriteRequest], first: datetime) -> list[WriteResult | Exception]:
+    """Each call's result of an optimistic insert stamped from ``first``: its rows follow the
+    previous calls' rows in the statement, one :data:`ROW_STEP` each."""
+    if all([len(r.events) == 1 for r in requests]):  # the commonest batch: stamps in one C loop
+        firsts = [r.expected_seq_nr + 1 for r in requests]  # type: ignore[operator]  # accepts()
+        stamps = consecutive_stamps(first, len(requests))
+        return list(map(new_row, repeat(WriteResult), zip(firsts, stamps, strict=True)))
+    out: list[WriteResult | Exception] = []
+    row = first
+    for r in requests:
+        out.append(new_row(WriteResult, (r.expected_seq_nr + 1, row)))  # type: ignore[operator]  # accepts()
+        row += ROW_STEP * len(r.events)
+    return out
 
 
 def _by_pid(rows: Sequence[asyncpg.Record]) -> dict[str, _Written]:

@@ -8,21 +8,22 @@ Transient failures are retried with backoff and the query resumes from its last 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .. import tracing
 from ..backend import PageRequest, SliceQueryBackend, SliceRange, StoredEvent
 from ..conditions import Condition
-from ..envelope import EventEnvelope, lazy_page_envelopes
+from ..envelope import TRACE_MANIFEST, EventEnvelope, lazy_page_envelopes, with_trace
 from ..errors import JournalUnavailable, SerializationError
 from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
 from ..offsets import SequenceOffset as SeqOffset
 from ..offsets import TimestampOffset
 from ..serialization import SerializerRegistry
 from ..settings import JournalSettings, QueryMode
+from ..waits import wait_set
 from .backtracking import BacktrackingState
 from .horizon import Horizon
 from .notifications import NotificationHub, Subscription
@@ -39,15 +40,18 @@ def envelope_of(
     ``event=None``; an unreadable one a SerializationError naming ``pid#seq_nr``."""
     deserialize = serializers.deserialize
     try:
-        event = deserialize(r.ser_id, r.ser_manifest, r.payload) if r.payload is not None else None
+        pid = r.persistence_id
+        event = deserialize(r.ser_id, r.ser_manifest, r.payload, pid=pid) if r.payload is not None else None
         m = r.meta
-        meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None else None
+        traced = m is not None and m.manifest == TRACE_MANIFEST
+        meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None and not traced else None
     except SerializationError as e:
         raise SerializationError(f"{r.persistence_id}#{r.seq_nr}: {e}") from e
-    return EventEnvelope(
+    env = EventEnvelope(
         r.persistence_id, r.entity_type, r.slice, r.seq_nr, r.db_timestamp, event, offset,
         r.tags, meta, r.writer, r.payload is not None, source,
     )  # fmt: skip
+    return with_trace(env, m.payload) if traced else env  # type: ignore[union-attr]
 
 
 class SliceQueries:
@@ -122,7 +126,8 @@ class SliceQueries:
         slices = SliceRange(et, lo, hi)
 
         def read(req: PageRequest) -> asyncio.Task[list[Any]]:
-            t = asyncio.ensure_future(b.read_slice_rows(slices, req))
+            rows = b.read_slice_rows(slices, req)
+            t = asyncio.ensure_future(rows if not tracing.ON else _traced_page(rows, et, lo, hi))
             t.add_done_callback(_retrieve)
             return t
 
@@ -134,6 +139,8 @@ class SliceQueries:
             while pending is not None:
                 rows = await pending
                 pending = None
+                if self.serializers.keyed:
+                    await self.serializers.load_keys((r[0], r[5]) for r in rows)
                 page = _Page(rows, state.offset, self.serializers)
                 if rows:
                     state.offset = page.offset_at(len(rows) - 1)
@@ -286,9 +293,14 @@ class SliceQueries:
                 first = bt.first_undelivered(pid, seq_nr)
                 if first is None:
                     continue
-                for e in await order.before(pid, first, seq_nr, r.db_timestamp):
+                earlier = await order.before(pid, first, seq_nr, r.db_timestamp)
+                if self.serializers.keyed:
+                    await self.serializers.load_keys((e.persistence_id, e.ser_id) for e in earlier)
+                for e in earlier:
                     yield self.envelope(e, bt.offset_for(e), source="backtracking")
                 full = await b.load_event(pid, seq_nr)
+                if full is not None and self.serializers.keyed:
+                    await self.serializers.load_keys([(full.persistence_id, full.ser_id)])
                 bt.mark(pid, seq_nr, r.db_timestamp)
                 if full is None:  # deleted meanwhile
                     continue
@@ -325,6 +337,8 @@ class SliceQueries:
                     continue
                 if down.active:
                     down.clear(f"live events of {pid}: database available again")
+                if self.serializers.keyed:
+                    await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
                 for r in rows:
                     yield self.envelope(r, SeqOffset(r.seq_nr))
                     nxt = r.seq_nr + 1
@@ -356,7 +370,7 @@ class _Page:
     def event_at(self, i: int) -> Any:
         r = self.rows[i]
         try:
-            return self.serializers.deserialize(r[5], r[6], r[7])
+            return self.serializers.deserialize(r[5], r[6], r[7], pid=r[0])
         except SerializationError as e:
             raise SerializationError(f"{r[0]}#{r[3]}: {e}") from e
 
@@ -393,6 +407,13 @@ class _Page:
         return o
 
 
+async def _traced_page(rows: Awaitable[list[Any]], et: str, lo: int, hi: int) -> list[Any]:
+    with tracing.span("journal.slice_page", attributes={"entity_type": et, "slices": f"{lo}-{hi}"}) as s:
+        got = await rows
+        s.set_attribute("rows", len(got))
+        return got
+
+
 def _retrieve(t: asyncio.Task[list[Any]]) -> None:
     if not t.cancelled():
         t.exception()  # an abandoned prefetch's error is not an unhandled one
@@ -401,5 +422,4 @@ def _retrieve(t: asyncio.Task[list[Any]]) -> None:
 async def _wait(sub: Subscription, delay: float) -> None:
     if delay <= 0:
         return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(sub.wake.wait(), timeout=delay)
+    await wait_set(sub.wake, delay)

@@ -50,7 +50,7 @@ class _TagPage:
 
     def event_at(self, i: int) -> Any:
         r = self.rows[i]
-        return self.serializers.deserialize(r[5], r[6], r[7], what=r[0])
+        return self.serializers.deserialize(r[5], r[6], r[7], what=r[0], pid=r[0])
 
     def offset_at(self, i: int) -> TimeUUIDOffset:
         return TimeUUIDOffset(self.rows[i][1])
@@ -63,6 +63,8 @@ async def envelopes(query: TagQuery, serializers: SerializerRegistry) -> AsyncIt
     """The query's rows as envelopes built lazily a run at a time (payload decoded, offset made
     on first access): the catch-up hot path."""
     async for rows in query.pages():
+        if serializers.keyed:
+            await serializers.load_keys((r[0], r[5]) for r in rows)
         page = _TagPage(rows, serializers)
         for env in lazy_tag_page_envelopes(rows, page, page.metadata):
             yield env

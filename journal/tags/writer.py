@@ -16,6 +16,7 @@ room (back-pressure) instead of growing without limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -24,8 +25,9 @@ from dataclasses import dataclass, field
 
 from ..backend import TaggedEvent, TagProgress, TagRow, TagStore
 from ..buckets import bucket_of
-from ..errors import TagWriteTimeout
+from ..errors import JournalUnavailable, TagWriteTimeout
 from ..settings import TagSettings
+from ..waits import within
 
 log = logging.getLogger("journal.tags.writer")
 
@@ -197,10 +199,8 @@ class TagWriter:
                     self._wake.notify_all()  # room in the buffer
                     return batch
                 due = self.state.flush_due_in(now)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=due)
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    await within(self._wake.wait(), due)
 
     async def _run(self) -> None:
         backoff = self._settings.retry_initial_backoff
@@ -261,10 +261,11 @@ class TagWriters:
         unknown): recover it again before its next write."""
         self._recovered.discard(pid)
 
-    async def ensure_recovered(self, pid: str) -> None:
-        """Call before storing a pid's new events: recovers it on first use (and after a timeout)."""
+    async def ensure_recovered(self, pid: str, highest: int | None = None) -> None:
+        """Call before storing a pid's new events: recovers it on first use (and after a timeout),
+        reading at least up to ``highest`` (the stored highest the write starts from)."""
         if pid not in self._recovered:
-            await self.recover(pid)
+            await self.recover(pid, highest)
 
     async def write(self, events: Sequence[TaggedEvent]) -> None:
         """Write the tag rows of freshly stored events (their pids recovered before they were
@@ -284,7 +285,7 @@ class TagWriters:
 
     async def _wait(self, futures: list[asyncio.Future[None]], pids: set[str]) -> None:
         try:
-            await asyncio.wait_for(asyncio.gather(*futures), self.settings.tag_write_timeout)
+            await within(asyncio.gather(*futures), self.settings.tag_write_timeout)
         except (TimeoutError, asyncio.CancelledError) as e:
             self._recovered.difference_update(pids)
             raise TagWriteTimeout(
@@ -292,10 +293,15 @@ class TagWriters:
                 "the events are stored and their tag rows are resent on the next recovery"
             ) from e
 
-    async def recover(self, pid: str) -> int:
+    async def recover(self, pid: str, highest_stored: int | None = None) -> int:
         """Crash recovery of one pid: reset the writers' numbering from the stored progress, drop
         the pid's buffered rows, and resend its tagged events above the progress (idempotent:
-        same UUIDs and numbers). Returns how many tag rows were resent."""
+        same UUIDs and numbers). Returns how many tag rows were resent.
+
+        Raises:
+            JournalUnavailable: (nothing sent) the events read end below ``highest_stored``: the
+                numbering would skip the unread ones, so the pid stays unrecovered.
+        """
         lock = self._locks.setdefault(pid, asyncio.Lock())
         async with lock:
             progress = await self.store.read_progress(pid)
@@ -324,6 +330,12 @@ class TagWriters:
                 if len(evs) < page:
                     break
                 nxt = evs[-1].seq_nr + 1
+            if highest_stored is not None and highest < highest_stored:
+                raise JournalUnavailable(
+                    f"tag recovery of {pid!r} read events up to {highest}, but {highest_stored} are stored: "
+                    "not numbering past unread events",
+                    outcome_unknown=False,
+                )
             if futures:
                 self._recovered.discard(pid)
                 await self._wait(futures, {pid})

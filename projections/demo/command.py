@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from journal.cli.common import DataDirOption, DsnOption, SchemaOption, settings_from, target_dsn
+from journal.waits import within
 
 
 def register(app: typer.Typer) -> None:
@@ -160,7 +161,7 @@ async def _demo(
                 p.send_signal(signal.SIGTERM)
         for p in procs:
             try:
-                await asyncio.wait_for(p.wait(), 20)
+                await within(p.wait(), 20)
             except TimeoutError:
                 p.kill()
         v = await verify(j, conn, entity_type)
