@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import asyncpg
 
 from journal.postgres.dsn import asyncpg_dsn
-from journal.postgres.migrations import upgrade
 from journal.replication.config import EndpointConfig
 from journal.replication.endpoint import ReplicationEndpoint
 from tests.endpoint_processes import free_address
-from tests.support.scratch import scratch_database
+
+try:
+    from benchmarks._common import fresh_databases
+except ImportError:  # run as a script from benchmarks/
+    from _common import fresh_databases  # type: ignore[no-redef]
 
 LOG = "Order"
 
@@ -90,18 +89,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=10.0)
     args = p.parse_args()
-    with contextlib.ExitStack() as stack:
-        server = os.environ.get("JOURNAL_DSN")
-        if not server:
-            from journal.postgres.embedded import start_embedded
-
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="sj-bench-"))
-            server = start_embedded(Path(tmp) / "pgdata")
-        dsns = {n: stack.enter_context(scratch_database(server, f"sjover{n.lower()}")) for n in "AB"}
-        for dsn in dsns.values():
-            upgrade(dsn)
+    with fresh_databases(["A", "B"]) as dsns:
         asyncio.run(run(dsns, args.seconds))
-
 
 if __name__ == "__main__":
     main()

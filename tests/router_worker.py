@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from pathlib import Path
 
 from journal import EntityRegistry, EventRouter, JournalSettings, open_journal
 from tests.routing_fixtures import Account
@@ -27,6 +28,22 @@ async def main(dsn: str, save_interval: float, router_id: str, lease_ttl: float 
             print("started", flush=True)
             await stop.wait()
         print(f"delivered={router.delivered} duplicates={router.duplicates}", flush=True)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def start_router(dsn: str, *args: str) -> asyncio.subprocess.Process:
+    """This module as a process (``args``: SAVE_INTERVAL [ROUTER_ID LEASE_TTL RENEW]), once it
+    has started its router."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.router_worker", dsn, *args,
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    assert line == b"started\n", (line, await proc.stderr.read() if proc.stderr else b"")
+    return proc
 
 
 if __name__ == "__main__":

@@ -7,33 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 from journal import EntityRegistry, Journal, routed_from
 from journal.postgres.leases import LeaseSql
+from tests.router_worker import start_router
 from tests.routing_fixtures import Order
 from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
 LEASES = LeaseSql("public")
 ROUTER = "shared"
 DESTS = 6
 
 
-async def start_router(dsn: str) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.router_worker", dsn, "0.3", ROUTER, "3.0", "0.5",
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 60)
-    assert line == b"started\n", (line, await proc.stderr.read() if proc.stderr else b"")
-    return proc
+def start(dsn: str) -> Any:
+    return start_router(dsn, "0.3", ROUTER, "3.0", "0.5")
 
 
 async def owners(dsn: str) -> dict[str, int]:
@@ -84,14 +76,14 @@ async def test_routers_share_slices_rescale_and_take_over_a_killed_one(
 
         load = asyncio.create_task(place())
         try:
-            procs.append(await start_router(dsn))
+            procs.append(await start(dsn))
             await wait_until(shared_by(1, dsn), 60, "one router holding every slice", every=0.2)
-            procs.extend([await start_router(dsn), await start_router(dsn)])
+            procs.extend([await start(dsn), await start(dsn)])
             await wait_until(shared_by(3, dsn), 60, "three routers sharing the slices", every=0.2)
             procs[1].send_signal(signal.SIGKILL)  # no release: its leases expire
             await procs[1].wait()
             await wait_until(shared_by(2, dsn), 60, "the killed router's slices taken over", every=0.2)
-            procs.append(await start_router(dsn))
+            procs.append(await start(dsn))
             await wait_until(shared_by(3, dsn), 60, "a new router getting its share", every=0.2)
             for p in (procs[0], procs[2]):  # scaled down: they give their slices up
                 p.send_signal(signal.SIGTERM)

@@ -179,11 +179,11 @@ async def test_filters_compose_and_private_events_never_leave(locs: dict[str, Lo
 async def test_an_unmigrated_database_is_a_clear_configuration_error(server_dsn: str) -> None:
     from journal.errors import ConfigurationError
     from journal.postgres.migrations import upgrade
-    from tests.support.scratch import _admin, with_database
+    from tests.support.scratch import admin, with_database
 
     name = "sjrepl_old_schema"
-    await _admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await _admin(server_dsn, f'CREATE DATABASE "{name}"')
+    await admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin(server_dsn, f'CREATE DATABASE "{name}"')
     try:
         db = with_database(server_dsn, name)
         await asyncio.to_thread(upgrade, db, "public", "0004")
@@ -191,7 +191,7 @@ async def test_an_unmigrated_database_is_a_clear_configuration_error(server_dsn:
             async with open_location("A", db, [LOG]):
                 pass
     finally:
-        await _admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def test_a_local_write_does_not_cover_what_arrived_after_it(locs: dict[str, Location]) -> None:

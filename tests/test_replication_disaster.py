@@ -31,6 +31,7 @@ from replication_helpers import location_databases
 
 from journal import JournalSettings, open_journal
 from journal.postgres.dsn import asyncpg_dsn
+from tests.support.scratch import admin
 from tests.support.waiting import wait_until
 
 LOG = "Order"
@@ -107,14 +108,6 @@ async def ids(dsn: str) -> dict[tuple[str, int], list[str]]:
         if r["origin_location"] is not None:
             out.setdefault((r["origin_location"], r["origin_seq_nr"]), []).append(value_of(r))
     return out
-
-
-async def admin(server: str, sql: str) -> None:
-    conn = await asyncpg.connect(asyncpg_dsn(server))
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 async def lose(server: str, dsn: str) -> None:

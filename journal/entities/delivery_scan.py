@@ -25,7 +25,7 @@ from ..errors import InvalidArgument, JournalError
 from ..ids import entity_id_of, entity_type_of
 from .entity import Entity
 from .registry import EntityRegistry
-from .slice_job import Read, SliceJob
+from .slice_job import OnSlices, Read, SliceJob, cancel_tasks
 
 log = logging.getLogger("journal.entities")
 
@@ -33,7 +33,7 @@ SCAN_TYPE = "sj_delivery_scan"
 """``sj_delivery_scan|<scan_id>`` names the scans' leases (their progress: ``...|<entity type>``)."""
 
 
-class DeliveryScan:
+class DeliveryScan(OnSlices):
     """Use as ``async with DeliveryScan(registry, [Payment]):`` in every process that serves
     senders (the classes of entities that call ``deliver``)."""
 
@@ -67,32 +67,9 @@ class DeliveryScan:
             renew_interval=renew_interval,
         )  # fmt: skip
 
-    @property
-    def error(self) -> BaseException | None:
-        return self._job.error
-
-    @property
-    def slices(self) -> list[tuple[int, int]]:
-        """The slice ranges this scan reads now (its share among the scans of its id)."""
-        return self._job.slices
-
-    async def start(self) -> None:
-        await self._job.start()
-
     async def stop(self) -> None:
-        watchers = list(self._watchers.values())
-        for t in watchers:
-            t.cancel()
-        await asyncio.gather(*watchers, return_exceptions=True)
-        self._watchers.clear()
-        await self._job.stop()
-
-    async def __aenter__(self) -> DeliveryScan:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        await cancel_tasks(self._watchers)
+        await super().stop()
 
     async def _look(self, env: EventEnvelope, read: Read) -> None:
         pid = env.persistence_id

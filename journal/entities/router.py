@@ -51,7 +51,7 @@ from ..offsets import TimestampOffset
 from .delivery import RoutedEvent
 from .registry import EntityRegistry
 from .routing import destinations_of
-from .slice_job import Read, SliceJob
+from .slice_job import OnSlices, Read, SliceJob, cancel_tasks
 from .stream import offsets_from_json
 
 log = logging.getLogger("journal.entities")
@@ -61,7 +61,7 @@ ROUTER_TYPE = "sj_router"
 the snapshot pid where routers before slice leases kept their offsets (read once, as a start)."""
 
 
-class EventRouter:
+class EventRouter(OnSlices):
     """Use as ``async with EventRouter(registry, ["order"]) as router:`` (or start/stop)."""
 
     def __init__(
@@ -106,37 +106,16 @@ class EventRouter:
         self._queues: dict[str, deque[tuple[RoutedEvent, Read]]] = {}
         self._senders: dict[str, asyncio.Task[None]] = {}
 
-    @property
-    def error(self) -> BaseException | None:
-        """Why the router stopped on its own (a destination type that is not registered...)."""
-        return self._job.error
-
-    @property
-    def slices(self) -> list[tuple[int, int]]:
-        """The slice ranges this router reads now (its share among the routers of its id)."""
-        return self._job.slices
-
     async def start(self) -> None:
         snap = await self.journal.load_snapshot(self.pid)  # offsets of a router before slice leases
         if snap is not None and isinstance(snap.state, dict):
             self._legacy.update(offsets_from_json(snap.state.get("offsets")))
-        await self._job.start()
+        await super().start()
 
     async def stop(self) -> None:
         """Stop reading and writing, record what was delivered, give the slices up."""
-        senders = list(self._senders.values())
-        for t in senders:
-            t.cancel()
-        await asyncio.gather(*senders, return_exceptions=True)
-        self._senders.clear()
-        await self._job.stop()
-
-    async def __aenter__(self) -> EventRouter:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
+        await cancel_tasks(self._senders)
+        await super().stop()
 
     async def save(self) -> None:
         """Record the progress now (it covers only events whose copies are written)."""

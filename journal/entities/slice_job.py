@@ -28,6 +28,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Self
 
 from ..envelope import EventEnvelope
 from ..ids import runs
@@ -253,3 +254,43 @@ class SliceJob:
         r = self.progress.read((env.entity_type, *run), offset)
         await self._handle(env, r)
         self.complete(r)
+
+
+class OnSlices:
+    """The surface the event router and the delivery scan share over their :class:`SliceJob`:
+    its error and share of slices, ``start``/``stop``, ``async with``."""
+
+    _job: SliceJob
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why it stopped on its own (a destination type that is not registered...)."""
+        return self._job.error
+
+    @property
+    def slices(self) -> list[tuple[int, int]]:
+        """The slice ranges it reads now (its share among the members of its id)."""
+        return self._job.slices
+
+    async def start(self) -> None:
+        await self._job.start()
+
+    async def stop(self) -> None:
+        """Stop reading, record what is done, give the slices up."""
+        await self._job.stop()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def cancel_tasks(tasks: dict[str, asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until they ended (their errors are theirs), then forget them."""
+    running = list(tasks.values())
+    for t in running:
+        t.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+    tasks.clear()
