@@ -67,10 +67,13 @@ FullRequest = Callable[[str, Sequence[Any], "int | None", Sequence[str], Any], W
 """Validates one part in full and builds its request, or raises (``Journal._request``)."""
 
 
-def bulk_columns(writes: Sequence[Write | tuple[Any, ...]], serializers: SerializerRegistry) -> WriteColumns | None:
+def bulk_columns(
+    writes: Sequence[Write | tuple[Any, ...]], serializers: SerializerRegistry, max_bytes: int
+) -> WriteColumns | None:
     """The parts of a ``persist_many`` call as columns, when every part is one plain event (a
-    plain JSON value or bytes) with an int ``expected_seq_nr``, no tags and no metadata, and no
-    pid repeats; else None (then :func:`bulk_requests` checks every part and raises for a bad one).
+    plain JSON value or bytes, at most ``max_bytes`` serialized) with an int ``expected_seq_nr``,
+    no tags and no metadata, and no pid repeats; else None (then :func:`bulk_requests` checks every
+    part and raises for a bad one).
 
     The parts are transposed and checked a column at a time (``zip``, ``map``, ``set``: loops
     that run in C), so the common call costs little more per part than the serialization.
@@ -112,6 +115,8 @@ def bulk_columns(writes: Sequence[Write | tuple[Any, ...]], serializers: Seriali
             return None
     except Exception:  # a value that does not serialize: bulk_requests raises the error naming it
         return None
+    if max(map(len, payloads)) > max_bytes:
+        return None
     return WriteColumns(list(pids), _entity_types(pids), list(map(slice_for, pids)), list(expected), payloads, ser_ids)
 
 
@@ -150,7 +155,7 @@ def column_outcomes(columns: WriteColumns, results: Sequence[datetime | WriteRes
 
 
 def bulk_requests(
-    writes: Iterable[Write | tuple[Any, ...]], serializers: SerializerRegistry, full: FullRequest
+    writes: Iterable[Write | tuple[Any, ...]], serializers: SerializerRegistry, full: FullRequest, max_bytes: int
 ) -> list[WriteRequest]:
     """The requests of a ``persist_many`` call, built in one tight loop.
 
@@ -168,7 +173,7 @@ def bulk_requests(
             if type(w) is not Write:
                 w = _as_write(w)
             pid, events, expected, tags, metadata = w
-            append(plain_request(pid, events, expected, tags, metadata, plain, raw) or full(*w))
+            append(plain_request(pid, events, expected, tags, metadata, plain, raw, max_bytes) or full(*w))
         except (InvalidArgument, SerializationError) as e:
             raise type(e)(f"persist_many part {i}: {e}") from e
     pids = [r.persistence_id for r in requests]
@@ -182,11 +187,19 @@ def bulk_requests(
 
 
 def plain_request(
-    pid: Any, events: Any, expected: Any, tags: Any, metadata: Any, plain: frozenset[type], raw: type | None
+    pid: Any,
+    events: Any,
+    expected: Any,
+    tags: Any,
+    metadata: Any,
+    plain: frozenset[type],
+    raw: type | None,
+    max_bytes: int,
 ) -> WriteRequest | None:
     """The request of a common call (a ``str`` pid, a list or tuple of plain JSON values or
-    bytes, an int or no ``expected_seq_nr``, no tags, no metadata), checked and serialized
-    inline; None for any other call, which the caller checks in full (and which raises there)."""
+    bytes of at most ``max_bytes`` serialized, an int or no ``expected_seq_nr``, no tags, no
+    metadata), checked and serialized inline; None for any other call, which the caller checks in
+    full (and which raises there)."""
     if (
         type(pid) is str
         and 0 < len(pid) <= MAX_PERSISTENCE_ID_LENGTH
@@ -200,11 +213,13 @@ def plain_request(
         if len(events) == 1 and type(events[0]) in plain:  # the commonest call
             try:
                 payload = dump_plain_json(events[0])
-                serialized: list[Serialized] | None = [new_row(Serialized, (JSON_SERIALIZER_ID, "", payload))]
             except Exception:  # the full path raises the error that names it
                 return None
+            if len(payload) > max_bytes:
+                return None
+            serialized: list[Serialized] | None = [new_row(Serialized, (JSON_SERIALIZER_ID, "", payload))]
         else:
-            serialized = _plain_events(events, plain, raw)
+            serialized = _plain_events(events, plain, raw, max_bytes)
         if serialized is not None:
             cut = pid.find(ENTITY_TYPE_SEPARATOR)
             et = pid[:cut] if cut >= 0 else ""
@@ -213,12 +228,17 @@ def plain_request(
     return None
 
 
-def _plain_events(events: Sequence[Any], plain: frozenset[type], raw: type | None) -> list[Serialized] | None:
+def _plain_events(
+    events: Sequence[Any], plain: frozenset[type], raw: type | None, max_bytes: int
+) -> list[Serialized] | None:
     """The serialized events of a common part, or None to take the full path (also when a value
-    does not serialize: the full path raises the error that names it)."""
+    does not serialize or is too large: the full path raises the error that names it)."""
     try:
-        if len(events) == 1 and type(events[0]) in plain:  # the commonest part
-            return [Serialized(JSON_SERIALIZER_ID, "", dump_plain_json(events[0]))]
+        if set(map(type, events)) <= plain:  # the common part: serialized and read back in loops in C
+            payloads = dump_plain_jsons(events if type(events) is list else list(events))
+            if max(map(len, payloads)) > max_bytes:
+                return None
+            return [Serialized(JSON_SERIALIZER_ID, "", p) for p in payloads]
         out: list[Serialized] = []
         for ev in events:
             t = type(ev)
@@ -227,6 +247,8 @@ def _plain_events(events: Sequence[Any], plain: frozenset[type], raw: type | Non
             elif t is raw:
                 out.append(Serialized(BYTES_SERIALIZER_ID, "", ev))
             else:
+                return None
+            if len(out[-1].payload) > max_bytes:
                 return None
         return out
     except Exception:

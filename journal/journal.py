@@ -90,6 +90,7 @@ class Journal:
             bulk_in_flight=w.bulk_in_flight,
         )
         self._slices: SliceQueries | None = None
+        self._max_event_bytes = w.max_event_bytes
 
     @property
     def writer_id(self) -> str:
@@ -178,11 +179,11 @@ class Journal:
             await self.serializers.load_write_keys(p[0] if isinstance(p, tuple) else p.persistence_id for p in parts)
         write_columns = getattr(self.backend, "write_columns", None)
         if write_columns is not None:
-            columns = bulk_columns(parts, self.serializers)  # the commonest shape: no object per part
+            columns = bulk_columns(parts, self.serializers, self._max_event_bytes)  # the commonest shape
             if columns is not None:
                 written = await self._group_commit.submit_columns(columns, instrumented_columns(write_columns))
                 return column_outcomes(columns, written)
-        requests = bulk_requests(parts, self.serializers, self._request)
+        requests = bulk_requests(parts, self.serializers, self._request, self._max_event_bytes)
         if not requests:
             return []
         return outcomes(requests, await self._group_commit.submit_many(requests))
@@ -270,7 +271,8 @@ class Journal:
         self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
     ) -> WriteRequest:
         s = self.serializers
-        r = plain_request(pid, events, expected, tags, metadata, s.plain_json_types, s.plain_bytes_type)
+        limit = self._max_event_bytes
+        r = plain_request(pid, events, expected, tags, metadata, s.plain_json_types, s.plain_bytes_type, limit)
         if r is not None:
             return r
         validate_persistence_id(pid)
@@ -291,6 +293,13 @@ class Journal:
                 self.serializers.serialize(e, what=f"event {i} of {pid!r}", pid=pid)
             raise
         meta = self.serializers.serialize(metadata, what="metadata") if metadata is not None else None
+        for i, part in enumerate((*serialized, *((meta,) if meta else ()))):
+            if len(part.payload) > limit:
+                what = f"event {i}" if i < len(serialized) else "the metadata"
+                raise InvalidArgument(
+                    f"{what} of {pid!r} is {len(part.payload):,} bytes serialized, above write.max_event_bytes "
+                    f"({limit:,}): keep large payloads elsewhere and put a reference in the event"
+                )
         return WriteRequest(pid, entity_type_of(pid), slice_for(pid), expected, serialized, clean_tags, meta)
 
     # -- reading by persistence id -----------------------------------------------------------
@@ -591,8 +600,16 @@ def traced_batches(
 
 
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:
-    """Explicit DSN, else the settings' (``JOURNAL_DSN``), else None (embedded)."""
-    return dsn or settings.connection.dsn or os.environ.get("JOURNAL_DSN") or None
+    """Explicit DSN, else the settings' (``JOURNAL_DSN``), else None (embedded). An explicit DSN
+    that is empty or blank (``--dsn "$UNSET_VARIABLE"``) is refused, never taken for "embedded"."""
+    if dsn is not None:
+        if not isinstance(dsn, str) or not dsn.strip():
+            raise ConfigurationError(
+                f"the DSN given is empty ({dsn!r}): give postgresql://... or cassandra://..., "
+                "or give none at all for the embedded PostgreSQL"
+            )
+        return dsn
+    return settings.connection.dsn or os.environ.get("JOURNAL_DSN") or None
 
 
 @asynccontextmanager

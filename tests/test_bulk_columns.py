@@ -18,6 +18,8 @@ from journal.errors import InvalidArgument, SerializationError
 from journal.serialization import SerializerRegistry
 
 SERIALIZERS = SerializerRegistry()
+MAX = 64
+"""write.max_event_bytes for these checks: small, so some generated events are above it."""
 
 
 def _full(*_: Any) -> Any:
@@ -46,7 +48,10 @@ parts = st.one_of(
 
 
 plain_pids = st.text(alphabet="ab|", min_size=1, max_size=5)
-plain_events = st.lists(st.one_of(st.integers(), st.text(max_size=3), st.binary(max_size=3)), min_size=1, max_size=1)
+plain_events = st.lists(
+    st.one_of(st.integers(), st.text(max_size=3), st.binary(max_size=3), st.binary(min_size=MAX - 2, max_size=MAX + 2)),
+    min_size=1, max_size=1,
+)  # fmt: skip
 plain = st.one_of(
     st.tuples(plain_pids, plain_events, st.integers(min_value=0, max_value=9)).map(lambda t: Write(*t)),
     st.tuples(plain_pids, plain_events, st.integers(min_value=0, max_value=9)),
@@ -56,10 +61,10 @@ plain = st.one_of(
 @settings(max_examples=500, deadline=None)
 @given(st.one_of(st.lists(plain, max_size=8), st.lists(st.one_of(plain, plain, plain, parts), max_size=8)))
 def test_columns_are_exactly_the_requests_or_none(writes: list[Any]) -> None:
-    columns = bulk_columns(writes, SERIALIZERS)
+    columns = bulk_columns(writes, SERIALIZERS, MAX)
     if columns is None:
         return
-    requests = bulk_requests(writes, SERIALIZERS, _full)
+    requests = bulk_requests(writes, SERIALIZERS, _full, MAX)
     c = columns
     got = zip(c.persistence_ids, c.entity_types, c.slices, c.expected_seq_nrs, c.ser_ids, c.payloads, strict=True)
     assert list(got) == [
@@ -70,9 +75,9 @@ def test_columns_are_exactly_the_requests_or_none(writes: list[Any]) -> None:
 
 
 def test_common_shapes_take_the_columns() -> None:
-    assert bulk_columns([Write(f"a|{i}", [{"n": i}], i) for i in range(3)], SERIALIZERS) is not None
-    assert bulk_columns([(f"a|{i}", (b"x",), 0) for i in range(3)], SERIALIZERS) is not None
-    mixed = bulk_columns([Write("a|1", [1], 0), Write("b|1", [b"x"], 0), Write("c", ["s"], 0)], SERIALIZERS)
+    assert bulk_columns([Write(f"a|{i}", [{"n": i}], i) for i in range(3)], SERIALIZERS, MAX) is not None
+    assert bulk_columns([(f"a|{i}", (b"x",), 0) for i in range(3)], SERIALIZERS, MAX) is not None
+    mixed = bulk_columns([Write("a|1", [1], 0), Write("b|1", [b"x"], 0), Write("c", ["s"], 0)], SERIALIZERS, MAX)
     assert mixed is not None and mixed.entity_types == ["a", "b", ""]
 
 
@@ -86,9 +91,11 @@ def test_odd_parts_fall_back() -> None:
         [Write("a|1", [1, 2], 0)],
         [Write("a\x00|1", [1], 0)],
         [Write("a|1", [object()], 0)],
+        [Write("a|1", [b"x" * (MAX + 1)], 0)],  # above write.max_event_bytes
+        [Write("a|1", [{"when": {1, 2}}], 0)],  # does not read back unchanged
     ):
-        assert bulk_columns(writes, SERIALIZERS) is None, writes
+        assert bulk_columns(writes, SERIALIZERS, MAX) is None, writes
         try:
-            bulk_requests(writes, SERIALIZERS, _full)
+            bulk_requests(writes, SERIALIZERS, _full, MAX)
         except (InvalidArgument, SerializationError):
             pass

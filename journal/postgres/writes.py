@@ -21,7 +21,7 @@ from ..envelope import ROW_STEP, consecutive_stamps
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict
 from ..serialization import JSON_SERIALIZER_ID
 from .connections import PostgresConnections, PostgresPart
-from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, with_retries, write_error
+from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, write_error
 from .known_insert import KnownSeqInsert
 from .statements import notify_groups
 from .tag_statements import TagStatements
@@ -316,7 +316,7 @@ class PostgresWrites(PostgresPart):
                 finally:
                     await tr.rollback()
 
-        return await with_retries("write (conflict probe)", self.settings.retry, op)
+        return await self.conns.retrying("write (conflict probe)", op)
 
     async def _wait_until_settled(self, server_pid: int, patience: float = 10.0) -> None:
         """Wait until the interrupted statement's server process is no longer running it.
@@ -341,7 +341,7 @@ class PostgresWrites(PostgresPart):
                     await asyncio.sleep(0.01)
 
         try:
-            await with_retries("settle an interrupted write", self.settings.retry, op)
+            await self.conns.retrying("settle an interrupted write", op)
         except JournalUnavailable as e:
             self._unsettled.add(server_pid)  # every later check_write settles it first
             raise JournalUnavailable(str(e), outcome_unknown=True) from e
@@ -414,7 +414,7 @@ class PostgresWrites(PostgresPart):
                 if keep_tombstone:
                     await conn.execute(self.sql.tombstone, persistence_id, upto)
 
-        await with_retries("delete events", self.settings.retry, op)
+        await self.conns.retrying("delete events", op)
 
 
 class _Unwritten(Enum):
