@@ -56,6 +56,8 @@ class PostgresWrites(PostgresPart):
             tag_rows=tag_sql.insert_from_events("src", "$9", bucket, "ON CONFLICT DO NOTHING"),
         )  # fmt: skip
         self._bucket_millis = bucket_millis(settings.tags.bucket_size)
+        self._unsettled: set[int] = set()
+        """Server processes of interrupted writes not yet seen idle (the database did not answer)."""
 
     def _statement(self, batch: Sequence[WriteRequest], *, probe: bool) -> tuple[str, tuple[Any, ...]]:
         """The untagged statement (fast path), the one that also writes tag rows, or a lone event's."""
@@ -352,7 +354,9 @@ class PostgresWrites(PostgresPart):
         try:
             await self.conns.retrying("settle an interrupted write", op)
         except JournalUnavailable as e:
+            self._unsettled.add(server_pid)  # every later check_write settles it first
             raise JournalUnavailable(str(e), outcome_unknown=True) from e
+        self._unsettled.discard(server_pid)
 
     async def _resolve_unknown(self, batch: Sequence[WriteRequest]) -> tuple[dict[str, _Written], list[WriteRequest]]:
         """The connection died mid-write. Find out, for each call, whether it committed.
@@ -385,9 +389,15 @@ class PostgresWrites(PostgresPart):
         return out, resend
 
     async def check_write(self, request: WriteRequest) -> WriteCheck:
-        """The rows at the request's numbers (``expected_seq_nr`` + 1 on): :func:`check_rows`."""
+        """The rows at the request's numbers (``expected_seq_nr`` + 1 on): :func:`check_rows`.
+
+        First, every interrupted write whose server process could not be seen idle is waited
+        for (it may be the one asked about): rows read while it runs could say "not written"
+        for a write that commits a moment later."""
         if request.expected_seq_nr is None:
             raise InvalidArgument("check_write needs a request with expected_seq_nr")
+        for server_pid in list(self._unsettled):
+            await self._wait_until_settled(server_pid)
         first = request.expected_seq_nr + 1
         rows = await self.conns.fetch(
             "resolve write", self.sql.written_check, request.persistence_id, first, first + len(request.events) - 1
