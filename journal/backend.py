@@ -21,6 +21,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from .serialization import Serialized
+from .write_batch import BatchResult, WriteBatch
 
 if TYPE_CHECKING:
     from .replicated import ReplicatedEvent, WriteOutcome
@@ -31,33 +32,6 @@ if TYPE_CHECKING:
 SLICE_GROUP_SIZE = 64
 """A write's NOTIFY payload names a group of 64 slices, ``"<slice // 64>:<entity_type>"``;
 live queries listen for the groups of their slice range."""
-
-new_row: Any = tuple.__new__
-"""``new_row(SomeNamedTuple, (every, field))``: a NamedTuple built without its generated
-``__new__``'s Python frame, for the write path's one-per-call rows."""
-
-
-class WriteRequest(NamedTuple):
-    """One ``persist`` call: all its events are written atomically, consecutively numbered.
-
-    ``expected_seq_nr`` is the highest sequence number the caller believes is stored; None asks
-    for "after the current highest".
-    """
-
-    persistence_id: str
-    entity_type: str
-    slice: int
-    expected_seq_nr: int | None
-    events: Sequence[Serialized]
-    tags: tuple[str, ...] = ()
-    metadata: Serialized | None = None
-
-
-class WriteResult(NamedTuple):
-    """Where a request landed: its first sequence number and the shared db_timestamp."""
-
-    first_seq_nr: int
-    db_timestamp: datetime
 
 
 class StoredEvent(NamedTuple):
@@ -128,15 +102,14 @@ class WriteCheck(NamedTuple):
     """The written rows' timestamp (only when ``outcome`` is WRITTEN)."""
 
 
-def check_rows(request: WriteRequest, writer_id: str, rows: Sequence[tuple[str, bytes, datetime]]) -> WriteCheck:
-    """Classify the rows stored at a request's sequence numbers: (writer, payload, db_timestamp)
-    of each, ascending. Shared by every backend's :meth:`EventWrites.check_write`."""
+def check_rows(payloads: Sequence[bytes], writer_id: str, rows: Sequence[tuple[str, bytes, datetime]]) -> WriteCheck:
+    """Classify the rows stored at a call's sequence numbers: (writer, payload, db_timestamp)
+    of each, ascending; ``payloads`` are the call's. Shared by every backend's
+    :meth:`EventWrites.check_write`."""
     if not rows:
         return WriteCheck(Found.NOT_WRITTEN)
     mine = [r for r in rows if r[0] == writer_id]
-    if len(mine) == len(request.events) and all(
-        bytes(r[1]) == ev.payload for r, ev in zip(mine, request.events, strict=True)
-    ):
+    if len(mine) == len(payloads) and all(bytes(r[1]) == p for r, p in zip(mine, payloads, strict=True)):
         return WriteCheck(Found.WRITTEN, mine[0][2])
     return WriteCheck(Found.CONFLICT)
 
@@ -269,22 +242,23 @@ class TagProgress:
 
 
 class EventWrites(Protocol):
-    """Writes of events, and what is known about a write that was interrupted."""
+    """Writes of events (every one a :class:`~journal.write_batch.WriteBatch`), and what is
+    known about a write that was interrupted."""
 
     writer_id: str
 
-    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
-        """Write many requests at once; each is atomic on its own, and fails alone."""
+    async def write_batch(self, batch: WriteBatch) -> BatchResult:
+        """Write the batch's calls; each is atomic on its own, and fails alone."""
         ...
 
-    async def write_on(self, conn: Any, request: WriteRequest) -> WriteResult:
-        """Write one request on the caller's connection, inside its transaction (PostgreSQL;
-        UnsupportedOperation elsewhere)."""
+    async def write_on(self, conn: Any, batch: WriteBatch) -> BatchResult:
+        """Write the batch on the caller's connection, inside its transaction (PostgreSQL;
+        UnsupportedOperation elsewhere). A failed call raises: the transaction may be aborted."""
         ...
 
-    async def check_write(self, request: WriteRequest) -> WriteCheck:
-        """The outcome of an interrupted write of ``request`` (which gave ``expected_seq_nr``),
-        from the rows at its sequence numbers (:func:`check_rows`)."""
+    async def check_write(self, batch: WriteBatch) -> list[WriteCheck]:
+        """The outcome of an interrupted write of each call of ``batch`` (every one gave
+        ``expected_seq_nr``), from the rows at its sequence numbers (:func:`check_rows`)."""
         ...
 
     async def highest_seq_nr(self, persistence_id: str) -> int: ...

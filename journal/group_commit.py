@@ -15,25 +15,28 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple, cast
+from typing import Any
 
-from .backend import WriteRequest, WriteResult, new_row
-from .columns import WriteColumns
-from .envelope import consecutive_stamps
+import msgspec
+
 from .errors import JournalUnavailable
+from .write_batch import BatchResult, WriteBatch
 
 log = logging.getLogger("journal.group_commit")
 
-WriteBatch = Callable[[Sequence[WriteRequest]], Awaitable[list[WriteResult | Exception]]]
-WriteColumnsFn = Callable[[WriteColumns], Awaitable[datetime | list[WriteResult | Exception]]]
-"""Writes one-event calls given as columns: the timestamp all got, or a result per call."""
-Result = WriteResult | Exception | datetime
-"""Per call of a bulk write: a WriteResult, the timestamp of a call written as a column, or its error."""
+WriteFn = Callable[[WriteBatch], Awaitable[BatchResult]]
+"""Writes one batch (the backend's ``write_batch``, wrapped by the metrics)."""
+CallResult = tuple[int, datetime]
+"""A lone call's result: its first sequence number and its first event's db_timestamp."""
 
 
-class Pending(NamedTuple):
-    request: WriteRequest
-    future: asyncio.Future[WriteResult]
+class Pending(msgspec.Struct):
+    """A queued batch (a ``persist`` call, or a chunk of a ``persist_many``) and the future its
+    caller awaits: a :data:`CallResult` (or the call's error) for a batch of one call, else a
+    :class:`BatchResult`."""
+
+    batch: WriteBatch
+    future: asyncio.Future[Any]
 
 
 @dataclass
@@ -53,44 +56,48 @@ class BatchPlanner:
             p = self.queue.popleft()
             if p.future.done():  # cancelled while queued
                 continue
-            pid = p.request.persistence_id
-            n = len(p.request.events)
+            pids = p.batch.persistence_ids
+            n = p.batch.events
             fits = not batch or events + n <= self.max_batch_events
-            if pid in blocked or not fits:
-                blocked.add(pid)
+            free = pids[0] not in blocked if len(pids) == 1 else blocked.isdisjoint(pids)
+            blocked.update(pids)
+            if not free or not fits:
                 kept.append(p)
                 if not fits and events >= self.max_batch_events:
                     break
                 continue
-            blocked.add(pid)
             batch.append(p)
             events += n
         kept.extend(self.queue)
         self.queue = kept
-        self.in_flight_pids.update([p.request.persistence_id for p in batch])
+        for p in batch:
+            self.in_flight_pids.update(p.batch.persistence_ids)
         return batch
 
     def done(self, batch: Sequence[Pending]) -> None:
-        self.in_flight_pids.difference_update([p.request.persistence_id for p in batch])
+        for p in batch:
+            self.in_flight_pids.difference_update(p.batch.persistence_ids)
 
 
 MIN_BULK_CHUNK_EVENTS = 250
 """A bulk write is split across connections only into statements of at least this many events."""
 
 
-def plan_chunks(requests: Sequence[WriteRequest], max_events: int) -> list[tuple[int, int]]:
-    """Consecutive ``[start, end)`` slices of at most ``max_events`` events (a larger request
-    goes alone), in order: the statements of one bulk write."""
+def plan_chunks(counts: Sequence[int], max_events: int) -> list[tuple[int, int]]:
+    """Consecutive ``[start, end)`` slices of calls (``counts``: each call's events) of at most
+    ``max_events`` events (a larger call goes alone), in order: the statements of one bulk write."""
+    if not counts:
+        return []
+    if counts.count(1) == len(counts):  # one event each: fixed-size slices
+        return [(s, min(len(counts), s + max_events)) for s in range(0, len(counts), max_events)]
     chunks: list[tuple[int, int]] = []
     start, events = 0, 0
-    for i, r in enumerate(requests):
-        n = len(r.events)
+    for i, n in enumerate(counts):
         if i > start and events + n > max_events:
             chunks.append((start, i))
             start, events = i, 0
         events += n
-    if start < len(requests):
-        chunks.append((start, len(requests)))
+    chunks.append((start, len(counts)))
     return chunks
 
 
@@ -99,22 +106,30 @@ RELEASE_WAVE_MIN = 200
 :meth:`GroupCommit._release`)."""
 
 
-def _settle(batch: Sequence[Pending], results: Sequence[WriteResult | Exception]) -> None:
-    for p, res in zip(batch, results, strict=True):
-        if p.future.done():
-            continue
-        if isinstance(res, Exception):
-            p.future.set_exception(res)
+def _settle(batch: Sequence[Pending], result: BatchResult) -> None:
+    """Give each queued batch its part of ``result`` (``batch`` written in that order)."""
+    firsts, stamps, errors = result.first_seq_nrs, result.db_timestamps, result.errors
+    i = 0
+    for p in batch:
+        n = len(p.batch)
+        fut = p.future
+        if fut.done():
+            pass
+        elif n != 1:
+            fut.set_result(result.part(i, i + n))
+        elif errors and i in errors:
+            fut.set_exception(errors[i])
         else:
-            p.future.set_result(res)
+            fut.set_result((firsts[i], stamps[i]))
+        i += n
 
 
 class GroupCommit:
-    """Coalesces concurrent write requests into batches written by ``write_batch``."""
+    """Coalesces concurrent write batches into one statement each, written by ``write_batch``."""
 
     def __init__(
         self,
-        write_batch: WriteBatch,
+        write_batch: WriteFn,
         *,
         max_batch_events: int,
         max_in_flight: int,
@@ -134,70 +149,58 @@ class GroupCommit:
         self.batches_written = 0
         self.calls_written = 0
 
-    async def submit(self, request: WriteRequest) -> WriteResult:
-        """The call's result: from the batch it joins, or (idle journal) from writing it alone."""
+    def _idle(self) -> bool:
+        return not self._running and not self._direct and not self._planner.queue
+
+    async def submit(self, batch: WriteBatch) -> CallResult:
+        """The result of a batch of one call: from the batch it joins, or (idle journal) from
+        writing it alone. Raises the call's error."""
         if self._closed:
             raise JournalUnavailable("the journal is closed")
-        if not self._running and not self._direct and not self._planner.queue and not self._releasing:
-            return await self._write_now(request)
+        if self._idle() and not self._releasing:
+            result = await self._write_now(batch)
+            if result.errors:
+                raise result.errors[0]
+            return result.first_seq_nrs[0], result.db_timestamps[0]
+        got: CallResult = await self._enqueue(batch, self._max_batch_wait)
+        return got
+
+    def _enqueue(self, batch: WriteBatch, wait: float = 0.0) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[WriteResult] = loop.create_future()
-        self._planner.queue.append(new_row(Pending, (request, fut)))
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._planner.queue.append(Pending(batch, fut))
         if not self._scheduled:
             self._scheduled = True
-            if self._max_batch_wait > 0 and not self._running:
-                loop.call_later(self._max_batch_wait, self._pump)
+            if wait > 0 and not self._running:
+                loop.call_later(wait, self._pump)
             else:
                 loop.call_soon(self._pump)
-        return await fut
+        return fut
 
-    async def submit_many(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
-        """Write many requests (distinct pids), each atomic and failing alone; results in order.
+    async def submit_many(self, batch: WriteBatch) -> BatchResult:
+        """Write a batch of many calls (distinct pids), each atomic and failing alone.
 
-        When idle, they are written in the caller's task in chunks of at most
-        ``max_batch_events`` events (no future per request); as soon as other calls queue up,
-        the rest joins the queue behind them, so a large bulk write does not starve them.
+        When idle, its chunks of at most ``max_batch_events`` events are written from the
+        caller's task, ``bulk_in_flight`` at once (no future per call); as soon as other calls
+        queue up, the rest joins the queue behind them, so a large bulk write does not starve them.
         """
         if self._closed:
             raise JournalUnavailable("the journal is closed")
-        out: list[Result] = []
-        todo = list(requests)
-        if not self._running and not self._direct and not self._planner.queue:
-            total = sum([len(r.events) for r in todo])
-            chunks = plan_chunks(todo, self._bulk_chunk_events(total))
-
-            async def write(start: int, end: int) -> Sequence[Result]:
-                return await self._write_batch(todo[start:end])
-
-            done = await self._write_many_now(chunks, write, lambda s, e: [r.persistence_id for r in todo[s:e]], out)
-            todo = todo[done:]
-        if todo:
-            out.extend(await self._queued(todo))
-        return cast(list[WriteResult | Exception], out)
-
-    async def submit_columns(self, columns: WriteColumns, write_columns: WriteColumnsFn) -> list[Result]:
-        """:meth:`submit_many` for one-event calls given as columns, written by ``write_columns``
-        (no object per call). A call's result is the timestamp it was written with (one
-        :data:`~journal.envelope.ROW_STEP` after the call before it in its chunk), a
-        WriteResult, or its error. Calls not written from the caller's task (other calls
-        queued up) join the queue as requests."""
-        if self._closed:
-            raise JournalUnavailable("the journal is closed")
-        out: list[Result] = []
-        n = len(columns)
+        out: list[BatchResult] = []
+        chunks = plan_chunks(batch.counts, self._bulk_chunk_events(batch.events))
         done = 0
-        if not self._running and not self._direct and not self._planner.queue:
-            size = self._bulk_chunk_events(n)
-            chunks = [(s, min(n, s + size)) for s in range(0, n, size)]
-
-            async def write(start: int, end: int) -> Sequence[Result]:
-                got = await write_columns(columns.chunk(start, end))
-                return consecutive_stamps(got, end - start) if isinstance(got, datetime) else got
-
-            done = await self._write_many_now(chunks, write, lambda s, e: columns.persistence_ids[s:e], out)
-        if done < n:
-            out.extend(await self._queued(columns.chunk(done, n).requests()))
-        return out
+        if self._idle():
+            done = await self._write_many_now([batch.chunk(s, e) for s, e in chunks], out)
+        rest = [batch.chunk(s, e) for s, e in chunks[done:]]
+        if rest:
+            got = await asyncio.gather(*[self._enqueue(c) for c in rest], return_exceptions=True)
+            for chunk, res in zip(rest, got, strict=True):
+                if isinstance(res, BaseException):  # the whole statement failed
+                    res = BatchResult.failed(
+                        len(chunk), res if isinstance(res, Exception) else JournalUnavailable(repr(res))
+                    )
+                out.append(res)
+        return BatchResult.concat(out) if out else BatchResult([], [])
 
     def _bulk_chunk_events(self, total: int) -> int:
         """Events per statement of a bulk write: at least ``bulk_in_flight`` statements when
@@ -205,80 +208,58 @@ class GroupCommit:
         size = max(MIN_BULK_CHUNK_EVENTS, -(-total // self._bulk_in_flight))
         return min(size, self._planner.max_batch_events)
 
-    async def _queued(self, requests: list[WriteRequest]) -> list[WriteResult | Exception]:
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[WriteResult]] = []
-        for r in requests:
-            fut: asyncio.Future[WriteResult] = loop.create_future()
-            self._planner.queue.append(Pending(r, fut))
-            futures.append(fut)
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._pump)
-        got = await asyncio.gather(*futures, return_exceptions=True)
-        return [g if isinstance(g, WriteResult | Exception) else JournalUnavailable(repr(g)) for g in got]
-
-    async def _write_many_now(
-        self,
-        chunks: list[tuple[int, int]],
-        write_chunk: Callable[[int, int], Awaitable[Sequence[Result]]],
-        pids_of: Callable[[int, int], list[str]],
-        out: list[Result],
-    ) -> int:
-        """Idle fast path of a bulk write: ``chunks`` (``[start, end)`` call ranges, in order)
-        written from the caller's task, up to ``bulk_in_flight`` at once, until other calls
-        queue up. Appends the results of the calls it handled (a prefix) to ``out`` and returns
-        their number."""
+    async def _write_many_now(self, chunks: list[WriteBatch], out: list[BatchResult]) -> int:
+        """Idle fast path of a bulk write: ``chunks`` written in order from the caller's task, up
+        to ``bulk_in_flight`` at once, until other calls queue up. Appends the results of the
+        chunks it handled (a prefix) to ``out`` and returns their number."""
         in_flight = self._planner.in_flight_pids
-        running: list[asyncio.Task[Sequence[Result]]] = []
+        running: list[asyncio.Task[BatchResult]] = []
         failed: Exception | None = None
         done = 0
 
-        async def write(start: int, end: int) -> Sequence[Result]:
-            pids = pids_of(start, end)
-            in_flight.update(pids)
+        async def write(chunk: WriteBatch) -> BatchResult:
+            in_flight.update(chunk.persistence_ids)
             try:
-                return await write_chunk(start, end)
+                return await self._write_batch(chunk)
             finally:
-                in_flight.difference_update(pids)
+                in_flight.difference_update(chunk.persistence_ids)
 
-        def collect(task: asyncio.Task[Sequence[Result]], size: int) -> None:
+        def collect(task: asyncio.Task[BatchResult], chunk: WriteBatch) -> None:
             nonlocal failed
             e = task.exception()
             if e is None:
-                out.extend(task.result())
+                out.append(task.result())
             elif isinstance(e, Exception):  # the whole statement failed: this chunk, and stop
                 failed = failed or e
-                out.extend([e] * size)
+                out.append(BatchResult.failed(len(chunk), e))
             else:
                 raise e
             self.batches_written += 1
-            self.calls_written += size
+            self.calls_written += len(chunk)
 
         self._direct += 1
-        total = chunks[-1][1] if chunks else 0
+        sent: list[WriteBatch] = []
         try:
             loop = asyncio.get_running_loop()
-            sizes: list[int] = []
-            for start, end in chunks:
+            for chunk in chunks:
                 if failed is not None or self._planner.queue:
                     break
                 if len(running) >= self._bulk_in_flight:
                     await asyncio.wait([running[0]])
-                    collect(running.pop(0), sizes.pop(0))
+                    collect(running.pop(0), sent.pop(0))
                     if failed is not None:
                         break
-                running.append(loop.create_task(write(start, end)))
-                sizes.append(end - start)
-                done = end
-            for task, size in zip(running, sizes, strict=True):
+                running.append(loop.create_task(write(chunk)))
+                sent.append(chunk)
+                done += 1
+            for task, chunk in zip(running, sent, strict=True):
                 await asyncio.wait([task])
-                collect(task, size)
+                collect(task, chunk)
             running = []
-            if failed is not None and done < total:
+            if failed is not None and done < len(chunks):
                 rest = JournalUnavailable(f"not attempted after an earlier part failed: {failed}")
-                out.extend([rest] * (total - done))
-                done = total
+                out.extend(BatchResult.failed(len(c), rest) for c in chunks[done:])
+                done = len(chunks)
         finally:
             for task in running:  # the caller was cancelled: so are its statements
                 task.cancel()
@@ -287,22 +268,20 @@ class GroupCommit:
                 self._pump()
         return done
 
-    async def _write_now(self, request: WriteRequest) -> WriteResult:
+    async def _write_now(self, batch: WriteBatch) -> BatchResult:
         """Idle fast path: nothing queued or in flight, so write at once in the caller's task."""
-        pid = request.persistence_id
+        pids = batch.persistence_ids
         self._direct += 1
-        self._planner.in_flight_pids.add(pid)
+        self._planner.in_flight_pids.update(pids)
         try:
-            (result,) = await self._write_batch([request])
+            result = await self._write_batch(batch)
         finally:
             self._direct -= 1
-            self._planner.in_flight_pids.discard(pid)
+            self._planner.in_flight_pids.difference_update(pids)
             if self._planner.queue:
                 self._pump()
         self.batches_written += 1
-        self.calls_written += 1
-        if isinstance(result, Exception):
-            raise result
+        self.calls_written += len(batch)
         return result
 
     def _pump(self) -> None:
@@ -317,7 +296,7 @@ class GroupCommit:
 
     async def _run(self, batch: list[Pending]) -> None:
         try:
-            results = await self._write_batch([p.request for p in batch])
+            result = await self._write_batch(WriteBatch.concat([p.batch for p in batch]))
         except BaseException as e:
             # cancelled (e.g. the loop shutting down) while the statement may have been sent
             err = (
@@ -330,12 +309,14 @@ class GroupCommit:
                 raise
         else:
             self.batches_written += 1
-            self.calls_written += len(batch)
+            self.calls_written += len(result)
             half = len(batch) // 2 if len(batch) >= 2 * RELEASE_WAVE_MIN else len(batch)
-            _settle(batch[:half], results[:half])
+            _settle(batch[:half], result)
             if half < len(batch):
                 self._releasing += 1
-                asyncio.get_running_loop().call_soon(self._release, batch[half:], results[half:])
+                calls = sum(len(p.batch) for p in batch[:half])
+                second = result.part(calls, len(result))
+                asyncio.get_running_loop().call_soon(self._release, batch[half:], second)
         finally:
             self._planner.done(batch)
             # this task no longer occupies a slot: without this, the pump below could see every
@@ -346,7 +327,7 @@ class GroupCommit:
             if self._planner.queue and not self._releasing:  # else _release pumps, after its first wave
                 self._pump()
 
-    def _release(self, batch: list[Pending], results: list[WriteResult | Exception]) -> None:
+    def _release(self, batch: list[Pending], result: BatchResult) -> None:
         """The second wave of a finished batch's callers.
 
         Woken all at once, a batch's callers would each write their next call before any of
@@ -358,7 +339,7 @@ class GroupCommit:
         """
         self._releasing -= 1
         self._pump()
-        _settle(batch, results)
+        _settle(batch, result)
 
     async def close(self) -> None:
         """Refuse new calls, then write everything already queued or in flight, and deliver

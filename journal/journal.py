@@ -11,18 +11,9 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from .backend import Backend, Found, SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
-from .bulk import (
-    MAX_EVENTS_PER_CALL,
-    Outcome,
-    Write,
-    bulk_columns,
-    bulk_requests,
-    column_outcomes,
-    outcomes,
-    plain_request,
-)
+from .bulk import Outcome, Write, outcomes
 from .envelope import EventEnvelope
 from .errors import (
     ConfigurationError,
@@ -42,7 +33,7 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
-from .metrics import instrumented, instrumented_columns
+from .metrics import instrumented
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries, envelope_of
@@ -50,9 +41,10 @@ from .query.validation import check_slice_query
 from .serialization import Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
+from .write_batch import WriteBatch
+from .write_validation import WriteValidator
 
 log = logging.getLogger("journal")
-
 
 
 class Journal:
@@ -68,6 +60,7 @@ class Journal:
         self.backend = backend
         self.settings = settings
         self.serializers = serializers or SerializerRegistry()
+        self._validator = WriteValidator(self.serializers)
         w = settings.write
         self._group_commit = GroupCommit(
             instrumented(backend.write_batch),
@@ -119,9 +112,9 @@ class Journal:
             JournalUnavailable: the database could not be reached; ``outcome_unknown`` tells
                 whether the write may have happened.
         """
-        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
-        result = await self._group_commit.submit(request)
-        return self._written(request, result, events, metadata)
+        batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
+        first, db_timestamp = await self._group_commit.submit(batch)
+        return self._written(batch, first, db_timestamp, events, metadata)
 
     async def persist_many(self, writes: Iterable[Write | tuple[Any, ...]]) -> list[Outcome]:
         """Write many persistence ids at once: each part atomic and conflict-checked on its own.
@@ -137,17 +130,10 @@ class Journal:
         two parts; SerializationError for an event that cannot be serialized. The message names
         the part's index.
         """
-        parts = writes if type(writes) is list else list(writes)
-        write_columns = getattr(self.backend, "write_columns", None)
-        if write_columns is not None:
-            columns = bulk_columns(parts, self.serializers)  # the commonest shape: no object per part
-            if columns is not None:
-                written = await self._group_commit.submit_columns(columns, instrumented_columns(write_columns))
-                return column_outcomes(columns, written)
-        requests = bulk_requests(parts, self.serializers, self._request)
-        if not requests:
+        batch = self._validator.batch(writes)
+        if not len(batch):
             return []
-        return outcomes(requests, await self._group_commit.submit_many(requests))
+        return outcomes(batch, await self._group_commit.submit_many(batch))
 
     async def persist_in(
         self,
@@ -169,9 +155,9 @@ class Journal:
         Raises as :meth:`persist`; after a SequenceConflict caused by a concurrent writer the
         transaction is aborted and must be rolled back.
         """
-        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
-        result = await self.backend.write_on(conn, request)
-        return self._written(request, result, events, metadata)
+        batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
+        result = await self.backend.write_on(conn, batch)
+        return self._written(batch, result.first_seq_nrs[0], result.db_timestamps[0], events, metadata)
 
     async def resolve_persist(
         self,
@@ -196,11 +182,13 @@ class Journal:
                 ``outcome_unknown=True`` when the database cannot be reached yet.
             SequenceConflict: another writer's rows are there (or the pid moved on).
         """
-        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
-        got = await self.backend.check_write(request)
+        if expected_seq_nr is None:
+            raise InvalidArgument("resolve_persist needs the expected_seq_nr the write was made with")
+        batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
+        (got,) = await self.backend.check_write(batch)
         if got.outcome is Found.WRITTEN:
             assert got.db_timestamp is not None
-            return self._written(request, WriteResult(expected_seq_nr + 1, got.db_timestamp), events, metadata)
+            return self._written(batch, expected_seq_nr + 1, got.db_timestamp, events, metadata)
         if got.outcome is Found.NOT_WRITTEN and await self.backend.highest_seq_nr(persistence_id) == expected_seq_nr:
             raise JournalUnavailable(
                 f"write of {persistence_id!r} failed: not stored (checked once the database answered)",
@@ -209,39 +197,13 @@ class Journal:
         raise SequenceConflict(persistence_id, expected_seq_nr, "another writer stored these sequence numbers")
 
     def _written(
-        self, request: WriteRequest, result: WriteResult, events: Sequence[Any], metadata: Any
+        self, batch: WriteBatch, first_seq_nr: int, db_timestamp: datetime, events: Sequence[Any], metadata: Any
     ) -> list[EventEnvelope]:
+        """The envelopes of a written call (the one call of ``batch``)."""
         return EventEnvelope.written(
-            request.persistence_id, request.entity_type, request.slice, result.first_seq_nr,
-            result.db_timestamp, events, request.tags, metadata, self.writer_id,
+            batch.persistence_ids[0], batch.entity_types[0], batch.slices[0], first_seq_nr, db_timestamp, events,
+            batch.tags[0], metadata, self.writer_id,
         )  # fmt: skip
-
-    def _request(
-        self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
-    ) -> WriteRequest:
-        s = self.serializers
-        r = plain_request(pid, events, expected, tags, metadata, s.plain_json_types, s.plain_bytes_type)
-        if r is not None:
-            return r
-        validate_persistence_id(pid)
-        if type(events) is not list and not isinstance(events, list | tuple):
-            raise InvalidArgument(f"events must be a list or tuple of events, got {type(events).__name__}")
-        if not events:
-            raise InvalidArgument(f"persist({pid!r}) needs at least one event")
-        if len(events) > MAX_EVENTS_PER_CALL:
-            raise InvalidArgument(f"at most {MAX_EVENTS_PER_CALL} events per call, got {len(events)}")
-        if expected is not None:
-            # the call's last event, expected + len(events), must still fit the bigint column
-            validate_seq_nr("expected_seq_nr", expected, maximum=MAX_SEQ_NR - len(events))
-        clean_tags = validate_tags(tags) if tags else ()
-        try:
-            serialized = self.serializers.serialize_all(events)
-        except SerializationError:
-            for i, e in enumerate(events):  # say which event failed
-                self.serializers.serialize(e, what=f"event {i} of {pid!r}")
-            raise
-        meta = self.serializers.serialize(metadata, what="metadata") if metadata is not None else None
-        return WriteRequest(pid, entity_type_of(pid), slice_for(pid), expected, serialized, clean_tags, meta)
 
     # -- reading by persistence id -----------------------------------------------------------
 
@@ -292,9 +254,7 @@ class Journal:
 
     # -- events by tag -----------------------------------------------------------------------
 
-    def current_events_by_tag(
-        self, tag: str, offset: Offset | uuid.UUID | None = None
-    ) -> AsyncIterator[EventEnvelope]:
+    def current_events_by_tag(self, tag: str, offset: Offset | uuid.UUID | None = None) -> AsyncIterator[EventEnvelope]:
         """Events tagged ``tag`` after ``offset`` (a :class:`TimeUUIDOffset`, exclusive; None: from
         ``tags.first_time_bucket``) up to now minus ``tags.eventual_consistency_delay``, then end.
 
@@ -368,9 +328,7 @@ class Journal:
         from the last delivered offset). Raises like :meth:`current_events_by_slices`.
         """
         start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self.settings.query.mode)
-        return self._slice_queries("events_by_slices").live(
-            entity_type, min_slice, max_slice, start, m, heartbeats
-        )
+        return self._slice_queries("events_by_slices").live(entity_type, min_slice, max_slice, start, m, heartbeats)
 
     async def horizon(self, entity_type: str | None = None) -> datetime:
         """A database timestamp below which no uncommitted event can still land (any entity

@@ -8,17 +8,14 @@ so the cost is a few microseconds per statement. A service exposes these with
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter, Histogram
 
-from .backend import WriteRequest, WriteResult
-from .columns import WriteColumns
 from .errors import JournalUnavailable
+from .write_batch import BatchResult, WriteBatch
 
-WriteBatch = Callable[[Sequence[WriteRequest]], Awaitable[list[WriteResult | Exception]]]
-WriteColumnsFn = Callable[[WriteColumns], Awaitable[datetime | list[WriteResult | Exception]]]
+WriteFn = Callable[[WriteBatch], Awaitable[BatchResult]]
 
 WRITE_BATCH_EVENTS = Histogram(
     "journal_write_batch_events",
@@ -43,56 +40,26 @@ WRITES_OUTCOME_UNKNOWN = Counter(
 )
 
 
-def instrumented(write_batch: WriteBatch) -> WriteBatch:
+def instrumented(write_batch: WriteFn) -> WriteFn:
     """``write_batch`` that records batch size, latency, events written and failures."""
 
-    async def timed(requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+    async def timed(batch: WriteBatch) -> BatchResult:
         started = time.perf_counter()
         try:
-            results = await write_batch(requests)
+            result = await write_batch(batch)
         except Exception as e:
-            for _ in requests:
+            for _ in range(len(batch)):
                 record_failure(e)
             raise
         WRITE_SECONDS.observe(time.perf_counter() - started)
-        WRITE_BATCH_CALLS.observe(len(requests))
-        total = sum([len(r.events) for r in requests])
-        written = total
-        if not all([type(x) is WriteResult for x in results]):  # the common case: all written
-            for request, result in zip(requests, results, strict=True):
-                if isinstance(result, Exception):
-                    record_failure(result)
-                    written -= len(request.events)
+        WRITE_BATCH_CALLS.observe(len(batch))
+        written = total = batch.events
+        for i, error in result.errors.items():  # the common case: none
+            record_failure(error)
+            written -= batch.counts[i]
         WRITE_BATCH_EVENTS.observe(total)
         EVENTS_WRITTEN.inc(written)
-        return results
-
-    return timed
-
-
-def instrumented_columns(write_columns: WriteColumnsFn) -> WriteColumnsFn:
-    """``write_columns`` recording what :func:`instrumented` records for a batch."""
-
-    async def timed(columns: WriteColumns) -> datetime | list[WriteResult | Exception]:
-        started = time.perf_counter()
-        n = len(columns)
-        try:
-            got = await write_columns(columns)
-        except Exception as e:
-            for _ in range(n):
-                record_failure(e)
-            raise
-        WRITE_SECONDS.observe(time.perf_counter() - started)
-        WRITE_BATCH_CALLS.observe(n)
-        WRITE_BATCH_EVENTS.observe(n)
-        written = n
-        if not isinstance(got, datetime):
-            for result in got:
-                if isinstance(result, Exception):
-                    record_failure(result)
-                    written -= 1
-        EVENTS_WRITTEN.inc(written)
-        return got
+        return result
 
     return timed
 

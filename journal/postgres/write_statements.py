@@ -1,0 +1,198 @@
+"""The INSERT of a :class:`~journal.write_batch.WriteBatch`: its SQL and its parameters.
+
+One statement writes a whole batch. Per call it reads the pid's newest stored event (one index
+descent), checks the call's ``expected_seq_nr`` against it (a call that names none appends after
+it), and numbers the call's events after it. When every call passes, every event is inserted,
+stamped by :mod:`.timestamp_rule` with ``prev`` the newest stored event of any of the batch's pids
+(one base for the statement; the n-th row gets base + (n - 1) µs); tagged calls get their tag
+rows in the same statement. When any call fails the check, nothing is inserted and the statement
+names those calls: the caller reports them as conflicts and sends the rest again. So each call
+stays atomic and conflict-checked on its own. A row the database refuses (a racing writer's
+primary key, a trigger) fails the statement: nothing of the batch is written.
+
+It returns one row: the first row's timestamp, the number of calls that failed the check and
+their positions (1-based), each call's previous highest sequence number (so the caller knows
+where an appended call landed), and the settle column (the statement ends once the clock has
+passed its per-row steps).
+
+A batch of one call of one untagged event (a lone ``persist``) takes the same statement with
+scalar parameters (:meth:`WriteStatements.lone`): it costs about what a single-row INSERT does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..serialization import JSON_SERIALIZER_ID
+from ..write_batch import WriteBatch
+from .statements import Statements, notify_groups
+from .tag_statements import TagStatements
+from .timestamp_rule import CLOCK, settle, stamp
+
+_COLUMNS = """slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest,
+    event_payload, deleted, writer, tags, meta_ser_id, meta_ser_manifest, meta_payload"""
+
+_CALLS = """unnest($1::text[], $2::int[], $3::text[], $5::bigint[], $6::text[], $7::int[], $8::text[], $9::bytea[])
+    WITH ORDINALITY AS c(persistence_id, slice, entity_type, expected, tags_json, meta_ser_id, meta_ser_manifest,
+                         meta_payload, i)"""
+"""The calls: per-call arrays $1 pid, $2 slice, $3 entity type (empty: every call is $4), $5
+expected_seq_nr (NULL, or an empty array: append), $6 tags as JSON (empty: none), $7-$9
+metadata (empty: none)."""
+
+_EVENTS = """unnest($10::bytea[], $11::int[], $12::text[], $13::int[], $14::int[])
+    WITH ORDINALITY AS ev(payload, ser_id, ser_manifest, call, ordinal, n)"""
+"""The events: per-event arrays $10 payload, $11 serializer id (empty: JSON), $12 manifest
+(empty: ''), $13 the call (1-based) and $14 the position in it (both empty: one event per call).
+Then $15 the writer id, $16 the notification payloads (with notifications), and the tag bucket
+size in milliseconds (tagged batches)."""
+
+
+def highest(pid: str, ej: str) -> str:
+    """The newest stored row of a pid (seq_nr, db_timestamp): one index descent."""
+    return f"SELECT e.seq_nr, e.db_timestamp FROM {ej} e WHERE e.persistence_id = {pid} ORDER BY e.seq_nr DESC LIMIT 1"
+
+
+class WriteStatements:
+    """The statements of :mod:`this module <.write_statements>` for one schema, and their
+    parameters for a batch (arrays whose every element is the default are sent empty: the
+    unnest pads them with NULLs and asyncpg encodes nothing)."""
+
+    def __init__(self, sql: Statements, *, notify: bool, bucket_millis: int) -> None:
+        self._ej = sql.ej
+        self._channel = sql.channel
+        self._notify = notify
+        self._bucket = bucket_millis
+        self._tag_rows = TagStatements(sql.schema).insert_from_events("src", "$15", self._bucket_param, "")
+        self.lone = self._lone()
+        self._batch = {tagged: self._batch_sql(tagged) for tagged in (False, True)}
+
+    @property
+    def _bucket_param(self) -> str:
+        return "$17" if self._notify else "$16"
+
+    def statement(self, batch: WriteBatch, writer: str) -> tuple[str, tuple[Any, ...]]:
+        """The statement for ``batch`` and its parameters."""
+        if len(batch.payloads) == 1 and not batch.tags[0]:
+            return self.lone, self._lone_params(batch, writer)
+        tagged = any(batch.tags)
+        params = self._params(batch, writer, tagged)
+        return self._batch[tagged], params
+
+    def _batch_sql(self, tagged: bool) -> str:
+        notify = (
+            f", CASE WHEN chk.bad = 0 THEN (SELECT count(pg_notify('{self._channel}', g))"
+            f" FROM unnest($16::text[]) g) END AS notified"
+            if self._notify
+            else ""
+        )
+        tags = f", tv AS ({self._tag_rows}\n)" if tagged else ""
+        return f"""
+WITH {CLOCK}, calls AS MATERIALIZED (
+  SELECT c.*, h.seq_nr AS prev_seq, h.db_timestamp AS prev_ts,
+    c.expected IS NOT NULL AND c.expected <> COALESCE(h.seq_nr, 0) AS bad
+  FROM {_CALLS}
+  LEFT JOIN LATERAL ({highest("c.persistence_id", self._ej)}) h ON true
+), chk AS (
+  SELECT count(*) FILTER (WHERE bad) AS bad, max(prev_ts) AS prev FROM calls
+), src AS {"MATERIALIZED " if tagged else ""}(
+  SELECT c.slice, COALESCE(c.entity_type, $4::text) AS entity_type, c.persistence_id,
+    COALESCE(c.prev_seq, 0) + COALESCE(ev.ordinal, 1) AS seq_nr, {stamp("chk.prev", "ev.n")} AS db_timestamp,
+    COALESCE(ev.ser_id, {JSON_SERIALIZER_ID}) AS ser_id, COALESCE(ev.ser_manifest, '') AS ser_manifest, ev.payload,
+    CASE WHEN c.tags_json IS NULL THEN NULL
+         ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags_json::jsonb)) END AS tags,
+    c.meta_ser_id, c.meta_ser_manifest, c.meta_payload
+  FROM chk, {_EVENTS}
+  JOIN calls c ON c.i = COALESCE(ev.call, ev.n)
+  WHERE chk.bad = 0
+), ins AS (
+  INSERT INTO {self._ej} ({_COLUMNS})
+  SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, ser_id, ser_manifest, payload, false, $15::text,
+    tags, meta_ser_id, meta_ser_manifest, meta_payload
+  FROM src
+  RETURNING 1
+){tags}
+SELECT {stamp("chk.prev", "1")} AS ts, chk.bad,
+  CASE WHEN chk.bad > 0 THEN (SELECT array_agg(i ORDER BY i) FROM calls WHERE bad) END AS bad_calls,
+  (SELECT array_agg(COALESCE(prev_seq, 0) ORDER BY i) FROM calls) AS prevs,
+  {settle("ins")} AS settled{notify}
+FROM chk"""
+
+    def _lone(self) -> str:
+        """One call of one untagged event, with scalar parameters: $1 slice, $2 entity type,
+        $3 pid, $4 expected_seq_nr (NULL: append), $5-$7 the event, $8 the writer, $9-$11 the
+        metadata; the same result columns as the batch statement."""
+        notify = (
+            f", CASE WHEN NOT chk.bad THEN pg_notify('{self._channel}', ($1::int / 64)::text || ':' || $2::text) END"
+            " AS notified"
+            if self._notify
+            else ""
+        )
+        return f"""
+WITH {CLOCK}, prev AS ({highest("$3::text", self._ej)}
+), chk AS (
+  SELECT $4::bigint IS NOT NULL AND $4::bigint <> COALESCE((SELECT seq_nr FROM prev), 0) AS bad
+), ins AS (
+  INSERT INTO {self._ej} ({_COLUMNS})
+  SELECT $1::int, $2::text, $3::text, COALESCE((SELECT seq_nr FROM prev), 0) + 1,
+    {stamp("(SELECT db_timestamp FROM prev)", "1")}, $5::int, $6::text, $7::bytea, false, $8::text, NULL,
+    $9::int, $10::text, $11::bytea
+  FROM chk WHERE NOT chk.bad
+  RETURNING 1
+)
+SELECT {stamp("(SELECT db_timestamp FROM prev)", "1")} AS ts, chk.bad::int AS bad,
+  CASE WHEN chk.bad THEN ARRAY[1] END AS bad_calls, ARRAY[COALESCE((SELECT seq_nr FROM prev), 0)] AS prevs,
+  {settle("ins")} AS settled{notify}
+FROM chk"""
+
+    @staticmethod
+    def _lone_params(b: WriteBatch, writer: str) -> tuple[Any, ...]:
+        m = b.metadata[0]
+        return (
+            b.slices[0], b.entity_types[0], b.persistence_ids[0], b.expected_seq_nrs[0], b.ser_ids[0],
+            b.manifests[0], b.payloads[0], writer, m.ser_id if m else None, m.manifest if m else None,
+            m.payload if m else None,
+        )  # fmt: skip
+
+    def _params(self, b: WriteBatch, writer: str, tagged: bool) -> tuple[Any, ...]:
+        n = len(b)
+        entity_type = b.entity_types[0]
+        calls, ordinals = _positions(b.counts) if len(b.payloads) != n else ((), ())
+        params: tuple[Any, ...] = (
+            b.persistence_ids, b.slices, _unless_all(b.entity_types, entity_type), entity_type,
+            _unless_all(b.expected_seq_nrs, None), _tags_json(b.tags) if tagged else (), *_metadata(b.metadata),
+            b.payloads, _unless_all(b.ser_ids, JSON_SERIALIZER_ID), _unless_all(b.manifests, ""), calls, ordinals,
+            writer,
+        )  # fmt: skip
+        if self._notify:
+            params += (notify_groups(b.slices, b.entity_types),)
+        if tagged:
+            params += (self._bucket,)
+        return params
+
+
+def _unless_all(column: Sequence[Any], value: Any) -> Sequence[Any]:
+    """``column``, or an empty one when every element is ``value`` (the statement's default)."""
+    return () if column.count(value) == len(column) else column
+
+
+def _positions(counts: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Per event: its call (1-based) and its position in the call (1-based)."""
+    calls = [c for c, k in enumerate(counts, 1) for _ in range(k)]
+    ordinals = [o for k in counts for o in range(1, k + 1)]
+    return calls, ordinals
+
+
+def _tags_json(tags: Sequence[tuple[str, ...]]) -> list[str | None]:
+    return [json.dumps(list(t)) if t else None for t in tags]
+
+
+def _metadata(metadata: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any]]:
+    if metadata.count(None) == len(metadata):
+        return (), (), ()
+    return (
+        [m.ser_id if m else None for m in metadata],
+        [m.manifest if m else None for m in metadata],
+        [m.payload if m else None for m in metadata],
+    )
