@@ -34,9 +34,8 @@ from .write_batch import WriteBatch
 MAX_EVENTS_PER_CALL = 10_000
 """At most this many events in one ``persist`` call or one ``persist_many`` part."""
 
-Part = tuple[str, str, int, "int | None", int, list[int], list[str], list[bytes], tuple[str, ...], "Serialized | None"]
-"""One checked call: pid, entity type, slice, expected_seq_nr, event count, and its events' serializer
-ids, manifests and payloads, its tags and its serialized metadata (the columns of a batch)."""
+Checked = tuple[str, str, int, "int | None", int, tuple[str, ...], "Serialized | None"]
+"""One call checked: pid, entity type, slice, expected_seq_nr, event count, tags, serialized metadata."""
 
 
 class WriteValidator:
@@ -47,29 +46,47 @@ class WriteValidator:
 
     def call(self, pid: Any, events: Any, expected: Any = None, tags: Any = (), metadata: Any = None) -> WriteBatch:
         """One ``persist`` call as a batch of one."""
-        p = self.part(pid, events, expected, tags, metadata)
-        return WriteBatch((p[0],), (p[1],), (p[2],), (p[3],), (p[4],), p[7], p[5], p[6], (p[8],), (p[9],))
+        pid, et, sl, expected, n, tags, meta = self.check(pid, events, expected, tags, metadata)
+        ser_ids, manifests, payloads = self.serializers.serialize_events(events, pid)
+        return WriteBatch((pid,), (et,), (sl,), (expected,), (n,), payloads, ser_ids, manifests, (tags,), (meta,))
 
     def batch(self, parts: Iterable[object]) -> WriteBatch:
         """The parts of a ``persist_many`` call (``Write`` values or plain tuples of its fields) as
-        one batch. Raises InvalidArgument or SerializationError naming the part's index, also
-        for a pid in two parts."""
-        checked: list[Part] = []
-        append = checked.append
-        part = self.part
+        one batch, their events serialized in one loop. Raises InvalidArgument or
+        SerializationError for the first bad part, naming its index, also for a pid in two parts."""
+        checked: list[Checked] = []
+        events: list[Sequence[Any]] = []
+        check = self.check
         for i, w in enumerate(parts):
             try:
-                if (type(w) is not tuple and not isinstance(w, tuple)) or not 2 <= len(w) <= 5:
+                if not isinstance(w, tuple) or not 2 <= len(w) <= 5:
                     raise InvalidArgument(
                         f"expected a Write or a (pid, events[, expected_seq_nr, tags, metadata]) tuple, got {w!r:.80}"
                     )
-                append(part(*w))
+                checked.append(check(*w))
             except (InvalidArgument, SerializationError) as e:
+                self._serialize_each([c[0] for c in checked], events)  # an earlier part's event fails first
                 raise type(e)(f"persist_many part {i}: {e}") from e
-        return _columns(checked)
+            events.append(w[1])
+        if not checked:
+            return WriteBatch((), (), (), (), (), (), (), (), (), ())
+        pids, types, slices, expected, counts, tags, metas = zip(*checked, strict=True)
+        if len(set(pids)) != len(pids):
+            self._serialize_each(pids, events)  # a part's own fault is named before a repeat
+            repeated = _first_repeat(pids)
+            raise InvalidArgument(
+                f"persist_many part {repeated}: {pids[repeated]!r} appears in an earlier part; one part per pid"
+            )
+        flat = [e for (e,) in events] if counts.count(1) == len(counts) else list(chain.from_iterable(events))
+        try:
+            ser_ids, manifests, payloads = self.serializers.serialize_events(flat, "")
+        except SerializationError:
+            self._serialize_each(pids, events)
+            raise
+        return WriteBatch(pids, types, slices, expected, counts, payloads, ser_ids, manifests, tags, metas)
 
-    def part(self, pid: Any, events: Any, expected: Any = None, tags: Any = (), metadata: Any = None) -> Part:
-        """One call checked and serialized (raises InvalidArgument or SerializationError)."""
+    def check(self, pid: Any, events: Any, expected: Any = None, tags: Any = (), metadata: Any = None) -> Checked:
+        """One call checked, its metadata serialized (raises InvalidArgument or SerializationError)."""
         if type(pid) is not str or not 0 < len(pid) <= MAX_PERSISTENCE_ID_LENGTH or "\x00" in pid:
             validate_persistence_id(pid)
         if type(events) is not list and type(events) is not tuple and not isinstance(events, list | tuple):
@@ -85,32 +102,23 @@ class WriteValidator:
             # the call's last event, expected + n, must still fit the bigint column
             validate_seq_nr("expected_seq_nr", expected, maximum=MAX_SEQ_NR - n)
         clean_tags = validate_tags(tags) if tags else ()
-        ser_ids, manifests, payloads = self.serializers.serialize_events(events, pid)
         meta = None if metadata is None else self.serializers.serialize(metadata, what="metadata")
         cut = pid.find(ENTITY_TYPE_SEPARATOR)
-        entity_type = pid[:cut] if cut >= 0 else ""
-        return pid, entity_type, slice_for(pid), expected, n, ser_ids, manifests, payloads, clean_tags, meta
+        return pid, pid[:cut] if cut >= 0 else "", slice_for(pid), expected, n, clean_tags, meta
+
+    def _serialize_each(self, pids: Sequence[str], events: Sequence[Sequence[Any]]) -> None:
+        """Serialize part by part: raises for the first part whose events do not serialize."""
+        for i, (pid, evs) in enumerate(zip(pids, events, strict=False)):
+            try:
+                self.serializers.serialize_events(evs, pid)
+            except SerializationError as e:
+                raise SerializationError(f"persist_many part {i}: {e}") from e
 
 
-def _columns(parts: Sequence[Part]) -> WriteBatch:
-    """Checked parts as one batch (transposed with ``zip``: loops in C); refuses a repeated pid."""
-    if not parts:
-        return WriteBatch((), (), (), (), (), (), (), (), (), ())
-    pids, types, slices, expected, counts, ser_ids, manifests, payloads, tags, metas = zip(*parts, strict=True)
-    if len(set(pids)) != len(pids):
-        _refuse_repeats(pids)
-    return WriteBatch(
-        pids, types, slices, expected, counts, _flat(payloads), _flat(ser_ids), _flat(manifests), tags, metas
-    )
-
-
-def _flat(columns: Sequence[list[Any]]) -> list[Any]:
-    return list(chain.from_iterable(columns))
-
-
-def _refuse_repeats(pids: Sequence[str]) -> None:
+def _first_repeat(pids: Sequence[str]) -> int:
     seen: set[str] = set()
     for i, pid in enumerate(pids):
         if pid in seen:
-            raise InvalidArgument(f"persist_many part {i}: {pid!r} appears in an earlier part; one part per pid")
+            return i
         seen.add(pid)
+    raise AssertionError("no pid repeats")

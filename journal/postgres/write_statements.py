@@ -11,8 +11,8 @@ stays atomic and conflict-checked on its own. A row the database refuses (a raci
 primary key, a trigger) fails the statement: nothing of the batch is written.
 
 It returns one row: the first row's timestamp, the number of calls that failed the check and
-their positions (1-based), each call's previous highest sequence number (so the caller knows
-where an appended call landed), and the settle column (the statement ends once the clock has
+their positions (1-based), the previous highest sequence number of each call that appended (so
+the caller knows where it landed), and the settle column (the statement ends once the clock has
 passed its per-row steps).
 
 A batch of one call of one untagged event (a lone ``persist``) takes the same statement with
@@ -34,19 +34,10 @@ from .timestamp_rule import CLOCK, settle, stamp
 _COLUMNS = """slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest,
     event_payload, deleted, writer, tags, meta_ser_id, meta_ser_manifest, meta_payload"""
 
-_CALLS = """unnest($1::text[], $2::int[], $3::text[], $5::bigint[], $6::text[], $7::int[], $8::text[], $9::bytea[])
-    WITH ORDINALITY AS c(persistence_id, slice, entity_type, expected, tags_json, meta_ser_id, meta_ser_manifest,
-                         meta_payload, i)"""
-"""The calls: per-call arrays $1 pid, $2 slice, $3 entity type (empty: every call is $4), $5
-expected_seq_nr (NULL, or an empty array: append), $6 tags as JSON (empty: none), $7-$9
-metadata (empty: none)."""
-
-_EVENTS = """unnest($10::bytea[], $11::int[], $12::text[], $13::int[], $14::int[])
-    WITH ORDINALITY AS ev(payload, ser_id, ser_manifest, call, ordinal, n)"""
-"""The events: per-event arrays $10 payload, $11 serializer id (empty: JSON), $12 manifest
-(empty: ''), $13 the call (1-based) and $14 the position in it (both empty: one event per call).
-Then $15 the writer id, $16 the notification payloads (with notifications), and the tag bucket
-size in milliseconds (tagged batches)."""
+_CALL_ARRAYS = "$1::text[], $2::int[], $3::text[], $5::bigint[], $6::text[], $7::int[], $8::text[], $9::bytea[]"
+_CALL_COLUMNS = "persistence_id, slice, entity_type, expected, tags_json, meta_ser_id, meta_ser_manifest, meta_payload"
+_EVENT_ARRAYS = "$10::bytea[], $11::int[], $12::text[]"
+_EVENT_COLUMNS = "payload, ser_id, ser_manifest"
 
 
 def highest(pid: str, ej: str) -> str:
@@ -55,67 +46,92 @@ def highest(pid: str, ej: str) -> str:
 
 
 class WriteStatements:
-    """The statements of :mod:`this module <.write_statements>` for one schema, and their
-    parameters for a batch (arrays whose every element is the default are sent empty: the
-    unnest pads them with NULLs and asyncpg encodes nothing)."""
+    """The statements of this module for one schema, and their parameters for a batch.
+
+    Parameters of the batch statement. Per call: $1 pid, $2 slice, $3 entity type (empty: every
+    call is $4), $5 expected_seq_nr (NULL, or an empty array: append), $6 tags as JSON (empty:
+    none), $7-$9 metadata (empty: none). Per event: $10 payload, $11 serializer id (empty: JSON),
+    $12 manifest (empty: ''). $13 the writer id. Then, in this order and only where they apply:
+    the notification payloads, the tag bucket size in milliseconds (tagged batches), and per event
+    its call and its position in it (1-based; batches with a call of several events). An array
+    whose every element would be the default is sent empty: the unnest pads it with NULLs, and
+    asyncpg encodes nothing.
+    """
 
     def __init__(self, sql: Statements, *, notify: bool, bucket_millis: int) -> None:
         self._ej = sql.ej
         self._channel = sql.channel
+        self._tags = TagStatements(sql.schema)
         self._notify = notify
         self._bucket = bucket_millis
-        self._tag_rows = TagStatements(sql.schema).insert_from_events("src", "$15", self._bucket_param, "")
         self.lone = self._lone()
-        self._batch = {tagged: self._batch_sql(tagged) for tagged in (False, True)}
-
-    @property
-    def _bucket_param(self) -> str:
-        return "$17" if self._notify else "$16"
+        self._batch = {
+            (tagged, many): self._batch_sql(tagged, many) for tagged in (False, True) for many in (False, True)
+        }
 
     def statement(self, batch: WriteBatch, writer: str) -> tuple[str, tuple[Any, ...]]:
         """The statement for ``batch`` and its parameters."""
         if len(batch.payloads) == 1 and not batch.tags[0]:
             return self.lone, self._lone_params(batch, writer)
         tagged = any(batch.tags)
-        params = self._params(batch, writer, tagged)
-        return self._batch[tagged], params
+        many = len(batch.payloads) != len(batch)
+        return self._batch[tagged, many], self._params(batch, writer, tagged, many)
 
-    def _batch_sql(self, tagged: bool) -> str:
+    def _tail(self, tagged: bool, many: bool) -> tuple[str, str, str, str]:
+        """The numbers of the optional parameters: notifications, bucket, event calls, positions."""
+        names = [n for n, on in (("notify", self._notify), ("bucket", tagged), ("call", many), ("ordinal", many)) if on]
+        at = {name: f"${14 + i}" for i, name in enumerate(names)}
+        return at.get("notify", ""), at.get("bucket", ""), at.get("call", ""), at.get("ordinal", "")
+
+    def _batch_sql(self, tagged: bool, many: bool) -> str:
+        notify_at, bucket_at, call_at, ordinal_at = self._tail(tagged, many)
         notify = (
             f", CASE WHEN chk.bad = 0 THEN (SELECT count(pg_notify('{self._channel}', g))"
-            f" FROM unnest($16::text[]) g) END AS notified"
+            f" FROM unnest({notify_at}::text[]) g) END AS notified"
             if self._notify
             else ""
         )
-        tags = f", tv AS ({self._tag_rows}\n)" if tagged else ""
+        tags = f", tv AS ({self._tags.insert_from_events('src', '$13', bucket_at, '')}\n)" if tagged else ""
+        if many:  # the events apart from their calls, joined to them by their call's position
+            calls = f"unnest({_CALL_ARRAYS}) WITH ORDINALITY AS c({_CALL_COLUMNS}, i)"
+            events = (
+                f"chk, unnest({_EVENT_ARRAYS}, {call_at}::int[], {ordinal_at}::int[])"
+                f" WITH ORDINALITY AS e({_EVENT_COLUMNS}, call, ordinal, n) JOIN calls c ON c.i = e.call"
+            )
+            e, ordinal, n = "e", "e.ordinal", "e.n"
+        else:  # one event per call: the events are in the calls' rows
+            calls = (
+                f"unnest({_CALL_ARRAYS}, {_EVENT_ARRAYS}) WITH ORDINALITY AS c({_CALL_COLUMNS}, {_EVENT_COLUMNS}, i)"
+            )
+            events = "chk, calls c"
+            e, ordinal, n = "c", "1", "c.i"
         return f"""
 WITH {CLOCK}, calls AS MATERIALIZED (
   SELECT c.*, h.seq_nr AS prev_seq, h.db_timestamp AS prev_ts,
     c.expected IS NOT NULL AND c.expected <> COALESCE(h.seq_nr, 0) AS bad
-  FROM {_CALLS}
+  FROM {calls}
   LEFT JOIN LATERAL ({highest("c.persistence_id", self._ej)}) h ON true
 ), chk AS (
   SELECT count(*) FILTER (WHERE bad) AS bad, max(prev_ts) AS prev FROM calls
 ), src AS {"MATERIALIZED " if tagged else ""}(
   SELECT c.slice, COALESCE(c.entity_type, $4::text) AS entity_type, c.persistence_id,
-    COALESCE(c.prev_seq, 0) + COALESCE(ev.ordinal, 1) AS seq_nr, {stamp("chk.prev", "ev.n")} AS db_timestamp,
-    COALESCE(ev.ser_id, {JSON_SERIALIZER_ID}) AS ser_id, COALESCE(ev.ser_manifest, '') AS ser_manifest, ev.payload,
+    COALESCE(c.prev_seq, 0) + {ordinal} AS seq_nr, {stamp("chk.prev", n)} AS db_timestamp,
+    COALESCE({e}.ser_id, {JSON_SERIALIZER_ID}) AS ser_id, COALESCE({e}.ser_manifest, '') AS ser_manifest, {e}.payload,
     CASE WHEN c.tags_json IS NULL THEN NULL
          ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags_json::jsonb)) END AS tags,
     c.meta_ser_id, c.meta_ser_manifest, c.meta_payload
-  FROM chk, {_EVENTS}
-  JOIN calls c ON c.i = COALESCE(ev.call, ev.n)
+  FROM {events}
   WHERE chk.bad = 0
 ), ins AS (
   INSERT INTO {self._ej} ({_COLUMNS})
-  SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, ser_id, ser_manifest, payload, false, $15::text,
+  SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, ser_id, ser_manifest, payload, false, $13::text,
     tags, meta_ser_id, meta_ser_manifest, meta_payload
   FROM src
   RETURNING 1
 ){tags}
 SELECT {stamp("chk.prev", "1")} AS ts, chk.bad,
   CASE WHEN chk.bad > 0 THEN (SELECT array_agg(i ORDER BY i) FROM calls WHERE bad) END AS bad_calls,
-  (SELECT array_agg(COALESCE(prev_seq, 0) ORDER BY i) FROM calls) AS prevs,
+  (SELECT array_agg(COALESCE(prev_seq, 0) ORDER BY i) FROM calls WHERE expected IS NULL) AS appended_after,
   {settle("ins")} AS settled{notify}
 FROM chk"""
 
@@ -142,7 +158,8 @@ WITH {CLOCK}, prev AS ({highest("$3::text", self._ej)}
   RETURNING 1
 )
 SELECT {stamp("(SELECT db_timestamp FROM prev)", "1")} AS ts, chk.bad::int AS bad,
-  CASE WHEN chk.bad THEN ARRAY[1] END AS bad_calls, ARRAY[COALESCE((SELECT seq_nr FROM prev), 0)] AS prevs,
+  CASE WHEN chk.bad THEN ARRAY[1] END AS bad_calls,
+  CASE WHEN $4::bigint IS NULL THEN ARRAY[COALESCE((SELECT seq_nr FROM prev), 0)] END AS appended_after,
   {settle("ins")} AS settled{notify}
 FROM chk"""
 
@@ -155,20 +172,19 @@ FROM chk"""
             m.payload if m else None,
         )  # fmt: skip
 
-    def _params(self, b: WriteBatch, writer: str, tagged: bool) -> tuple[Any, ...]:
-        n = len(b)
+    def _params(self, b: WriteBatch, writer: str, tagged: bool, many: bool) -> tuple[Any, ...]:
         entity_type = b.entity_types[0]
-        calls, ordinals = _positions(b.counts) if len(b.payloads) != n else ((), ())
         params: tuple[Any, ...] = (
             b.persistence_ids, b.slices, _unless_all(b.entity_types, entity_type), entity_type,
             _unless_all(b.expected_seq_nrs, None), _tags_json(b.tags) if tagged else (), *_metadata(b.metadata),
-            b.payloads, _unless_all(b.ser_ids, JSON_SERIALIZER_ID), _unless_all(b.manifests, ""), calls, ordinals,
-            writer,
+            b.payloads, _unless_all(b.ser_ids, JSON_SERIALIZER_ID), _unless_all(b.manifests, ""), writer,
         )  # fmt: skip
         if self._notify:
             params += (notify_groups(b.slices, b.entity_types),)
         if tagged:
             params += (self._bucket,)
+        if many:
+            params += _positions(b.counts)
         return params
 
 

@@ -91,7 +91,7 @@ class PostgresWrites(PostgresPart):
         """The batch's result from the statement's row: written, or the calls that failed the
         check reported and the others sent again."""
         if not row["bad"]:
-            return written(batch, row["ts"], row["prevs"])
+            return written(batch, row["ts"], row["appended_after"])
         out = ResultBuilder(len(batch))
         bad = {i - 1 for i in row["bad_calls"]}
         for i in bad:
@@ -171,7 +171,7 @@ class PostgresWrites(PostgresPart):
         assert row is not None
         if row["bad"]:
             raise conflict(batch, row["bad_calls"][0] - 1, STALE)
-        return written(batch, row["ts"], row["prevs"])
+        return written(batch, row["ts"], row["appended_after"])
 
     def _release(self, conn: asyncpg.Connection, *, broken: bool = False) -> None:
         """Give a write connection back; one in an unknown state is closed, never used again."""
@@ -267,10 +267,15 @@ class PostgresWrites(PostgresPart):
         await with_retries("delete events", self.settings.retry, op)
 
 
-def written(batch: WriteBatch, first: datetime, prevs: Sequence[int]) -> BatchResult:
-    """The result of a batch written in full: each call's numbers follow its pid's previous
-    highest, and its first row is stamped one :data:`ROW_STEP` per row after the statement's first."""
-    firsts = [p + 1 for p in prevs]
+def written(batch: WriteBatch, first: datetime, appended_after: Sequence[int] | None) -> BatchResult:
+    """The result of a batch written in full: each call's numbers follow its ``expected_seq_nr``,
+    or for a call that appended, its pid's previous highest (``appended_after``, in call order);
+    its first row is stamped one :data:`ROW_STEP` per row after the statement's first."""
+    if appended_after is None:
+        firsts = [e + 1 for e in batch.expected_seq_nrs]  # type: ignore[operator]  # none appended
+    else:
+        after = iter(appended_after)
+        firsts = [(next(after) if e is None else e) + 1 for e in batch.expected_seq_nrs]
     if batch.one_event_each():
         return BatchResult(firsts, consecutive_stamps(first, len(batch)))
     return BatchResult(firsts, [first + ROW_STEP * k for k in accumulate(batch.counts[:-1], initial=0)])
