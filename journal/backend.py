@@ -14,7 +14,7 @@ no replicated logs).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -249,6 +249,13 @@ class EventWrites(Protocol):
 
     async def write_batch(self, batch: WriteBatch) -> BatchResult:
         """Write the batch's calls; each is atomic on its own, and fails alone."""
+        ...
+
+    async def write_chunks(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
+        """A bulk write: each chunk's calls as :meth:`write_batch` writes them, a result per chunk.
+        The iterator checks each chunk only when asked for (the next one is checked while the
+        earlier ones are written); when it raises, nothing of any chunk is written and the error
+        is raised."""
         ...
 
     async def write_on(self, conn: Any, batch: WriteBatch) -> BatchResult:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,6 +26,8 @@ log = logging.getLogger("journal.group_commit")
 
 WriteFn = Callable[[WriteBatch], Awaitable[BatchResult]]
 """Writes one batch (the backend's ``write_batch``, wrapped by the metrics)."""
+ChunksFn = Callable[[Iterator[WriteBatch]], Awaitable[list[BatchResult]]]
+"""Writes the chunks of a bulk write (the backend's ``write_chunks``)."""
 CallResult = tuple[int, datetime]
 """A lone call's result: its first sequence number and its first event's db_timestamp."""
 
@@ -80,7 +82,15 @@ class BatchPlanner:
 
 
 MIN_BULK_CHUNK_EVENTS = 250
-"""A bulk write is split across connections only into statements of at least this many events."""
+"""A bulk write is split across connections only into statements of at least this many calls."""
+BULK_CHUNKS_PER_CONNECTION = 2
+"""A bulk write is split into about this many chunks per connection (``write.bulk_in_flight``),
+so one is checked while the others are written."""
+
+
+def _failed_whole(chunk: WriteBatch, error: BaseException) -> BatchResult:
+    """The result of a queued chunk whose whole statement failed."""
+    return BatchResult.failed(len(chunk), error if isinstance(error, Exception) else JournalUnavailable(repr(error)))
 
 
 def plan_chunks(counts: Sequence[int], max_events: int) -> list[tuple[int, int]]:
@@ -130,6 +140,7 @@ class GroupCommit:
     def __init__(
         self,
         write_batch: WriteFn,
+        write_chunks: ChunksFn,
         *,
         max_batch_events: int,
         max_in_flight: int,
@@ -137,6 +148,7 @@ class GroupCommit:
         bulk_in_flight: int = 1,
     ) -> None:
         self._write_batch = write_batch
+        self._write_chunks = write_chunks
         self._planner = BatchPlanner(max_batch_events)
         self._max_in_flight = max_in_flight
         self._max_batch_wait = max_batch_wait
@@ -177,96 +189,88 @@ class GroupCommit:
                 loop.call_soon(self._pump)
         return fut
 
-    async def submit_many(self, batch: WriteBatch) -> BatchResult:
-        """Write a batch of many calls (distinct pids), each atomic and failing alone.
+    async def submit_chunks(self, chunks: Iterator[WriteBatch]) -> tuple[list[WriteBatch], list[BatchResult]]:
+        """Write the chunks of a bulk write (distinct pids), each call atomic and failing alone;
+        returns the chunks as written (split at ``max_batch_events`` events) and their results.
 
-        When idle, its chunks of at most ``max_batch_events`` events are written from the
-        caller's task, ``bulk_in_flight`` at once (no future per call); as soon as other calls
-        queue up, the rest joins the queue behind them, so a large bulk write does not starve them.
+        When idle, they go to ``write_chunks`` from the caller's task, each chunk checked while
+        the ones before it are written; as soon as other calls queue up, the rest is checked and
+        joins the queue behind them, so a large bulk write does not starve them. The iterator's
+        error (bad input) is raised as is: nothing was written.
         """
         if self._closed:
             raise JournalUnavailable("the journal is closed")
-        out: list[BatchResult] = []
-        chunks = plan_chunks(batch.counts, self._bulk_chunk_events(batch.events))
-        done = 0
+        taken: list[WriteBatch] = []
+        rest: list[WriteBatch] = []
+        results: list[BatchResult] = []
         if self._idle():
-            done = await self._write_many_now([batch.chunk(s, e) for s, e in chunks], out)
-        rest = [batch.chunk(s, e) for s, e in chunks[done:]]
+            results = await self._write_chunks_now(self._split(chunks), taken, rest)
+        else:
+            rest = list(self._split(chunks))
         if rest:
             got = await asyncio.gather(*[self._enqueue(c) for c in rest], return_exceptions=True)
-            for chunk, res in zip(rest, got, strict=True):
-                if isinstance(res, BaseException):  # the whole statement failed
-                    res = BatchResult.failed(
-                        len(chunk), res if isinstance(res, Exception) else JournalUnavailable(repr(res))
-                    )
-                out.append(res)
-        return BatchResult.concat(out) if out else BatchResult([], [])
+            results += [
+                _failed_whole(c, r) if isinstance(r, BaseException) else r for c, r in zip(rest, got, strict=True)
+            ]
+        return taken + rest, results
 
-    def _bulk_chunk_events(self, total: int) -> int:
-        """Events per statement of a bulk write: at least ``bulk_in_flight`` statements when
-        there is enough to share, so they overlap; at most ``max_batch_events``."""
-        size = max(MIN_BULK_CHUNK_EVENTS, -(-total // self._bulk_in_flight))
-        return min(size, self._planner.max_batch_events)
+    def bulk_chunk_calls(self, calls: int) -> int:
+        """Calls per chunk of a bulk write: several chunks per connection, so the next one is
+        checked while the server writes the ones before; at least ``MIN_BULK_CHUNK_EVENTS``."""
+        size = -(-calls // (BULK_CHUNKS_PER_CONNECTION * self._bulk_in_flight))
+        return min(max(MIN_BULK_CHUNK_EVENTS, size), self._planner.max_batch_events)
 
-    async def _write_many_now(self, chunks: list[WriteBatch], out: list[BatchResult]) -> int:
-        """Idle fast path of a bulk write: ``chunks`` written in order from the caller's task, up
-        to ``bulk_in_flight`` at once, until other calls queue up. Appends the results of the
-        chunks it handled (a prefix) to ``out`` and returns their number."""
-        in_flight = self._planner.in_flight_pids
-        running: list[asyncio.Task[BatchResult]] = []
-        failed: Exception | None = None
-        done = 0
-
-        async def write(chunk: WriteBatch) -> BatchResult:
-            in_flight.update(chunk.persistence_ids)
-            try:
-                return await self._write_batch(chunk)
-            finally:
-                in_flight.difference_update(chunk.persistence_ids)
-
-        def collect(task: asyncio.Task[BatchResult], chunk: WriteBatch) -> None:
-            nonlocal failed
-            e = task.exception()
-            if e is None:
-                out.append(task.result())
-            elif isinstance(e, Exception):  # the whole statement failed: this chunk, and stop
-                failed = failed or e
-                out.append(BatchResult.failed(len(chunk), e))
+    def _split(self, chunks: Iterator[WriteBatch]) -> Iterator[WriteBatch]:
+        """Chunks of at most ``max_batch_events`` events (a larger call goes alone)."""
+        for chunk in chunks:
+            if chunk.events <= self._planner.max_batch_events:
+                yield chunk
             else:
-                raise e
-            self.batches_written += 1
-            self.calls_written += len(chunk)
+                for start, end in plan_chunks(chunk.counts, self._planner.max_batch_events):
+                    yield chunk.chunk(start, end)
+
+    async def _write_chunks_now(
+        self, chunks: Iterator[WriteBatch], taken: list[WriteBatch], rest: list[WriteBatch]
+    ) -> list[BatchResult]:
+        """Idle path of a bulk write: the chunks handed to ``write_chunks`` (appended to
+        ``taken``) until other calls queue up; then the rest is checked into ``rest``."""
+        in_flight = self._planner.in_flight_pids
+        invalid: list[BaseException] = []
+
+        def feed() -> Iterator[WriteBatch]:
+            try:
+                for chunk in chunks:
+                    in_flight.update(chunk.persistence_ids)
+                    taken.append(chunk)
+                    yield chunk
+                    if self._planner.queue:  # others wait: the rest joins the queue, once checked
+                        rest.extend(chunks)
+                        return
+            except BaseException as e:
+                invalid.append(e)
+                raise
 
         self._direct += 1
-        sent: list[WriteBatch] = []
         try:
-            loop = asyncio.get_running_loop()
-            for chunk in chunks:
-                if failed is not None or self._planner.queue:
-                    break
-                if len(running) >= self._bulk_in_flight:
-                    await asyncio.wait([running[0]])
-                    collect(running.pop(0), sent.pop(0))
-                    if failed is not None:
-                        break
-                running.append(loop.create_task(write(chunk)))
-                sent.append(chunk)
-                done += 1
-            for task, chunk in zip(running, sent, strict=True):
-                await asyncio.wait([task])
-                collect(task, chunk)
-            running = []
-            if failed is not None and done < len(chunks):
-                rest = JournalUnavailable(f"not attempted after an earlier part failed: {failed}")
-                out.extend(BatchResult.failed(len(c), rest) for c in chunks[done:])
-                done = len(chunks)
+            results = await self._write_chunks(feed())
+        except Exception as e:
+            if invalid and invalid[0] is e:  # bad input: nothing was written
+                raise
+            rest.extend(chunks)  # checked all the same: bad input raises before an outage is reported
+            results = [BatchResult.failed(len(c), e) for c in taken]
+            rest_error = JournalUnavailable(f"not attempted after an earlier part failed: {e}")
+            results += [BatchResult.failed(len(c), rest_error) for c in rest]
+            taken.extend(rest)
+            rest.clear()
         finally:
-            for task in running:  # the caller was cancelled: so are its statements
-                task.cancel()
+            for chunk in taken:
+                in_flight.difference_update(chunk.persistence_ids)
             self._direct -= 1
             if self._planner.queue:
                 self._pump()
-        return done
+        self.batches_written += len(results)
+        self.calls_written += sum(map(len, results))
+        return results
 
     async def _write_now(self, batch: WriteBatch) -> BatchResult:
         """Idle fast path: nothing queued or in flight, so write at once in the caller's task."""

@@ -33,7 +33,7 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
-from .metrics import instrumented
+from .metrics import instrumented, instrumented_chunks
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries, envelope_of
@@ -41,7 +41,7 @@ from .query.validation import check_slice_query
 from .serialization import Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
-from .write_batch import WriteBatch
+from .write_batch import BatchResult, WriteBatch
 from .write_validation import WriteValidator
 
 log = logging.getLogger("journal")
@@ -64,6 +64,7 @@ class Journal:
         w = settings.write
         self._group_commit = GroupCommit(
             instrumented(backend.write_batch),
+            instrumented_chunks(backend.write_chunks),
             max_batch_events=w.max_batch_events,
             max_in_flight=w.max_in_flight,
             max_batch_wait=w.max_batch_wait,
@@ -130,10 +131,12 @@ class Journal:
         two parts; SerializationError for an event that cannot be serialized. The message names
         the part's index.
         """
-        batch = self._validator.batch(writes)
-        if not len(batch):
+        parts = writes if type(writes) is list else list(writes)
+        if not parts:
             return []
-        return outcomes(batch, await self._group_commit.submit_many(batch))
+        chunks = self._validator.chunks(parts, self._group_commit.bulk_chunk_calls(len(parts)))
+        batches, results = await self._group_commit.submit_chunks(chunks)
+        return outcomes(WriteBatch.concat(batches), BatchResult.concat(results))
 
     async def persist_in(
         self,

@@ -8,7 +8,7 @@ so the cost is a few microseconds per statement. A service exposes these with
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client import Counter, Histogram
 
@@ -16,6 +16,7 @@ from .errors import JournalUnavailable
 from .write_batch import BatchResult, WriteBatch
 
 WriteFn = Callable[[WriteBatch], Awaitable[BatchResult]]
+ChunksFn = Callable[[Iterator[WriteBatch]], Awaitable[list[BatchResult]]]
 
 WRITE_BATCH_EVENTS = Histogram(
     "journal_write_batch_events",
@@ -51,17 +52,44 @@ def instrumented(write_batch: WriteFn) -> WriteFn:
             for _ in range(len(batch)):
                 record_failure(e)
             raise
-        WRITE_SECONDS.observe(time.perf_counter() - started)
-        WRITE_BATCH_CALLS.observe(len(batch))
-        written = total = batch.events
-        for i, error in result.errors.items():  # the common case: none
-            record_failure(error)
-            written -= batch.counts[i]
-        WRITE_BATCH_EVENTS.observe(total)
-        EVENTS_WRITTEN.inc(written)
+        record(batch, result, time.perf_counter() - started)
         return result
 
     return timed
+
+
+def instrumented_chunks(write_chunks: ChunksFn) -> ChunksFn:
+    """``write_chunks`` recording what :func:`instrumented` records, for each chunk (its latency:
+    the whole bulk write's, as its chunks commit together)."""
+
+    async def timed(chunks: Iterator[WriteBatch]) -> list[BatchResult]:
+        started = time.perf_counter()
+        taken: list[WriteBatch] = []
+
+        def counted() -> Iterator[WriteBatch]:
+            for c in chunks:
+                taken.append(c)
+                yield c
+
+        results = await write_chunks(counted())
+        seconds = time.perf_counter() - started
+        for batch, result in zip(taken, results, strict=True):
+            record(batch, result, seconds)
+        return results
+
+    return timed
+
+
+def record(batch: WriteBatch, result: BatchResult, seconds: float) -> None:
+    """Record one written batch."""
+    WRITE_SECONDS.observe(seconds)
+    WRITE_BATCH_CALLS.observe(len(batch))
+    written = total = batch.events
+    for i, error in result.errors.items():  # the common case: none
+        record_failure(error)
+        written -= batch.counts[i]
+    WRITE_BATCH_EVENTS.observe(total)
+    EVENTS_WRITTEN.inc(written)
 
 
 def record_failure(error: BaseException) -> None:

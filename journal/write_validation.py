@@ -14,7 +14,7 @@ falls through to the check that names the fault (:mod:`journal.ids`) or serializ
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
@@ -50,14 +50,37 @@ class WriteValidator:
         ser_ids, manifests, payloads = self.serializers.serialize_events(events, pid)
         return WriteBatch((pid,), (et,), (sl,), (expected,), (n,), payloads, ser_ids, manifests, (tags,), (meta,))
 
-    def batch(self, parts: Iterable[object]) -> WriteBatch:
+    def batch(self, parts: Sequence[object]) -> WriteBatch:
         """The parts of a ``persist_many`` call (``Write`` values or plain tuples of its fields) as
-        one batch, their events serialized in one loop. Raises InvalidArgument or
-        SerializationError for the first bad part, naming its index, also for a pid in two parts."""
+        one batch. Raises InvalidArgument or SerializationError for the first bad part, naming its
+        index; a pid in two parts is refused after every part's own faults."""
+        return WriteBatch.concat(list(self.chunks(parts, max(1, len(parts))))) if parts else _EMPTY
+
+    def chunks(self, parts: Sequence[object], size: int) -> Iterator[WriteBatch]:
+        """:meth:`batch` a chunk of ``size`` parts at a time, each checked and serialized only
+        when asked for: a bulk write checks the next chunk while the database writes the ones
+        before. The iterator raises where :meth:`batch` would; nothing it yielded may be kept
+        then (the bulk write rolls them back)."""
+        seen: set[str] = set()
+        repeated: int | None = None
+        for start in range(0, len(parts), size):
+            chunk = self._chunk(parts[start : start + size], start)
+            pids = chunk.persistence_ids
+            if repeated is None and (len(set(pids)) != len(pids) or not seen.isdisjoint(pids)):
+                repeated = start + _first_repeat(pids, seen)
+            seen.update(pids)
+            if repeated is None:
+                yield chunk
+        if repeated is not None:  # refused once every part was checked
+            pid = parts[repeated][0]  # type: ignore[index]
+            raise InvalidArgument(f"persist_many part {repeated}: {pid!r} appears in an earlier part; one part per pid")
+
+    def _chunk(self, parts: Sequence[object], offset: int) -> WriteBatch:
+        """Consecutive parts checked one by one, their events serialized in one loop."""
         checked: list[Checked] = []
         events: list[Sequence[Any]] = []
         check = self.check
-        for i, w in enumerate(parts):
+        for i, w in enumerate(parts, offset):
             try:
                 if not isinstance(w, tuple) or not 2 <= len(w) <= 5:
                     raise InvalidArgument(
@@ -65,23 +88,15 @@ class WriteValidator:
                     )
                 checked.append(check(*w))
             except (InvalidArgument, SerializationError) as e:
-                self._serialize_each([c[0] for c in checked], events)  # an earlier part's event fails first
+                self._serialize_each([c[0] for c in checked], events, offset)  # an earlier part's event fails first
                 raise type(e)(f"persist_many part {i}: {e}") from e
             events.append(w[1])
-        if not checked:
-            return WriteBatch((), (), (), (), (), (), (), (), (), ())
         pids, types, slices, expected, counts, tags, metas = zip(*checked, strict=True)
-        if len(set(pids)) != len(pids):
-            self._serialize_each(pids, events)  # a part's own fault is named before a repeat
-            repeated = _first_repeat(pids)
-            raise InvalidArgument(
-                f"persist_many part {repeated}: {pids[repeated]!r} appears in an earlier part; one part per pid"
-            )
         flat = [e for (e,) in events] if counts.count(1) == len(counts) else list(chain.from_iterable(events))
         try:
             ser_ids, manifests, payloads = self.serializers.serialize_events(flat, "")
         except SerializationError:
-            self._serialize_each(pids, events)
+            self._serialize_each(pids, events, offset)
             raise
         return WriteBatch(pids, types, slices, expected, counts, payloads, ser_ids, manifests, tags, metas)
 
@@ -106,19 +121,23 @@ class WriteValidator:
         cut = pid.find(ENTITY_TYPE_SEPARATOR)
         return pid, pid[:cut] if cut >= 0 else "", slice_for(pid), expected, n, clean_tags, meta
 
-    def _serialize_each(self, pids: Sequence[str], events: Sequence[Sequence[Any]]) -> None:
+    def _serialize_each(self, pids: Sequence[str], events: Sequence[Sequence[Any]], offset: int) -> None:
         """Serialize part by part: raises for the first part whose events do not serialize."""
-        for i, (pid, evs) in enumerate(zip(pids, events, strict=False)):
+        for i, (pid, evs) in enumerate(zip(pids, events, strict=False), offset):
             try:
                 self.serializers.serialize_events(evs, pid)
             except SerializationError as e:
                 raise SerializationError(f"persist_many part {i}: {e}") from e
 
 
-def _first_repeat(pids: Sequence[str]) -> int:
-    seen: set[str] = set()
+def _first_repeat(pids: Sequence[str], seen: set[str]) -> int:
+    """The index of the first of ``pids`` that ``seen`` or an earlier one of them holds."""
+    mine = set(seen)
     for i, pid in enumerate(pids):
-        if pid in seen:
+        if pid in mine:
             return i
-        seen.add(pid)
+        mine.add(pid)
     raise AssertionError("no pid repeats")
+
+
+_EMPTY = WriteBatch((), (), (), (), (), (), (), (), (), ())

@@ -24,6 +24,10 @@ def pids(batch: list[Pending]) -> list[str]:
     return [pid for p in batch for pid in p.batch.persistence_ids]
 
 
+async def no_chunks(chunks: object) -> list[BatchResult]:
+    raise AssertionError("no bulk write here")
+
+
 def all_written(batch: WriteBatch, now: datetime) -> BatchResult:
     return BatchResult([(e or 0) + 1 for e in batch.expected_seq_nrs], [now] * len(batch))
 
@@ -70,7 +74,7 @@ async def test_queued_calls_never_wait_forever_when_a_batch_finishes() -> None:
         await asyncio.sleep(0)  # yield, as a real write does
         return all_written(batch, now)
 
-    gc = GroupCommit(write_batch, max_batch_events=50, max_in_flight=1)
+    gc = GroupCommit(write_batch, no_chunks, max_batch_events=50, max_in_flight=1)
 
     async def caller(i: int) -> None:
         for k in range(5):
@@ -109,7 +113,7 @@ async def test_a_large_batch_wakes_its_callers_in_two_waves_and_sends_the_first_
         await asyncio.sleep(0)
         return all_written(batch, now)
 
-    gc = GroupCommit(write_batch, max_batch_events=5000, max_in_flight=1)
+    gc = GroupCommit(write_batch, no_chunks, max_batch_events=5000, max_in_flight=1)
 
     async def caller(i: int) -> None:
         await gc.submit(call(f"p|{i}", expected=0))
@@ -145,7 +149,7 @@ async def test_close_delivers_the_second_wave() -> None:
         await release.wait()
         return all_written(batch, now)
 
-    gc = GroupCommit(write_batch, max_batch_events=5000, max_in_flight=1)
+    gc = GroupCommit(write_batch, no_chunks, max_batch_events=5000, max_in_flight=1)
     n = 2 * RELEASE_WAVE_MIN + 1
     settled_at_close: list[int] = []
 

@@ -11,6 +11,7 @@ import asyncio
 import uuid
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -83,6 +84,10 @@ class CassandraWrites(CassandraReads):
             else:
                 out.failed(i, r if isinstance(r, Exception) else JournalUnavailable(str(r)))
         return out.result()
+
+    async def write_chunks(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
+        """Every chunk checked first (Cassandra has no transaction to roll back), then written."""
+        return [await self.write_batch(c) for c in list(chunks)]
 
     async def _write_one(self, r: Call) -> tuple[int, datetime]:
         """One call: the pid's calls one at a time (in this journal), each from the state the last

@@ -60,7 +60,7 @@ class PostgresWrites(PostgresPart):
         try:
             row = await self._send(stmt, params)
         except Interrupted:
-            return await self._resolve(batch, attempts)
+            return await self.resolve(batch, attempts)
         except asyncpg.exceptions.PostgresError as e:  # nothing of the batch was written
             return await self._isolate(batch, e, attempts)
         return await self._answer(batch, row, attempts)
@@ -68,22 +68,22 @@ class PostgresWrites(PostgresPart):
     async def _send(self, stmt: str, params: tuple[Any, ...]) -> asyncpg.Record:
         """The statement on a write connection (autocommit). Raises :class:`Interrupted` when the
         connection broke once it was sent, after its server process has settled."""
-        conn = await self._take_writer()
+        conn = await self.take_writer()
         server_pid = conn.get_server_pid()
         try:
             row = await conn.fetchrow(stmt, *params)
         except Exception as e:
             if not is_transient(e):
-                self._release(conn)
+                self.release_writer(conn)
                 raise
-            self._release(conn, broken=True)
+            self.release_writer(conn, broken=True)
             log.warning("write interrupted (%s), resolving its outcome", e)
-            await self._wait_until_settled(server_pid)
+            await self.wait_until_settled(server_pid)
             raise Interrupted(str(e)) from e
         except BaseException:  # cancelled mid-statement: the connection's state is unknown
-            self._release(conn, broken=True)
+            self.release_writer(conn, broken=True)
             raise
-        self._release(conn)  # the write is done, whatever happens to the connection now
+        self.release_writer(conn)  # the write is done, whatever happens to the connection now
         assert row is not None
         return row
 
@@ -111,7 +111,7 @@ class PostgresWrites(PostgresPart):
         first = await self._write(batch.chunk(0, half), attempts)
         return BatchResult.concat([first, await self._write(batch.chunk(half, len(batch)), attempts)])
 
-    async def _resolve(self, batch: WriteBatch, attempts: int) -> BatchResult:
+    async def resolve(self, batch: WriteBatch, attempts: int) -> BatchResult:
         """The connection died mid-write: find out, for each call, whether it committed.
 
         A call that gave ``expected_seq_nr`` can be checked exactly: its rows are there with
@@ -173,11 +173,11 @@ class PostgresWrites(PostgresPart):
             raise conflict(batch, row["bad_calls"][0] - 1, STALE)
         return written(batch, row["ts"], row["appended_after"])
 
-    def _release(self, conn: asyncpg.Connection, *, broken: bool = False) -> None:
+    def release_writer(self, conn: asyncpg.Connection, *, broken: bool = False) -> None:
         """Give a write connection back; one in an unknown state is closed, never used again."""
         self.conns.writers.give_back(conn, broken=broken)
 
-    async def _take_writer(self) -> asyncpg.Connection:
+    async def take_writer(self) -> asyncpg.Connection:
         """A write connection; failures to get one are retried with backoff (transient only)."""
         delays: Iterator[float] | None = None  # built on the first failure only (hot path)
         while True:
@@ -193,7 +193,7 @@ class PostgresWrites(PostgresPart):
                     raise JournalUnavailable(f"write: database unavailable: {e}") from e
                 await asyncio.sleep(delay)
 
-    async def _wait_until_settled(self, server_pid: int, patience: float = 10.0) -> None:
+    async def wait_until_settled(self, server_pid: int, patience: float = 10.0) -> None:
         """Wait until the interrupted statement's server process is no longer running it.
 
         A client that lost its connection cannot tell whether the server is still executing the
