@@ -56,18 +56,21 @@ SLICE_ROW_COLUMNS = (
     "event_ser_manifest", "event_payload", "writer", "tags", "meta_ser_id", "meta_ser_manifest",
     "meta_payload", "deleted",
 )  # fmt: skip
-"""The positional row layout of event reads (:meth:`SliceReads.read_slice_rows` rows, and every
+"""The columns of event reads, read by name (:meth:`SliceReads.read_slice_rows` rows, and every
 row :func:`stored_event` decodes): the fields of :class:`StoredEvent`, with the metadata flat."""
 
 
 def stored_event(r: Any) -> StoredEvent:
-    """A row in the :data:`SLICE_ROW_COLUMNS` layout as a StoredEvent (the one decoder of it;
-    a NULL payload stays None: a payload-free read)."""
-    meta = None if r[10] is None else Serialized(r[10], r[11] or "", bytes(r[12] or b""))
-    payload = r[7]
+    """A row with the :data:`SLICE_ROW_COLUMNS` (read by name) as a StoredEvent (the one decoder
+    of it; a NULL payload stays None: a payload-free read)."""
+    meta = None
+    if r["meta_ser_id"] is not None:
+        meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))
+    payload = r["event_payload"]
     return StoredEvent(
-        r[0], r[1], r[2], r[3], r[4], r[5], r[6], None if payload is None else bytes(payload), r[8],
-        tuple(r[9]) if r[9] else (), meta, r[13],
+        r["persistence_id"], r["entity_type"], r["slice"], r["seq_nr"], r["db_timestamp"], r["event_ser_id"],
+        r["event_ser_manifest"], None if payload is None else bytes(payload), r["writer"],
+        tuple(r["tags"]) if r["tags"] else (), meta, r["deleted"],
     )  # fmt: skip
 
 
@@ -197,33 +200,39 @@ class TagRow:
     meta: Serialized | None = None
 
 
-TagPageRow = Sequence[Any]
-"""One row of a tag page as the query reads it: positional, so a store can hand over its driver's
-records without building an object per row. Columns (the slice page layout where they mean the
-same, so :func:`journal.envelope.lazy_tag_page_envelopes` builds envelopes straight from them):
-0 persistence_id, 1 timeuuid, 2 tag_pid_seq_nr, 3 seq_nr, 4 timebucket, 5 ser_id, 6 ser_manifest,
-7 payload, 8 writer, 9 tags (a one-element sequence: the tag), 10 meta_ser_id,
-11 meta_ser_manifest, 12 meta_payload."""
+TAG_PAGE_COLUMNS = (
+    "persistence_id", "timestamp", "tag_pid_sequence_nr", "sequence_nr", "timebucket", "ser_id", "ser_manifest",
+    "event", "writer_uuid", "tags", "meta_ser_id", "meta_ser_manifest", "meta",
+)  # fmt: skip
+"""The columns of a tag page row, read by name: the pid, its TimeUUID (``timestamp``), its
+number per (tag, pid), its seq_nr, its bucket, the event (id, manifest, payload), the writer,
+``tags`` (a one-element sequence: the tag) and the metadata (id, manifest, payload)."""
 
-PID, TIMEUUID, TAG_PID_SEQ_NR, SEQ_NR, TIMEBUCKET = 0, 1, 2, 3, 4
-"""Positions in a :data:`TagPageRow`."""
+TagPageRow = Mapping[str, Any]
+"""One row of a tag page as the query reads it, by the names of :data:`TAG_PAGE_COLUMNS`: a store
+hands over its driver's records (an asyncpg Record reads by name) without an object per row."""
+
+PID, TIMEUUID, TAG_PID_SEQ_NR, SEQ_NR, TIMEBUCKET = TAG_PAGE_COLUMNS[:5]
+"""Names of the columns of a :data:`TagPageRow` the tag query reads."""
 
 
-def page_row(r: TagRow) -> tuple[Any, ...]:
-    """A :class:`TagRow` in the :data:`TagPageRow` layout (for stores that build TagRows)."""
+def page_row(r: TagRow) -> dict[str, Any]:
+    """A :class:`TagRow` as a :data:`TagPageRow` (for stores that build TagRows)."""
     m = r.meta
-    return (
+    return dict(zip(TAG_PAGE_COLUMNS, (
         r.persistence_id, r.timeuuid, r.tag_pid_seq_nr, r.seq_nr, r.timebucket, r.event.ser_id,
         r.event.manifest, r.event.payload, r.writer, (r.tag,),
         m.ser_id if m else None, m.manifest if m else None, m.payload if m else None,
-    )  # fmt: skip
+    ), strict=True))  # fmt: skip
 
 
 def row_of(p: TagPageRow) -> TagRow:
     """The :class:`TagRow` of a page row."""
+    meta = None if p["meta_ser_id"] is None else Serialized(p["meta_ser_id"], p["meta_ser_manifest"] or "",
+                                                             bytes(p["meta"] or b""))  # fmt: skip
     return TagRow(
-        p[9][0], p[4], p[1], p[0], p[2], p[3], p[8], Serialized(p[5], p[6], bytes(p[7])),
-        None if p[10] is None else Serialized(p[10], p[11] or "", bytes(p[12] or b"")),
+        p["tags"][0], p["timebucket"], p["timestamp"], p["persistence_id"], p["tag_pid_sequence_nr"],
+        p["sequence_nr"], p["writer_uuid"], Serialized(p["ser_id"], p["ser_manifest"], bytes(p["event"])), meta,
     )  # fmt: skip
 
 
@@ -328,8 +337,8 @@ class SliceReads(Protocol):
         ...
 
     async def read_slice_rows(self, slices: SliceRange, page: PageRequest, *, with_payload: bool = True) -> list[Any]:
-        """The same page as positional rows (the hot path of catch-up: no per-row object), in
-        the column order of :data:`SLICE_ROW_COLUMNS`."""
+        """The same page as the driver's rows (the hot path of catch-up: no per-row object),
+        with the columns of :data:`SLICE_ROW_COLUMNS`, read by name."""
         ...
 
     async def next_slice_timestamp(
