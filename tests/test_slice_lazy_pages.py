@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from journal.backend import SLICE_ROW_COLUMNS, StoredEvent, stored_event
+from journal.backend import SLICE_ROW_COLUMNS, stored_event
 from journal.envelope import EventEnvelope
 from journal.errors import SerializationError
 from journal.offsets import TimestampOffset
