@@ -50,27 +50,27 @@ class BatchPlanner:
     in_flight_pids: set[str] = field(default_factory=set)
 
     def next_batch(self) -> list[Pending]:
+        queue, limit = self.queue, self.max_batch_events
         batch: list[Pending] = []
         blocked = set(self.in_flight_pids)
         events = 0
         kept: deque[Pending] = deque()
-        while self.queue:
-            p = self.queue.popleft()
+        while queue:
+            p = queue.popleft()
             if p.future.done():  # cancelled while queued
                 continue
             pids = p.batch.persistence_ids
-            n = p.batch.events
-            fits = not batch or events + n <= self.max_batch_events
             free = pids[0] not in blocked if len(pids) == 1 else blocked.isdisjoint(pids)
-            blocked.update(pids)
-            if not free or not fits:
-                kept.append(p)
-                if not fits and events >= self.max_batch_events:
-                    break
+            blocked.update(pids)  # a later call of these pids never overtakes this one
+            n = len(p.batch.payloads)
+            if free and (not batch or events + n <= limit):
+                batch.append(p)
+                events += n
                 continue
-            batch.append(p)
-            events += n
-        kept.extend(self.queue)
+            kept.append(p)
+            if free and events >= limit:
+                break
+        kept.extend(queue)
         self.queue = kept
         for p in batch:
             self.in_flight_pids.update(p.batch.persistence_ids)
@@ -164,18 +164,21 @@ class GroupCommit:
     def _idle(self) -> bool:
         return not self._running and not self._direct and not self._planner.queue
 
-    async def submit(self, batch: WriteBatch) -> CallResult:
+    def submit(self, batch: WriteBatch) -> Awaitable[CallResult]:
         """The result of a batch of one call: from the batch it joins, or (idle journal) from
-        writing it alone. Raises the call's error."""
+        writing it alone. Raises the call's error. Await it at once: the idle path takes its
+        place among the writes in flight when it starts."""
         if self._closed:
             raise JournalUnavailable("the journal is closed")
         if self._idle() and not self._releasing:
-            result = await self._write_now(batch)
-            if result.errors:
-                raise result.errors[0]
-            return result.first_seq_nrs[0], result.db_timestamps[0]
-        got: CallResult = await self._enqueue(batch, self._max_batch_wait)
-        return got
+            return self._write_alone(batch)
+        return self._enqueue(batch, self._max_batch_wait)
+
+    async def _write_alone(self, batch: WriteBatch) -> CallResult:
+        result = await self._write_now(batch)
+        if result.errors:
+            raise result.errors[0]
+        return result.first_seq_nrs[0], result.db_timestamps[0]
 
     def _enqueue(self, batch: WriteBatch, wait: float = 0.0) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()

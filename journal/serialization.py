@@ -134,6 +134,8 @@ def dump_plain_jsons(values: list[Any]) -> list[bytes]:
 
 
 _dumps = orjson.dumps
+_ONE_JSON, _ONE_BYTES, _ONE_MANIFEST = (JSON_SERIALIZER_ID,), (BYTES_SERIALIZER_ID,), ("",)
+"""The serializer id and manifest columns of one plain event."""
 
 
 def _type_name(cls: type) -> str:
@@ -213,7 +215,9 @@ class SerializerRegistry:
             )
         return out
 
-    def serialize_events(self, values: Sequence[Any], pid: str) -> tuple[list[int], list[str], list[bytes]]:
+    def serialize_events(
+        self, values: Sequence[Any], pid: str
+    ) -> tuple[Sequence[int], Sequence[str], Sequence[bytes]]:
         """The events of one call to ``pid`` as columns: serializer ids, manifests, payloads.
 
         The write path's hot loop: plain JSON values that no registered serializer claims are
@@ -225,9 +229,9 @@ class SerializerRegistry:
             if n == 1:
                 t = type(values[0])
                 if t in plain:
-                    return [JSON_SERIALIZER_ID], [""], [dump_plain_json(values[0])]
+                    return _ONE_JSON, _ONE_MANIFEST, (dump_plain_json(values[0]),)
                 if t is raw:
-                    return [BYTES_SERIALIZER_ID], [""], [values[0]]
+                    return _ONE_BYTES, _ONE_MANIFEST, (values[0],)
             elif set(map(type, values)) <= plain:
                 return [JSON_SERIALIZER_ID] * n, [""] * n, dump_plain_jsons(list(values))
         except Exception:  # the general path below raises with the full message
