@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
-from .errors import InvalidArgument, SerializationError
+from .errors import InvalidArgument, ReplicationError, SerializationError
 from .ids import (
     ENTITY_TYPE_SEPARATOR,
     MAX_PERSISTENCE_ID_LENGTH,
@@ -28,6 +28,7 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
+from .replicated import ReplicatedEvent
 from .serialization import Serialized, SerializerRegistry
 from .write_batch import WriteBatch
 
@@ -102,24 +103,11 @@ class WriteValidator:
 
     def check(self, pid: Any, events: Any, expected: Any = None, tags: Any = (), metadata: Any = None) -> Checked:
         """One call checked, its metadata serialized (raises InvalidArgument or SerializationError)."""
-        if type(pid) is not str or not 0 < len(pid) <= MAX_PERSISTENCE_ID_LENGTH or "\x00" in pid:
-            validate_persistence_id(pid)
         if type(events) is not list and type(events) is not tuple and not isinstance(events, list | tuple):
             raise InvalidArgument(f"events must be a list or tuple of events, got {type(events).__name__}")
-        n = len(events)
-        if not 0 < n <= MAX_EVENTS_PER_CALL:
-            raise InvalidArgument(
-                f"persist({pid!r}) needs at least one event"
-                if not n
-                else f"at most {MAX_EVENTS_PER_CALL} events per call, got {n}"
-            )
-        if expected is not None and (type(expected) is not int or not 0 <= expected <= MAX_SEQ_NR - n):
-            # the call's last event, expected + n, must still fit the bigint column
-            validate_seq_nr("expected_seq_nr", expected, maximum=MAX_SEQ_NR - n)
-        clean_tags = validate_tags(tags) if tags else ()
+        pid, entity_type, sl, n, clean_tags = _call(pid, len(events), expected, tags)
         meta = None if metadata is None else self.serializers.serialize(metadata, what="metadata")
-        cut = pid.find(ENTITY_TYPE_SEPARATOR)
-        return pid, pid[:cut] if cut >= 0 else "", slice_for(pid), expected, n, clean_tags, meta
+        return pid, entity_type, sl, expected, n, clean_tags, meta
 
     def _serialize_each(self, pids: Sequence[str], events: Sequence[Sequence[Any]], offset: int) -> None:
         """Serialize part by part: raises for the first part whose events do not serialize."""
@@ -128,6 +116,40 @@ class WriteValidator:
                 self.serializers.serialize_events(evs, pid)
             except SerializationError as e:
                 raise SerializationError(f"persist_many part {i}: {e}") from e
+
+
+def _call(pid: Any, n: int, expected: Any, tags: Any) -> tuple[str, str, int, int, tuple[str, ...]]:
+    """The rules of every call: its pid, its number of events, its expected_seq_nr, its tags.
+    Returns the pid, its entity type and slice, the count and the clean tags."""
+    if type(pid) is not str or not 0 < len(pid) <= MAX_PERSISTENCE_ID_LENGTH or "\x00" in pid:
+        validate_persistence_id(pid)
+    if not 0 < n <= MAX_EVENTS_PER_CALL:
+        raise InvalidArgument(
+            f"persist({pid!r}) needs at least one event"
+            if not n
+            else f"at most {MAX_EVENTS_PER_CALL} events per call, got {n}"
+        )
+    if expected is not None and (type(expected) is not int or not 0 <= expected <= MAX_SEQ_NR - n):
+        # the call's last event, expected + n, must still fit the bigint column
+        validate_seq_nr("expected_seq_nr", expected, maximum=MAX_SEQ_NR - n)
+    clean_tags = validate_tags(tags) if tags else ()
+    cut = pid.find(ENTITY_TYPE_SEPARATOR)
+    return pid, pid[:cut] if cut >= 0 else "", slice_for(pid), n, clean_tags
+
+
+def replicated_batch(log_name: str, events: Sequence[ReplicatedEvent]) -> WriteBatch:
+    """A batch of replicated events (serialized by their origin, in their source's log order) as
+    one-event calls that append, checked by the rules of every call; a pid may come several
+    times (each event after the one before). Raises ReplicationError for an event of another
+    log, InvalidArgument for one no write may carry."""
+    checked = []
+    for e in events:
+        pid, entity_type, sl, n, tags = _call(e.persistence_id, 1, None, e.tags)
+        if entity_type != log_name:
+            raise ReplicationError(f"event {pid!r} does not belong to log {log_name!r}")
+        checked.append((pid, entity_type, sl, None, n, e.event.payload, e.event.ser_id, e.event.manifest, tags,
+                        e.metadata))  # fmt: skip
+    return WriteBatch(*zip(*checked, strict=True)) if checked else _EMPTY
 
 
 def _first_repeat(pids: Sequence[str], seen: set[str]) -> int:

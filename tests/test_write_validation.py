@@ -126,3 +126,26 @@ def test_tags_and_metadata_travel_per_call() -> None:
     b = VALIDATOR.batch([Write("a|1", [1, 2], 0, ("t", "t", "u")), Write("a|2", [3], None, (), {"m": 1})])
     assert list(b.tags) == [("t", "u"), ()]
     assert b.metadata[0] is None and b.metadata[1] is not None and b.metadata[1].payload == b'{"m":1}'
+
+
+def test_replicated_events_are_checked_by_the_same_rules() -> None:
+    """Replication's writes go through the one validator too: what a peer sends is checked like
+    any call (a pid may come several times: each event appends after the one before)."""
+    from journal.errors import ReplicationError
+    from journal.replicated import ReplicatedEvent
+    from journal.serialization import Serialized
+    from journal.vector_time import VectorTime
+    from journal.write_validation import replicated_batch
+
+    def event(pid: str, seq: int, tags: tuple[str, ...] = ()) -> ReplicatedEvent:
+        return ReplicatedEvent(pid, Serialized(1, "", b"{}"), "A", seq, VectorTime({"A": seq}), seq, tags)
+
+    b = replicated_batch("Log", [event("Log|1", 1), event("Log|2", 2, ("t", "t")), event("Log|1", 3)])
+    assert list(b.persistence_ids) == ["Log|1", "Log|2", "Log|1"] and list(b.expected_seq_nrs) == [None] * 3
+    assert list(b.tags) == [(), ("t",), ()] and list(b.counts) == [1, 1, 1]
+    with pytest.raises(ReplicationError, match="does not belong to log"):
+        replicated_batch("Log", [event("Other|1", 1)])
+    with pytest.raises(InvalidArgument, match="NUL"):
+        replicated_batch("Log", [event("Log|\x00", 1)])
+    with pytest.raises(InvalidArgument, match="tag must be"):
+        replicated_batch("Log", [event("Log|1", 1, ("x" * 300,))])
