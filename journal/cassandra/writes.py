@@ -141,35 +141,11 @@ class CassandraWrites(CassandraReads):
         """Write ``r`` after ``state.highest``, in one batch to one partition; with the check, only
         if that partition's ``highest_sequence_nr`` is still ``state.guard`` (a lightweight
         transaction: SequenceConflict and nothing stored when another writer came first)."""
-        from cassandra.query import BatchStatement, BatchType
-
         pid = r.persistence_id
-        highest, guard = state
-        if r.expected_seq_nr is not None and r.expected_seq_nr != highest:
+        if r.expected_seq_nr is not None and r.expected_seq_nr != state.highest:
             raise SequenceConflict(pid, r.expected_seq_nr, "expected_seq_nr is not the stored highest sequence number")
-        first = highest + 1
-        last = first + len(r.events) - 1
-        part = self.layout.write_partition(first)
-        check = self.settings.cassandra.single_writer_check
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.write_cl)
-        if check:
-            batch.add(self.conns.prepared["guard_partition"], (last, pid, part, guard))
-        else:
-            batch.add(self.conns.prepared["mark_partition"], (last, pid, part))
-        tagged: list[TaggedEvent] = []
-        m = r.metadata
-        stamps = []
-        for i, ev in enumerate(r.events):
-            u = new_timeuuid()
-            stamps.append(u)
-            seq = first + i
-            batch.add(self.conns.prepared["insert_message"], (
-                pid, part, seq, u, str(bucket_of(u, self.settings.tags.bucket_size)), self.writer_id,
-                ev.ser_id, ev.manifest, ev.payload, m.ser_id if m else None, m.manifest if m else None,
-                m.payload if m else None, set(r.tags) or None,
-            ))  # fmt: skip
-            if r.tags:
-                tagged.append(TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, m))
+        first = state.highest + 1
+        batch, stamps = self._statement(r, first, state.guard)
         try:
             rows = await execute(self.conns.session, batch)
         except BaseException:
@@ -179,25 +155,54 @@ class CassandraWrites(CassandraReads):
             if first == 1:
                 self._unlisted.add(pid)
             raise
-        if check and rows and not rows[0][0]:
+        if self.settings.cassandra.single_writer_check and rows and not rows[0][0]:
             # events this journal did not number may be there (a late write of its own): recover first
             self.tag_writers.forget(pid)
             raise SequenceConflict(
                 pid, r.expected_seq_nr, f"another writer stored sequence numbers from {first} on meanwhile"
             )
+        await self._after_store(r, first, stamps)
+        return first, datetime_of(stamps[0])
+
+    def _statement(self, r: Call, first: int, guard: int | None) -> tuple[Any, list[uuid.UUID]]:
+        """The call's batch (to the partition of its first event) and its events' TimeUUIDs."""
+        from cassandra.query import BatchStatement, BatchType
+
+        pid, m, prepared = r.persistence_id, r.metadata, self.conns.prepared
+        part = self.layout.write_partition(first)
+        last = first + len(r.events) - 1
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.write_cl)
+        if self.settings.cassandra.single_writer_check:
+            batch.add(prepared["guard_partition"], (last, pid, part, guard))
+        else:
+            batch.add(prepared["mark_partition"], (last, pid, part))
+        meta = (m.ser_id, m.manifest, m.payload) if m else (None, None, None)
+        stamps = [new_timeuuid() for _ in r.events]
+        for seq, (u, ev) in enumerate(zip(stamps, r.events, strict=True), first):
+            bucket = str(bucket_of(u, self.settings.tags.bucket_size))
+            row = (pid, part, seq, u, bucket, self.writer_id, ev.ser_id, ev.manifest, ev.payload, *meta)
+            batch.add(prepared["insert_message"], (*row, set(r.tags) or None))
+        return batch, stamps
+
+    async def _after_store(self, r: Call, first: int, stamps: list[uuid.UUID]) -> None:
+        """A stored call's listing (a new pid) and tag rows; the events are stored, so a failure
+        here is never "nothing written"."""
+        pid = r.persistence_id
         try:
             if first == 1 or pid in self._unlisted:
                 await self.run("insert_persistence_id", pid)
                 self._unlisted.discard(pid)
-            if tagged:
-                await self.tag_writers.write(tagged)
-        except Exception as e:  # the events are stored: never report "nothing written" now
+            if r.tags:
+                await self.tag_writers.write([
+                    TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, r.metadata)
+                    for seq, (u, ev) in enumerate(zip(stamps, r.events, strict=True), first)
+                ])  # fmt: skip
+        except Exception as e:
             if r.tags:
                 self.tag_writers.forget(pid)
             if isinstance(e, JournalUnavailable) and e.outcome_unknown:  # a TagWriteTimeout says so already
                 raise
             raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
-        return first, datetime_of(stamps[0])
 
     def _check_size(self, r: Call) -> None:
         """Refuse, before any I/O, a call the server would refuse (or that breaks the layout)."""
