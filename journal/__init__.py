@@ -5,6 +5,7 @@ The public API is what ``__all__`` lists; everything else is internal.
 
 from .backend import Backend
 from .bulk import Outcome, Write, Written, failures
+from .codec import Forgotten, KeyStore
 from .entities import (
     Entity,
     EntityRegistry,
@@ -44,6 +45,7 @@ from .errors import (
     SerializationError,
     SparkSetupError,
     StorageError,
+    SubjectForgotten,
     TagEventsMissing,
     TagWriteTimeout,
     UnsupportedOperation,
@@ -54,6 +56,7 @@ from .offsets import NO_OFFSET, NoOffset, Offset, SequenceOffset, TimestampOffse
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
+from .upcasting import EventSeq, StoredManifest, Upcasters
 from .vector_time import VectorTime
 
 __all__ = [
@@ -71,7 +74,9 @@ __all__ = [
     "EntityStopped",
     "EventEnvelope",
     "EventRouter",
+    "EventSeq",
     "EventsMissing",
+    "Forgotten",
     "HandlerFailed",
     "IncompatibleVersion",
     "InvalidArgument",
@@ -79,6 +84,7 @@ __all__ = [
     "JournalError",
     "JournalSettings",
     "JournalUnavailable",
+    "KeyStore",
     "LeaseLost",
     "LocalWritesRefused",
     "LocationMismatch",
@@ -101,12 +107,15 @@ __all__ = [
     "Snapshot",
     "SparkSetupError",
     "StorageError",
+    "StoredManifest",
+    "SubjectForgotten",
     "TagEventsMissing",
     "TagWriteTimeout",
     "TimeUUIDOffset",
     "TimedReply",
     "TimestampOffset",
     "UnsupportedOperation",
+    "Upcasters",
     "VectorTime",
     "View",
     "Write",

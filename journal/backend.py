@@ -20,6 +20,7 @@ from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from .codec import KeyStore
 from .serialization import Serialized
 from .write_batch import BatchResult, WriteBatch
 
@@ -86,6 +87,16 @@ class SnapshotRow:
     tags: tuple[str, ...] = ()
     meta: Serialized | None = None
     db_timestamp: datetime | None = None
+
+
+class ManifestCount(NamedTuple):
+    """How many stored rows of one kind (``"event"`` or ``"snapshot"``) have this serializer id and
+    stored manifest (``journal manifests``)."""
+
+    kind: str
+    ser_id: int
+    manifest: str
+    rows: int
 
 
 class Found(Enum):
@@ -202,7 +213,7 @@ class TagRow:
 
 TAG_PAGE_COLUMNS = (
     "persistence_id", "timestamp", "tag_pid_sequence_nr", "sequence_nr", "timebucket", "ser_id", "ser_manifest",
-    "event", "writer_uuid", "tags", "meta_ser_id", "meta_ser_manifest", "meta",
+    "event", "writer_uuid", "tags", "meta_ser_id", "meta_ser_manifest", "meta_payload",
 )  # fmt: skip
 """The columns of a tag page row, read by name: the pid, its TimeUUID (``timestamp``), its
 number per (tag, pid), its seq_nr, its bucket, the event (id, manifest, payload), the writer,
@@ -229,7 +240,7 @@ def page_row(r: TagRow) -> dict[str, Any]:
 def row_of(p: TagPageRow) -> TagRow:
     """The :class:`TagRow` of a page row."""
     meta = None if p["meta_ser_id"] is None else Serialized(p["meta_ser_id"], p["meta_ser_manifest"] or "",
-                                                             bytes(p["meta"] or b""))  # fmt: skip
+                                                             bytes(p["meta_payload"] or b""))  # fmt: skip
     return TagRow(
         p["tags"][0], p["timebucket"], p["timestamp"], p["persistence_id"], p["tag_pid_sequence_nr"],
         p["sequence_nr"], p["writer_uuid"], Serialized(p["ser_id"], p["ser_manifest"], bytes(p["event"])), meta,
@@ -508,6 +519,11 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
         """What the storage reports: at least ``events``, the event count per entity type."""
         ...
 
+    async def manifests(self) -> list[ManifestCount]:
+        """Every (serializer id, stored manifest) of the stored events and snapshots, with counts
+        (a scan: a tool's call, not a hot path)."""
+        ...
+
     def slice_queries(self) -> SliceQueryBackend:
         """The reads the slice queries run over (PostgreSQL)."""
         ...
@@ -518,4 +534,8 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
 
     def replication_store(self, location: str) -> ReplicationStore:
         """The replicated logs of ``location`` in this database (PostgreSQL)."""
+        ...
+
+    def key_store(self) -> KeyStore:
+        """The default store of encryption keys: a table of this database (PostgreSQL)."""
         ...

@@ -23,6 +23,10 @@ import msgspec
 
 from .offsets import NO_OFFSET, Offset, SequenceOffset
 
+TRACE_MANIFEST = "slice-journal.trace"
+"""The metadata manifest of rows whose metadata is only the trace context of their write (see
+:mod:`journal.tracing`): such rows read as ``metadata=None``, the context kept aside."""
+
 ROW_STEP = timedelta(microseconds=1)
 """Rows of one write statement are stamped one microsecond apart (the write rule, see
 docs/concepts.md): event i of a call has its first event's db_timestamp + i steps."""
@@ -60,6 +64,8 @@ class EventEnvelope(msgspec.Struct, frozen=True):
     writer: str = ""
     has_payload: bool = True
     source: str = "query"
+    _trace: bytes | None = None
+    """The trace context its write left in its metadata columns (:mod:`journal.tracing`)."""
 
     @staticmethod
     def written(
@@ -181,21 +187,41 @@ class _OnTagPage(_OnPage, frozen=True):
         return self.page.db_timestamp_at(self.index)
 
 
+def with_trace(e: EventEnvelope, payload: bytes) -> EventEnvelope:
+    """``e`` with the trace context its write left in its metadata columns (:mod:`journal.tracing`)."""
+    return msgspec.structs.replace(e, _trace=payload)
+
+
+def trace_payload(e: EventEnvelope) -> bytes | None:
+    """The trace metadata payload of ``e``'s write, if it carried one."""
+    return e._trace
+
+
+_NONE = (None, None)
+
+
+def _metadata(r: Any, metadata: Callable[[Any], Any]) -> tuple[Any, bytes | None]:
+    """The metadata and trace context of a row that has metadata: (None, the context) when the
+    metadata is only its write's trace context."""
+    if r["meta_ser_manifest"] == TRACE_MANIFEST:
+        return None, r["meta_payload"]
+    return metadata(r), None
+
+
 def page_envelopes(rows: Sequence[Any], page: LazySource, metadata: Callable[[Any], Any]) -> list[EventEnvelope]:
     """The envelopes of one page of slice-query rows (columns named as
     :data:`journal.backend.SLICE_ROW_COLUMNS`), in one loop; ``page`` gives row i's event and
     offset on first access; ``metadata(row)`` decodes a row's metadata (called only for rows that
     have some). Source is ``"query"``."""
-    # fmt: off
-    return [
-        _OnPage(
+    out: list[EventEnvelope] = []
+    for i, r in enumerate(rows):
+        meta, trace = _NONE if r["meta_ser_id"] is None else _metadata(r, metadata)
+        out.append(_OnPage(
             r["persistence_id"], r["entity_type"], r["slice"], r["seq_nr"], r["db_timestamp"], None, NO_OFFSET,
-            tuple(r["tags"]) if r["tags"] else (), None if r["meta_ser_id"] is None else metadata(r), r["writer"],
-            r["event_payload"] is not None, "query", page, i,
-        )
-        for i, r in enumerate(rows)
-    ]
-    # fmt: on
+            tuple(r["tags"]) if r["tags"] else (), meta, r["writer"], r["event_payload"] is not None, "query",
+            trace, page, i,
+        ))  # fmt: skip
+    return out
 
 
 def tag_page_envelopes(
@@ -205,13 +231,12 @@ def tag_page_envelopes(
     """:func:`page_envelopes` for one page of tag rows (columns named as
     :data:`journal.backend.TAG_PAGE_COLUMNS`); ``page`` also gives each row's timestamp;
     ``entity_type`` and ``slice_of`` give a pid's."""
-    # fmt: off
-    return [
-        _OnTagPage(
-            r["persistence_id"], entity_type(r["persistence_id"]), slice_of(r["persistence_id"]), r["sequence_nr"],
-            _NEVER, None, NO_OFFSET, tuple(r["tags"]), None if r["meta_ser_id"] is None else metadata(r),
-            r["writer_uuid"], True, "query", page, i,
-        )
-        for i, r in enumerate(rows)
-    ]
-    # fmt: on
+    out: list[EventEnvelope] = []
+    for i, r in enumerate(rows):
+        pid = r["persistence_id"]
+        meta, trace = _NONE if r["meta_ser_id"] is None else _metadata(r, metadata)
+        out.append(_OnTagPage(
+            pid, entity_type(pid), slice_of(pid), r["sequence_nr"], _NEVER, None, NO_OFFSET, tuple(r["tags"]), meta,
+            r["writer_uuid"], True, "query", trace, page, i,
+        ))  # fmt: skip
+    return out

@@ -34,6 +34,7 @@ __all__ = [
     "SerializationError",
     "SparkSetupError",
     "StorageError",
+    "SubjectForgotten",
     "TagEventsMissing",
     "TagWriteTimeout",
     "UnsupportedOperation",
@@ -68,6 +69,15 @@ class InvalidArgument(JournalError, ValueError):
 
 class SerializationError(JournalError):
     """An event, metadata or snapshot could not be serialized or deserialized."""
+
+
+class SubjectForgotten(InvalidArgument):
+    """The subject's encryption key was deleted for good (crypto-shredding): nothing more is
+    written for it (raised before anything is written)."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"subject {subject!r} was forgotten: its key is deleted, nothing more can be written for it")
+        self.subject = subject
 
 
 class SequenceConflict(JournalError):

@@ -20,12 +20,10 @@ from typing import Any
 import msgspec
 
 from .errors import JournalUnavailable
-from .write_batch import BatchResult, WriteBatch
+from .write_batch import BatchResult, WriteBatch, WriteFn
 
 log = logging.getLogger("journal.group_commit")
 
-WriteFn = Callable[[WriteBatch], Awaitable[BatchResult]]
-"""Writes one batch (the backend's ``write_batch``, wrapped by the metrics)."""
 ChunksFn = Callable[[Iterator[WriteBatch]], Awaitable[list[BatchResult]]]
 """Writes the chunks of a bulk write (the backend's ``write_chunks``)."""
 CallResult = tuple[int, datetime]

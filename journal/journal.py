@@ -6,15 +6,19 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
+from . import tracing
 from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
 from .bulk import Outcome, Write, outcomes
-from .envelope import EventEnvelope
+from .codec import KeyStore, PayloadCodec, inner_manifest
+from .envelope import TRACE_MANIFEST, EventEnvelope
 from .errors import (
     ConfigurationError,
     InvalidArgument,
@@ -38,10 +42,11 @@ from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries, envelope_of
 from .query.validation import check_slice_query
-from .serialization import Serialized, SerializerRegistry
+from .serialization import JSON_SERIALIZER_ID, Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
-from .write_batch import BatchResult, WriteBatch
+from .upcasting import StoredManifest, split_version
+from .write_batch import BatchResult, WriteBatch, WriteFn
 from .write_validation import WriteValidator
 
 log = logging.getLogger("journal")
@@ -55,15 +60,25 @@ class Journal:
     """
 
     def __init__(
-        self, backend: Backend, settings: JournalSettings, serializers: SerializerRegistry | None = None
-    ) -> None:
+        self, backend: Backend, settings: JournalSettings, serializers: SerializerRegistry | None = None, *,
+        key_store: KeyStore | None = None, subject_of: Callable[[str], str] | None = None,
+    ) -> None:  # fmt: skip
         self.backend = backend
         self.settings = settings
         self.serializers = serializers or SerializerRegistry()
+        c = settings.codec
+        if c.encrypt or c.compress_above:
+            self.serializers.use_codec(
+                PayloadCodec(
+                    (key_store or backend.key_store()) if c.encrypt else None, compress_above=c.compress_above,
+                    compression_level=c.compression_level, subject_of=subject_of, cache_ttl=c.key_cache_ttl,
+                    cache_size=c.key_cache_size,
+                )
+            )  # fmt: skip
         self._validator = WriteValidator(self.serializers)
         w = settings.write
         self._group_commit = GroupCommit(
-            instrumented(backend.write_batch),
+            traced_batches(instrumented(backend.write_batch)),
             instrumented_chunks(backend.write_chunks),
             max_batch_events=w.max_batch_events,
             max_in_flight=w.max_in_flight,
@@ -113,9 +128,33 @@ class Journal:
             JournalUnavailable: the database could not be reached; ``outcome_unknown`` tells
                 whether the write may have happened.
         """
+        if tracing.ON:
+            return await self._persist_traced(persistence_id, events, expected_seq_nr, tags, metadata)
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
         batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
         first, db_timestamp = await self._group_commit.submit(batch)
         return self._written(batch, first, db_timestamp, events, metadata)
+
+    async def _persist_traced(
+        self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
+    ) -> list[EventEnvelope]:
+        """:meth:`persist` in a span whose context travels in the events' metadata columns when
+        the call has no metadata of its own (docs/tracing.md)."""
+        attributes = {"persistence_id": pid, "events": len(events)}
+        with tracing.span("journal.persist", kind="PRODUCER", attributes=attributes):
+            if self.serializers.keyed:
+                await self.serializers.load_write_keys((pid,))
+            batch = self._validator.call(pid, events, expected, tags, metadata)
+            if metadata is None:
+                carried = Serialized(JSON_SERIALIZER_ID, TRACE_MANIFEST, tracing.carrier())
+                batch = msgspec.structs.replace(batch, metadata=(carried,))
+            tracing.note(batch.persistence_ids[0])  # the batch that writes it links to this span
+            try:
+                first, db_timestamp = await self._group_commit.submit(batch)
+            finally:
+                tracing.forget(batch.persistence_ids[0])
+            return self._written(batch, first, db_timestamp, events, metadata)
 
     async def persist_many(self, writes: Iterable[Write | tuple[Any, ...]]) -> list[Outcome]:
         """Write many persistence ids at once: each part atomic and conflict-checked on its own.
@@ -134,6 +173,9 @@ class Journal:
         parts = writes if type(writes) is list else list(writes)
         if not parts:
             return []
+        if self.serializers.keyed:
+            pids = (p[0] for p in parts if isinstance(p, tuple) and p and type(p[0]) is str)
+            await self.serializers.load_write_keys(pids)  # the validator raises for any other part
         chunks = self._validator.chunks(parts, self._group_commit.bulk_chunk_calls(len(parts)))
         batches, results = await self._group_commit.submit_chunks(chunks)
         return outcomes(WriteBatch.concat(batches), BatchResult.concat(results))
@@ -158,6 +200,8 @@ class Journal:
         Raises as :meth:`persist`; after a SequenceConflict caused by a concurrent writer the
         transaction is aborted and must be rolled back.
         """
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
         batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self.backend.write_on(conn, batch)
         return self._written(batch, result.first_seq_nrs[0], result.db_timestamps[0], events, metadata)
@@ -187,6 +231,8 @@ class Journal:
         """
         if expected_seq_nr is None:
             raise InvalidArgument("resolve_persist needs the expected_seq_nr the write was made with")
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
         batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
         (got,) = await self.backend.check_write(batch)
         if got.outcome is Found.WRITTEN:
@@ -225,6 +271,8 @@ class Journal:
         nxt = max(from_seq_nr, 1)
         while nxt <= upper:
             rows = await self.backend.read_events(persistence_id, nxt, upper, page)
+            if self.serializers.keyed:
+                await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
             for r in rows:
                 yield self.envelope(r)
             if len(rows) < page:
@@ -250,6 +298,33 @@ class Journal:
             if len(ids) < page:
                 return
             after = ids[-1]
+
+    async def stored_manifests(self) -> list[StoredManifest]:
+        """Which manifests and versions the stored events and snapshots have, with counts, and
+        which of them this journal's serializers upcast (a scan: a tool's call)."""
+        steps = self.serializers.upcasters.steps
+        out = []
+        for c in await self.backend.manifests():
+            flags, ser_id, manifest = inner_manifest(c.ser_id, c.manifest)
+            name, version = split_version(manifest)
+            out.append(StoredManifest(c.kind, ser_id, name, version, c.rows, manifest in steps, flags))
+        return sorted(out)
+
+    async def forget(self, subject: str) -> bool:
+        """Crypto-shredding: delete ``subject``'s encryption key for good. Its encrypted event
+        payloads and snapshots read as :class:`~journal.codec.Forgotten` from then on (in other
+        processes within ``codec.key_cache_ttl``), and nothing more can be written for it
+        (:class:`SubjectForgotten`). Returns whether it had a key.
+
+        Raises:
+            ConfigurationError: this journal does not encrypt.
+        """
+        codec = self.serializers.codec
+        if codec is None or not codec.encrypts:
+            raise ConfigurationError("this journal does not encrypt (codec.encrypt): there is no key to forget")
+        if not isinstance(subject, str) or not subject or len(subject) > 255:
+            raise InvalidArgument(f"subject must be a non-empty string of at most 255 characters, got {subject!r}")
+        return await codec.forget(subject)
 
     def envelope(self, r: StoredEvent) -> EventEnvelope:
         """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""
@@ -363,6 +438,8 @@ class Journal:
         r = await sq.backend.load_event(persistence_id, seq_nr)
         if r is None:
             return None
+        if self.serializers.keyed:
+            await self.serializers.load_keys([(r.persistence_id, r.ser_id)])
         return sq.envelope(r, TimestampOffset(r.db_timestamp, {r.persistence_id: r.seq_nr}))
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -387,7 +464,9 @@ class Journal:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise InvalidArgument(f"keep must be an int >= 1, got {keep!r}")
         clean_tags = validate_tags(tags)
-        ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}")
+        if self.serializers.keyed:
+            await self.serializers.load_write_keys((persistence_id,))
+        ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}", pid=persistence_id)
         meta: Serialized | None = (
             self.serializers.serialize(metadata, what="snapshot metadata") if metadata is not None else None
         )
@@ -410,6 +489,8 @@ class Journal:
         row = await self.backend.load_snapshot(validate_persistence_id(persistence_id))
         if row is None:
             return None
+        if self.serializers.keyed:
+            await self.serializers.load_keys([(row.persistence_id, row.state.ser_id)])
         return self._snapshot(row)
 
     async def load_snapshots(self, persistence_id: str, limit: int = 16) -> list[Snapshot | SerializationError]:
@@ -419,7 +500,10 @@ class Journal:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(f"limit must be an int >= 1, got {limit!r}")
         out: list[Snapshot | SerializationError] = []
-        for row in await self.backend.load_snapshots(persistence_id, limit):
+        rows = await self.backend.load_snapshots(persistence_id, limit)
+        if self.serializers.keyed:
+            await self.serializers.load_keys((r.persistence_id, r.state.ser_id) for r in rows)
+        for row in rows:
             try:
                 out.append(self._snapshot(row))
             except SerializationError as e:
@@ -427,7 +511,8 @@ class Journal:
         return out
 
     def _snapshot(self, row: SnapshotRow) -> Snapshot:
-        state = self.serializers.deserialize(row.state.ser_id, row.state.manifest, row.state.payload, what="snapshot")
+        st, pid = row.state, row.persistence_id
+        state = self.serializers.deserialize(st.ser_id, st.manifest, st.payload, what="snapshot", pid=pid)
         meta = (
             self.serializers.deserialize(row.meta.ser_id, row.meta.manifest, row.meta.payload, what="snapshot metadata")
             if row.meta
@@ -446,6 +531,20 @@ class Journal:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
 
 
+def traced_batches(write: WriteFn) -> WriteFn:
+    """The group commit's batch writer, in a span linked to the persist spans of its calls
+    (a batch serves calls of many traces) while tracing is on."""
+
+    async def write_batch(batch: WriteBatch) -> BatchResult:
+        if not tracing.ON:
+            return await write(batch)
+        attributes = {"calls": len(batch), "events": batch.events}
+        with tracing.span("journal.write_batch", links=tracing.links_of(batch.persistence_ids), attributes=attributes):
+            return await write(batch)
+
+    return write_batch
+
+
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:
     """Explicit DSN, else the settings' (``JOURNAL_DSN``), else None (embedded)."""
     return dsn or settings.connection.dsn or os.environ.get("JOURNAL_DSN") or None
@@ -458,6 +557,8 @@ async def open_journal(
     settings: JournalSettings | None = None,
     serializers: SerializerRegistry | None = None,
     migrate: bool | None = None,
+    key_store: KeyStore | None = None,
+    subject_of: Callable[[str], str] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Journal]:
     """Open a journal; close it (flushing queued writes) on exit.
@@ -465,13 +566,20 @@ async def open_journal(
     ``dsn``: a PostgreSQL DSN; when None, ``JOURNAL_DSN``; when that is unset too, an embedded
     PostgreSQL under ``data_dir`` (created and migrated on first use). ``migrate``: run the
     migrations at open (default: only for the embedded server). Other keywords override settings
-    (``schema="x"``, ``buffer_size=500``, ...).
+    (``schema="x"``, ``buffer_size=500``, ...). ``key_store`` and ``subject_of``: where the
+    encryption keys live (default: the backend's table) and whose key encrypts a persistence id's
+    payloads (default: the pid's own), when ``codec.encrypt`` is on (docs/encryption.md).
     """
     if settings is not None and overrides:
         raise ConfigurationError("pass either settings=... or keyword overrides, not both")
     settings = settings or JournalSettings.load(**overrides)
+    tracing.configure(settings.tracing.tracing_mode)
     backend, settings = await open_backend(resolve_dsn(dsn, settings), settings, migrate=migrate)
-    journal = Journal(backend, settings, serializers)
+    try:
+        journal = Journal(backend, settings, serializers, key_store=key_store, subject_of=subject_of)
+    except BaseException:
+        await backend.close()
+        raise
     try:
         yield journal
     finally:

@@ -13,9 +13,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from prometheus_client import Counter, Histogram
 
 from .errors import JournalUnavailable
-from .write_batch import BatchResult, WriteBatch
+from .write_batch import BatchResult, WriteBatch, WriteFn
 
-WriteFn = Callable[[WriteBatch], Awaitable[BatchResult]]
 ChunksFn = Callable[[Iterator[WriteBatch]], Awaitable[list[BatchResult]]]
 
 WRITE_BATCH_EVENTS = Histogram(

@@ -4,17 +4,24 @@ Stored rows carry ``event_ser_id`` and ``event_ser_manifest``; the registry pick
 that wrote a row to read it back. Built in: bytes pass through (id 0), JSON (id 1) for dicts,
 lists, scalars, dataclasses and pydantic-style models (anything with ``model_dump``). Register a
 serializer for your own types with :meth:`SerializerRegistry.register`.
+
+Old rows are upgraded here, on every read path: the registry's :class:`~journal.upcasting.Upcasters`
+run on the data of a row whose stored manifest (``name#version``) has one (docs/schema-evolution.md).
+With a :class:`~journal.codec.PayloadCodec`, event payloads and snapshot states are sealed
+(compressed, encrypted) after serializing and opened before deserializing (docs/encryption.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import orjson
 
+from .codec import CODEC_SERIALIZER_ID, Forgotten, PayloadCodec
 from .errors import ConfigurationError, SerializationError
+from .upcasting import EventSeq, Upcasters, versioned
 
 BYTES_SERIALIZER_ID = 0
 JSON_SERIALIZER_ID = 1
@@ -79,10 +86,20 @@ class JsonSerializer:
 
     def __init__(self) -> None:
         self._types: dict[str, Callable[[Any], Any]] = {}
+        self._manifests: dict[type, str] = {}
+        """Types written at a version above 1: their stored manifest (``name#version``)."""
 
-    def register_type(self, cls: type, manifest: str | None = None) -> None:
-        """Rebuild ``cls`` from stored JSON whose manifest is ``manifest`` (default: its type name)."""
-        name = manifest or _type_name(cls)
+    def register_type(self, cls: type, manifest: str | None = None, version: int = 1) -> None:
+        """Rebuild ``cls`` from stored JSON whose manifest is ``manifest`` (default: its type name).
+
+        ``version`` > 1: ``cls`` is that version of the event; new rows are written with the
+        manifest ``name#version`` and older rows are read through the registry's upcasters.
+        """
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise ConfigurationError(f"version must be an int >= 1, got {version!r}")
+        name = versioned(manifest or _type_name(cls), version)
+        if version > 1:
+            self._manifests[cls] = name
         validate = getattr(cls, "model_validate", None)
         if callable(validate):
             self._types[name] = validate
@@ -93,13 +110,20 @@ class JsonSerializer:
         t = type(value)
         if t in _PLAIN or value is None or isinstance(value, dict | list | str | int | float):
             return ""
-        return _type_name(t)
+        return self._manifests.get(t) or _type_name(t)
 
     def to_bytes(self, value: Any) -> bytes:
         return orjson.dumps(value, default=_to_jsonable, option=_OPTS)
 
     def from_bytes(self, payload: bytes, manifest: str) -> Any:
-        data = orjson.loads(payload)
+        return self.build(orjson.loads(payload), manifest)
+
+    def decode(self, payload: bytes, manifest: str) -> Any:
+        """The data upcasters work on: the parsed JSON."""
+        return orjson.loads(payload)
+
+    def build(self, data: Any, manifest: str) -> Any:
+        """The value of (upcast) data: an instance of the type registered for ``manifest``, if any."""
         if manifest and manifest in self._types:
             return self._types[manifest](data)
         return data
@@ -147,6 +171,11 @@ class SerializerRegistry:
 
     def __init__(self) -> None:
         self.json = JsonSerializer()
+        self.upcasters = Upcasters()
+        """Upcasters of old rows, by stored manifest and version (see :mod:`journal.upcasting`)."""
+        self._upcast = self.upcasters.steps  # the read path's one lookup per row
+        self.codec: PayloadCodec | None = None
+        """Seals event payloads and snapshot states (:meth:`use_codec`); None: stored as serialized."""
         self._by_id: dict[int, Serializer] = {}
         self._by_type: dict[type, Serializer] = {}
         self._resolved: dict[type, Serializer] = {}
@@ -158,35 +187,65 @@ class SerializerRegistry:
         ident = getattr(serializer, "identifier", None)
         if not isinstance(ident, int) or isinstance(ident, bool):
             raise ConfigurationError(f"serializer {serializer!r} needs an int identifier")
+        if ident == CODEC_SERIALIZER_ID:
+            raise ConfigurationError(f"serializer id {ident} is the payload codec's (sealed payloads)")
         existing = self._by_id.get(ident)
         if existing is not None and existing is not serializer:
-            raise ConfigurationError(
-                f"serializer id {ident} is already taken by {type(existing).__name__}"
-            )
+            raise ConfigurationError(f"serializer id {ident} is already taken by {type(existing).__name__}")
         self._by_id[ident] = serializer
         for t in types if isinstance(types, tuple) else (types,):
             self._by_type[t] = serializer
         self._resolved.clear()
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """The hot paths' shortcuts. Outside the registry they are off while a codec seals every
+        payload (:attr:`plain_json_types` is then empty); :meth:`serialize_events` seals them."""
         self._plain_json = frozenset(
             t for t in _PLAIN if all(self._by_type.get(k, self.json) is self.json for k in t.__mro__)
         )
         bytes_ser = self._by_type.get(bytes)
         self._plain_bytes: type | None = bytes if isinstance(bytes_ser, BytesSerializer) else None
 
+    def use_codec(self, codec: PayloadCodec | None) -> None:
+        """Seal event payloads and snapshot states with ``codec`` (the journal sets it from the
+        ``codec`` settings); metadata is never sealed."""
+        self.codec = codec
+        self._refresh()
+
+    @property
+    def keyed(self) -> bool:
+        """True when payloads are encrypted: reads and writes load their subjects' keys first."""
+        return self.codec is not None and self.codec.encrypts
+
+    async def load_keys(self, rows: Iterable[tuple[str, int]]) -> None:
+        """Before decoding rows, given as (persistence id, serializer id): load the keys their
+        encrypted payloads need (no I/O when they are cached and fresh)."""
+        if self.codec is not None:
+            await self.codec.load((pid for pid, ser_id in rows if ser_id == CODEC_SERIALIZER_ID), create=False)
+
+    async def load_write_keys(self, pids: Iterable[str]) -> None:
+        """Before serializing a write: the keys of its persistence ids' subjects (made when
+        missing). Raises SubjectForgotten for a forgotten subject."""
+        if self.codec is not None:
+            await self.codec.load(pids, create=True)
+
     @property
     def plain_json_types(self) -> frozenset[type]:
         """Types whose values the built-in JSON serializer writes with no manifest (no registered
-        serializer claims them): a hot loop may serialize them with :func:`dump_plain_json`."""
-        return self._plain_json
+        serializer claims them): a hot loop may serialize them with :func:`dump_plain_json`.
+        Empty while a codec seals payloads."""
+        return self._plain_json if self.codec is None else frozenset()
 
     @property
     def plain_bytes_type(self) -> type | None:
         """``bytes`` when bytes values pass through unchanged (serializer id 0), else None."""
-        return self._plain_bytes
+        return self._plain_bytes if self.codec is None else None
 
-    def register_type(self, cls: type, manifest: str | None = None) -> None:
-        """Shortcut: read JSON rows of ``cls`` back as ``cls`` instances."""
-        self.json.register_type(cls, manifest)
+    def register_type(self, cls: type, manifest: str | None = None, version: int = 1) -> None:
+        """Shortcut: read JSON rows of ``cls`` back as ``cls`` instances (``version``: see
+        :meth:`JsonSerializer.register_type`)."""
+        self.json.register_type(cls, manifest, version)
 
     def _for_value(self, value: Any) -> Serializer:
         t = type(value)
@@ -196,9 +255,10 @@ class SerializerRegistry:
             self._resolved[t] = s
         return s
 
-    def serialize(self, value: Any, *, what: str = "event") -> Serialized:
+    def serialize(self, value: Any, *, what: str = "event", pid: str | None = None) -> Serialized:
         """Serialize or raise :class:`SerializationError` naming the value's type (also for a
-        manifest longer than the stored column's 255 characters)."""
+        manifest longer than the stored column's 255 characters). ``pid``: an event payload or
+        snapshot state of this persistence id, which the codec (if any) seals."""
         s = self._for_value(value)
         try:
             out = Serialized(s.identifier, s.manifest(value), s.to_bytes(value))
@@ -206,9 +266,10 @@ class SerializerRegistry:
             raise
         except Exception as e:  # user serializers may raise anything
             raise SerializationError(
-                f"cannot serialize {what} of type {type(value).__name__} "
-                f"with {type(s).__name__}: {e}"
+                f"cannot serialize {what} of type {type(value).__name__} with {type(s).__name__}: {e}"
             ) from e
+        if pid is not None and self.codec is not None:
+            out = Serialized(*self.codec.seal(pid, *out))
         if len(out.manifest) > MAX_MANIFEST_LENGTH:
             raise SerializationError(
                 f"serializer manifest longer than {MAX_MANIFEST_LENGTH} characters: {out.manifest[:40]!r}..."
@@ -216,36 +277,75 @@ class SerializerRegistry:
         return out
 
     def serialize_events(
-        self, values: Sequence[Any], pid: str
+        self, values: Sequence[Any], pids: str | Sequence[str]
     ) -> tuple[Sequence[int], Sequence[str], Sequence[bytes]]:
-        """The events of one call to ``pid`` as columns: serializer ids, manifests, payloads.
+        """Events as columns: serializer ids, manifests, payloads. ``pids``: the persistence id of
+        the call they belong to, or of each event (a codec seals each payload with its subject's
+        key). Raises :class:`SerializationError` naming the event (``event 2 of 'cart|1'``).
 
-        The write path's hot loop: plain JSON values that no registered serializer claims are
-        dumped by orjson in one loop in C (no lookup, no manifest call). Raises
-        :class:`SerializationError` naming the event (``event 2 of 'cart|1'``)."""
-        plain, raw = self._plain_json, self._plain_bytes
-        n = len(values)
+        The write path's hot loop: plain JSON values and bytes that no registered serializer claims
+        skip the lookup and the manifest call (dumped by orjson in one loop in C)."""
+        columns = self._plain_columns(values)
+        if columns is not None and self.codec is None:
+            return columns
+        each = [pids] * len(values) if isinstance(pids, str) else pids
+        if columns is None:
+            pairs = enumerate(zip(values, each, strict=True))
+            out = [self.serialize(v, what=f"event {i} of {p!r}", pid=p) for i, (v, p) in pairs]
+            return [s.ser_id for s in out], [s.manifest for s in out], [s.payload for s in out]
+        sealed = list(map(self.codec.seal, each, *columns))  # type: ignore[union-attr]
+        return [s[0] for s in sealed], [s[1] for s in sealed], [s[2] for s in sealed]
+
+    def _plain_columns(self, values: Sequence[Any]) -> tuple[Sequence[int], Sequence[str], Sequence[bytes]] | None:
+        """The columns of events that are all plain JSON values (or one of bytes), else None."""
+        plain, n = self._plain_json, len(values)
         try:
             if n == 1:
                 t = type(values[0])
                 if t in plain:
                     return _ONE_JSON, _ONE_MANIFEST, (dump_plain_json(values[0]),)
-                if t is raw:
+                if t is self._plain_bytes:
                     return _ONE_BYTES, _ONE_MANIFEST, (values[0],)
             elif set(map(type, values)) <= plain:
                 return [JSON_SERIALIZER_ID] * n, [""] * n, dump_plain_jsons(list(values))
-        except Exception:  # the general path below raises with the full message
-            pass
-        out = [self.serialize(v, what=f"event {i} of {pid!r}") for i, v in enumerate(values)]
-        return [s.ser_id for s in out], [s.manifest for s in out], [s.payload for s in out]
+        except Exception:  # the general path raises with the full message
+            return None
+        return None
 
-    def deserialize(self, ser_id: int, manifest: str, payload: bytes, *, what: str = "event") -> Any:
+    def deserialize(
+        self, ser_id: int, manifest: str, payload: bytes, *, what: str = "event", pid: str | None = None
+    ) -> Any:
+        """The value of a stored payload: opened (``pid``: whose it is, for its key), upcast when
+        its manifest has an upcaster, built. An encrypted payload of a forgotten subject reads as a
+        :class:`~journal.codec.Forgotten` value."""
+        if ser_id == CODEC_SERIALIZER_ID:
+            opened = (self.codec or _UNSEALER).open(pid, manifest, payload)
+            if type(opened) is Forgotten:
+                return opened
+            ser_id, manifest, payload = opened  # type: ignore[misc]
         s = self._by_id.get(ser_id)
         if s is None:
             raise SerializationError(f"no serializer registered with id {ser_id} to read {what}")
         try:
+            if manifest in self._upcast:
+                return self._upcasted(s, manifest, payload)
             return s.from_bytes(payload, manifest)
         except Exception as e:
             raise SerializationError(
                 f"cannot deserialize {what} (serializer {ser_id}, manifest {manifest!r}): {e}"
             ) from e
+
+    def _upcasted(self, s: Serializer, manifest: str, payload: bytes) -> Any:
+        """An old row: its data through the upcasters, then built as what it became."""
+        decode, build = getattr(s, "decode", None), getattr(s, "build", None)
+        data = decode(payload, manifest) if decode is not None else payload
+        parts = self.upcasters.upcast(manifest, data)
+        if build is None:  # a serializer without a data form: upcasters return payload bytes
+            values = [s.from_bytes(d, m) for m, d in parts]
+        else:
+            values = [build(d, m) for m, d in parts]
+        return values[0] if len(values) == 1 else EventSeq(values)
+
+
+_UNSEALER = PayloadCodec(None)
+"""Opens compressed payloads for a registry without a codec (an encrypted one needs keys)."""

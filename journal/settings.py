@@ -103,6 +103,8 @@ class QuerySettings:
 
 
 TagBucketSize = Literal["Day", "Hour", "Minute"]
+HandlerRecoveryKind = Literal["fail", "retry-and-fail", "retry-and-skip", "retry-and-dead-letter"]
+"""What a projection does with an event its handler keeps failing on (see docs/handler-failures.md)."""
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,11 @@ class ProjectionSettings:
     (reference 5 min); older pids are looked up lazily."""
     offset_delete_after: float = 86400.0
     """Offset rows older than this behind their slice's latest row are pruned (reference 1 day);
-    the latest row of each slice is always kept."""
+    the latest row of each slice is always kept. At least ``offset_time_window``."""
+    offset_delete_after_consumed: float = 3600.0
+    """No offset row consumed (written) less than this many seconds ago is pruned, by either rule
+    (Akka Projection 1.6's ``delete-after-consumed``): a projection rebuilt from old events keeps
+    its recent rows. Rows a later row of the same pid supersedes are pruned after this too."""
     offset_prune_interval: float = 60.0
     """Seconds between pruning runs of a worker."""
     heartbeat_offset_interval: float = 10.0
@@ -233,7 +239,12 @@ class ProjectionSettings:
     at_least_once_interval: float = 1.0
     """...or after this many seconds, whichever comes first."""
     handler_attempts: int = 5
-    """Tries of a failing batch (rolled back each time) before the projection stops."""
+    """Tries of a failing batch (rolled back each time) before ``handler_recovery`` acts."""
+    handler_recovery: str = "retry-and-fail"
+    """Default failure strategy of a projection (each may set its own): ``fail`` (stop at the first
+    failure), ``retry-and-fail`` (``handler_attempts`` tries with backoff, then stop),
+    ``retry-and-skip`` or ``retry-and-dead-letter`` (then the one poisoned event is isolated and
+    skipped, or parked in ``projection_dead_letter``, and the offset moves past it)."""
     handler_backoff: float = 0.2
     """Seconds before the first retry; doubles up to ``handler_max_backoff``."""
     handler_max_backoff: float = 5.0
@@ -277,6 +288,38 @@ class EntitySettings:
 
 
 @dataclass(frozen=True)
+class TracingSettings:
+    """OpenTelemetry spans (docs/tracing.md; extra ``tracing``)."""
+
+    tracing_mode: str = "auto"
+    """(env ``JOURNAL_TRACING_MODE``) ``auto``: on when ``opentelemetry-api`` is installed and an
+    SDK tracer provider is set when a journal opens; ``on``; ``off`` (then instrumented code reads
+    one global and does nothing)."""
+
+
+@dataclass(frozen=True)
+class CodecSettings:
+    """Payload compression and encryption (docs/encryption.md). Off by default: payloads are stored
+    as serialized, readable by a JVM service that shares the tables."""
+
+    encrypt: bool = False
+    """Encrypt event payloads and snapshot states (AES-SIV, a key per subject; extra
+    ``encryption``). Metadata is never encrypted."""
+    compress_above: int = 0
+    """Compress (zlib) payloads larger than this many bytes; 0: never."""
+    compression_level: int = 6
+    """zlib level, 1 (fast) .. 9 (small)."""
+    key_cache_ttl: float = 30.0
+    """Seconds a cached data key is used before it is checked with the key store again: a subject
+    forgotten by another process stops being readable here within this time."""
+    key_cache_size: int = 100_000
+    """Data keys kept in memory (least recently used go first)."""
+    master_key: str | None = None
+    """Base64 of 32 bytes: data keys are stored wrapped with it (env ``JOURNAL_CODEC_MASTER_KEY``).
+    None: stored as they are (whoever reads the key table can decrypt)."""
+
+
+@dataclass(frozen=True)
 class JournalSettings:
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
     write: WriteSettings = field(default_factory=WriteSettings)
@@ -287,6 +330,8 @@ class JournalSettings:
     projection: ProjectionSettings = field(default_factory=ProjectionSettings)
     entities: EntitySettings = field(default_factory=EntitySettings)
     cassandra: CassandraSettings = field(default_factory=CassandraSettings)
+    codec: CodecSettings = field(default_factory=CodecSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
@@ -313,7 +358,12 @@ class JournalSettings:
             "handler_attempts", "handler_backoff", "handler_max_backoff", "lease_ttl",
             "lease_renew_interval", "queue_size",
         )  # fmt: skip
-        _non_negative(p, "group_max_wait")
+        _non_negative(p, "group_max_wait", "offset_delete_after_consumed")
+        if p.offset_delete_after < p.offset_time_window:
+            raise ConfigurationError("offset_delete_after must be at least offset_time_window")
+        if p.handler_recovery not in get_args(HandlerRecoveryKind):
+            kinds = ", ".join(get_args(HandlerRecoveryKind))
+            raise ConfigurationError(f"handler_recovery must be one of {kinds}, got {p.handler_recovery!r}")
         if p.lease_renew_interval * 2 > p.lease_ttl:
             raise ConfigurationError("lease_renew_interval must be at most half of lease_ttl")
         _positive(
@@ -345,6 +395,12 @@ class JournalSettings:
             )
         if (c.username is None) != (c.password is None):
             raise ConfigurationError("cassandra username and password must be set together")
+        if self.tracing.tracing_mode not in ("auto", "on", "off"):
+            raise ConfigurationError(f"tracing_mode must be auto, on or off; got {self.tracing.tracing_mode!r}")
+        _positive(self.codec, "key_cache_ttl", "key_cache_size")
+        _non_negative(self.codec, "compress_above")
+        if not 1 <= self.codec.compression_level <= 9:
+            raise ConfigurationError(f"codec compression_level must be 1..9, got {self.codec.compression_level!r}")
         from .buckets import parse_first_bucket
 
         parse_first_bucket(t.first_time_bucket, t.bucket_size)
@@ -398,6 +454,8 @@ _GROUPS: dict[str, type] = {
     "projection": ProjectionSettings,
     "entities": EntitySettings,
     "cassandra": CassandraSettings,
+    "codec": CodecSettings,
+    "tracing": TracingSettings,
 }
 
 

@@ -10,7 +10,7 @@ the driver encodes directly and the garbage collector does not track.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from itertools import accumulate, chain
 
@@ -170,3 +170,7 @@ class ResultBuilder:
 
     def result(self) -> BatchResult:
         return BatchResult(self._firsts, self._stamps, self._errors)
+
+
+WriteFn = Callable[[WriteBatch], Awaitable[BatchResult]]
+"""What writes one batch (a backend's ``write_batch``, or a wrapper of it)."""

@@ -93,9 +93,16 @@ class WriteValidator:
                 raise type(e)(f"persist_many part {i}: {e}") from e
             events.append(w[1])
         pids, types, slices, expected, counts, tags, metas = zip(*checked, strict=True)
-        flat = [e for (e,) in events] if counts.count(1) == len(counts) else list(chain.from_iterable(events))
+        owners: Sequence[str] = pids
+        if counts.count(1) == len(counts):
+            flat = [e for (e,) in events]
+        else:
+            flat, owners = (
+                list(chain.from_iterable(events)),
+                [p for p, n in zip(pids, counts, strict=True) for _ in range(n)],
+            )
         try:
-            ser_ids, manifests, payloads = self.serializers.serialize_events(flat, "")
+            ser_ids, manifests, payloads = self.serializers.serialize_events(flat, owners)
         except SerializationError:
             self._serialize_each(pids, events, offset)
             raise

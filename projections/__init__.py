@@ -6,15 +6,19 @@ kinds, the status types, and the projection errors. Everything else is internal.
 
 from journal.errors import HandlerFailed, LeaseLost, ProjectionBusy, ProjectionError
 
+from .dead_letter_store import DeadLetter
 from .handlers import MODES, Mode, load_handler
 from .management import ProjectionStatus, RangeStatus
+from .recovery import HandlerRecovery
 from .stats import Stats
 from .tag_runner import TagWorker
 from .worker import Worker
 
 __all__ = [
     "MODES",
+    "DeadLetter",
     "HandlerFailed",
+    "HandlerRecovery",
     "LeaseLost",
     "Mode",
     "ProjectionBusy",

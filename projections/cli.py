@@ -73,6 +73,14 @@ def run(
     metrics_interval: Annotated[
         float, typer.Option("--metrics-interval", min=0.1, help="Seconds between lag samples.")
     ] = 5.0,
+    on_failure: Annotated[
+        str | None,
+        typer.Option(
+            "--on-failure",
+            help="fail | retry-and-fail | retry-and-skip | retry-and-dead-letter, optionally :ATTEMPTS "
+            "(default: projection.handler_recovery).",
+        ),
+    ] = None,
 ) -> None:
     """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
     from journal import runtime
@@ -80,6 +88,7 @@ def run(
     from journal.journal import open_journal
 
     from .handlers import load_handler, validate_mode
+    from .recovery import HandlerRecovery
     from .tag_runner import TagWorker
     from .worker import Worker
 
@@ -89,15 +98,16 @@ def run(
     settings = _settings(schema, data_dir)
     fn = load_handler(handler)
     validate_mode(mode)
+    recovery = HandlerRecovery.parse(on_failure, settings.projection)
     show = sys.stdout.isatty() if progress is None else progress
     logging.getLogger().setLevel(logging.INFO)
 
     async def go() -> int:
         async with open_journal(dsn, settings=settings) as j:
             ws: list[Worker] = [
-                TagWorker(j, j.settings, name, tag, fn, mode)
+                TagWorker(j, j.settings, name, tag, fn, mode, recovery=recovery)
                 if tag is not None
-                else Worker(j, j.settings, name, entity_type or "", fn, mode)  # type: ignore[arg-type]
+                else Worker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery)  # type: ignore[arg-type]
                 for _ in range(workers)
             ]
             loop = asyncio.get_running_loop()
@@ -205,10 +215,12 @@ def status(
     from rich.table import Table
 
     from . import management
+    from .dead_letter_store import DeadLetterSql
 
     async def go(conn: Any, sql: Any) -> list[Any]:
         names = [name] if name else await sql.projection_names(conn)
-        return [await management.status(conn, sql, n) for n in names]
+        dead = DeadLetterSql(sql.schema)
+        return [await management.status(conn, sql, n, dead) for n in names]
 
     results = _with_conn(dsn, schema, data_dir, go)
     if as_json:
@@ -234,6 +246,8 @@ def status(
             state = "dead (lease expired)" if row["state"] == "running" and not row["live"] else row["state"]
             w.add_row(row["worker_id"], state, str(row["live"]), str(row["events"]), row["error"] or "")
         console.print(w)
+        if st.dead_letters:
+            console.print(f"{st.dead_letters} dead letters (projections dead-letters list {st.name})")
 
 
 @app.command()
@@ -288,6 +302,89 @@ def clear(
     lo, hi = _range(slices)
     n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi))
     typer.echo(f"cleared {n} offset rows of {name} slices {lo}-{hi}")
+
+
+dead_letters_app = typer.Typer(
+    name="dead-letters", help="Events a projection's handler kept failing on.", no_args_is_help=True
+)
+app.add_typer(dead_letters_app)
+PidOption = Annotated[str | None, typer.Option("--pid", help="Only the dead letters of this persistence id.")]
+SeqNrOption = Annotated[int | None, typer.Option("--seq-nr", min=1, help="Only this event (with --pid).")]
+
+
+@dead_letters_app.command("list")
+def dead_letters_list(
+    name: str, dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, with the tracebacks.")] = False,
+) -> None:  # fmt: skip
+    """List a projection's dead letters, in the order a retry applies them."""
+    from .dead_letter_store import DeadLetterSql
+    from .dead_letters import letters_json
+
+    letters = _with_conn(dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).letters(c, name))
+    if as_json:
+        typer.echo(letters_json(letters))
+        return
+    for d in letters:
+        typer.echo(
+            f"{d.persistence_id} #{d.seq_nr}  slice {d.slice}  {d.attempts} attempts  "
+            f"last {d.last_failure.isoformat()}  {d.error}"
+        )
+    typer.echo(f"{len(letters)} dead letters of {name}")
+
+
+@dead_letters_app.command("retry")
+def dead_letters_retry(
+    name: str,
+    handler: Annotated[str, typer.Option("--handler", help="The (fixed) handler, as package.module:callable.")],
+    mode: Annotated[str, typer.Option("--mode", help="exactly-once | grouped | at-least-once")] = "grouped",
+    pid: PidOption = None, seq_nr: SeqNrOption = None, dsn: DsnOption = None, schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+) -> None:  # fmt: skip
+    """Apply the dead letters with the handler, in order, each once; exit 1 if any failed again."""
+    from journal.cli.common import target_dsn
+    from journal.journal import open_journal
+
+    from .dead_letter_store import DeadLetterSql
+    from .dead_letters import retry
+    from .handlers import load_handler, validate_mode
+
+    fn = load_handler(handler)
+    kind = validate_mode(mode)
+    settings = _settings(schema, data_dir)
+    target, _ = target_dsn(dsn, settings)
+
+    async def go(conn: Any, sql: Any) -> Any:
+        async with open_journal(target, settings=settings) as j:
+            return await retry(j, conn, DeadLetterSql(sql.schema), name, fn, kind, persistence_id=pid, seq_nr=seq_nr)
+
+    result = _with_conn(target, schema, data_dir, go)
+    for letter, error in result.failed:
+        typer.echo(f"failed again: {letter.persistence_id} #{letter.seq_nr}: {error}", err=True)
+    for letter in result.missing:
+        typer.echo(f"not in the journal any more: {letter.persistence_id} #{letter.seq_nr}", err=True)
+    typer.echo(
+        f"applied {len(result.applied)}, failed {len(result.failed)}, waiting {len(result.waiting)}, "
+        f"missing {len(result.missing)} dead letters of {name}"
+    )
+    raise typer.Exit(1 if result.failed or result.missing else 0)
+
+
+@dead_letters_app.command("discard")
+def dead_letters_discard(
+    name: str, pid: PidOption = None, seq_nr: SeqNrOption = None,
+    everything: Annotated[bool, typer.Option("--all", help="Discard every dead letter of the projection.")] = False,
+    dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,
+) -> None:  # fmt: skip
+    """Delete dead letters without applying them (--pid [--seq-nr], or --all)."""
+    from journal.errors import InvalidArgument
+
+    from .dead_letter_store import DeadLetterSql
+
+    if (pid is None) == (not everything) or (seq_nr is not None and pid is None):
+        raise InvalidArgument("give --pid (and optionally --seq-nr), or --all")
+    n = _with_conn(dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).discard(c, name, pid, seq_nr))
+    typer.echo(f"discarded {n} dead letters of {name}")
 
 
 spark_cli.register(app)

@@ -55,10 +55,19 @@ class ProjectionStatus:
     name: str
     ranges: list[RangeStatus]
     workers: list[dict[str, Any]]
+    dead_letters: int = 0
+    """Events parked by ``retry-and-dead-letter`` and not retried or discarded yet."""
 
 
-async def status(conn: Any, sql: ManagementStore, name: str) -> ProjectionStatus:
-    """Per slice range (grouped by owner): offset, lag, owner, paused; plus the workers."""
+class DeadLetterCount(Protocol):
+    async def count(self, conn: Any, name: str) -> int: ...
+
+
+async def status(
+    conn: Any, sql: ManagementStore, name: str, dead_letters: DeadLetterCount | None = None
+) -> ProjectionStatus:
+    """Per slice range (grouped by owner): offset, lag, owner, paused; the workers; the number of
+    dead letters (when ``dead_letters`` is given)."""
     now = await sql.now(conn)
     offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
     leases = {r["slice"]: (r["owner"] if r["live"] else None) for r in await sql.lease_owners(conn, name)}
@@ -80,7 +89,8 @@ async def status(conn: Any, sql: ManagementStore, name: str) -> ProjectionStatus
         )
         start = s
     workers = [dict(r) for r in await sql.workers(conn, name)]
-    return ProjectionStatus(name, ranges, workers)
+    dead = await dead_letters.count(conn, name) if dead_letters is not None else 0
+    return ProjectionStatus(name, ranges, workers, dead)
 
 
 def status_json(statuses: list[ProjectionStatus]) -> str:
@@ -100,6 +110,7 @@ def status_json(statuses: list[ProjectionStatus]) -> str:
                 for r in st.ranges
             ],
             "workers": st.workers,
+            "dead_letters": st.dead_letters,
         }
         for st in statuses
     ]  # fmt: skip

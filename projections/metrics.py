@@ -68,6 +68,10 @@ class _Counters(Protocol):
     def replayed(self) -> int: ...
     @property
     def retries(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...
+    @property
+    def dead_lettered(self) -> int: ...
 
 
 class TrackedWorker(Protocol):
@@ -117,6 +121,13 @@ class WorkerCollector(Collector):
         failures = CounterMetricFamily(
             "projection_handler_failures", "Batch attempts that failed and were rolled back.", labels=labels
         )
+        skipped = CounterMetricFamily(
+            "projection_events_skipped", "Events a failing handler gave up on (retry-and-skip).", labels=labels
+        )
+        dead = CounterMetricFamily(
+            "projection_dead_letters", "Events parked in the dead-letter table (retry-and-dead-letter).",
+            labels=labels,
+        )  # fmt: skip
         failed = GaugeMetricFamily("projection_worker_failed", "1 when the worker stopped on an error.", labels=labels)
         leases = GaugeMetricFamily("projection_leases_held", "Slice leases this worker holds.", labels=labels)
         owned = GaugeMetricFamily(
@@ -137,6 +148,8 @@ class WorkerCollector(Collector):
             dups.add_metric(key, st.duplicates)
             replayed.add_metric(key, st.replayed)
             failures.add_metric(key, st.retries)
+            skipped.add_metric(key, st.skipped)
+            dead.add_metric(key, st.dead_lettered)
             failed.add_metric(key, 1.0 if w.error else 0.0)
             leases.add_metric(key, len(w.epochs))
             for lo, hi in _ranges(w):
@@ -146,7 +159,7 @@ class WorkerCollector(Collector):
                 if lag is not None:
                     lag_s.add_metric([w.name, slices], lag[0])
                     lag_n.add_metric([w.name, slices], lag[1])
-        yield from (events, dups, replayed, failures, failed, leases, owned, lag_s, lag_n)
+        yield from (events, dups, replayed, failures, skipped, dead, failed, leases, owned, lag_s, lag_n)
 
 
 REGISTRY.register(WorkerCollector())

@@ -134,17 +134,29 @@ WHERE s.slice = u.sl AND s.projection_name = $1 AND s.persistence_id = '' AND s.
                 [r.timestamp for r in beats],
             )
 
-    async def prune(self, conn: Any, name: str, slices: list[int], delete_after: timedelta) -> int:
-        """Delete rows older than ``delete_after`` behind their slice's latest row (which stays)."""
+    async def prune(
+        self, conn: Any, name: str, slices: list[int], delete_after: timedelta, delete_after_consumed: timedelta
+    ) -> int:
+        """Delete the offset rows of ``slices`` no one needs, consumed more than
+        ``delete_after_consumed`` ago: those ``delete_after`` behind their slice's latest row, and
+        those a later row of the same pid supersedes (validation reads only a pid's latest row).
+        The latest row of a slice is neither, so it always stays."""
         store = self.t("projection_timestamp_offset_store")
         status: str = await conn.execute(
-            f"""DELETE FROM {store} s USING (
+            f"""WITH latest AS (
   SELECT slice, max(timestamp_offset) AS m FROM {store}
-  WHERE projection_name = $1 AND slice = ANY($2::int[]) GROUP BY slice) l
-WHERE s.projection_name = $1 AND s.slice = l.slice AND s.timestamp_offset < l.m - $3::interval""",
+  WHERE projection_name = $1 AND slice = ANY($2::int[]) GROUP BY slice),
+newest AS (
+  SELECT slice, persistence_id, max(seq_nr) AS n FROM {store}
+  WHERE projection_name = $1 AND slice = ANY($2::int[]) GROUP BY slice, persistence_id HAVING count(*) > 1)
+DELETE FROM {store} s USING latest l
+WHERE s.projection_name = $1 AND s.slice = l.slice AND s.timestamp_consumed < clock_timestamp() - $4::interval
+  AND (s.timestamp_offset < l.m - $3::interval OR EXISTS (
+    SELECT 1 FROM newest p WHERE p.slice = s.slice AND p.persistence_id = s.persistence_id AND s.seq_nr < p.n))""",
             name,
             slices,
             delete_after,
+            delete_after_consumed,
         )
         return int(status.split()[-1])
 

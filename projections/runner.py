@@ -3,7 +3,8 @@
 The offset transaction first locks this worker's leases of the slices it writes (FOR SHARE) and
 checks owner and epoch, so a worker that lost a slice can never commit for it; then it runs the
 handler (exactly-once and grouped kinds) and inserts the offset rows. A failing batch is rolled
-back and retried with backoff; after ``handler_attempts`` the projection stops (HandlerFailed).
+back and retried with backoff; then the projection's :class:`~projections.recovery.HandlerRecovery`
+acts: stop (HandlerFailed), or isolate the poisoned event and skip or dead-letter it.
 """
 
 from __future__ import annotations
@@ -12,19 +13,23 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import ExitStack
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
+from journal import tracing
 from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
 from journal.settings import ProjectionSettings, QueryMode
 from journal.waits import wait_set, within
 
+from .dead_letter_store import DeadLetter, DeadLetterSql
 from .handlers import Mode
 from .outage import Outage, database_unavailable
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
 from .read_ahead import ReadAhead
+from .recovery import Failures, HandlerRecovery
 from .stats import Stats
 from .validation import Validator, Verdict
 
@@ -76,6 +81,7 @@ class RangeProcessor:
         query_mode: QueryMode = "horizon",
         outage: Outage | None = None,
         application_name: str | None = None,
+        recovery: HandlerRecovery | None = None,
     ) -> None:
         self.journal = journal
         self.pool = pool
@@ -94,6 +100,9 @@ class RangeProcessor:
         self.outage = outage or Outage(log, owner, quiet=settings.handler_max_backoff)
         self.application_name = application_name
         """The pool's application_name: identifies our own server processes (see ``_settle``)."""
+        self.recovery = recovery or HandlerRecovery.parse(None, settings)
+        self._tries = self.recovery.tries(settings)
+        self.dead_letters = DeadLetterSql(sql.schema)
         self.validator = Validator(timedelta(seconds=settings.offset_time_window))
         self._stopping = asyncio.Event()
         self._last_flush = time.monotonic()
@@ -218,7 +227,15 @@ class RangeProcessor:
                 async def once(_conn: Any, env: EventEnvelope = env) -> None:
                     await self.handler(env)
 
-                await self._retrying(once, transactional=False)
+                failures = Failures()
+                try:
+                    await self._retrying(
+                        once if not tracing.ON else self._traced(once, [env]), transactional=False, failures=failures
+                    )
+                except HandlerFailed:
+                    if not self.recovery.isolates:
+                        raise
+                    await self._park(env, failures, [])  # its offset goes with the next flush
             self._unflushed += len(accepted)
             self._pending_hb = {**getattr(self, "_pending_hb", {}), **hb_slices}
             await self._maybe_flush(force=False)
@@ -362,30 +379,143 @@ class RangeProcessor:
 
     async def _commit(self, accepted: Sequence[EventEnvelope], hb_slices: dict[int, datetime]) -> None:
         rows = self._offset_rows(hb_slices)
-        touched = {r.slice: self.epochs[r.slice] for r in rows}
-
-        async def body(conn: Any) -> None:
-            if accepted and self.mode == "grouped":
-                await self.handler(conn, accepted)
-            elif accepted:
-                for env in accepted:
-                    await self.handler(conn, env)
-            await self.sql.save_offsets(conn, self.name, self.key, rows)
-
-        proof = next((r for r in rows if r.persistence_id != HEARTBEAT_PID), None)
-
-        async def committed(conn: Any) -> bool:
-            return proof is not None and await self.sql.offset_row_exists(conn, self.name, proof)
-
         started = time.monotonic()
+        parked = 0
         try:
-            await self._retrying(body, transactional=True, fence=touched, committed=committed)
+            if accepted and self.recovery.isolates:
+                parked = await self._commit_isolating(accepted, rows)
+            else:
+                await self._commit_rows(accepted, rows, self._tries)
         except BaseException:
             self.validator.rollback()
             raise
         self.validator.commit(hb_slices)
         newest = max((e.db_timestamp for e in accepted), default=None)
-        self.stats.committed(len(accepted), newest, time.monotonic() - started)
+        self.stats.committed(len(accepted) - parked, newest, time.monotonic() - started)
+
+    async def _commit_rows(
+        self, envs: Sequence[EventEnvelope], rows: list[OffsetRow], attempts: int, failures: Failures | None = None
+    ) -> None:
+        """One transaction: the handler on ``envs`` and the offset ``rows``."""
+        touched = {r.slice: self.epochs[r.slice] for r in rows}
+
+        async def body(conn: Any) -> None:
+            if envs and self.mode == "grouped":
+                await self.handler(conn, envs)
+            else:
+                for env in envs:
+                    await self.handler(conn, env)
+            await self.sql.save_offsets(conn, self.name, self.key, rows)
+
+        await self._retrying(
+            body if not tracing.ON else self._traced(body, envs), transactional=True, fence=touched,
+            committed=self._proven_by(rows), attempts=attempts, failures=failures,
+        )  # fmt: skip
+
+    def _traced(
+        self, body: Callable[[Any], Awaitable[None]], envs: Sequence[EventEnvelope]
+    ) -> Callable[[Any], Awaitable[None]]:
+        """``body`` in a ``projection.batch`` span linked to the writes of ``envs``, with one
+        ``projection.handle`` span per envelope that carries its write's trace context, a child
+        of that context: one trace from the command that wrote an event to its read model."""
+
+        async def traced(conn: Any) -> None:
+            origins = [(e, tracing.context_of(e)) for e in envs]
+            links = [tracing.link_to(ctx) for _, ctx in origins if ctx is not None]
+            attributes = {"projection": self.name, "slices": self.key, "events": len(envs)}
+            with tracing.span("projection.batch", links=links, attributes=attributes) as batch, ExitStack() as spans:
+                for e, ctx in origins:
+                    if ctx is not None:
+                        spans.enter_context(
+                            tracing.span(
+                                "projection.handle", parent=ctx, kind="CONSUMER", links=[tracing.link_to(batch)],
+                                attributes={"projection": self.name, "persistence_id": e.persistence_id,
+                                            "seq_nr": e.seq_nr},
+                            )
+                        )  # fmt: skip
+                await body(conn)
+
+        return traced
+
+    def _proven_by(self, rows: list[OffsetRow]) -> Callable[[Any], Awaitable[bool]]:
+        """Did a transaction that stores ``rows`` commit? (asked when its COMMIT got no answer)"""
+        proof = next((r for r in rows if r.persistence_id != HEARTBEAT_PID), None)
+
+        async def committed(conn: Any) -> bool:
+            return proof is not None and await self.sql.offset_row_exists(conn, self.name, proof)
+
+        return committed
+
+    @staticmethod
+    def _rows_of(envs: Sequence[EventEnvelope]) -> list[OffsetRow]:
+        latest: dict[str, EventEnvelope] = {}
+        for e in envs:
+            latest[e.persistence_id] = e
+        return [OffsetRow(e.slice, pid, e.seq_nr, e.db_timestamp) for pid, e in latest.items()]
+
+    async def _commit_isolating(self, accepted: Sequence[EventEnvelope], rows: list[OffsetRow]) -> int:
+        """``retry-and-skip`` / ``retry-and-dead-letter``: the batch as one transaction; when it
+        fails, halves committed on their own until the poisoned events are alone, each retried
+        and then set aside. Returns how many were set aside."""
+        whole = Failures()
+        try:
+            await self._commit_rows(accepted, rows, 1 if len(accepted) > 1 else self._tries, whole)
+            return 0
+        except HandlerFailed:
+            if len(accepted) == 1:
+                await self._park(accepted[0], whole, rows)
+                return 1
+        parked = await self._bisect(accepted)
+        beats = [r for r in rows if r.persistence_id == HEARTBEAT_PID]
+        if beats:
+            await self._commit_rows([], beats, self._tries)
+        return parked
+
+    async def _bisect(self, envs: Sequence[EventEnvelope]) -> int:
+        if len(envs) == 1:
+            failures = Failures()
+            try:
+                await self._commit_rows(envs, self._rows_of(envs), self._tries, failures)
+                return 0
+            except HandlerFailed:
+                await self._park(envs[0], failures, self._rows_of(envs))
+                return 1
+        parked = 0
+        mid = len(envs) // 2
+        for half in (envs[:mid], envs[mid:]):
+            try:
+                await self._commit_rows(half, self._rows_of(half), 1)
+            except HandlerFailed:
+                parked += await self._bisect(half)
+        return parked
+
+    async def _park(self, env: EventEnvelope, failures: Failures, rows: list[OffsetRow]) -> None:
+        """Set a poisoned event aside: its dead letter (``retry-and-dead-letter``) and the offset
+        ``rows`` that move past it, in one transaction."""
+        dead = self.recovery.kind == "retry-and-dead-letter"
+        first, last = failures.first, failures.last
+        assert first is not None and last is not None
+        letter = DeadLetter(
+            self.name, env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, failures.message,
+            failures.traceback, failures.attempts, first, last, self.key,
+        )  # fmt: skip
+
+        async def body(conn: Any) -> None:
+            if dead:
+                await self.dead_letters.park(conn, letter)
+            await self.sql.save_offsets(conn, self.name, self.key, rows)
+
+        touched = {r.slice: self.epochs[r.slice] for r in rows} or {env.slice: self.epochs[env.slice]}
+        await self._retrying(body, transactional=True, fence=touched, committed=self._proven_by(rows))
+        if dead:
+            self.stats.dead_lettered += 1
+        else:
+            self.stats.skipped += 1
+        log.warning(
+            "%s %s: %s %s #%d after %d attempts: %s", self.name, self.key,
+            "dead-lettered" if dead else "skipped", env.persistence_id, env.seq_nr, failures.attempts,
+            failures.message,
+        )  # fmt: skip
 
     async def _maybe_flush(self, *, force: bool) -> None:
         hb = getattr(self, "_pending_hb", {})
@@ -419,15 +549,19 @@ class RangeProcessor:
         transactional: bool,
         fence: dict[int, int] | None = None,
         committed: Callable[[Any], Awaitable[bool]] | None = None,
+        attempts: int | None = None,
+        failures: Failures | None = None,
     ) -> None:
-        """Run a batch until it commits. A handler's own error is retried ``handler_attempts``
-        times, then HandlerFailed; a database outage (no connection, or the transaction's
-        connection lost) is retried without limit and does not count (:mod:`projections.outage`).
+        """Run a batch until it commits. A handler's own error is tried ``attempts`` times (the
+        recovery strategy's by default; each one noted in ``failures``), then HandlerFailed; a
+        database outage (no connection, or the transaction's connection lost) is retried without
+        limit and does not count (:mod:`projections.outage`).
 
         ``committed`` tells, on a fresh connection, whether a transaction whose COMMIT was cut off
         by an outage did commit after all (then it is not run again: nothing applied twice).
         """
         s = self.s
+        tries = self._tries if attempts is None else attempts
         backoff = s.handler_backoff
         outage_backoff = s.handler_backoff
         attempt = 0
@@ -486,14 +620,16 @@ class RangeProcessor:
                     continue
                 self.stats.retries += 1
                 attempt += 1
-                if attempt >= s.handler_attempts:
+                if failures is not None:
+                    failures.failed(e)
+                if attempt >= tries:
                     raise HandlerFailed(
                         f"projection {self.name!r} slices {self.key}: batch failed {attempt} times, "
                         f"last error: {type(e).__name__}: {e}"
                     ) from e
                 log.warning(
                     "%s %s: batch failed (attempt %d/%d), rolled back, retrying in %.2fs: %s: %s",
-                    self.name, self.key, attempt, s.handler_attempts, backoff, type(e).__name__, e,
+                    self.name, self.key, attempt, tries, backoff, type(e).__name__, e,
                 )  # fmt: skip
                 await self._pause(backoff, e)
                 backoff = min(backoff * 2, s.handler_max_backoff)

@@ -21,6 +21,10 @@ class Stats:
     """Envelopes fetched by persistence id to fill a gap."""
     retries: int = 0
     """Batch attempts that failed (handler or commit error) and were rolled back."""
+    skipped: int = 0
+    """Events a failing handler gave up on under ``retry-and-skip`` (the offset moved past them)."""
+    dead_lettered: int = 0
+    """Events parked in the dead-letter table under ``retry-and-dead-letter``."""
     batches: int = 0
     last_event_timestamp: datetime | None = None
     last_commit: float = field(default_factory=time.monotonic)

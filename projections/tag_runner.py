@@ -22,10 +22,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from journal.envelope import EventEnvelope
+from journal.errors import ConfigurationError
 from journal.offsets import Offset, TimeUUIDOffset
 from journal.settings import JournalSettings
 
 from .read_ahead import ReadAhead
+from .recovery import HandlerRecovery
 from .runner import _END, RangeProcessor
 from .tag_offset_store import TagOffsetSql
 from .worker import Worker
@@ -173,11 +175,19 @@ class TagWorker(Worker):
         mode: str = "grouped",
         *,
         worker_id: str | None = None,
+        recovery: str | HandlerRecovery | None = None,
     ) -> None:
         from journal.ids import validate_tags
 
         (self.tag,) = validate_tags([tag])
-        super().__init__(journal, settings, name, f"tag:{tag}", handler, mode, worker_id=worker_id)  # type: ignore[arg-type]
+        super().__init__(
+            journal, settings, name, f"tag:{tag}", handler, mode, worker_id=worker_id,  # type: ignore[arg-type]
+            recovery=recovery,
+        )  # fmt: skip
+        if self.recovery.isolates:
+            raise ConfigurationError(
+                f"tag projections support the fail and retry-and-fail strategies, not {self.recovery.kind}"
+            )
         self.tag_sql = TagOffsetSql(settings.schema)
 
     def _start(self, lo: int, hi: int) -> None:
@@ -186,6 +196,7 @@ class TagWorker(Worker):
             tag=self.tag, tag_sql=self.tag_sql, epoch=self.epochs[0], journal=self.journal, pool=self._pool,
             sql=self.sql, settings=self.ps, name=self.name, owner=self.worker_id, handler=self.handler,
             mode=self.mode, stats=self.stats, outage=self.outage, application_name=self.application_name,
+            recovery=self.recovery,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:tag:{self.tag}")
         self.processors[(0, 0)] = (proc, task)

@@ -32,6 +32,7 @@ from . import metrics
 from .handlers import Mode, validate_mode
 from .outage import Outage, database_unavailable
 from .postgres_store import ProjectionSql
+from .recovery import HandlerRecovery
 from .runner import EventSource, RangeProcessor
 from .stats import Stats
 
@@ -77,6 +78,7 @@ class Worker:
         mode: str = "grouped",
         *,
         worker_id: str | None = None,
+        recovery: str | HandlerRecovery | None = None,
     ) -> None:
         self.journal = journal
         self.settings = settings
@@ -85,6 +87,8 @@ class Worker:
         self.entity_type = entity_type
         self.handler = handler
         self.mode: Mode = validate_mode(mode)
+        self.recovery = HandlerRecovery.parse(recovery, self.ps)
+        """What the processors do with an event the handler keeps failing on (:mod:`.recovery`)."""
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.sql = ProjectionSql(settings.schema)
         self.stats = Stats(name)
@@ -130,6 +134,7 @@ class Worker:
                             await self.sql.prune(
                                 conn, self.name, sorted(self.epochs),
                                 timedelta(seconds=self.ps.offset_delete_after),
+                                timedelta(seconds=self.ps.offset_delete_after_consumed),
                             )  # fmt: skip
                     self.outage.answered()
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
@@ -210,7 +215,7 @@ class Worker:
             entity_type=self.entity_type, lo=lo, hi=hi, owner=self.worker_id,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
             mode=self.mode, stats=self.stats, query_mode=self._query_mode(), outage=self.outage,
-            application_name=self.application_name,
+            application_name=self.application_name, recovery=self.recovery,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
         self.processors[(lo, hi)] = (proc, task)

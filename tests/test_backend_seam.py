@@ -17,6 +17,7 @@ from journal.backend import (
     EventReads,
     EventWrites,
     Found,
+    ManifestCount,
     Notifications,
     ReplicationStore,
     SliceQueryBackend,
@@ -110,6 +111,7 @@ async def test_each_backend_is_the_whole_seam(journal_target: str) -> None:
         await j.persist("Other|b", ["z"])
         info = await b.info()
         assert info["events"]["Seam"] == 2 and info["events"]["Other"] == 1
+        assert [m for m in await b.manifests() if m.kind == "event"] == [ManifestCount("event", 1, "", 3)]
         assert j._group_commit._max_in_flight == j.settings.write.max_in_flight  # on both backends
         if b.name == "postgres":
             assert isinstance(b.slice_queries(), SliceQueryBackend)

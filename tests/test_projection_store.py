@@ -33,7 +33,7 @@ async def test_save_load_and_prune_keeps_latest_row_per_slice(conn: asyncpg.Conn
     assert loaded[1][0] == T0 + timedelta(days=2) and [r[0] for r in loaded[1][1]] == ["b"]
     assert loaded[2][1] == [("c", 9, T0)] and 3 not in loaded
     assert await SQL.load_pid(conn, "p", 1, "a") == (1, T0)
-    deleted = await SQL.prune(conn, "p", [1, 2], timedelta(days=1))
+    deleted = await SQL.prune(conn, "p", [1, 2], timedelta(days=1), timedelta(0))
     assert deleted == 1  # "a" is 2 days behind slice 1's latest; slice 2's only row stays
     assert await SQL.load_pid(conn, "p", 1, "a") is None
     assert await SQL.load_pid(conn, "p", 2, "c") == (9, T0)
@@ -42,6 +42,23 @@ async def test_save_load_and_prune_keeps_latest_row_per_slice(conn: asyncpg.Conn
     await SQL.save_offsets(conn, "p", "k", [OffsetRow(2, "", 0, T0 + timedelta(hours=2))])
     n = await conn.fetchval("SELECT count(*) FROM projection_timestamp_offset_store WHERE persistence_id = ''")
     assert n == 1
+
+
+async def test_prune_drops_superseded_rows_and_spares_recently_consumed_ones(conn: asyncpg.Connection) -> None:
+    """Issue 26: a pid's older rows go (validation reads only its latest); nothing consumed within
+    ``delete_after_consumed`` goes; the latest row of a slice always stays."""
+    rows = [OffsetRow(7, "a", n, T0 + timedelta(seconds=n)) for n in range(1, 6)] + [OffsetRow(7, "b", 1, T0)]
+    for r in rows:  # one batch each, as a worker writes them
+        await SQL.save_offsets(conn, "p", "k", [r])
+    assert await SQL.prune(conn, "p", [7], timedelta(days=1), timedelta(hours=1)) == 0  # all just consumed
+    assert await SQL.prune(conn, "p", [7], timedelta(days=1), timedelta(0)) == 4  # a#1..a#4
+    left = await conn.fetch("SELECT persistence_id, seq_nr FROM projection_timestamp_offset_store ORDER BY 1")
+    assert [(r[0], r[1]) for r in left] == [("a", 5), ("b", 1)]
+    assert await SQL.load_pid(conn, "p", 7, "a") == (5, T0 + timedelta(seconds=5))
+    # a slice whose only row is far behind everything else keeps it
+    await SQL.save_offsets(conn, "p", "k", [OffsetRow(8, "c", 3, T0 - timedelta(days=30))])
+    assert await SQL.prune(conn, "p", [7, 8], timedelta(seconds=301), timedelta(0)) == 0
+    assert await SQL.load_pid(conn, "p", 8, "c") == (3, T0 - timedelta(days=30))
 
 
 async def test_leases_fence_and_takeover(conn: asyncpg.Connection) -> None:

@@ -34,11 +34,12 @@ JOURNAL_API = {
     "TagEventsMissing", "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "EntityError",
     "PersistNotAllowed", "EntityStopped", "RecoveryFailed", "ReplicationError", "LocationMismatch",
     "IncompatibleVersion", "LocalWritesRefused",
+    "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten",
 }  # fmt: skip
 
 PROJECTIONS_API = {
     "Worker", "TagWorker", "MODES", "Mode", "load_handler", "Stats", "ProjectionStatus", "RangeStatus",
-    "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy",
+    "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "HandlerRecovery", "DeadLetter",
 }  # fmt: skip
 
 

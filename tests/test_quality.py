@@ -46,6 +46,7 @@ SQL_HOMES = (
     "journal/cassandra/",
     "projections/postgres_store.py",
     "projections/tag_offset_store.py",
+    "projections/dead_letter_store.py",
     "projections/spark/sql.py",
     "projections/demo/statements.py",
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..backend import Backend, ReplicationStore, SliceQueryBackend, TagRowWriter, TagStore
+from ..codec import KeyStore
 from ..errors import UnsupportedOperation
 from ..settings import JournalSettings
 from .cleanup import CassandraCleanup
@@ -63,6 +64,12 @@ class CassandraBackend(CassandraWrites, CassandraSnapshots, CassandraInfo):
 
     def replication_store(self, location: str) -> ReplicationStore:
         raise UnsupportedOperation("replicated logs are not supported on the cassandra backend")
+
+    def key_store(self) -> KeyStore:
+        raise UnsupportedOperation(
+            "the cassandra backend has no key table: pass open_journal(..., key_store=...) to encrypt"
+            " (your own KeyStore: a KMS, or a key table elsewhere)"
+        )
 
 
 _check: type[Backend] = CassandraBackend

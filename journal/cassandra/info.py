@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backend import ManifestCount
 from .reads import CassandraReads
 
 
@@ -24,3 +25,13 @@ class CassandraInfo(CassandraReads):
             "keyspace": self.keyspace,
             "events": dict(sorted(events.items())),
         }
+
+    async def manifests(self) -> list[ManifestCount]:
+        """A scan of the messages and snapshots tables, counted here (a tool's call)."""
+        counts: dict[tuple[str, int, str], int] = {}
+        for kind, statement in (("event", "all_manifests"), ("snapshot", "all_snapshot_manifests")):
+            for r in await self.run(statement):
+                if r.ser_id is not None:  # a partition's static row carries no event
+                    key = (kind, int(r.ser_id), r.ser_manifest or "")
+                    counts[key] = counts.get(key, 0) + 1
+        return [ManifestCount(k, i, m, n) for (k, i, m), n in sorted(counts.items())]

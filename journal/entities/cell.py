@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import tracing
 from ..envelope import EventEnvelope
 from ..errors import (
     EntityStopped,
@@ -60,6 +61,8 @@ class _Command:
     collected: Collected | None = None
     reply: Any = None
     timed: bool = False
+    trace: Any = None
+    """The asker's trace context while tracing is on (:mod:`journal.tracing`), else None."""
 
 
 _FLUSH = object()
@@ -119,7 +122,7 @@ class EntityCell:
     def submit(self, command: Any, *, timed: bool = False) -> asyncio.Future[Any]:
         """Queue ``command``; with ``timed`` the reply is a :class:`TimedReply`."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Command(command, fut, timed=timed))
+        self._queue.append(_Command(command, fut, timed=timed, trace=tracing.capture() if tracing.ON else None))
         self.last_used = time.monotonic()
         self._wake.set()
         return fut
@@ -160,14 +163,10 @@ class EntityCell:
                 cmd = self._queue.popleft()
                 if cmd.future.done():  # the caller gave up before the command ran
                     continue
-                handled = await self._handle(cmd)
-                if handled is None:
-                    continue
-                if self.state_sync:
-                    await self._write([handled])
+                if cmd.trace is None:
+                    await self._step(cmd)
                 else:
-                    self._pending.append(handled)
-                    self._kick_writer()
+                    await self._traced_step(cmd)
             await self._drain_writer()
             self._fail(
                 list(self._stash),
@@ -218,6 +217,23 @@ class EntityCell:
         self._unstash()  # the new instance decides about them again
         self.entity = self._factory(self.entity_id)
         return await self._recover()
+
+    async def _step(self, cmd: _Command) -> None:
+        """One command: handled, then written (state_sync) or queued for the writer."""
+        handled = await self._handle(cmd)
+        if handled is None:
+            return
+        if self.state_sync:
+            await self._write([handled])
+        else:
+            self._pending.append(handled)
+            self._kick_writer()
+
+    async def _traced_step(self, cmd: _Command) -> None:
+        """:meth:`_step` in an ``entity.command`` span, a child of the asker's context: its write
+        (and so the read model's handling of its events) joins the asker's trace."""
+        with tracing.span("entity.command", parent=cmd.trace, attributes={"persistence_id": self.persistence_id}):
+            await self._step(cmd)
 
     # -- commands ---------------------------------------------------------------------------
 

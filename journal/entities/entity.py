@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from ..envelope import EventEnvelope
 from ..errors import EntityError, InvalidArgument, PersistNotAllowed
 from ..ids import persistence_id_of, validate_persistence_id
+from ..upcasting import EventSeq
 from ..vector_time import VectorTime
 from .reliable import CONFIRMS_KEY, Bookkeeping, FollowUp
 from .routing import destinations_of, route_marks, routed_from
@@ -367,7 +368,12 @@ def apply_event(entity: Entity[S], envelope: EventEnvelope, *, replay: bool) -> 
     entity._book.observe(envelope)
     entity._event = EventContext(envelope, replay)
     try:
-        entity.state = entity.on_event(entity.state, envelope.event)
+        event = envelope.event
+        if type(event) is not EventSeq:
+            entity.state = entity.on_event(entity.state, event)
+        else:  # an old row an upcaster split: each of its events, in order
+            for e in event:
+                entity.state = entity.on_event(entity.state, e)
     finally:
         entity._event = None
     route_marks(entity).note(envelope)

@@ -19,6 +19,7 @@ from .bulk_writes import BulkWrite
 from .cleanup import PostgresCleanup
 from .connections import PostgresConnections
 from .info import PostgresInfo
+from .key_store import PostgresKeyStore
 from .reads import PostgresReads
 from .slice_reader import PostgresSliceReader
 from .snapshots import PostgresSnapshots
@@ -71,6 +72,13 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
         from .replication_store import PostgresReplicationStore
 
         return PostgresReplicationStore(self, location)
+
+    def key_store(self) -> PostgresKeyStore:
+        """The ``encryption_key`` table (keys wrapped with ``codec.master_key`` when it is set)."""
+        from ..codec import MasterKey
+
+        master = self.settings.codec.master_key
+        return PostgresKeyStore(self.conns, MasterKey.from_base64(master) if master else None)
 
 
 _check: type[Backend] = PostgresBackend

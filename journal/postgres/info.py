@@ -6,6 +6,7 @@ from typing import Any
 
 import asyncpg
 
+from ..backend import ManifestCount
 from .connections import PostgresPart
 
 
@@ -21,3 +22,10 @@ class PostgresInfo(PostgresPart):
             except asyncpg.exceptions.UndefinedTableError:
                 rev = None
         return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
+
+    async def manifests(self) -> list[ManifestCount]:
+        rows = await self.conns.fetch("manifests", self.sql.manifest_counts)
+        merged: dict[tuple[str, int, str], int] = {}
+        for kind, ser_id, manifest, n in rows:  # snapshot and snapshot_older rows count together
+            merged[(kind, ser_id, manifest)] = merged.get((kind, ser_id, manifest), 0) + n
+        return [ManifestCount(k, i, m, n) for (k, i, m), n in merged.items()]

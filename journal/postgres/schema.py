@@ -242,6 +242,39 @@ projection_tag_offset_store = Table(
 offset. The query resumes after the greatest offset (``offset_time``, then the uuid bytes: the
 order of tag_views); ``seq_nr`` drops what a re-read delivers twice."""
 
+projection_dead_letter = Table(
+    "projection_dead_letter",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("seq_nr", BigInteger, nullable=False),
+    Column("projection_key", String(255), nullable=False),
+    Column("slice", Integer, nullable=False),
+    Column("db_timestamp", TIMESTAMP(timezone=True), nullable=False),
+    Column("error", Text, nullable=False),
+    Column("traceback", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("first_failure", TIMESTAMP(timezone=True), nullable=False),
+    Column("last_failure", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("projection_name", "persistence_id", "seq_nr", name="projection_dead_letter_pkey"),
+)
+"""Events a projection's handler kept failing on (``retry-and-dead-letter``): inserted in the
+transaction that moves the offset past the event, deleted in the transaction that applies it on
+``projections dead-letters retry`` (issue 26). The event itself stays in the journal."""
+
+encryption_key = Table(
+    "encryption_key",
+    metadata,
+    Column("subject", String(255), nullable=False),
+    Column("data_key", LargeBinary),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("forgotten_at", TIMESTAMP(timezone=True)),
+    PrimaryKeyConstraint("subject", name="encryption_key_pkey"),
+)
+"""Data keys of encrypted payloads, one per subject (issue 26). Forgetting a subject sets
+``data_key`` NULL and ``forgotten_at``: the row stays, so the key is never made again, and every
+payload encrypted with it is unreadable for good (crypto-shredding)."""
+
 # -- replication (issue 14) ---------------------------------------------------------------------
 
 replication_log = Table(

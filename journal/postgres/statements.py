@@ -201,5 +201,36 @@ class Statements:
         return f"DELETE FROM {self.older} WHERE persistence_id = $1"
 
     @property
+    def insert_keys(self) -> str:
+        return (
+            f'INSERT INTO "{self.schema}".encryption_key (subject, data_key, created_at) '
+            "SELECT s, k, now() FROM unnest($1::text[], $2::bytea[]) AS u(s, k) ON CONFLICT DO NOTHING"
+        )
+
+    @property
+    def load_keys(self) -> str:
+        return f'SELECT subject, data_key FROM "{self.schema}".encryption_key WHERE subject = ANY($1::text[])'
+
+    @property
+    def forget_key(self) -> str:
+        """A subject with no key yet gets its tombstone too: it is never made later."""
+        t = f'"{self.schema}".encryption_key'
+        return (
+            f"WITH old AS (SELECT data_key FROM {t} WHERE subject = $1) "
+            f"INSERT INTO {t} AS k (subject, data_key, created_at, forgotten_at) VALUES ($1, NULL, now(), now()) "
+            "ON CONFLICT (subject) DO UPDATE SET data_key = NULL, forgotten_at = coalesce(k.forgotten_at, now()) "
+            "RETURNING coalesce((SELECT data_key IS NOT NULL FROM old), false)"
+        )
+
+    @property
+    def manifest_counts(self) -> str:
+        return (
+            f"SELECT 'event', event_ser_id, event_ser_manifest, count(*) FROM {self.ej} WHERE NOT deleted "
+            f"GROUP BY 2, 3 UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.snap} "
+            f"GROUP BY 2, 3 UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.older} "
+            "GROUP BY 2, 3 ORDER BY 1, 3, 2"
+        )
+
+    @property
     def event_counts(self) -> str:
         return f"SELECT entity_type, count(*) FROM {self.ej} GROUP BY entity_type ORDER BY entity_type"

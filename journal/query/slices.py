@@ -13,9 +13,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from .. import tracing
 from ..backend import PageRequest, SliceQueryBackend, SliceRange, StoredEvent
 from ..conditions import Condition
-from ..envelope import EventEnvelope, page_envelopes
+from ..envelope import TRACE_MANIFEST, EventEnvelope, page_envelopes, with_trace
 from ..errors import JournalUnavailable, SerializationError
 from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
 from ..offsets import SequenceOffset as SeqOffset
@@ -40,15 +41,18 @@ def envelope_of(
     ``event=None``; an unreadable one a SerializationError naming ``pid#seq_nr``."""
     deserialize = serializers.deserialize
     try:
-        event = deserialize(r.ser_id, r.ser_manifest, r.payload) if r.payload is not None else None
+        pid = r.persistence_id
+        event = deserialize(r.ser_id, r.ser_manifest, r.payload, pid=pid) if r.payload is not None else None
         m = r.meta
-        meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None else None
+        traced = m is not None and m.manifest == TRACE_MANIFEST
+        meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None and not traced else None
     except SerializationError as e:
         raise SerializationError(f"{r.persistence_id}#{r.seq_nr}: {e}") from e
-    return EventEnvelope(
+    env = EventEnvelope(
         r.persistence_id, r.entity_type, r.slice, r.seq_nr, r.db_timestamp, event, offset,
         r.tags, meta, r.writer, r.payload is not None, source,
     )  # fmt: skip
+    return with_trace(env, m.payload) if traced else env  # type: ignore[union-attr]
 
 
 class SliceQueries:
@@ -121,7 +125,8 @@ class SliceQueries:
         slices = SliceRange(et, lo, hi)
 
         def read(req: PageRequest) -> asyncio.Task[list[Any]]:
-            t = asyncio.ensure_future(b.read_slice_rows(slices, req))
+            rows = b.read_slice_rows(slices, req)
+            t = asyncio.ensure_future(rows if not tracing.ON else _traced_page(rows, et, lo, hi))
             t.add_done_callback(_retrieve)
             return t
 
@@ -133,6 +138,8 @@ class SliceQueries:
             while pending is not None:
                 rows = await pending
                 pending = None
+                if self.serializers.keyed:
+                    await self.serializers.load_keys((r["persistence_id"], r["event_ser_id"]) for r in rows)
                 page = _Page(rows, state.offset, self.serializers)
                 if rows:
                     state.offset = page.offset_at(len(rows) - 1)
@@ -273,9 +280,14 @@ class SliceQueries:
                 first = bt.first_undelivered(pid, seq_nr)
                 if first is None:
                     continue
-                for e in await order.before(pid, first, seq_nr, r.db_timestamp):
+                earlier = await order.before(pid, first, seq_nr, r.db_timestamp)
+                if self.serializers.keyed:
+                    await self.serializers.load_keys((e.persistence_id, e.ser_id) for e in earlier)
+                for e in earlier:
                     yield self.envelope(e, bt.offset_for(e), source="backtracking")
                 full = await b.load_event(pid, seq_nr)
+                if full is not None and self.serializers.keyed:
+                    await self.serializers.load_keys([(full.persistence_id, full.ser_id)])
                 bt.mark(pid, seq_nr, r.db_timestamp)
                 if full is None:  # deleted meanwhile
                     continue
@@ -312,6 +324,8 @@ class SliceQueries:
                     continue
                 if down.active:
                     down.clear(f"live events of {pid}: database available again")
+                if self.serializers.keyed:
+                    await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
                 for r in rows:
                     yield self.envelope(r, SeqOffset(r.seq_nr))
                     nxt = r.seq_nr + 1
@@ -345,7 +359,9 @@ class _Page:
             return self._events[i]
         r = self.rows[i]
         try:
-            event = self.serializers.deserialize(r["event_ser_id"], r["event_ser_manifest"], r["event_payload"])
+            event = self.serializers.deserialize(
+                r["event_ser_id"], r["event_ser_manifest"], r["event_payload"], pid=r["persistence_id"]
+            )
         except SerializationError as e:
             raise SerializationError(f"{r['persistence_id']}#{r['seq_nr']}: {e}") from e
         self._events[i] = event
@@ -390,6 +406,13 @@ class _Page:
         if i + 1 < len(rows) and rows[i + 1]["db_timestamp"] == ts:
             self._memo = (i, o)
         return o
+
+
+async def _traced_page(rows: Awaitable[list[Any]], et: str, lo: int, hi: int) -> list[Any]:
+    with tracing.span("journal.slice_page", attributes={"entity_type": et, "slices": f"{lo}-{hi}"}) as s:
+        got = await rows
+        s.set_attribute("rows", len(got))
+        return got
 
 
 def _retrieve(t: asyncio.Task[list[Any]]) -> None:

@@ -15,6 +15,7 @@ from ..backend import ReplicationStore
 from ..errors import SequenceConflict
 from ..ids import persistence_id_of, validate_persistence_id
 from ..journal import Journal
+from ..upcasting import events_of
 from ..vector_time import VectorTime
 from .concurrent_versions import ConcurrentVersions, Version
 from .conflicts import ConflictFold, Versioned
@@ -76,10 +77,15 @@ class ReplicatedEntities:
         local events first, so the caller's own writes are included)."""
         await self.store.stamp(entity.entity_type)
         fold: ConflictFold[S] = ConflictFold(entity.initial_state, entity.on_event, entity.on_concurrent)
-        deserialize = self.journal.serializers.deserialize
+        serializers = self.journal.serializers
+        pid = entity.persistence_id
+        stored = await self.store.entity_events(pid)
+        if serializers.keyed:
+            await serializers.load_keys((pid, ser.ser_id) for ser, *_ in stored)
         fold.add(
-            Versioned(deserialize(ser.ser_id, ser.manifest, ser.payload, what=entity.persistence_id), vt, origin, seq)
-            for ser, origin, seq, vt in await self.store.entity_events(entity.persistence_id)
+            Versioned(event, vt, origin, seq)
+            for ser, origin, seq, vt in stored
+            for event in events_of(serializers.deserialize(ser.ser_id, ser.manifest, ser.payload, what=pid, pid=pid))
         )
         return ReplicatedState(fold.state, fold.vector_time, tuple(fold.folded))
 

@@ -11,6 +11,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .. import tracing
 from ..backend import ReplicationStore
 from ..replicated import ReplicationBatch, WriteOutcome
 from ..vector_time import VectorTime
@@ -119,6 +120,14 @@ class Replicator:
 
     async def step(self) -> WriteOutcome:
         """Read one batch after the stored progress and write it (with the progress) at once."""
+        if tracing.ON:
+            with tracing.span("replication.batch", attributes={"log": self.log_name}) as s:
+                out = await self._step()
+                s.set_attribute("written", out.written)
+                return out
+        return await self._step()
+
+    async def _step(self) -> WriteOutcome:
         if self.source_location is None:
             self.source_location = await self.source.location()
         after = await self.target.progress(self.log_name, self.source_location)

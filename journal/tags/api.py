@@ -55,9 +55,9 @@ class _TagPage:
     def event_at(self, i: int) -> Any:
         if i not in self._events:
             r = self.rows[i]
-            self._events[i] = self.serializers.deserialize(
-                r["ser_id"], r["ser_manifest"], r["event"], what=r["persistence_id"]
-            )
+            pid = r["persistence_id"]
+            ser = self.serializers
+            self._events[i] = ser.deserialize(r["ser_id"], r["ser_manifest"], r["event"], what=pid, pid=pid)
         return self._events[i]
 
     def offset_at(self, i: int) -> TimeUUIDOffset:
@@ -68,7 +68,7 @@ class _TagPage:
 
     def metadata(self, r: TagPageRow) -> Any:
         return self.serializers.deserialize(
-            r["meta_ser_id"], r["meta_ser_manifest"] or "", r["meta"] or b"", what="metadata"
+            r["meta_ser_id"], r["meta_ser_manifest"] or "", r["meta_payload"] or b"", what="metadata"
         )
 
 
@@ -76,6 +76,8 @@ async def envelopes(query: TagQuery, serializers: SerializerRegistry) -> AsyncIt
     """The query's rows as envelopes built lazily a run at a time (payload decoded, offset made
     on first access): the catch-up hot path."""
     async for rows in query.pages():
+        if serializers.keyed:
+            await serializers.load_keys((r["persistence_id"], r["ser_id"]) for r in rows)
         page = _TagPage(rows, serializers)
         for env in tag_page_envelopes(rows, page, page.metadata, entity_type_of, slice_for):
             yield env
