@@ -15,8 +15,8 @@ falls through to the check that names the fault (:mod:`journal.ids`) or serializ
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from itertools import chain
-from typing import Any
+from itertools import chain, repeat
+from typing import Any, cast
 
 from .errors import InvalidArgument, ReplicationError, SerializationError
 from .ids import (
@@ -77,7 +77,27 @@ class WriteValidator:
             raise InvalidArgument(f"persist_many part {repeated}: {pid!r} appears in an earlier part; one part per pid")
 
     def _chunk(self, parts: Sequence[object], offset: int) -> WriteBatch:
-        """Consecutive parts checked one by one, their events serialized in one loop."""
+        """Consecutive parts checked, their events serialized in one loop: a column at a time
+        when every part is the commonest call (:func:`_plain_calls`), else one by one."""
+        return self._plain_chunk(parts) or self._checked_chunk(parts, offset)
+
+    def _plain_chunk(self, parts: Sequence[object]) -> WriteBatch | None:
+        plain = _plain_calls(parts)
+        if plain is None:
+            return None
+        pids, expected, events = plain
+        try:
+            ser_ids, manifests, payloads = self.serializers.serialize_events(events, pids)
+        except SerializationError:
+            return None  # checked one by one, which names the part
+        n = len(pids)
+        return WriteBatch(
+            pids, _entity_types(pids), list(map(slice_for, pids)), expected, [1] * n, payloads, ser_ids, manifests,
+            ((),) * n, (None,) * n,
+        )  # fmt: skip
+
+    def _checked_chunk(self, parts: Sequence[object], offset: int) -> WriteBatch:
+        """Parts checked one by one (the rules of :func:`_call`), raising for the first bad one."""
         checked: list[Checked] = []
         events: list[Sequence[Any]] = []
         check = self.check
@@ -157,6 +177,59 @@ def replicated_batch(log_name: str, events: Sequence[ReplicatedEvent]) -> WriteB
         checked.append((pid, entity_type, sl, None, n, e.event.payload, e.event.ser_id, e.event.manifest, tags,
                         e.metadata))  # fmt: skip
     return WriteBatch(*zip(*checked, strict=True)) if checked else _EMPTY
+
+
+_LIST_OR_TUPLE = frozenset({list, tuple})
+_INT_OR_NONE = frozenset({int, type(None)})
+
+
+def _plain_calls(parts: Sequence[object]) -> tuple[Sequence[str], Sequence[int | None], list[Any]] | None:
+    """The pids, expected_seq_nrs and events of parts that are all the commonest call, a tuple
+    ``(pid, [event])`` or ``(pid, [event], expected_seq_nr)``, or a ``Write`` without tags or
+    metadata, whose every pid and expected_seq_nr passes the rules of :func:`_call` (checked a
+    column at a time: ``zip``, ``map``, ``set``, loops in C); None for anything else, which is
+    then checked part by part (and raises there, naming the part)."""
+    if not parts or not all(issubclass(t, tuple) for t in set(map(type, parts))):
+        return None
+    n, lengths = len(parts), set(map(len, cast("Sequence[tuple[Any, ...]]", parts)))
+    if lengths == {2}:
+        pids, events = zip(*parts, strict=True)  # type: ignore[call-overload]
+        expected: Sequence[Any] = (None,) * n
+    elif lengths == {3}:
+        pids, events, expected = zip(*parts, strict=True)  # type: ignore[call-overload]
+    elif lengths == {5}:
+        pids, events, expected, tags, metadata = zip(*parts, strict=True)  # type: ignore[call-overload]
+        if any(tags) or metadata.count(None) != n:
+            return None
+    else:
+        return None
+    if set(map(type, pids)) != {str} or "\x00" in "".join(pids):
+        return None
+    sizes = set(map(len, pids))
+    if min(sizes) == 0 or max(sizes) > MAX_PERSISTENCE_ID_LENGTH:
+        return None
+    if not set(map(type, events)) <= _LIST_OR_TUPLE or set(map(len, events)) != {1}:
+        return None
+    kinds = set(map(type, expected))
+    if not kinds <= _INT_OR_NONE:
+        return None
+    if int in kinds:
+        given = [e for e in expected if e is not None] if len(kinds) > 1 else expected
+        if min(given) < 0 or max(given) > MAX_SEQ_NR - 1:
+            return None
+    return pids, expected, [e for (e,) in events]
+
+
+def _entity_types(pids: Sequence[str]) -> list[str]:
+    """Each pid's entity type; in one pass of C when every pid has the first one's (the common
+    bulk call: one entity type)."""
+    first = pids[0]
+    cut = first.find(ENTITY_TYPE_SEPARATOR)
+    if cut >= 0:
+        prefix = first[: cut + 1]  # holds one separator, its last character
+        if sum(map(str.startswith, pids, repeat(prefix))) == len(pids):
+            return [first[:cut]] * len(pids)
+    return [p[: p.find(ENTITY_TYPE_SEPARATOR)] if ENTITY_TYPE_SEPARATOR in p else "" for p in pids]
 
 
 def _first_repeat(pids: Sequence[str], seen: set[str]) -> int:

@@ -149,3 +149,24 @@ def test_replicated_events_are_checked_by_the_same_rules() -> None:
         replicated_batch("Log", [event("Log|\x00", 1)])
     with pytest.raises(InvalidArgument, match="tag must be"):
         replicated_batch("Log", [event("Log|1", 1, ("x" * 300,))])
+
+
+def test_the_commonest_calls_are_checked_a_column_at_a_time() -> None:
+    """The plain shapes take the column checks (which the property test above holds to the
+    part-by-part rules); anything else is checked part by part."""
+    from journal.write_validation import _plain_calls
+
+    assert _plain_calls([Write(f"a|{i}", [{"n": i}], i) for i in range(3)]) is not None
+    assert _plain_calls([(f"a|{i}", (b"x",)) for i in range(3)]) is not None
+    assert _plain_calls([(f"a|{i}", [1], None if i % 2 else i) for i in range(4)]) is not None
+    for odd in (
+        [Write("a|1", [1], True)],
+        [Write("a|1", [1], 0, ("t",))],
+        [Write("a|1", [1], 0, (), {"m": 1})],
+        [Write("a|1", [1], 0), ("a|2", [1], 0)],  # mixed shapes
+        [Write("a|1", [1, 2], 0)],
+        [Write("a\x00|1", [1], 0)],
+        [Write("a|1", [1], -1)],
+        [("a|1", [1], 2**63 - 1)],
+    ):
+        assert _plain_calls(odd) is None, odd
