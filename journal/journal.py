@@ -178,7 +178,7 @@ class Journal:
             await self.serializers.load_write_keys(pids)  # the validator raises for any other part
         chunks = self._validator.chunks(parts, self._group_commit.bulk_chunk_calls(len(parts)))
         batches, results = await self._group_commit.submit_chunks(chunks)
-        return outcomes(WriteBatch.concat(batches), BatchResult.concat(results))
+        return [o for b, r in zip(batches, results, strict=True) for o in outcomes(b, r)]
 
     async def persist_in(
         self,
