@@ -176,11 +176,13 @@ class PidFootprint:
 
     persistence_id: str
     events: int
-    """Stored event rows (a Postgres tombstone row counts)."""
+    """Stored events (not the tombstone row a Postgres delete keeps to hold the highest number)."""
     highest_seq_nr: int
     snapshot_seq_nr: int | None
     tag_rows: int
     """Rows of the pid in the tag view (events by tag)."""
+    lowest_seq_nr: int | None = None
+    """The lowest stored event's sequence number (None: no events)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ its events), so an interrupted cleanup reaches the same end state when it is sim
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -31,7 +31,7 @@ class CleanupAction(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PidResult:
-    """One pid's cleanup: what it held before, and after (None in a dry run)."""
+    """One pid's cleanup: what it held before, and after (in a dry run: what a real run would leave)."""
 
     persistence_id: str
     action: CleanupAction
@@ -46,7 +46,11 @@ def read_pids(path: Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise InvalidArgument(f"cannot read persistence ids from {str(path)!r}: {e}") from e
+        raise InvalidArgument(f"cannot read persistence ids from {str(path)!r}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise InvalidArgument(
+            f"{str(path)!r} is not a text file of persistence ids (not UTF-8 at byte {e.start})"
+        ) from e
     return [s for line in text.splitlines() if (s := line.strip()) and not s.startswith("#")]
 
 
@@ -116,7 +120,8 @@ class Cleanup:
         if action is CleanupAction.DELETE_BEFORE_SNAPSHOT and before.snapshot_seq_nr is None:
             skipped = "no snapshot"
         if self.dry_run:
-            return PidResult(pid, action, before, None, skipped)
+            predicted = before if skipped else _predicted(action, before, reset_seq_nr)
+            return PidResult(pid, action, before, predicted, skipped)
         if action is CleanupAction.DELETE_ALL:
             await self.store.delete_tag_rows(pid, keep_numbering=not reset_seq_nr)
             await self.store.delete_all_events(pid, reset_seq_nr=reset_seq_nr)
@@ -126,3 +131,17 @@ class Cleanup:
         elif before.snapshot_seq_nr is not None:
             await self.backend.delete_events_to(pid, before.snapshot_seq_nr)
         return PidResult(pid, action, before, await self.store.footprint(pid), skipped)
+
+
+def _predicted(action: CleanupAction, before: PidFootprint, reset_seq_nr: bool) -> PidFootprint:
+    """What ``action`` would leave of ``before`` (a dry run's "after"): the counts a real run
+    reports, so "would delete N" and "deleted N" agree."""
+    if action is CleanupAction.DELETE_ALL:
+        return PidFootprint(before.persistence_id, 0, 0 if reset_seq_nr else before.highest_seq_nr, None, 0)
+    if action is CleanupAction.DELETE_SNAPSHOTS:
+        return replace(before, snapshot_seq_nr=None)
+    snap, low = before.snapshot_seq_nr, before.lowest_seq_nr
+    assert snap is not None  # a pid without a snapshot is skipped
+    gone = 0 if low is None else max(0, min(snap, before.highest_seq_nr) - low + 1)
+    left = max(0, before.events - gone)
+    return replace(before, events=left, lowest_seq_nr=snap + 1 if left else None)

@@ -91,14 +91,38 @@ def validate_persistence_id(persistence_id: object) -> str:
     return persistence_id
 
 
-def validate_entity_type(entity_type: object) -> str:
-    """Refuse non-string, NUL-carrying or over-long entity types."""
-    if not isinstance(entity_type, str):
-        raise InvalidArgument(f"entity type must be a str, got {type(entity_type).__name__}")
-    if "\x00" in entity_type or ENTITY_TYPE_SEPARATOR in entity_type:
-        raise InvalidArgument(f"entity type must not contain NUL or '|': {entity_type!r}")
-    if len(entity_type) > MAX_PERSISTENCE_ID_LENGTH:
-        raise InvalidArgument(f"entity type longer than {MAX_PERSISTENCE_ID_LENGTH} characters")
+MAX_NAME_LENGTH = 255
+"""Entity types, tags and projection names are stored in columns of 255 characters."""
+
+
+def validate_name(value: object, what: str, *, allow_empty: bool = False, max_length: int = MAX_NAME_LENGTH) -> str:
+    """A name a person typed (entity type, tag, projection): a str, not blank, no NUL, at most
+    ``max_length`` characters. ``allow_empty``: the empty string is a valid value (not blank)."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+    if not value:
+        if allow_empty:
+            return value
+        raise InvalidArgument(f"{what} must not be empty")
+    if not value.strip():
+        raise InvalidArgument(f"{what} must not be blank: {value!r}")
+    if "\x00" in value:
+        raise InvalidArgument(f"{what} must not contain NUL: {value!r}")
+    if len(value) > max_length:
+        raise InvalidArgument(f"{what} is {len(value)} characters, the limit is {max_length}: {value[:40]!r}...")
+    return value
+
+
+def validate_entity_type(entity_type: object, *, required: bool = False) -> str:
+    """Refuse non-string, blank, NUL- or ``|``-carrying or over-long entity types. The empty
+    entity type (pids without ``|``) is valid unless ``required`` (a projection, a replicated log)."""
+    validate_name(entity_type, "entity type", allow_empty=not required)
+    assert isinstance(entity_type, str)
+    if ENTITY_TYPE_SEPARATOR in entity_type:
+        raise InvalidArgument(
+            f"entity type must not contain {ENTITY_TYPE_SEPARATOR!r}: {entity_type!r} "
+            f"(a persistence id is entity_type{ENTITY_TYPE_SEPARATOR}entity_id; give only the part before it)"
+        )
     return entity_type
 
 
@@ -117,7 +141,7 @@ def validate_seq_nr(name: str, value: object, *, minimum: int = 0, maximum: int 
     return value
 
 
-MAX_TAG_LENGTH = 255
+MAX_TAG_LENGTH = MAX_NAME_LENGTH
 
 
 def validate_tags(tags: object) -> tuple[str, ...]:
@@ -134,10 +158,8 @@ def validate_tags(tags: object) -> tuple[str, ...]:
         raise InvalidArgument(f"tags must be an iterable of str, got {type(tags).__name__}") from None
     out: list[str] = []
     for t in items:
-        if not isinstance(t, str):
-            raise InvalidArgument(f"every tag must be a str, got {type(t).__name__}: {t!r}")
-        if not t or "\x00" in t or len(t) > MAX_TAG_LENGTH:
-            raise InvalidArgument(f"tag must be 1..{MAX_TAG_LENGTH} characters without NUL: {t!r}")
+        validate_name(t, "tag")
+        assert isinstance(t, str)
         if t not in out:
             out.append(t)
     return tuple(out)

@@ -75,7 +75,7 @@ class Journal:
                     cache_size=c.key_cache_size,
                 )
             )  # fmt: skip
-        self._validator = WriteValidator(self.serializers)
+        self._validator = WriteValidator(self.serializers, settings.write.max_event_bytes)
         w = settings.write
         self._group_commit = GroupCommit(
             traced_batches(instrumented(backend.write_batch)),
@@ -546,8 +546,16 @@ def traced_batches(write: WriteFn) -> WriteFn:
 
 
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:
-    """Explicit DSN, else the settings' (``JOURNAL_DSN``), else None (embedded)."""
-    return dsn or settings.connection.dsn or os.environ.get("JOURNAL_DSN") or None
+    """Explicit DSN, else the settings' (``JOURNAL_DSN``), else None (embedded). An explicit DSN
+    that is empty or blank (``--dsn "$UNSET_VARIABLE"``) is refused, never taken for "embedded"."""
+    if dsn is not None:
+        if not isinstance(dsn, str) or not dsn.strip():
+            raise ConfigurationError(
+                f"the DSN given is empty ({dsn!r}): give postgresql://... or cassandra://..., "
+                "or give none at all for the embedded PostgreSQL"
+            )
+        return dsn
+    return settings.connection.dsn or os.environ.get("JOURNAL_DSN") or None
 
 
 @asynccontextmanager

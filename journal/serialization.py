@@ -5,6 +5,13 @@ that wrote a row to read it back. Built in: bytes pass through (id 0), JSON (id 
 lists, scalars, dataclasses and pydantic-style models (anything with ``model_dump``). Register a
 serializer for your own types with :meth:`SerializerRegistry.register`.
 
+Plain values (dicts, lists, tuples, floats and what they hold) are stored only when reading them
+back gives an equal value: a set, a tuple, a datetime, a UUID, a Decimal, NaN or infinity, a
+non-string dict key or a model inside a dict would come back as something else (a list, a str,
+None), so :class:`SerializationError` refuses them at ``persist``, before anything is written
+(see docs/journal.md, "What JSON carries"). The stored JSON stays plain JSON, which a JVM service
+reading the same tables understands.
+
 Old rows are upgraded here, on every read path: the registry's :class:`~journal.upcasting.Upcasters`
 run on the data of a row whose stored manifest (``name#version``) has one (docs/schema-evolution.md).
 With a :class:`~journal.codec.PayloadCodec`, event payloads and snapshot states are sealed
@@ -66,12 +73,57 @@ class BytesSerializer:
 def _to_jsonable(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
-    if isinstance(value, tuple | set | frozenset):
-        return list(value)
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         return dump(mode="json")
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+_CHECKED = frozenset({dict, list, tuple, float})
+"""Plain types whose JSON may read back as something else (what they hold, a tuple, NaN): a
+value of these is stored only when reading its JSON back gives an equal value. A str, int or
+bool either reads back equal or does not serialize at all."""
+
+
+def faithful(value: Any, payload: bytes, what: str = "it") -> bytes:
+    """``payload`` when reading it back gives ``value``; else SerializationError naming the part
+    that would change."""
+    if type(value) in _CHECKED and _loads(payload) != value:
+        raise SerializationError(f"cannot store {what} as JSON unchanged: {_changed(value)}")
+    return payload
+
+
+def _changed(value: Any, where: str = "") -> str:
+    """The first part of ``value`` that JSON would not give back, and what it would become."""
+    at = where or "the value"
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return f"{at} is {value!r}, which JSON stores as null (read back as None)"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{at} has the key {k!r} ({type(k).__name__}), which JSON stores as a string"
+            found = _changed(v, f"{where}[{k!r}]")
+            if found:
+                return found
+        return ""
+    if isinstance(value, list | tuple):
+        if type(value) is tuple:
+            return f"{at} is a tuple, which reads back as a list (use a list)"
+        for i, v in enumerate(value):
+            found = _changed(v, f"{where}[{i}]")
+            if found:
+                return found
+        return ""
+    if type(value) in (str, int, bool, float) or value is None:
+        return ""
+    try:
+        back = f"reads back as a {type(_loads(orjson.dumps(value, default=_to_jsonable))).__name__}"
+    except (TypeError, orjson.JSONEncodeError):
+        back = "JSON cannot hold"
+    return (
+        f"{at} is a {type(value).__name__}, which {back}: convert it first (e.g. str(a_uuid), "
+        "a_datetime.isoformat(), sorted(a_set)) or make the event a registered type"
+    )
 
 
 class JsonSerializer:
@@ -113,7 +165,7 @@ class JsonSerializer:
         return self._manifests.get(t) or _type_name(t)
 
     def to_bytes(self, value: Any) -> bytes:
-        return orjson.dumps(value, default=_to_jsonable, option=_OPTS)
+        return faithful(value, orjson.dumps(value, default=_to_jsonable))
 
     def from_bytes(self, payload: bytes, manifest: str) -> Any:
         return self.build(orjson.loads(payload), manifest)
@@ -130,34 +182,30 @@ class JsonSerializer:
 
 
 _PLAIN = frozenset({dict, list, str, int, float, bool})
-_OPTS = orjson.OPT_NON_STR_KEYS
 MAX_MANIFEST_LENGTH = 255
 """The stored manifest columns' width."""
 
 
 def dump_plain_json(value: Any) -> bytes:
-    """What the JSON serializer stores for a value of :attr:`SerializerRegistry.plain_json_types`
-    (raises what orjson raises: a caller falls back to :meth:`SerializerRegistry.serialize`).
+    """What the JSON serializer stores for a value of :attr:`SerializerRegistry.plain_json_types`;
+    raises TypeError (orjson's) or SerializationError (:func:`faithful`) for one it would not
+    store unchanged: a caller falls back to :meth:`SerializerRegistry.serialize`, which says why.
 
-    orjson is called bare first: its options and ``default`` change nothing for a value it
-    serializes without them (they only rescue one it would refuse), and parsing them costs a
-    fifth of the call for a small event.
-    """
-    try:
-        return _dumps(value)
-    except TypeError:
-        return orjson.dumps(value, default=_to_jsonable, option=_OPTS)
+    orjson is called bare: options and ``default`` cost a fifth of the call for a small event,
+    and every value they would rescue is one that reads back changed."""
+    return faithful(value, _dumps(value))
 
 
 def dump_plain_jsons(values: list[Any]) -> list[bytes]:
-    """:func:`dump_plain_json` of each value, in one loop in C when none needs the fallback."""
-    try:
-        return list(map(_dumps, values))
-    except TypeError:
-        return list(map(dump_plain_json, values))
+    """:func:`dump_plain_json` of each value, serialized and read back in loops in C."""
+    payloads = list(map(_dumps, values))
+    if list(map(_loads, payloads)) != values:
+        raise SerializationError("a value would not read back unchanged")  # the caller's full path names it
+    return payloads
 
 
 _dumps = orjson.dumps
+_loads = orjson.loads
 _ONE_JSON, _ONE_BYTES, _ONE_MANIFEST = (JSON_SERIALIZER_ID,), (BYTES_SERIALIZER_ID,), ("",)
 """The serializer id and manifest columns of one plain event."""
 
@@ -191,7 +239,9 @@ class SerializerRegistry:
             raise ConfigurationError(f"serializer id {ident} is the payload codec's (sealed payloads)")
         existing = self._by_id.get(ident)
         if existing is not None and existing is not serializer:
-            raise ConfigurationError(f"serializer id {ident} is already taken by {type(existing).__name__}")
+            raise ConfigurationError(
+                f"serializer id {ident} is already taken by {type(existing).__name__}"
+            )
         self._by_id[ident] = serializer
         for t in types if isinstance(types, tuple) else (types,):
             self._by_type[t] = serializer
@@ -262,11 +312,12 @@ class SerializerRegistry:
         s = self._for_value(value)
         try:
             out = Serialized(s.identifier, s.manifest(value), s.to_bytes(value))
-        except SerializationError:
-            raise
+        except SerializationError as e:
+            raise SerializationError(f"{what}: {e}") from e
         except Exception as e:  # user serializers may raise anything
+            detail = (_changed(value) if s is self.json else "") or str(e)
             raise SerializationError(
-                f"cannot serialize {what} of type {type(value).__name__} with {type(s).__name__}: {e}"
+                f"cannot serialize {what} of type {type(value).__name__} with {type(s).__name__}: {detail}"
             ) from e
         if pid is not None and self.codec is not None:
             out = Serialized(*self.codec.seal(pid, *out))

@@ -47,7 +47,8 @@ class ConnectionSettings:
     """Idle connections are kept for reuse anyway; 0 avoids background reconnect loops during outages."""
     pool_max_size: int = 10
     connect_timeout: float = 10.0
-    """Seconds to wait for a connection."""
+    """Seconds to wait for a server to answer a connection attempt (a silent server, a firewall
+    that drops packets) before that attempt counts as failed."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ class WriteSettings:
     """Send NOTIFY in the write transaction so live queries wake at once."""
     writer_id: str | None = None
     """Value of the ``writer`` column (default: a fresh UUID per journal instance)."""
+    max_event_bytes: int = 8 * 1024 * 1024
+    """An event (or a call's metadata) larger than this once serialized is refused with
+    InvalidArgument before any I/O, on every backend. PostgreSQL would store up to 1 GB, at a cost
+    of several times that in memory on both sides; Cassandra refuses a request above about 12 MiB
+    with its default heap (see ``cassandra.max_write_bytes``). Keep large payloads elsewhere and
+    put a reference in the event."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,9 @@ class RetrySettings:
     """Tries for an operation that fails because the database is unreachable."""
     initial_backoff: float = 0.05
     max_backoff: float = 2.0
+    budget: float = 20.0
+    """Seconds an operation may spend in all its tries: no retry starts after this, so a server
+    that never answers costs at most about ``budget + connect_timeout``, not ``attempts`` timeouts."""
 
 
 QueryMode = Literal["horizon", "backtracking"]
@@ -339,9 +349,9 @@ class JournalSettings:
         _non_negative(self.connection, "pool_min_size")
         if self.connection.pool_min_size > self.connection.pool_max_size:
             raise ConfigurationError("pool_min_size must not exceed pool_max_size")
-        _positive(self.write, "max_batch_events", "max_in_flight", "bulk_in_flight")
+        _positive(self.write, "max_batch_events", "max_in_flight", "bulk_in_flight", "max_event_bytes")
         _non_negative(self.write, "max_batch_wait")
-        _positive(self.retry, "attempts", "initial_backoff", "max_backoff")
+        _positive(self.retry, "attempts", "initial_backoff", "max_backoff", "budget")
         _positive(self.query, "buffer_size", "catch_up_buffer_size", "refresh_interval", "heartbeat_interval")
         _non_negative(
             self.query, "behind_current_time", "backtracking_window", "backtracking_behind_current_time"

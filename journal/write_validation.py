@@ -30,6 +30,7 @@ from .ids import (
 )
 from .replicated import ReplicatedEvent
 from .serialization import Serialized, SerializerRegistry
+from .settings import WriteSettings
 from .write_batch import WriteBatch
 
 MAX_EVENTS_PER_CALL = 10_000
@@ -40,15 +41,21 @@ Checked = tuple[str, str, int, "int | None", int, tuple[str, ...], "Serialized |
 
 
 class WriteValidator:
-    """Checks and serializes calls with one serializer registry (see the module docstring)."""
+    """Checks and serializes calls with one serializer registry (see the module docstring);
+    ``max_event_bytes``: the largest event (or a call's metadata) once serialized
+    (``write.max_event_bytes``)."""
 
-    def __init__(self, serializers: SerializerRegistry) -> None:
+    def __init__(self, serializers: SerializerRegistry, max_event_bytes: int = WriteSettings.max_event_bytes) -> None:
         self.serializers = serializers
+        self.max_event_bytes = max_event_bytes
 
     def call(self, pid: Any, events: Any, expected: Any = None, tags: Any = (), metadata: Any = None) -> WriteBatch:
         """One ``persist`` call as a batch of one."""
         pid, et, sl, expected, n, tags, meta = self.check(pid, events, expected, tags, metadata)
         ser_ids, manifests, payloads = self.serializers.serialize_events(events, pid)
+        limit = self.max_event_bytes
+        if (len(payloads[0]) if n == 1 else max(map(len, payloads))) > limit or (meta and len(meta.payload) > limit):
+            raise self._too_large(pid, payloads, meta)  # type: ignore[misc]  # one is too large
         return WriteBatch((pid,), (et,), (sl,), (expected,), (n,), payloads, ser_ids, manifests, (tags,), (meta,))
 
     def batch(self, parts: Sequence[object]) -> WriteBatch:
@@ -90,6 +97,8 @@ class WriteValidator:
             ser_ids, manifests, payloads = self.serializers.serialize_events(events, pids)
         except SerializationError:
             return None  # checked one by one, which names the part
+        if max(map(len, payloads)) > self.max_event_bytes:
+            return None
         n = len(pids)
         return WriteBatch(
             pids, _entity_types(pids), list(map(slice_for, pids)), expected, [1] * n, payloads, ser_ids, manifests,
@@ -109,7 +118,9 @@ class WriteValidator:
                     )
                 checked.append(check(*w))
             except (InvalidArgument, SerializationError) as e:
-                self._serialize_each([c[0] for c in checked], events, offset)  # an earlier part's event fails first
+                self._first_fault(
+                    [c[0] for c in checked], events, [c[6] for c in checked], offset
+                )  # an earlier one first
                 raise type(e)(f"persist_many part {i}: {e}") from e
             events.append(w[1])
         pids, types, slices, expected, counts, tags, metas = zip(*checked, strict=True)
@@ -124,9 +135,24 @@ class WriteValidator:
         try:
             ser_ids, manifests, payloads = self.serializers.serialize_events(flat, owners)
         except SerializationError:
-            self._serialize_each(pids, events, offset)
+            self._first_fault(pids, events, metas, offset)
             raise
+        limit = self.max_event_bytes
+        if max(map(len, payloads)) > limit or any(m is not None and len(m.payload) > limit for m in metas):
+            self._first_fault(pids, events, metas, offset)
         return WriteBatch(pids, types, slices, expected, counts, payloads, ser_ids, manifests, tags, metas)
+
+    def _too_large(self, pid: str, payloads: Sequence[bytes], meta: Serialized | None) -> InvalidArgument | None:
+        """The error of a call with an event (or metadata) above ``max_event_bytes``, or None."""
+        sizes = [*map(len, payloads), *((len(meta.payload),) if meta is not None else ())]
+        big = next(((i, n) for i, n in enumerate(sizes) if n > self.max_event_bytes), None)
+        if big is None:
+            return None
+        what = f"event {big[0]}" if big[0] < len(payloads) else "the metadata"
+        return InvalidArgument(
+            f"{what} of {pid!r} is {big[1]:,} bytes serialized, above write.max_event_bytes "
+            f"({self.max_event_bytes:,}): keep large payloads elsewhere and put a reference in the event"
+        )
 
     def check(self, pid: Any, events: Any, expected: Any = None, tags: Any = (), metadata: Any = None) -> Checked:
         """One call checked, its metadata serialized (raises InvalidArgument or SerializationError)."""
@@ -136,13 +162,19 @@ class WriteValidator:
         meta = None if metadata is None else self.serializers.serialize(metadata, what="metadata")
         return pid, entity_type, sl, expected, n, clean_tags, meta
 
-    def _serialize_each(self, pids: Sequence[str], events: Sequence[Sequence[Any]], offset: int) -> None:
-        """Serialize part by part: raises for the first part whose events do not serialize."""
-        for i, (pid, evs) in enumerate(zip(pids, events, strict=False), offset):
+    def _first_fault(
+        self, pids: Sequence[str], events: Sequence[Sequence[Any]], metas: Sequence[Serialized | None], offset: int
+    ) -> None:
+        """Part by part, in order: raises for the first part whose events do not serialize or
+        are too large (the slow path of an error)."""
+        for i, (pid, evs, meta) in enumerate(zip(pids, events, metas, strict=False), offset):
             try:
-                self.serializers.serialize_events(evs, pid)
+                _, _, payloads = self.serializers.serialize_events(evs, pid)
             except SerializationError as e:
                 raise SerializationError(f"persist_many part {i}: {e}") from e
+            too_large = self._too_large(pid, payloads, meta)
+            if too_large is not None:
+                raise InvalidArgument(f"persist_many part {i}: {too_large}")
 
 
 def _call(pid: Any, n: int, expected: Any, tags: Any) -> tuple[str, str, int, int, tuple[str, ...]]:

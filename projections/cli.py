@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 import typer
 
-from journal.cli.common import DataDirOption, DsnOption, SchemaOption
+from journal.cli.common import DataDirOption, DsnOption, SchemaOption, VersionOption
+from journal.cli.failures import DebugOption, HandledGroup, configure_logging, run_app, set_debug
 
 from .spark import cli as spark_cli
 
@@ -23,6 +24,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=HandledGroup,
 )
 
 SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range LO-HI (default: all).")]
@@ -31,8 +33,9 @@ log = logging.getLogger("projections")
 
 
 @app.callback()
-def _root() -> None:
+def _root(version: bool = VersionOption, debug: bool = DebugOption) -> None:
     """Projection workers: run, status, pause, resume, reset, clear."""
+    set_debug(debug)
 
 
 def _settings(schema: str | None, data_dir: Path | None) -> Any:
@@ -84,26 +87,44 @@ def run(
 ) -> None:
     """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
     from journal import runtime
-    from journal.errors import JournalError
+    from journal.errors import InvalidArgument
+    from journal.ids import validate_entity_type, validate_name, validate_tags
     from journal.journal import open_journal
 
-    from .handlers import load_handler, validate_mode
+    from .entity_types import has_events, known_entity_types, listing
+    from .handlers import load_handler
     from .recovery import HandlerRecovery
     from .tag_runner import TagWorker
     from .worker import Worker
 
+    # everything a person typed is checked before anything connects or starts
     if (entity_type is None) == (tag is None):
-        typer.secho("error: give exactly one of --entity-type and --tag", err=True, fg=typer.colors.RED)
-        raise typer.Exit(2)
+        raise InvalidArgument("give exactly one of --entity-type and --tag")
+    validate_name(name, "projection name")
+    if entity_type is not None:
+        validate_entity_type(entity_type, required=True)
+    else:
+        validate_tags([tag])
     settings = _settings(schema, data_dir)
-    fn = load_handler(handler)
-    validate_mode(mode)
+    fn = load_handler(handler, mode)
     recovery = HandlerRecovery.parse(on_failure, settings.projection)
     show = sys.stdout.isatty() if progress is None else progress
-    logging.getLogger().setLevel(logging.INFO)
+    for logger in ("projections", "journal"):  # INFO for our own loggers, not for the libraries below
+        logging.getLogger(logger).setLevel(logging.INFO)
+    port = None
+    if metrics_port is not None:  # bound first: a port in use fails before anything connects
+        from . import metrics
+
+        port = metrics.serve(metrics_port, metrics_addr)
+        log.info("metrics on http://%s:%d/metrics", metrics_addr, port)
 
     async def go() -> int:
         async with open_journal(dsn, settings=settings) as j:
+            if entity_type is not None and not await has_events(j, entity_type):
+                log.warning(
+                    "entity type %r has no events yet (waiting for some); the journal has %s",
+                    entity_type, listing(await known_entity_types(j)),
+                )  # fmt: skip
             ws: list[Worker] = [
                 TagWorker(j, j.settings, name, tag, fn, mode, recovery=recovery)
                 if tag is not None
@@ -127,11 +148,9 @@ def run(
             tasks = [asyncio.create_task(w.run()) for w in ws]
             reporter = asyncio.create_task(_report(ws, show))
             sampler = None
-            if metrics_port is not None:
+            if port is not None:
                 from . import metrics
 
-                port = metrics.serve(metrics_port, metrics_addr)
-                log.info("metrics on http://%s:%d/metrics", metrics_addr, port)
                 sampler = metrics.LagSampler(
                     ws, j.settings.connection.dsn or "", j.settings.schema, interval=metrics_interval
                 )
@@ -146,16 +165,12 @@ def run(
                 log.error("worker stopped: %s", r)
             return 1 if failed else 0
 
-    try:
-        code = runtime.run(go())  # on uvloop when installed: ~6% less CPU per projected event
-    except JournalError as e:
-        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
-        raise typer.Exit(2) from e
-    raise typer.Exit(code)
+    raise typer.Exit(runtime.run(go()))  # on uvloop when installed: ~6% less CPU per projected event
 
 
 async def _report(ws: list[Any], show: bool) -> None:
-    """Events/s and lag: a rich live line on a terminal, a log line every 10 s otherwise."""
+    """Events/s and lag: a rich live line on a terminal; otherwise a log line every 10 s in which
+    events were processed (an idle worker stays quiet)."""
     last_n, last_t = 0, time.monotonic()
 
     def line() -> str:
@@ -178,14 +193,16 @@ async def _report(ws: list[Any], show: bool) -> None:
     else:
         while True:
             await asyncio.sleep(10.0)
-            log.info("%s", line())
+            if sum(w.stats.events for w in ws) != last_n:
+                log.info("%s", line())
 
 
-def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: Any) -> Any:
-    import asyncpg
-
+def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: Any, what: str) -> Any:
+    """``fn(conn, sql)`` on a connection of its own; failures come out as the library's errors."""
     from journal.cli.common import target_dsn
-    from journal.postgres.dsn import asyncpg_dsn
+    from journal.postgres.connections import connect
+    from journal.postgres.dsn import target_of
+    from journal.postgres.errors import mapped_errors
 
     from .postgres_store import ProjectionSql
 
@@ -193,9 +210,10 @@ def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: A
     target, _ = target_dsn(dsn, settings)
 
     async def go() -> Any:
-        conn = await asyncpg.connect(asyncpg_dsn(target))
+        conn = await connect(target, settings)
         try:
-            return await fn(conn, ProjectionSql(settings.schema))
+            with mapped_errors(what, target_of(target)):
+                return await fn(conn, ProjectionSql(settings.schema))
         finally:
             await conn.close()
 
@@ -222,7 +240,7 @@ def status(
         dead = DeadLetterSql(sql.schema)
         return [await management.status(conn, sql, n, dead) for n in names]
 
-    results = _with_conn(dsn, schema, data_dir, go)
+    results = _with_conn(dsn, schema, data_dir, go, "projections status")
     if as_json:
         typer.echo(management.status_json(results))
         return
@@ -259,7 +277,7 @@ def pause(
     from . import management
 
     lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, True))
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, True), "pause")
     typer.echo(f"paused {name} slices {lo}-{hi}")
 
 
@@ -272,7 +290,7 @@ def resume(
     from . import management
 
     lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, False))
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, False), "resume")
     typer.echo(f"resumed {name} slices {lo}-{hi}")
 
 
@@ -287,7 +305,7 @@ def reset(
     from . import management
 
     lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.reset(c, s, name, lo, hi, to))
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.reset(c, s, name, lo, hi, to), "reset")
     typer.echo(f"reset {name} slices {lo}-{hi} to {to.isoformat()}")
 
 
@@ -300,7 +318,7 @@ def clear(
     from . import management
 
     lo, hi = _range(slices)
-    n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi))
+    n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi), "clear")
     typer.echo(f"cleared {n} offset rows of {name} slices {lo}-{hi}")
 
 
@@ -321,7 +339,7 @@ def dead_letters_list(
     from .dead_letter_store import DeadLetterSql
     from .dead_letters import letters_json
 
-    letters = _with_conn(dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).letters(c, name))
+    letters = _with_conn(dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).letters(c, name), "dead-letters")
     if as_json:
         typer.echo(letters_json(letters))
         return
@@ -349,7 +367,7 @@ def dead_letters_retry(
     from .dead_letters import retry
     from .handlers import load_handler, validate_mode
 
-    fn = load_handler(handler)
+    fn = load_handler(handler, mode)
     kind = validate_mode(mode)
     settings = _settings(schema, data_dir)
     target, _ = target_dsn(dsn, settings)
@@ -358,7 +376,7 @@ def dead_letters_retry(
         async with open_journal(target, settings=settings) as j:
             return await retry(j, conn, DeadLetterSql(sql.schema), name, fn, kind, persistence_id=pid, seq_nr=seq_nr)
 
-    result = _with_conn(target, schema, data_dir, go)
+    result = _with_conn(target, schema, data_dir, go, "dead-letters retry")
     for letter, error in result.failed:
         typer.echo(f"failed again: {letter.persistence_id} #{letter.seq_nr}: {error}", err=True)
     for letter in result.missing:
@@ -383,7 +401,9 @@ def dead_letters_discard(
 
     if (pid is None) == (not everything) or (seq_nr is not None and pid is None):
         raise InvalidArgument("give --pid (and optionally --seq-nr), or --all")
-    n = _with_conn(dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).discard(c, name, pid, seq_nr))
+    n = _with_conn(
+        dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).discard(c, name, pid, seq_nr), "discard"
+    )
     typer.echo(f"discarded {n} dead letters of {name}")
 
 
@@ -391,11 +411,6 @@ spark_cli.register(app)
 
 
 def main() -> None:
-    from journal.errors import JournalError
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        app()
-    except JournalError as e:
-        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
-        sys.exit(2)
+    """Console script entry point (also ``python -m projections``): one line per failure."""
+    configure_logging("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_app(app, "projections")

@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, get_args
 
@@ -29,8 +31,48 @@ def validate_mode(mode: str) -> Mode:
     return mode  # type: ignore[return-value]
 
 
-def load_handler(spec: str) -> Callable[..., Awaitable[None]]:
-    """Import ``package.module:callable`` (clear error when it is not there or not callable)."""
+_ARGS: dict[str, tuple[str, ...]] = {
+    "exactly-once": ("conn", "envelope"),
+    "grouped": ("conn", "envelopes"),
+    "at-least-once": ("envelope",),
+}
+"""What each mode passes to the handler, by name (for the messages)."""
+
+
+def check_handler(handler: Any, mode: str, name: str | None = None) -> Callable[..., Awaitable[None]]:
+    """Refuse, before anything runs, a handler the runner could not call: not callable, a plain
+    (``def``) function where the runner awaits the result, or one whose parameters do not take
+    what ``mode`` passes. A callable object is checked through its ``__call__``."""
+    m = validate_mode(mode)
+    what = f"handler {name or getattr(handler, '__qualname__', type(handler).__name__)!r}"
+    if not callable(handler):
+        raise ConfigurationError(f"{what} is not callable (a {type(handler).__name__})")
+    plain = handler.func if isinstance(handler, functools.partial) else handler
+    call = plain if inspect.isfunction(plain) or inspect.ismethod(plain) else getattr(plain, "__call__", None)  # noqa: B004
+    if (inspect.isfunction(call) or inspect.ismethod(call)) and not (
+        inspect.iscoroutinefunction(call) or inspect.iscoroutinefunction(handler)
+    ):
+        raise ConfigurationError(
+            f"{what} is a plain function: the runner awaits it, so it must be `async def` "
+            f"({m} mode calls handler({', '.join(_ARGS[m])}))"
+        )
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        return handler  # type: ignore[no-any-return]
+    try:
+        signature.bind(*_ARGS[m])
+    except TypeError as e:
+        raise ConfigurationError(
+            f"{what} takes ({', '.join(signature.parameters)}) but {m} mode calls it as "
+            f"handler({', '.join(_ARGS[m])}): {e}"
+        ) from None
+    return handler  # type: ignore[no-any-return]
+
+
+def load_handler(spec: str, mode: str = "grouped") -> Callable[..., Awaitable[None]]:
+    """Import ``package.module:callable`` and check it for ``mode`` (:func:`check_handler`): a
+    clear error at start when it is not there, does not import, or cannot be called that way."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ConfigurationError(f"handler must look like 'package.module:callable', got {spec!r}")
@@ -38,11 +80,15 @@ def load_handler(spec: str) -> Callable[..., Awaitable[None]]:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ConfigurationError(f"cannot import handler module {module_name!r}: {e}") from e
+    except SyntaxError as e:
+        raise ConfigurationError(
+            f"handler module {module_name!r} has a syntax error: {e.msg} ({e.filename}, line {e.lineno})"
+        ) from e
+    except Exception as e:  # the module raised while it was imported
+        raise ConfigurationError(f"importing handler module {module_name!r} failed: {type(e).__name__}: {e}") from e
     obj: Any = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
             raise ConfigurationError(f"{module_name!r} has no attribute {attr!r}")
-    if not callable(obj):
-        raise ConfigurationError(f"handler {spec!r} is not callable")
-    return obj  # type: ignore[no-any-return]
+    return check_handler(obj, mode, spec)

@@ -9,11 +9,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-import asyncpg
-
 from journal.errors import InvalidArgument, ProjectionError
 from journal.ids import NUMBER_OF_SLICES, slice_for
-from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres.connections import connect
 from journal.settings import JournalSettings
 
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
@@ -24,6 +22,7 @@ class ManagementStore(Protocol):
     """What management needs of the offset store (:class:`~projections.postgres_store.ProjectionSql`)."""
 
     async def now(self, conn: Any) -> datetime: ...
+    async def projection_names(self, conn: Any) -> list[str]: ...
     async def slice_offsets(self, conn: Any, name: str) -> Sequence[Any]: ...
     async def lease_owners(self, conn: Any, name: str) -> Sequence[Any]: ...
     async def workers(self, conn: Any, name: str) -> Sequence[Any]: ...
@@ -59,6 +58,18 @@ class ProjectionStatus:
     """Events parked by ``retry-and-dead-letter`` and not retried or discarded yet."""
 
 
+async def require_known(conn: Any, sql: ManagementStore, name: str) -> None:
+    """Refuse a projection name that nothing knows (no worker, offset or pause ever stored): a
+    typo would otherwise be paused, reset or cleared without a word. Names the known ones."""
+    known = await sql.projection_names(conn)
+    if name not in known:
+        raise InvalidArgument(
+            f"unknown projection {name!r}: known projections are {', '.join(map(repr, known))}"
+            if known
+            else f"unknown projection {name!r}: no projection has run against this database yet"
+        )
+
+
 class DeadLetterCount(Protocol):
     async def count(self, conn: Any, name: str) -> int: ...
 
@@ -68,6 +79,7 @@ async def status(
 ) -> ProjectionStatus:
     """Per slice range (grouped by owner): offset, lag, owner, paused; the workers; the number of
     dead letters (when ``dead_letters`` is given)."""
+    await require_known(conn, sql, name)
     now = await sql.now(conn)
     offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
     leases = {r["slice"]: (r["owner"] if r["live"] else None) for r in await sql.lease_owners(conn, name)}
@@ -119,6 +131,7 @@ def status_json(statuses: list[ProjectionStatus]) -> str:
 
 async def set_paused(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, paused: bool) -> None:
     key = slice_key(lo, hi)
+    await require_known(conn, sql, name)
     if paused:
         await sql.set_paused(conn, name, key, True)
         return
@@ -146,6 +159,7 @@ async def reset(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, to
     slice_key(lo, hi)
     if to.tzinfo is None:
         to = to.replace(tzinfo=UTC)
+    await require_known(conn, sql, name)
     await _require_stopped(conn, sql, name, lo, hi)
     async with conn.transaction():
         slices = list(range(lo, hi + 1))
@@ -158,6 +172,7 @@ async def reset(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, to
 async def clear(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int) -> int:
     """Forget the offsets of slices ``lo..hi``: they are processed again from the start."""
     slice_key(lo, hi)
+    await require_known(conn, sql, name)
     await _require_stopped(conn, sql, name, lo, hi)
     return await sql.delete_offsets(conn, name, list(range(lo, hi + 1)))
 
@@ -171,7 +186,7 @@ async def processed_up_to(settings: JournalSettings, name: str, targets: Mapping
     if dsn is None:
         raise InvalidArgument("processed_up_to needs settings with a DSN")
     sql = ProjectionSql(settings.schema)
-    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    conn = await connect(dsn, settings)
     try:
         for pid, seq_nr in targets.items():
             stored = await sql.load_pid(conn, name, slice_for(pid), pid)

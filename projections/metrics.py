@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from journal.errors import ConfigurationError
 from journal.waits import wait_set
 
 log = logging.getLogger("projections.metrics")
@@ -225,6 +226,11 @@ class LagSampler:
 
 def serve(port: int, addr: str = "127.0.0.1") -> int:
     """Serve every metric of this process (journal and projections) at ``http://addr:port/metrics``
-    in a daemon thread; ``port`` 0 picks a free port. Returns the port."""
-    server, _ = start_http_server(port, addr)
+    in a daemon thread; ``port`` 0 picks a free port. Returns the port.
+
+    Raises ConfigurationError when the address cannot be bound (the port is in use)."""
+    try:
+        server, _ = start_http_server(port, addr)
+    except OSError as e:
+        raise ConfigurationError(f"cannot serve metrics on {addr}:{port}: {e.strerror or e}") from e
     return int(server.server_port)

@@ -221,6 +221,8 @@ class RangeProcessor:
         if upto is None and self.query_mode == "horizon":
             upto = max((e.db_timestamp for e in batch if e.source != "heartbeat"), default=None)
         hb_slices = self._heartbeat_slices(upto) if upto is not None else {}
+        if heartbeat is not None and not accepted:
+            self.stats.caught_up(self.key, heartbeat)
         if self.mode == "at-least-once":
             for env in accepted:
 
@@ -391,7 +393,7 @@ class RangeProcessor:
             raise
         self.validator.commit(hb_slices)
         newest = max((e.db_timestamp for e in accepted), default=None)
-        self.stats.committed(len(accepted) - parked, newest, time.monotonic() - started)
+        self.stats.committed(len(accepted) - parked, newest, time.monotonic() - started, key=self.key)
 
     async def _commit_rows(
         self, envs: Sequence[EventEnvelope], rows: list[OffsetRow], attempts: int, failures: Failures | None = None
@@ -538,7 +540,7 @@ class RangeProcessor:
             raise
         self.validator.commit(hb)
         self._pending_hb = {}
-        self.stats.committed(self._unflushed, newest)
+        self.stats.committed(self._unflushed, newest, key=self.key)
         self._unflushed = 0
         self._last_flush = time.monotonic()
 

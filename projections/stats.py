@@ -28,15 +28,28 @@ class Stats:
     batches: int = 0
     last_event_timestamp: datetime | None = None
     last_commit: float = field(default_factory=time.monotonic)
-    lag_seconds: float = 0.0
-    """Wall time between an event's db_timestamp and the commit of its offset (last batch)."""
+    lags: dict[str, float] = field(default_factory=dict)
+    """Per range of work (a slice range, a tag): wall time between the newest event's db_timestamp
+    and the commit of its offset (last batch), or behind the query's position when caught up."""
 
-    def committed(self, n: int, newest: datetime | None, seconds: float | None = None) -> None:
-        """A batch of ``n`` envelopes committed; ``seconds``: how long handling and commit took."""
+    @property
+    def lag_seconds(self) -> float:
+        """The largest lag of this worker's ranges (0 before any batch)."""
+        return max(self.lags.values(), default=0.0)
+
+    def committed(self, n: int, newest: datetime | None, seconds: float | None = None, *, key: str = "") -> None:
+        """A batch of ``n`` envelopes of range ``key`` committed; ``seconds``: how long handling and
+        commit took."""
         self.events += n
         self.batches += 1
         self.last_commit = time.monotonic()
         if newest is not None:
             self.last_event_timestamp = newest
-            self.lag_seconds = max(0.0, (datetime.now(UTC) - newest).total_seconds())
+            self.lags[key] = max(0.0, (datetime.now(UTC) - newest).total_seconds())
         metrics.batch_committed(self.projection, n, seconds)
+
+    def caught_up(self, key: str, upto: datetime) -> None:
+        """Range ``key`` has delivered every event below ``upto`` (a query heartbeat) and has
+        nothing left: its lag is how far ``upto`` is behind now, not the age of its last event
+        (an idle range would otherwise show a lag that grows for ever)."""
+        self.lags[key] = max(0.0, (datetime.now(UTC) - upto).total_seconds())

@@ -23,13 +23,14 @@ from typing import Any
 import asyncpg
 
 from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
-from journal.ids import NUMBER_OF_SLICES
-from journal.postgres.dsn import asyncpg_dsn
+from journal.ids import NUMBER_OF_SLICES, validate_entity_type, validate_name
+from journal.postgres.dsn import asyncpg_dsn, target_of
+from journal.postgres.errors import driver_error
 from journal.settings import JournalSettings, QueryMode
 from journal.waits import wait_set
 
 from . import metrics
-from .handlers import Mode, validate_mode
+from .handlers import Mode, check_handler, validate_mode
 from .outage import Outage, database_unavailable
 from .postgres_store import ProjectionSql
 from .recovery import HandlerRecovery
@@ -83,10 +84,10 @@ class Worker:
         self.journal = journal
         self.settings = settings
         self.ps = settings.projection
-        self.name = name
-        self.entity_type = entity_type
-        self.handler = handler
+        self.name = validate_name(name, "projection name")
+        self.entity_type = validate_entity_type(entity_type, required=True)
         self.mode: Mode = validate_mode(mode)
+        self.handler = check_handler(handler, mode)
         self.recovery = HandlerRecovery.parse(recovery, self.ps)
         """What the processors do with an event the handler keeps failing on (:mod:`.recovery`)."""
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -121,7 +122,7 @@ class Worker:
             asyncpg_dsn(dsn), min_size=0, max_size=8, server_settings={"application_name": self.application_name}
         )
         try:
-            await self._start_up()
+            await self._start_up(dsn)
             last_prune = 0.0
             loop = asyncio.get_running_loop()
             while not self._stop.is_set() and self.error is None:
@@ -148,7 +149,7 @@ class Worker:
         if self.error is not None:
             raise HandlerFailed(self.error)
 
-    async def _start_up(self) -> None:
+    async def _start_up(self, dsn: str) -> None:
         """Create the lease rows; a database that is down is waited for, however long."""
         assert self._pool is not None
         delay = self.ps.handler_backoff
@@ -159,8 +160,8 @@ class Worker:
                 self.outage.answered()
                 return
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-                if not database_unavailable(e):
-                    raise
+                if not database_unavailable(e):  # a wrong password, an unmigrated database: no retry fixes it
+                    raise driver_error(f"projection {self.name} start-up", target_of(asyncpg_dsn(dsn)), e) from e
                 self.outage.failed("start-up", e)
             await wait_set(self._stop, delay)
             delay = min(delay * 2, self.ps.handler_max_backoff)

@@ -100,3 +100,13 @@ def private_server() -> Iterator[Any]:
 
     with server() as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def password_pg() -> Iterator[Any]:
+    """A PostgreSQL on TCP that asks for a password (user ``app``), migrated, for the error tests."""
+    from tests.support.password_server import password_server
+
+    with password_server() as pg:
+        upgrade(pg.dsn())
+        yield pg

@@ -16,7 +16,7 @@ from tests.support.waiting import wait_until
 async def test_unreachable_database_is_a_typed_error_after_bounded_retries() -> None:
     settings = JournalSettings.load(env={}, attempts=3, initial_backoff=0.01, connect_timeout=1.0)
     started = time.monotonic()
-    with pytest.raises(JournalUnavailable, match="after 3 attempts"):
+    with pytest.raises(JournalUnavailable, match=r"127\.0\.0\.1:1/none: connection refused .*\(3 attempts in"):
         async with open_journal("postgresql://postgres@127.0.0.1:1/none", settings=settings):
             pass
     assert time.monotonic() - started < 10

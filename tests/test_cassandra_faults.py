@@ -161,11 +161,11 @@ async def test_missing_keyspace_unreachable_node_and_refused_login_are_typed(
     with pytest.raises(ConfigurationError, match=r"keyspace 'sj_missing' or its tables are missing.*cassandra-schema"):
         async with open_journal(cassandra_node.dsn("sj_missing"), settings=settings):
             pass
-    with pytest.raises(JournalUnavailable, match="NoHostAvailable") as ei:
+    with pytest.raises(JournalUnavailable, match=r"cannot connect to Cassandra at cassandra://127\.0\.0\.1:\d+") as ei:
         async with open_journal(f"cassandra://127.0.0.1:{free_port()}/ks", settings=settings):
             pass
     assert not ei.value.outcome_unknown
-    with pytest.raises(ConfigurationError, match="authentication failed"):  # no credentials given
+    with pytest.raises(ConfigurationError, match=r"cannot connect to Cassandra at .*: authentication failed"):
         async with open_journal(cassandra_auth_node.dsn("ks"), settings=settings):
             pass
 

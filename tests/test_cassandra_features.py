@@ -220,7 +220,7 @@ async def test_a_call_above_max_write_bytes_is_refused_and_the_server_limit_is_r
         with pytest.raises(InvalidArgument, match="max_write_bytes"):
             await j.persist(p, ["z" * (5 * 1024 * 1024), "z" * (5 * 1024 * 1024)])
         assert await j.highest_seq_nr(p) == 0
-    async with journal(target, max_write_bytes=64 * 1024 * 1024) as j:
+    async with journal(target, max_write_bytes=64 * 1024 * 1024, max_event_bytes=64 * 1024 * 1024) as j:
         with pytest.raises(StorageError, match=r"exceeds allowed maximum|mutation"):
             await j.persist(p, ["z" * (17 * 1024 * 1024)])
         assert await j.highest_seq_nr(p) == 0

@@ -50,13 +50,56 @@ def test_example_runs(name: str, code: str, dsn: str, tmp_path: Path) -> None:
     assert out.returncode == 0, f"docs example {name} failed:\n{out.stdout}\n{out.stderr}"
 
 
-def test_the_guide_builds_strictly(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The guide built with ``mkdocs build --strict`` (once for the tests below)."""
     mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
     if mkdocs is None:
         pytest.skip("mkdocs is not installed in this environment (install the 'docs' or 'dev' extra)")
+    out_dir = tmp_path_factory.mktemp("site")
     out = subprocess.run(
-        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [mkdocs, "build", "--strict", "--site-dir", str(out_dir)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    assert (tmp_path / "site" / "api" / "index.html").exists()
+    return out_dir
+
+
+def test_the_guide_builds_strictly(site: Path) -> None:
+    assert (site / "api" / "index.html").exists()
+
+
+RAW_ROLE = re.compile(r":(?:py:)?(?:class|meth|func|mod|attr|data|exc|obj|const):")
+"""A reST role left as text (the docstrings' markup, not rendered)."""
+MERMAID = re.compile(r"(<pre[^>]*>)?(?:<span></span>)?<code>(?:graph|flowchart|sequenceDiagram|stateDiagram)\b")
+"""A diagram's source; rendered only inside ``<pre class="mermaid">`` (the superfences fence)."""
+CODE = re.compile(r"<pre\b.*?</pre>", re.S)
+
+
+def rendering_faults(html: str) -> list[str]:
+    """What a built page shows that it should not: a fence that did not close (its backticks
+    shown, as text or inside the code block that swallowed what followed), a mermaid diagram
+    shown as code, a raw reST role outside code."""
+    faults = []
+    if "```" in html:
+        faults.append(f"unclosed code fence near: {html[html.index('```') - 60 : html.index('```') + 60]!r}")
+    text = CODE.sub("", html)
+    faults += [f"mermaid as code: {m.group(0)!r}" for m in MERMAID.finditer(html) if "mermaid" not in (m[1] or "")]
+    faults += [f"raw role {m.group(0)!r} near {html[m.start() - 40 : m.end() + 40]!r}" for m in RAW_ROLE.finditer(text)]
+    return faults
+
+
+def test_the_guide_renders_what_it_says(site: Path) -> None:
+    pages = sorted(site.glob("**/*.html"))
+    faults = {str(p.relative_to(site)): f for p in pages if (f := rendering_faults(p.read_text(encoding="utf-8")))}
+    assert not faults, faults
+    assert '<pre class="mermaid"><code>graph LR' in (site / "replication" / "index.html").read_text(encoding="utf-8")
+
+
+def test_the_rendering_check_finds_each_fault() -> None:
+    """Each kind of fault the guide once had is caught (the check itself could pass vacuously)."""
+    assert rendering_faults("<p>``` Measured with the benchmark</p>")
+    assert rendering_faults("<pre><code>python -c ...\n``` Measured with the benchmark</code></pre>")
+    assert rendering_faults('<div class="highlight"><pre><span></span><code>graph LR\n  A --> B</code></pre></div>')
+    assert rendering_faults("<p>raises :class: <code>InvalidArgument</code></p>")
+    assert not rendering_faults('<pre class="mermaid"><code>graph LR</code></pre><pre><code>:class: x</code></pre>')

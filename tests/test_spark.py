@@ -430,7 +430,7 @@ def test_cli_export_backfill_and_unknown_entity_type(
     runner = CliRunner()
     common = ["--dsn", dsn, "--master", "local[2]", "--partitions", "4"]
     r = runner.invoke(app, ["spark-export", "--entity-type", "nope", "--out", str(tmp_path / "x"), *common])
-    assert r.exit_code != 0 and "unknown entity type 'nope'" in str(r.exception) and "acct (16)" in str(r.exception)
+    assert r.exit_code == 2 and "error: unknown entity type 'nope'" in r.output and "acct (16)" in r.output
 
     r = runner.invoke(app, ["spark-export", "--entity-type", "acct", "--out", str(tmp_path / "e"), *common])
     assert r.exit_code == 0, r.output + repr(r.exception)

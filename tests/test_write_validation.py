@@ -21,7 +21,9 @@ from journal.serialization import SerializerRegistry
 from journal.write_batch import WriteBatch
 from journal.write_validation import WriteValidator
 
-VALIDATOR = WriteValidator(SerializerRegistry())
+MAX = 64
+"""write.max_event_bytes for these checks: small, so some generated events are above it."""
+VALIDATOR = WriteValidator(SerializerRegistry(), MAX)
 
 
 pids = st.one_of(
@@ -46,7 +48,10 @@ parts = st.one_of(
 
 
 plain_pids = st.text(alphabet="ab|", min_size=1, max_size=5)
-plain_events = st.lists(st.one_of(st.integers(), st.text(max_size=3), st.binary(max_size=3)), min_size=1, max_size=1)
+plain_events = st.lists(
+    st.one_of(st.integers(), st.text(max_size=3), st.binary(max_size=3), st.binary(min_size=MAX - 2, max_size=MAX + 2)),
+    min_size=1, max_size=1,
+)  # fmt: skip
 plain = st.one_of(
     st.tuples(plain_pids, plain_events, st.integers(min_value=0, max_value=9)).map(lambda t: Write(*t)),
     st.tuples(plain_pids, plain_events, st.integers(min_value=0, max_value=9)),
@@ -115,6 +120,9 @@ def test_common_shapes_validate_as_columns() -> None:
             "part 1: cannot serialize event 0 of 'a|2'",
         ),
         ([Write("a|1", [1]), ("a|2",)], InvalidArgument, "part 1: expected a Write"),
+        ([("a|1", [1]), ("a|2", [b"x" * (MAX + 1)], 0)], InvalidArgument, "part 1: event 0 of 'a|2' is 65 bytes"),
+        ([("a|1", [1]), ("a|2", [1], None, (), "m" * MAX)], InvalidArgument, "part 1: the metadata of 'a|2'"),
+        ([("a|1", [1]), ("a|2", [{"when": {1, 2}}], 0)], SerializationError, "part 1: .*a set"),
     ],
 )
 def test_odd_parts_raise_naming_the_part(writes: list[Any], error: type[Exception], message: str) -> None:
@@ -147,7 +155,7 @@ def test_replicated_events_are_checked_by_the_same_rules() -> None:
         replicated_batch("Log", [event("Other|1", 1)])
     with pytest.raises(InvalidArgument, match="NUL"):
         replicated_batch("Log", [event("Log|\x00", 1)])
-    with pytest.raises(InvalidArgument, match="tag must be"):
+    with pytest.raises(InvalidArgument, match="tag is 300 characters"):
         replicated_batch("Log", [event("Log|1", 1, ("x" * 300,))])
 
 

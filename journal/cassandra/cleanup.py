@@ -84,6 +84,7 @@ class CassandraCleanup:
         return PidFootprint(
             persistence_id, len(events), await self.b.highest_seq_nr(persistence_id),
             None if snap is None else snap.seq_nr, sum(len(rows) for rows in found),
+            int(events[0].sequence_nr) if events else None,
         )  # fmt: skip
 
     async def delete_tag_rows(self, persistence_id: str, *, keep_numbering: bool) -> None:

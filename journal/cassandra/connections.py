@@ -108,6 +108,24 @@ def map_error(exc: BaseException) -> BaseException:
     return exc
 
 
+def connect_error(where: str, exc: BaseException) -> BaseException:
+    """A failed connect as the library's error (:func:`map_error`), its message naming the
+    contact points, the keyspace and each host's cause in one line."""
+    from cassandra.cluster import NoHostAvailable
+
+    mapped = map_error(exc)
+    if not isinstance(exc, NoHostAvailable) or not isinstance(mapped, ConfigurationError | JournalUnavailable):
+        return mapped
+    causes = "; ".join(
+        f"{host}: {' '.join(str(e).split('Last error: ')[-1].split()) or type(e).__name__}"
+        for host, e in (exc.errors or {}).items()
+    )
+    message = f"cannot connect to Cassandra at {where}: {causes or 'no host answered'}"
+    if isinstance(mapped, ConfigurationError):  # every host refused the login
+        return ConfigurationError(f"cannot connect to Cassandra at {where}: authentication failed: {causes}")
+    return JournalUnavailable(message, outcome_unknown=mapped.outcome_unknown)
+
+
 class CassandraConnections:
     """The session of one keyspace (not connected until :meth:`open`)."""
 
@@ -153,9 +171,14 @@ class CassandraConnections:
         if type(e).__name__ == "InvalidRequest":  # "keyspace x does not exist", "unconfigured table"
             return ConfigurationError(
                 f"keyspace {self.keyspace!r} or its tables are missing ({e}): create them (development: "
-                f"journal cassandra-schema --create --keyspace {self.keyspace})"
+                f"journal cassandra-schema --create --dsn {self.target})"
             )
-        return map_error(e)
+        return connect_error(self.target, e)
+
+    @property
+    def target(self) -> str:
+        """``cassandra://host1,host2:port/keyspace``, as messages name this cluster."""
+        return f"cassandra://{','.join(self.contact_points)}:{self.port}/{self.keyspace}"
 
     def _check_datacenter(self, dc: str | None) -> None:
         """A local datacenter that no node belongs to would route nothing: refused at open."""

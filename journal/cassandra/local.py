@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import CassandraSetupError, CassandraStartError
+from ..errors import CassandraSetupError, CassandraStartError, ConfigurationError
 
 DEFAULT_VERSION = "5.0.9"
 """The newest ``org.apache.cassandra:cassandra-all`` 5.0.x on Maven Central that runs on Java 17."""
@@ -292,7 +292,12 @@ class NodeState:
         p = cls.path(cache)
         if not p.exists():
             return None
-        return cls(**json.loads(p.read_text(encoding="utf-8")))
+        try:
+            return cls(**json.loads(p.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError) as e:  # not JSON, not an object, keys missing or unknown
+            raise ConfigurationError(
+                f"the local Cassandra state file {p} is unreadable ({e}): if no node of it runs any more, delete it"
+            ) from e
 
     @property
     def contact_point(self) -> str:

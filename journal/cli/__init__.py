@@ -7,11 +7,12 @@ through the ``slice_journal.cli`` entry-point group: each entry is a ``register(
 
 from __future__ import annotations
 
-import logging
-import sys
 from importlib.metadata import entry_points
 
 import typer
+
+from .common import VersionOption
+from .failures import DebugOption, HandledGroup, configure_logging, run_app, set_debug
 
 app = typer.Typer(
     name="journal",
@@ -19,7 +20,17 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=HandledGroup,
 )
+
+
+@app.callback()
+def _root(version: bool = VersionOption, debug: bool = DebugOption) -> None:
+    """slice-journal: an event journal on PostgreSQL (slices, projections, Spark, Cassandra).
+
+    Exit codes: 0 done, 1 failed, 2 usage or configuration, 3 unavailable (see docs/troubleshooting.md)."""
+    set_debug(debug)
+
 
 from . import cassandra as _cassandra  # noqa: E402,F401
 from . import cassandra_local as _cassandra_local  # noqa: E402,F401
@@ -42,12 +53,6 @@ _register_extensions()
 
 
 def main() -> None:
-    """Console script entry point: clear one-line errors for the library's own errors."""
-    from ..errors import JournalError
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        app()
-    except JournalError as e:
-        typer.secho(f"error: {e}", err=True, fg=typer.colors.RED)
-        sys.exit(2)
+    """Console script entry point (also ``python -m journal``): one line per failure (see :mod:`.failures`)."""
+    configure_logging("%(levelname)s %(name)s: %(message)s")
+    run_app(app, "journal")

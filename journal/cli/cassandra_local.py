@@ -90,8 +90,7 @@ def stop(
 def _print_contact(contact_point: str, auth: bool) -> None:
     typer.echo(f"contact point: {contact_point}")
     typer.echo(f"  export CASSANDRA_CONTACT_POINTS={contact_point}")
-    typer.echo(f"  journal cassandra-schema --create --contact-points {contact_point.rsplit(':', 1)[0]} "
-               f"--port {contact_point.rsplit(':', 1)[1]} --keyspace demo")  # fmt: skip
+    typer.echo(f"  journal cassandra-schema --create --dsn cassandra://{contact_point}/demo")
     typer.echo(f"  open_journal('cassandra://{contact_point}/demo')")
     if auth:
         typer.echo("  username cassandra, password cassandra")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -26,18 +25,43 @@ DataDirOption = Annotated[
 ]
 
 
+def show_version(value: bool) -> None:
+    """``--version``: the installed distribution's version."""
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"slice-journal {version('slice-journal')}")
+        raise typer.Exit()
+
+
+VersionOption = typer.Option(False, "--version", is_eager=True, callback=show_version, help="Print the version.")
+
+
 def settings_from(schema: str | None = None, data_dir: Path | None = None, **more: Any) -> JournalSettings:
     return JournalSettings.load(schema=schema, data_dir=data_dir, **more)
 
 
 def target_dsn(dsn: str | None, settings: JournalSettings) -> tuple[str, bool]:
     """The DSN to use and whether it is the embedded server (started here when needed)."""
-    dsn = dsn or settings.connection.dsn or os.environ.get("JOURNAL_DSN")
-    if dsn:
-        return dsn, False
+    from ..journal import resolve_dsn
+
+    target = resolve_dsn(dsn, settings)
+    if target:
+        return target, False
     from ..postgres.embedded import start_embedded
 
     return start_embedded(settings.connection.data_dir), True
+
+
+def check_reachable(target: str, settings: JournalSettings) -> None:
+    """Connect once first (timeout, retries said on stderr, errors as one line): a silent or
+    refusing server fails in seconds, before Alembic's own connection would hang or trace."""
+    from ..postgres.connections import connect
+
+    async def probe() -> None:
+        await (await connect(target, settings)).close()
+
+    asyncio.run(probe())
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

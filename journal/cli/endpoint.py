@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from . import app
+from .failures import exit_code
 
 endpoint_app = typer.Typer(help="Replication endpoints: replicated event logs between locations.", no_args_is_help=True)
 app.add_typer(endpoint_app, name="endpoint")
@@ -42,7 +43,7 @@ def run_endpoint(
                     recovered = await ep.recover()
                 except JournalUnavailable as e:
                     typer.secho(
-                        f"endpoint {cfg.location} recovery failed: {e}; local writes stay refused "
+                        f"error: endpoint {cfg.location} recovery failed: {e}; local writes stay refused "
                         "until a recovery succeeds (run again with --recover)",
                         err=True,
                         fg=typer.colors.RED,
@@ -82,8 +83,8 @@ def status(
     try:
         typer.echo(json.dumps(asyncio.run(main()), indent=2, sort_keys=True))
     except JournalUnavailable as e:
-        typer.secho(f"endpoint not reachable: {e}", err=True, fg=typer.colors.RED)
-        raise typer.Exit(1) from e
+        typer.secho(f"error: endpoint not reachable: {e}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(exit_code(e)) from e
 
 
 @endpoint_app.command("delete")
@@ -112,6 +113,6 @@ def delete(
             delete_at_location(cfg, log, to, physically_after=tuple(physically_after or ()))
         )
     except JournalError as e:
-        typer.secho(f"cannot delete: {e}", err=True, fg=typer.colors.RED)
-        raise typer.Exit(2) from e
+        typer.secho(f"error: cannot delete: {e}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(exit_code(e)) from e
     typer.echo(json.dumps({"log": log, "logically_deleted_to": logical, "physically_deleted_to": physical}))

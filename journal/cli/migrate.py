@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Annotated
 
 import typer
 
+from ..errors import ConfigurationError
 from ..postgres.dsn import redact
 from . import app
-from .common import DataDirOption, DsnOption, SchemaOption, settings_from, target_dsn
+from .common import DataDirOption, DsnOption, SchemaOption, check_reachable, settings_from, target_dsn
 
 
 @app.command()
@@ -20,22 +22,42 @@ def migrate(
     revision: Annotated[str, typer.Option(help="Target revision (default: head).")] = "head",
     sql: Annotated[bool, typer.Option("--sql", help="Print the DDL instead of applying it.")] = False,
     downgrade: Annotated[bool, typer.Option("--downgrade", help="Downgrade to --revision (e.g. base).")] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Confirm a downgrade that drops tables holding rows (no question asked).")
+    ] = False,
 ) -> None:
-    """Create or upgrade the journal tables (Alembic migrations shipped in the package)."""
+    """Create or upgrade the journal tables (Alembic migrations shipped in the package).
+
+    A downgrade that would drop tables holding rows lists them with their row counts and asks;
+    without a terminal it needs --yes."""
     from ..postgres import migrations
 
     settings = settings_from(schema, data_dir)
     if sql:
         typer.echo(migrations.offline_sql(settings.schema, revision))
         return
+    migrations.check_revision(revision)
     target, embedded = target_dsn(dsn, settings)
     where = f"embedded PostgreSQL ({settings.connection.data_dir})" if embedded else redact(target)
+    check_reachable(target, settings)
+    before = migrations.current_revision(target, settings.schema)
     if downgrade:
+        drops = {t: n for t, n in migrations.downgrade_drops(target, settings.schema, revision).items() if n}
+        if drops and not yes:
+            listed = ", ".join(f"{t} ({n} rows)" for t, n in drops.items())
+            question = f"downgrading {where} schema {settings.schema} to {revision} drops {listed}"
+            if not sys.stdin.isatty():
+                raise ConfigurationError(f"{question}: run again with --yes to confirm")
+            if not typer.confirm(f"{question}. Drop them?", default=False, err=True):
+                raise typer.Exit(1)
         migrations.downgrade(target, settings.schema, revision)
-        typer.echo(f"downgraded {where} schema {settings.schema} to {revision}")
     else:
         migrations.upgrade(target, settings.schema, revision)
-        typer.echo(f"migrated {where} schema {settings.schema} to {migrations.head_revision()}")
+    after = migrations.current_revision(target, settings.schema)
+    verb = "downgraded" if downgrade else "migrated"
+    change = f"from {before or 'nothing'} to {after or 'base'}" if before != after else f"already at {after or 'base'}"
+    head = migrations.head_revision()
+    typer.echo(f"{verb} {where} schema {settings.schema} {change}" + ("" if after == head else f" (head is {head})"))
 
 
 @app.command()
@@ -63,4 +85,4 @@ def info(dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOp
     assert isinstance(events, dict)
     typer.echo(f"events:          {sum(events.values())}")
     for et, n in events.items():
-        typer.echo(f"  {et or '(no entity type)':<20} {n}")
+        typer.echo(f"  {et or '(none: pids without an entity type)':<20} {n}")

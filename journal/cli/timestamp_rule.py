@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-import asyncpg
 import typer
 
 from ..errors import InvalidArgument
 from ..postgres import timestamp_rule
-from ..postgres.dsn import asyncpg_dsn
+from ..postgres.connections import connect
+from ..postgres.dsn import target_of
+from ..postgres.errors import mapped_errors
 from . import app
 from .common import DataDirOption, DsnOption, SchemaOption, settings_from, target_dsn
 
@@ -31,13 +32,14 @@ def timestamp_rule_command(
     target, _ = target_dsn(dsn, settings)
 
     async def go() -> bool:
-        conn = await asyncpg.connect(asyncpg_dsn(target))
+        conn = await connect(target, settings)
         try:
-            if action == "install":
-                await timestamp_rule.install(conn, settings.schema)
-            elif action == "remove":
-                await timestamp_rule.remove(conn, settings.schema)
-            return await timestamp_rule.installed(conn, settings.schema)
+            with mapped_errors(f"timestamp-rule {action}", target_of(target)):
+                if action == "install":
+                    await timestamp_rule.install(conn, settings.schema)
+                elif action == "remove":
+                    await timestamp_rule.remove(conn, settings.schema)
+                return await timestamp_rule.installed(conn, settings.schema)
         finally:
             await conn.close()
 

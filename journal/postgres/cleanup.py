@@ -34,7 +34,10 @@ class CleanupStatements:
 
     @property
     def event_count(self) -> str:
-        return f"SELECT count(*), COALESCE(max(seq_nr), 0) FROM {self._t('event_journal')} WHERE persistence_id = $1"
+        return (
+            "SELECT count(*) FILTER (WHERE NOT deleted), COALESCE(max(seq_nr), 0), "
+            f"min(seq_nr) FILTER (WHERE NOT deleted) FROM {self._t('event_journal')} WHERE persistence_id = $1"
+        )
 
     @property
     def snapshot_seq_nr(self) -> str:
@@ -107,11 +110,11 @@ class PostgresCleanup:
         async def op(conn: asyncpg.Connection) -> PidFootprint:
             counted = await conn.fetchrow(self.sql.event_count, persistence_id)
             assert counted is not None  # an aggregate always returns a row
-            events, highest = counted
+            events, highest, lowest = counted
             snap = await conn.fetchval(self.sql.snapshot_seq_nr, persistence_id)
             tags = [r[0] for r in await conn.fetch(self.sql.tag_names)]
             tag_rows = await conn.fetchval(self.sql.tag_row_count, persistence_id, tags) if tags else 0
-            return PidFootprint(persistence_id, int(events), int(highest), snap, int(tag_rows))
+            return PidFootprint(persistence_id, int(events), int(highest), snap, int(tag_rows), lowest)
 
         result: PidFootprint = await self._run("cleanup footprint", op)
         return result

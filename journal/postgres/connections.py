@@ -15,7 +15,7 @@ import asyncpg
 
 from ..errors import ConfigurationError, JournalUnavailable
 from ..settings import JournalSettings
-from .dsn import asyncpg_dsn
+from .dsn import asyncpg_dsn, target_of
 from .errors import with_retries
 from .statements import Statements
 from .writer_connections import WriterConnections
@@ -28,6 +28,8 @@ class PostgresConnections:
 
     def __init__(self, dsn: str, settings: JournalSettings, writer_id: str) -> None:
         self.dsn = asyncpg_dsn(dsn)
+        self.target = target_of(self.dsn)
+        """``host:port/database``, as messages name this server."""
         self.settings = settings
         self.writer_id = writer_id
         self.sql = Statements(settings.schema)
@@ -47,17 +49,19 @@ class PostgresConnections:
                 command_timeout=None,
             )
 
-        self._pool = await with_retries("connect", self.settings.retry, connect)
+        self._pool = await self.retrying("connect", connect, announce=True)
         self._writers = WriterConnections(self.dsn, c.connect_timeout, f"slice-journal writer {self.writer_id}"[:63])
         try:
-            table = await self.fetchval("connect", self.sql.table_exists, self.sql.ej)
+            table = await self.retrying(
+                "connect", self._on_pool(lambda conn: conn.fetchval(self.sql.table_exists, self.sql.ej)), announce=True
+            )
         except BaseException:
             await self.close()
             raise
         if table is None:
             await self.close()
             raise ConfigurationError(
-                f"no event_journal table in schema {self.settings.schema!r}: run `journal migrate` "
+                f"{self.target} has no event_journal table in schema {self.settings.schema!r}: run `journal migrate` "
                 "(or `alembic upgrade head`) against this database first"
             )
 
@@ -82,8 +86,11 @@ class PostgresConnections:
         return self._writers
 
     async def run(self, what: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-        """``fn`` on a pooled connection, retried on transient failures (it must be idempotent)."""
+        """``fn`` on a pooled connection, retried on transient failures (it must be idempotent);
+        driver errors come out as the library's (:func:`~.errors.driver_error`)."""
+        return await self.retrying(what, self._on_pool(fn))
 
+    def _on_pool(self, fn: Callable[[Any], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
         async def op() -> T:
             try:
                 async with self.pool.acquire() as conn:
@@ -97,7 +104,13 @@ class PostgresConnections:
                 # retry on another one.
                 raise ConnectionError(f"connection in a bad state: {e}") from e
 
-        return await with_retries(what, self.settings.retry, op)
+        return op
+
+    async def retrying(self, what: str, op: Callable[[], Awaitable[T]], *, announce: bool = False) -> T:
+        return await with_retries(
+            what, self.settings.retry, op, target=self.target, connect_timeout=self.settings.connection.connect_timeout,
+            announce=announce,
+        )  # fmt: skip
 
     async def fetch(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
         rows: list[asyncpg.Record] = await self.run(what, lambda conn: conn.fetch(query, *args))
@@ -110,6 +123,21 @@ class PostgresConnections:
     async def execute(self, what: str, query: str, *args: Any) -> str:
         status: str = await self.run(what, lambda conn: conn.execute(query, *args))
         return status
+
+
+async def connect(dsn: str, settings: JournalSettings, *, what: str = "connect", **kwargs: Any) -> asyncpg.Connection:
+    """One connection outside the pool (a command's, a tool's), with the journal's connect timeout,
+    retries (announced: a person is waiting) and error mapping."""
+    target = asyncpg_dsn(dsn)
+
+    async def attempt() -> asyncpg.Connection:
+        return await asyncpg.connect(target, timeout=settings.connection.connect_timeout, **kwargs)
+
+    conn: asyncpg.Connection = await with_retries(
+        what, settings.retry, attempt, target=target_of(target),
+        connect_timeout=settings.connection.connect_timeout, announce=True,
+    )  # fmt: skip
+    return conn
 
 
 class PostgresPart:

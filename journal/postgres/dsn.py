@@ -38,3 +38,17 @@ def redact(dsn: str) -> str:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
         return parts._replace(netloc=netloc).geturl()
     return dsn
+
+
+def target_of(dsn: str) -> str:
+    """``host:port/database`` of a DSN (no user, no password), the way error messages name a
+    server; a Unix socket directory stands where the host would."""
+    parts = urlsplit(dsn)
+    query = dict(p.partition("=")[::2] for p in parts.query.split("&") if p)
+    host = parts.hostname or query.get("host") or "localhost"
+    try:
+        port = parts.port or int(query.get("port") or 5432)
+    except ValueError:
+        port = 5432
+    database = parts.path.lstrip("/") or query.get("dbname") or parts.username or ""
+    return f"{host}:{port}/{database}"

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import asyncpg
 
-from ..errors import JournalError, JournalUnavailable, LocalWritesRefused, StorageError
+from ..errors import ConfigurationError, JournalError, JournalUnavailable, LocalWritesRefused, StorageError
 from ..settings import RetrySettings
 
 log = logging.getLogger("journal.postgres")
@@ -51,21 +53,99 @@ def backoff_delays(settings: RetrySettings) -> list[float]:
     return delays
 
 
-async def with_retries(what: str, settings: RetrySettings, op: Callable[[], Awaitable[T]]) -> T:
-    """Run an idempotent operation, retrying transient failures; then raise JournalUnavailable."""
+_SETUP_SQLSTATE_PREFIXES = ("28", "3D", "3F", "42P01", "42703", "42501")
+"""Answers that retrying will not change: authentication (28), a missing database (3D) or schema
+(3F), a missing table or column (an unmigrated database), no privilege."""
+
+
+def cause_of(exc: BaseException, timeout: float | None = None) -> str:
+    """What went wrong, in words a person can act on (never empty)."""
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:g} s" if timeout else "no answer in time"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (no server listens there)"
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host ({exc.strerror})"
+    if isinstance(exc, asyncpg.exceptions.PostgresError):
+        hint = getattr(exc, "hint", None)
+        return str(exc.message) + (f" ({hint})" if hint else "")
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    return str(exc) or type(exc).__name__
+
+
+def driver_error(what: str, target: str, exc: BaseException, timeout: float | None = None) -> BaseException:
+    """A driver error that retrying will not fix, as the library's error (others unchanged).
+
+    Authentication, a missing database, schema or table are :class:`ConfigurationError`; any other
+    refusal of the server :class:`StorageError`; each names the server and the cause."""
+    if isinstance(exc, JournalError) or not isinstance(
+        exc, asyncpg.exceptions.PostgresError | asyncpg.exceptions.InterfaceError
+    ):
+        return exc
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    cause = cause_of(exc, timeout)
+    if sqlstate.startswith(("28", "3D")):
+        return ConfigurationError(f"cannot connect to {target}: {cause}")
+    if sqlstate.startswith(_SETUP_SQLSTATE_PREFIXES):
+        return ConfigurationError(
+            f"{what} on {target}: {cause}: is the schema migrated? (run `journal migrate` against this database)"
+            if sqlstate.startswith(("42P01", "42703", "3F"))
+            else f"{what} on {target}: {cause}"
+        )
+    return StorageError(f"{what} on {target} failed: {cause}")
+
+
+@contextmanager
+def mapped_errors(what: str, target: str) -> Iterator[None]:
+    """Statements run without retries (a command's own connection): a lost server becomes
+    :class:`JournalUnavailable`, any other driver error the library's (:func:`driver_error`)."""
+    try:
+        yield
+    except Exception as e:
+        if is_transient(e):
+            raise JournalUnavailable(f"{what}: {target} unavailable: {cause_of(e)}") from e
+        error = driver_error(what, target, e)
+        if error is e:
+            raise
+        raise error from e
+
+
+async def with_retries(
+    what: str,
+    settings: RetrySettings,
+    op: Callable[[], Awaitable[T]],
+    *,
+    target: str = "the database",
+    connect_timeout: float | None = None,
+    announce: bool = False,
+) -> T:
+    """Run an idempotent operation, retrying transient failures within ``attempts`` and
+    ``budget``; then raise JournalUnavailable naming ``target`` and the cause. A failure that
+    retrying cannot fix is raised at once, mapped by :func:`driver_error`. ``announce``: log each
+    retry as a warning (a person is waiting: a CLI at start), else at debug level."""
     delays = backoff_delays(settings)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     for attempt in range(settings.attempts):
         try:
             return await op()
         except Exception as e:
             if not is_transient(e):
-                raise
-            if attempt >= len(delays):
-                raise JournalUnavailable(
-                    f"{what}: database unavailable after {settings.attempts} attempts: {e}"
-                ) from e
-            # DEBUG: a caller that keeps failing gets JournalUnavailable and reports the outage once
-            log.debug("%s failed (%s), retry %d in %.2fs", what, e, attempt + 1, delays[attempt])
+                mapped = driver_error(what, target, e, connect_timeout)
+                if mapped is e:
+                    raise
+                raise mapped from e
+            cause = cause_of(e, connect_timeout)
+            spent = loop.time() - started
+            subject = f"cannot connect to {target}" if what == "connect" else f"{what}: {target} unavailable"
+            if attempt >= len(delays) or spent + delays[attempt] > settings.budget:
+                tries = f"{attempt + 1} attempt{'s' if attempt else ''} in {spent:.1f} s"
+                raise JournalUnavailable(f"{subject}: {cause} ({tries})") from e
+            # a caller that keeps failing gets JournalUnavailable and reports the outage once
+            (log.warning if announce else log.debug)(
+                "%s: %s; retrying %d/%d in %.1f s", subject, cause, attempt + 2, settings.attempts, delays[attempt]
+            )
             await asyncio.sleep(delays[attempt])
     raise AssertionError("unreachable")
 

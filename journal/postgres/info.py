@@ -14,14 +14,17 @@ class PostgresInfo(PostgresPart):
     async def info(self) -> dict[str, Any]:
         """Server version, the schema's Alembic revision (None before migrations) and the event
         count per entity type."""
-        async with self.conns.pool.acquire() as conn:
+
+        async def read(conn: Any) -> dict[str, Any]:
             version = await conn.fetchval(self.sql.server_version)
             counts = await conn.fetch(self.sql.event_counts)
             try:
                 rev = await conn.fetchval(self.sql.schema_revision)
             except asyncpg.exceptions.UndefinedTableError:
                 rev = None
-        return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
+            return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
+
+        return await self.conns.run("info", read)
 
     async def manifests(self) -> list[ManifestCount]:
         rows = await self.conns.fetch("manifests", self.sql.manifest_counts)

@@ -19,7 +19,7 @@ from ..envelope import ROW_STEP, consecutive_stamps
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict
 from ..write_batch import BatchResult, ResultBuilder, WriteBatch
 from .connections import PostgresConnections, PostgresPart
-from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, with_retries, write_error
+from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, write_error
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .write_statements import WriteStatements
 
@@ -216,7 +216,7 @@ class PostgresWrites(PostgresPart):
                     await asyncio.sleep(0.01)
 
         try:
-            await with_retries("settle an interrupted write", self.settings.retry, op)
+            await self.conns.retrying("settle an interrupted write", op)
         except JournalUnavailable as e:
             raise JournalUnavailable(str(e), outcome_unknown=True) from e
 
@@ -264,7 +264,7 @@ class PostgresWrites(PostgresPart):
                 if keep_tombstone:
                     await conn.execute(self.sql.tombstone, persistence_id, upto)
 
-        await with_retries("delete events", self.settings.retry, op)
+        await self.conns.retrying("delete events", op)
 
 
 def written(batch: WriteBatch, first: datetime, appended_after: Sequence[int] | None) -> BatchResult:

@@ -1,4 +1,9 @@
-"""The configuration of one replication endpoint, read from a TOML or JSON file and validated."""
+"""The configuration of one replication endpoint, read from a TOML or JSON file and validated.
+
+The file is validated against the dataclasses below by pydantic (their annotations are the
+schema), so every mistake is reported with its key and what was expected: ``logs = "Order"`` is
+"logs: expected a list" rather than five logs ``O, r, d, e, r``; a missing key is named.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,11 @@ import json
 import re
 import tomllib
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import pydantic
 
 from ..errors import ConfigurationError, InvalidArgument
 from ..ids import validate_entity_type
@@ -39,8 +47,15 @@ class Connection:
     """Logs to pull from it; None: every log of this endpoint."""
 
 
+def _filters(raw: Any) -> Any:
+    """The ``filters`` key is a small language of its own (:mod:`.filter_spec`)."""
+    return raw if isinstance(raw, EndpointFilters) else parse_endpoint_filters(raw)
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointConfig:
+    __pydantic_config__ = pydantic.ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
     location: str
     """Globally unique id of this location (letters, digits, ``_.-``)."""
     dsn: str
@@ -64,7 +79,7 @@ class EndpointConfig:
     """Run the journal migrations at start."""
     private_tags: tuple[str, ...] = ()
     """Events carrying one of these tags are location-private: never sent to another endpoint."""
-    filters: EndpointFilters = field(default_factory=EndpointFilters)
+    filters: Annotated[EndpointFilters, pydantic.BeforeValidator(_filters)] = field(default_factory=EndpointFilters)
     """What this endpoint sends, per source log and per target location (``filters`` key, see
     :mod:`journal.replication.filter_spec`); applied at this endpoint when others read from it."""
 
@@ -78,7 +93,7 @@ class EndpointConfig:
             raise ConfigurationError("an endpoint needs at least one log name")
         for name in self.logs:
             try:
-                validate_entity_type(name)
+                validate_entity_type(name, required=True)
             except InvalidArgument as e:
                 raise ConfigurationError(f"log name {name!r}: {e}") from e
         for c in self.connections:
@@ -96,40 +111,59 @@ class EndpointConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> EndpointConfig:
-        """Read a ``.toml`` or ``.json`` file; relative TLS paths are relative to the file."""
+        """Read a ``.toml`` or ``.json`` file; relative TLS paths are relative to the file. Every
+        error is a ConfigurationError naming the file, the key and what was expected."""
         p = Path(path)
         try:
-            text = p.read_text()
-            raw: dict[str, Any] = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
+            text = p.read_text(encoding="utf-8")
+            raw: Any = json.loads(text) if p.suffix == ".json" else tomllib.loads(text)
         except (OSError, ValueError) as e:
             raise ConfigurationError(f"cannot read endpoint config {p}: {e}") from e
-        return cls.from_dict(raw, base=p.parent)
+        return cls.from_dict(raw, base=p.parent, source=f"endpoint config {p}")
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], base: Path = Path()) -> EndpointConfig:
-        raw = dict(raw)
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = set(raw) - known
-        if unknown:
-            raise ConfigurationError(f"unknown endpoint config keys: {sorted(unknown)}")
+    def from_dict(cls, raw: Any, base: Path = Path(), source: str = "endpoint config") -> EndpointConfig:
+        """Validate a mapping (a parsed config file); relative TLS paths are relative to ``base``."""
+        if isinstance(raw, dict) and isinstance(raw.get("tls"), dict):
+            tls = raw["tls"]
+            raw = {**raw, "tls": {k: base / v if k in ("cert", "key", "ca") and isinstance(v, str) else v
+                                  for k, v in tls.items()}}  # fmt: skip
         try:
-            conns = tuple(
-                Connection(c["address"], tuple(c["logs"]) if c.get("logs") is not None else None)
-                for c in raw.pop("connections", ())
-            )
-            app = raw.pop("application", None)
-            tls = raw.pop("tls", None)
-            filters = parse_endpoint_filters(raw.pop("filters", {}))
-            scalars: dict[str, Any] = {k: tuple(v) if k in ("logs", "private_tags") else v for k, v in raw.items()}
-            return cls(
-                **scalars,
-                connections=conns,
-                application=Application(**app) if app else Application(),
-                filters=filters,
-                tls=TlsConfig(
-                    cert=base / tls["cert"], key=base / tls["key"], ca=base / tls["ca"],
-                    server_name=tls.get("server_name"),
-                ) if tls else None,
-            )  # fmt: skip
-        except (KeyError, TypeError) as e:
-            raise ConfigurationError(f"bad endpoint config: {e!r}") from e
+            config: EndpointConfig = _adapter().validate_python(raw)
+        except pydantic.ValidationError as e:
+            raise ConfigurationError(f"{source}: {'; '.join(map(_explain, e.errors()))}") from None
+        return config
+
+
+@cache
+def _adapter() -> pydantic.TypeAdapter[EndpointConfig]:
+    return pydantic.TypeAdapter(EndpointConfig)
+
+
+_EXPECTED = {
+    "missing": "missing: this key is required",
+    "unexpected_keyword_argument": "unknown key",
+    "tuple_type": "expected a list",
+    "list_type": "expected a list",
+    "dict_type": "expected a table (a mapping)",
+    "dataclass_type": "expected a table (a mapping)",
+    "string_type": "expected a string",
+    "int_parsing": "expected an integer",
+    "int_type": "expected an integer",
+    "float_parsing": "expected a number",
+    "float_type": "expected a number",
+    "bool_parsing": "expected true or false",
+    "bool_type": "expected true or false",
+}
+
+
+def _explain(error: Any) -> str:
+    """One pydantic error as ``key: what was expected (got ...)``."""
+    where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+    kind = error["type"]
+    if kind == "value_error":
+        ctx = str(error.get("ctx", {}).get("error"))
+        return ctx if where == "(top level)" or ctx.startswith(where) else f"{where}: {ctx}"
+    expected = _EXPECTED.get(kind, error["msg"])
+    shown = "" if kind in ("missing", "unexpected_keyword_argument") else f" (got {error.get('input')!r:.60})"
+    return f"{where}: {expected}{shown}"

@@ -84,9 +84,19 @@ class ReplicationEndpoint:
         self._listening = await backend.slice_queries().listen(self._on_notify, self._on_reconnect)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers((generic_handler(self._serve_read, self.info, self._serve_watch),))
-        self.bound_port = (
-            server.add_secure_port(c.listen, server_credentials(c.tls)) if c.tls else server.add_insecure_port(c.listen)
-        )
+        try:
+            self.bound_port = (
+                server.add_secure_port(c.listen, server_credentials(c.tls))
+                if c.tls
+                else server.add_insecure_port(c.listen)
+            )
+        except (RuntimeError, ConfigurationError) as e:  # grpc: "Failed to bind to address ..."
+            await self.stop()
+            if isinstance(e, ConfigurationError):
+                raise
+            raise ConfigurationError(
+                f"cannot listen on {c.listen}: the port is in use, or the address is not one of this host's"
+            ) from e
         await server.start()
         self._server = server
         now = time.monotonic()

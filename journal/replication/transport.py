@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 import orjson
 
-from ..errors import IncompatibleVersion, JournalUnavailable, ReplicationError
+from ..errors import ConfigurationError, IncompatibleVersion, JournalUnavailable, ReplicationError
 from ..replicated import ReplicationBatch
 from .config import TlsConfig
 from .replicator import ReadRequest
@@ -26,14 +27,23 @@ _MAX_MESSAGE = 64 * 1024 * 1024
 _OPTIONS = [("grpc.max_send_message_length", _MAX_MESSAGE), ("grpc.max_receive_message_length", _MAX_MESSAGE)]
 
 
+def _pem(tls: TlsConfig, key: str) -> bytes:
+    """One of the TLS files; one that cannot be read is a ConfigurationError naming its key."""
+    path: Path = getattr(tls, key)
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigurationError(f"tls.{key}: cannot read {path}: {e.strerror or e}") from e
+
+
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
-    return grpc.ssl_server_credentials([(tls.key.read_bytes(), tls.cert.read_bytes())], tls.ca.read_bytes())
+    return grpc.ssl_server_credentials([(_pem(tls, "key"), _pem(tls, "cert"))], _pem(tls, "ca"))
 
 
 def channel(address: str, tls: TlsConfig | None) -> grpc.aio.Channel:
     if tls is None:
         return grpc.aio.insecure_channel(address, options=_OPTIONS)
-    creds = grpc.ssl_channel_credentials(tls.ca.read_bytes(), tls.key.read_bytes(), tls.cert.read_bytes())
+    creds = grpc.ssl_channel_credentials(_pem(tls, "ca"), _pem(tls, "key"), _pem(tls, "cert"))
     options = [*_OPTIONS, *([("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else [])]
     return grpc.aio.secure_channel(address, creds, options=options)
 

@@ -14,12 +14,13 @@ import sys
 import tempfile
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from journal.cli.common import DataDirOption, DsnOption, SchemaOption, settings_from, target_dsn
+from journal.cli.common import DataDirOption, DsnOption, SchemaOption, check_reachable, settings_from, target_dsn
 from journal.waits import within
 
 
@@ -45,6 +46,7 @@ def demo(
     settings = settings_from(schema, data_dir)
     target, embedded = target_dsn(dsn, settings)
     typer.echo(f"database: {'embedded PostgreSQL ' + str(settings.connection.data_dir) if embedded else 'DSN'}")
+    check_reachable(target, settings)
     migrations.upgrade(target, settings.schema)
     ok = asyncio.run(
         _demo(target, settings.with_dsn(target), entities, duration, workers, scale_to, rate, writers)
@@ -56,14 +58,15 @@ async def _demo(
     dsn: str, settings: Any, entities: int, duration: float, n_workers: int, scale_to: int, rate: float,
     writers: int,
 ) -> bool:  # fmt: skip
-    import asyncpg
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from journal.journal import open_journal
-    from journal.postgres.dsn import asyncpg_dsn
+    from journal.postgres.connections import connect
 
+    from . import statements
     from .cart import CartWorkload, prepare, projected_count, verify
+    from .report import latency_rows, pace
 
     console = Console()
     run_id = uuid.uuid4().hex[:8]
@@ -92,9 +95,10 @@ async def _demo(
         procs.append(p)
         return p
 
-    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    conn = await connect(dsn, settings)
     await prepare(conn)
     events: list[str] = []
+    killed_at: datetime | None = None
     t0 = time.monotonic()
     async with open_journal(dsn, settings=settings) as j:
         workload = CartWorkload(j, entity_type, entities, writers, rate)
@@ -109,6 +113,8 @@ async def _demo(
         async def script() -> None:
             await asyncio.sleep(duration * 0.3)
             victim = procs[0]
+            nonlocal killed_at
+            killed_at = await conn.fetchval(statements.NOW)
             victim.send_signal(signal.SIGKILL)
             await victim.wait()
             events.append(f"{time.monotonic() - t0:5.1f}s SIGKILL worker pid {victim.pid} (mid-batch, no goodbye)")
@@ -150,6 +156,7 @@ async def _demo(
             t_write_end = time.monotonic()
             deadline = t_write_end + 90
             n = await projected()
+            backlog_at_end = written - n
             while n < written and time.monotonic() < deadline:
                 await asyncio.sleep(0.25)
                 n = await projected()
@@ -165,6 +172,7 @@ async def _demo(
             except TimeoutError:
                 p.kill()
         v = await verify(j, conn, entity_type)
+        latencies = await conn.fetch(statements.LATENCIES_SPLIT, entity_type, killed_at or datetime.now(UTC))
     await conn.close()
     for e in events:
         console.print(f"  {e}")
@@ -176,10 +184,9 @@ async def _demo(
         ("duplicates", f"{v.duplicates}"),
         ("missing", f"{v.missing}"),
         ("read model rows wrong", f"{v.view_mismatches} of {entities} carts"),
-        ("projection throughput", f"{v.distinct_projected / elapsed:,.0f} events/s over {elapsed:.1f}s, kept pace "
-                                  f"with the writes (caught up {catch_up:.1f}s after they stopped)"),
-        ("live latency", f"p50 {v.latency_p50 * 1000:.0f} ms, p99 {v.latency_p99 * 1000:.0f} ms, "
-                         f"max {v.latency_max:.1f} s (commit of event -> commit of read model)"),
+        ("projection throughput", f"{v.distinct_projected / elapsed:,.0f} events/s over {elapsed:.1f}s, "
+                                  + pace(backlog_at_end, rate, catch_up)),
+        *latency_rows(latencies),
         ("worker processes", f"{started} started ({n_workers} -> kill+restart -> {scale_to}); logs in {logdir}"),
     ]  # fmt: skip
     for k, val in rows:
@@ -189,3 +196,4 @@ async def _demo(
     else:
         console.print("[bold red]VERIFICATION FAILED[/]: see the figures above and the worker logs")
     return ok
+

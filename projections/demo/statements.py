@@ -37,3 +37,14 @@ LATENCIES = """SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch 
   max(extract(epoch FROM projected_at - db_timestamp)) mx
 FROM demo_cart_projected WHERE entity_type = $1"""
 """Commit of an event to commit of its read-model row: p50, p99, max in seconds."""
+
+LATENCIES_SPLIT = """SELECT db_timestamp < $2 steady,
+  percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM projected_at - db_timestamp)) p50,
+  percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM projected_at - db_timestamp)) p99,
+  max(extract(epoch FROM projected_at - db_timestamp)) mx
+FROM demo_cart_projected WHERE entity_type = $1 GROUP BY 1"""
+"""As :data:`LATENCIES`, for the events committed before $2 (steady state: ``steady`` true) and
+from $2 on (across the kill, the takeover and the rescale)."""
+
+NOW = "SELECT clock_timestamp()"
+"""The database's clock (event timestamps are the database's)."""

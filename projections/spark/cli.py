@@ -16,6 +16,8 @@ import typer
 
 from journal.cli.common import DataDirOption, DsnOption, SchemaOption
 
+from ..entity_types import check_entity_type
+
 EntityTypeOption = Annotated[str, typer.Option("--entity-type", help="Entity type whose events are read.")]
 PartitionsOption = Annotated[
     int | None, typer.Option("--partitions", help="Spark partitions = slice ranges (divides 1024; default 8).")
@@ -36,19 +38,6 @@ def _prepare(dsn: str | None, schema: str | None, data_dir: Path | None, master:
     target, _embedded = target_dsn(dsn, settings)
     settings = settings.with_dsn(target)
     return settings, jdbc_source(target, settings.schema, local=runs_on_this_host(settings.spark.master))
-
-
-async def _check_entity_type(journal: Any, entity_type: str) -> int:
-    """The number of events of ``entity_type``; an unknown type is an error naming the known ones."""
-    from journal.errors import InvalidArgument
-    from journal.ids import validate_entity_type
-
-    validate_entity_type(entity_type)
-    counts: dict[str, int] = (await journal.backend.info())["events"]
-    if entity_type not in counts:
-        known = ", ".join(f"{t or '(none)'} ({n})" for t, n in sorted(counts.items())) or "none: the journal is empty"
-        raise InvalidArgument(f"unknown entity type {entity_type!r}: the journal has {known}")
-    return counts[entity_type]
 
 
 def _say(msg: str) -> None:
@@ -80,7 +69,7 @@ def spark_backfill(
 
     async def go() -> Any:
         async with open_journal(settings.connection.dsn, settings=settings) as j:
-            await _check_entity_type(j, entity_type)
+            await check_entity_type(j, entity_type)
             spark = spark_session(sp)
             return await backfill(
                 spark, j, source, name, entity_type, fn, table=table, key=tuple(key or ()),
@@ -120,7 +109,7 @@ def spark_export(
 
     async def check() -> int:
         async with open_journal(settings.connection.dsn, settings=settings) as j:
-            return await _check_entity_type(j, entity_type)
+            return await check_entity_type(j, entity_type)
 
     asyncio.run(check())
     started = time.monotonic()

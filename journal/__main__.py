@@ -1,0 +1,5 @@
+"""``python -m journal``: the ``journal`` command line."""
+
+from .cli import main
+
+main()
