@@ -138,7 +138,9 @@ FROM chk"""
     def _lone(self) -> str:
         """One call of one untagged event, with scalar parameters: $1 slice, $2 entity type,
         $3 pid, $4 expected_seq_nr (NULL: append), $5-$7 the event, $8 the writer, $9-$11 the
-        metadata; the same result columns as the batch statement."""
+        metadata; the same result columns as the batch statement. One row has no per-row step, so
+        there is nothing to settle (:func:`.timestamp_rule.settle` would wait for ``clock``, which
+        has passed)."""
         notify = (
             f", CASE WHEN NOT chk.bad THEN pg_notify('{self._channel}', ($1::int / 64)::text || ':' || $2::text) END"
             " AS notified"
@@ -155,12 +157,10 @@ WITH {CLOCK}, prev AS ({highest("$3::text", self._ej)}
     {stamp("(SELECT db_timestamp FROM prev)", "1")}, $5::int, $6::text, $7::bytea, false, $8::text, NULL,
     $9::int, $10::text, $11::bytea
   FROM chk WHERE NOT chk.bad
-  RETURNING 1
 )
 SELECT {stamp("(SELECT db_timestamp FROM prev)", "1")} AS ts, chk.bad::int AS bad,
   CASE WHEN chk.bad THEN ARRAY[1] END AS bad_calls,
-  CASE WHEN $4::bigint IS NULL THEN ARRAY[COALESCE((SELECT seq_nr FROM prev), 0)] END AS appended_after,
-  {settle("ins")} AS settled{notify}
+  CASE WHEN $4::bigint IS NULL THEN ARRAY[COALESCE((SELECT seq_nr FROM prev), 0)] END AS appended_after{notify}
 FROM chk"""
 
     @staticmethod
