@@ -169,14 +169,8 @@ class GroupCommit:
         if self._closed:
             raise JournalUnavailable("the journal is closed")
         if self._idle() and not self._releasing:
-            return self._write_alone(batch)
+            return self._write_now(batch)
         return self._enqueue(batch, self._max_batch_wait)
-
-    async def _write_alone(self, batch: WriteBatch) -> CallResult:
-        result = await self._write_now(batch)
-        if result.errors:
-            raise result.errors[0]
-        return result.first_seq_nrs[0], result.db_timestamps[0]
 
     def _enqueue(self, batch: WriteBatch, wait: float = 0.0) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -273,21 +267,23 @@ class GroupCommit:
         self.calls_written += sum(map(len, results))
         return results
 
-    async def _write_now(self, batch: WriteBatch) -> BatchResult:
-        """Idle fast path: nothing queued or in flight, so write at once in the caller's task."""
-        pids = batch.persistence_ids
+    async def _write_now(self, batch: WriteBatch) -> CallResult:
+        """Idle fast path: nothing queued or in flight, so write a call at once in the caller's task."""
+        pid = batch.persistence_ids[0]
         self._direct += 1
-        self._planner.in_flight_pids.update(pids)
+        self._planner.in_flight_pids.add(pid)
         try:
             result = await self._write_batch(batch)
         finally:
             self._direct -= 1
-            self._planner.in_flight_pids.difference_update(pids)
+            self._planner.in_flight_pids.discard(pid)
             if self._planner.queue:
                 self._pump()
         self.batches_written += 1
-        self.calls_written += len(batch)
-        return result
+        self.calls_written += 1
+        if result.errors:
+            raise result.errors[0]
+        return result.first_seq_nrs[0], result.db_timestamps[0]
 
     def _pump(self) -> None:
         self._scheduled = False
