@@ -21,11 +21,13 @@ import orjson
 
 from ..buckets import bucket_millis
 from ..errors import ConfigurationError, JournalUnavailable, LocationMismatch, ReplicationError, SequenceConflict
-from ..ids import entity_type_of, slice_for, validate_entity_type
+from ..ids import validate_entity_type
 from ..replicated import ReplicatedEvent, WriteOutcome
 from ..serialization import Serialized
 from ..settings import validate_identifier
 from ..vector_time import VectorTime
+from ..write_batch import WriteBatch
+from ..write_validation import replicated_batch
 from . import recovery_guard
 from .errors import is_transient
 from .replicated_insert import insert_replicated
@@ -315,11 +317,10 @@ class PostgresReplicationStore:
         A local write to one of the batch's pids that commits first takes the sequence number
         the batch computed; the batch is then written again at once (a few times at most, then
         :class:`~journal.errors.SequenceConflict`: the endpoint retries after ``retry_delay``)."""
-        for e in events:
-            _check_log(log_name, e)
+        batch = replicated_batch(log_name, events)  # the write path's one validator
         for attempt in range(SEQUENCE_RACE_ATTEMPTS):
             try:
-                return await self._write_replicated(log_name, source_location, events, last_scanned)
+                return await self._write_replicated(log_name, source_location, batch, events, last_scanned)
             except asyncpg.UniqueViolationError as e:
                 if e.constraint_name != PRIMARY_KEY or attempt + 1 == SEQUENCE_RACE_ATTEMPTS:
                     raise SequenceConflict(
@@ -329,8 +330,9 @@ class PostgresReplicationStore:
         raise AssertionError("unreachable")
 
     async def _write_replicated(
-        self, log_name: str, source_location: str, events: Sequence[ReplicatedEvent], last_scanned: int
-    ) -> WriteOutcome:
+        self, log_name: str, source_location: str, batch: WriteBatch, events: Sequence[ReplicatedEvent],
+        last_scanned: int,
+    ) -> WriteOutcome:  # fmt: skip
         async with self._connection() as conn, conn.transaction():
             # this transaction's rows pass the recovery guard and the timestamp rule trigger (if any)
             await conn.execute(f"{recovery_guard.MARK_REPLICATED_SQL}; {MARK_WRITER_LOCAL_SQL}")
@@ -344,28 +346,30 @@ class PostgresReplicationStore:
                     break
             new = await self._not_stored(conn, log_name, events)
             if new:
-                pos, vv = await self._insert(conn, log_name, new, pos, vv)
+                pos, vv = await self._insert(conn, log_name, batch.select(new), [events[i] for i in new], pos, vv)
                 await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
             await conn.execute(self.sql.save_progress, log_name, source_location, last_scanned)
         return WriteOutcome(written=len(new), dropped=len(events) - len(new), progress=last_scanned)
 
-    async def _not_stored(self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent]) -> list[ReplicatedEvent]:
-        """The events not stored here yet, each once (a batch never repeats one; be safe)."""
+    async def _not_stored(self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent]) -> list[int]:
+        """The positions of the events not stored here yet, each once (a batch never repeats
+        one; be safe)."""
         if not events:
             return []
         ids = [e.event_id for e in events]
         rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
-        seen = {(r[0], int(r[1])) for r in rows}
+        seen = {(r["origin"], int(r["origin_seq"])) for r in rows}
         out = []
-        for e in events:
+        for i, e in enumerate(events):
             if e.event_id not in seen:
                 seen.add(e.event_id)
-                out.append(e)
+                out.append(i)
         return out
 
     async def _insert(
-        self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent], pos: int, vv: VectorTime
+        self, conn: Any, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], pos: int, vv: VectorTime
     ) -> tuple[int, VectorTime]:
+        """The events (``batch``, checked, and the events it was made of) in one statement."""
         positions = list(range(pos + 1, pos + 1 + len(events)))
         highest: dict[str, int] = {}
         for e in events:
@@ -374,29 +378,19 @@ class PostgresReplicationStore:
                     highest[location] = counter
         vv = vv.merge(highest)
         b = self.backend
-        tagged = any(e.tags for e in events)
-        slices = [slice_for(e.persistence_id) for e in events]
+        tagged = any(batch.tags)
+        metas = batch.metadata
         params: list[Any] = [
-            [e.persistence_id for e in events],
-            slices,
-            [e.event.ser_id for e in events],
-            [e.event.manifest for e in events],
-            [e.event.payload for e in events],
-            [orjson.dumps(list(e.tags)).decode() if e.tags else None for e in events],
-            [e.metadata.ser_id if e.metadata else None for e in events],
-            [e.metadata.manifest if e.metadata else None for e in events],
-            [e.metadata.payload if e.metadata else None for e in events],
-            [e.origin_location for e in events],
-            [e.origin_seq_nr for e in events],
-            [_dump(e.vector_time) for e in events],
-            positions,
-            log_name,
-            b.writer_id,
-            b.conns.epoch,
-        ]
+            batch.persistence_ids, batch.slices, batch.ser_ids, batch.manifests, batch.payloads,
+            [orjson.dumps(list(t)).decode() if t else None for t in batch.tags],
+            [m.ser_id if m else None for m in metas], [m.manifest if m else None for m in metas],
+            [m.payload if m else None for m in metas],
+            [e.origin_location for e in events], [e.origin_seq_nr for e in events],
+            [_dump(e.vector_time) for e in events], positions, log_name, b.writer_id, b.conns.epoch,
+        ]  # fmt: skip
         notify = b.settings.write.notify
         if notify:
-            params.append(sorted(notify_groups(set(slices), repeat(log_name))))
+            params.append(sorted(notify_groups(set(batch.slices), repeat(log_name))))
         if tagged:
             params.append(bucket_millis(b.settings.tags.bucket_size))
         await conn.fetchrow(self.sql.insert(notify=notify, tagged=tagged), *params)
@@ -488,11 +482,6 @@ class PostgresReplicationStore:
         async with self._connection() as conn:
             rows = await conn.fetch(self.sql.event_ids, log_name)
         return {(r["origin_location"], int(r["origin_seq_nr"])): int(r["n"]) for r in rows}
-
-
-def _check_log(log_name: str, e: ReplicatedEvent) -> None:
-    if entity_type_of(e.persistence_id) != log_name:
-        raise ReplicationError(f"event {e.persistence_id!r} does not belong to log {log_name!r}")
 
 
 def _events(rows: Sequence[asyncpg.Record]) -> list[ReplicatedEvent]:
