@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +45,8 @@ def part_dbs(pg_servers: list[Any]) -> Iterator[list[str]]:
     with contextlib.ExitStack() as stack:
         hosts = [*pg_servers, pg_servers[0]]
         dsns = [stack.enter_context(scratch_database(s.get_uri(), "sjpart")) for s in hosts]
-        with ThreadPoolExecutor(len(dsns)) as pool:
-            list(pool.map(upgrade, dsns))
+        for d in dsns:  # one after the other: alembic's context is one per process
+            upgrade(d)
         yield dsns
 
 
