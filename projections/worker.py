@@ -172,12 +172,23 @@ class Worker:
         for key in paused:
             with contextlib.suppress(ValueError):
                 paused_slices.update(parse_key(key))
-        active = runs(set(held) - paused_slices)
+        active = self._by_database(runs(set(held) - paused_slices))
         for r in [r for r in self.processors if r not in active]:
             await self._stop_processors(set(range(r[0], r[1] + 1)))
         for lo, hi in active:
             if (lo, hi) not in self.processors:
                 self._start(lo, hi)
+
+    def _by_database(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """A journal over several databases: each processor reads one database's slices, so
+        one database down stops only the processors of its slices (docs/scaling-out.md)."""
+        from journal.partitioned.backend import PartitionedBackend
+
+        backend = getattr(self.journal, "backend", None)
+        if not isinstance(backend, PartitionedBackend):
+            return ranges
+        m = backend.dbs.map
+        return [(p.min_slice, p.max_slice) for lo, hi in ranges for p in m.pieces(lo, hi)]
 
     def _start(self, lo: int, hi: int) -> None:
         assert self._pool is not None
