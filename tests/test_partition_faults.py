@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
+import sys
+from asyncio.subprocess import DEVNULL, PIPE
 from typing import Any
 
 import asyncpg
 from projection_helpers import spawn_worker, stop
-from test_partitions import partitioned
+from test_partitions import partitioned, stored
 
-from journal import Journal, JournalUnavailable, slice_for
+from journal import Journal, JournalUnavailable, Write, slice_for
 from journal.postgres.dsn import asyncpg_dsn
 from projections.demo.cart import prepare, projected_count, verify
+from tests.partition_fixtures import running
 from tests.support.private_server import crash
 from tests.support.waiting import wait_until
 
@@ -71,15 +75,15 @@ async def test_one_database_down_the_others_write_and_project(parts: list[str], 
         try:
             await wait_until(lambda: _projected(c, et, 200), 60, "the projection under way")
             crash(pg_servers[1])
-            await wait_until(lambda: load.unavailable["high"] > 0, 30, "the down database's slices refused")
-            low, high, projected = load.written["low"], load.written["high"], await projected_count(c, et)
-            # the other database's slices keep writing and projecting
-            await wait_until(lambda: load.written["low"] > low + 200, 30, "low slices writing during the outage")
-            await wait_until(lambda: _projected(c, et, projected + 200), 60, "projecting during the outage")
-            assert load.written["high"] <= high + 3  # (a write or so already past the crash)
-            from tests.partition_fixtures import running
-
-            await running(pg_servers[1])
+            try:
+                await wait_until(lambda: load.unavailable["high"] > 0, 30, "the down database's slices refused")
+                low, high, projected = load.written["low"], load.written["high"], await projected_count(c, et)
+                # the other database's slices keep writing and projecting
+                await wait_until(lambda: load.written["low"] > low + 200, 30, "low slices writing during the outage")
+                await wait_until(lambda: _projected(c, et, projected + 200), 60, "projecting during the outage")
+                assert load.written["high"] <= high + 3  # (a write or so already past the crash)
+            finally:
+                await running(pg_servers[1])
             high = load.written["high"]
             await wait_until(lambda: load.written["high"] > high + 100, 60, "the down slices writing again")
         finally:
@@ -97,3 +101,57 @@ async def test_one_database_down_the_others_write_and_project(parts: list[str], 
 
 async def _projected(c: asyncpg.Connection, et: str, n: int) -> bool:
     return await projected_count(c, et) >= n
+
+
+LO, HI = 512, 767
+
+
+def move_tool(databases: list[str], target: str) -> list[str]:
+    return [
+        sys.executable, "-m", "journal", "partitions", "move", "--slices", f"{LO}-{HI}", "--to", target,
+        "--databases", " ".join(databases), "--dsn", databases[0],
+    ]  # fmt: skip
+
+
+async def test_a_move_killed_9_finishes_when_run_again(parts: list[str]) -> None:
+    dbs, target = parts[:2], parts[2]
+    et = "KillMove"
+    pids = [p for p in (f"{et}|{i:x}{i * 7919:x}" for i in range(2000)) if LO <= slice_for(p) <= HI][:200]
+    async with partitioned(dbs, eventual_consistency_delay=0.0) as j:
+        for k in range(0, 150, 30):  # 30,000 events in the range: the copy takes a while
+            await j.persist_many([Write(p, [{"n": n} for n in range(k, k + 30)]) for p in pids])
+        load = Load(j, et)
+        load.halves = {"low": pids[:60], "high": pids[60:120]}  # every writer in the moved range
+        writing = asyncio.create_task(load.run())
+        try:
+            tool = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=DEVNULL, stderr=DEVNULL)
+            copying = "SELECT count(*) FROM event_journal"
+            await wait_until(lambda: _some(target, copying), 60, "the copy under way", every=0.005)
+            tool.send_signal(signal.SIGKILL)
+            await tool.wait()
+            unfinished = await stored(dbs[1], "SELECT step FROM slice_move")
+            assert unfinished, "the move finished before the kill"
+            rerun = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=PIPE, stderr=PIPE)
+            out, err = await asyncio.wait_for(rerun.communicate(), 120)
+            assert rerun.returncode == 0, err.decode()
+            assert "resumed at step" in out.decode()
+            written = sum(load.written.values())
+            await wait_until(lambda: sum(load.written.values()) > written + 100, 30, "writes going on after it")
+        finally:
+            load.stop()
+            await writing
+        expected = {(p, n) for p in pids async for n in _seq_nrs(j, p)}
+        assert len(expected) == 150 * len(pids) + sum(load.written.values())  # nothing lost or doubled
+    rows = await stored(target, "SELECT persistence_id, seq_nr FROM event_journal")
+    assert sorted((r[0], r[1]) for r in rows) == sorted(expected)
+    assert await stored(dbs[1], "SELECT 1 FROM event_journal WHERE slice BETWEEN $1 AND $2", LO, HI) == []
+    assert await stored(dbs[1], "SELECT step FROM slice_move") == []
+
+
+async def _some(dsn: str, sql: str) -> bool:
+    return bool((await stored(dsn, sql))[0][0])
+
+
+async def _seq_nrs(j: Journal, pid: str) -> Any:
+    async for e in j.current_events_by_persistence_id(pid):
+        yield e.seq_nr
