@@ -12,17 +12,20 @@ from asyncio.subprocess import DEVNULL, PIPE
 from typing import Any
 
 import asyncpg
+import pytest
 from projection_helpers import spawn_worker, stop
 from test_partitions import partitioned, stored
 
 from journal import Journal, JournalUnavailable, Write, slice_for
 from journal.postgres.dsn import asyncpg_dsn
-from projections.demo.cart import prepare, projected_count, verify
+from projections.demo.cart import CartWorkload, prepare, projected_count, verify
+from projections.postgres_store import ProjectionSql
 from tests.partition_fixtures import running
 from tests.support.private_server import crash
 from tests.support.waiting import wait_until
 
 OUTAGE = dict(attempts=2, initial_backoff=0.02, max_backoff=0.1, connect_timeout=1.0)
+SQL = ProjectionSql("public")
 WORKER_OUTAGE = {"JOURNAL_RETRY_ATTEMPTS": "2", "JOURNAL_CONNECT_TIMEOUT": "1"}
 
 
@@ -155,3 +158,46 @@ async def _some(dsn: str, sql: str) -> bool:
 async def _seq_nrs(j: Journal, pid: str) -> Any:
     async for e in j.current_events_by_persistence_id(pid):
         yield e.seq_nr
+
+
+async def test_a_projection_across_databases_survives_kill_9_and_rescale(
+    parts: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = parts[0]
+    et, name = "SpanCart", "p-span"
+    monkeypatch.setenv("JOURNAL_DATABASES", " ".join(parts))  # the workers' journal: four databases
+    c = await asyncpg.connect(asyncpg_dsn(home))
+    await prepare(c)
+    await c.execute("TRUNCATE demo_cart_projected, demo_cart_view")
+    async with partitioned(parts, eventual_consistency_delay=0.0) as j:
+        load = CartWorkload(j, et, 3000, 8, rate=500)  # carts check out: enough for a minute
+        writing = asyncio.create_task(load.run())
+        procs = [spawn_worker(home, name, et), spawn_worker(home, name, et)]
+        try:
+            await wait_until(lambda: _owners(c, name, 2), 60, "two workers sharing the slices")
+            await wait_until(lambda: _projected(c, et, 500), 30, "projection under way")
+            procs[0].send_signal(signal.SIGKILL)  # mid-batch: its transaction rolls back
+            procs[0].wait()
+            await wait_until(lambda: _owners(c, name, 1), 60, "takeover by the survivor")
+            procs += [spawn_worker(home, name, et), spawn_worker(home, name, et)]  # rescale to 3
+            await wait_until(lambda: _owners(c, name, 3), 60, "three workers owning slices")
+            for p in procs[1:3]:
+                p.send_signal(signal.SIGTERM)  # and down to 1
+            await wait_until(lambda: _owners(c, name, 1), 60, "one worker owning slices")
+            written = load.written
+            await wait_until(lambda: _projected(c, et, written), 30, "one worker catching up after the rescale")
+        finally:
+            load.stop()
+            await writing
+        try:
+            await wait_until(lambda: _projected(c, et, load.written), 60, "the projection caught up")
+        finally:
+            stop(procs)
+        v = await verify(j, c, et)
+        assert (v.written, v.missing, v.duplicates, v.view_mismatches) == (load.written, 0, 0, 0)
+    await c.close()
+
+
+async def _owners(c: asyncpg.Connection, name: str, n: int) -> bool:
+    rows = await SQL.leases.lease_owners(c, name)
+    return len({r["owner"] for r in rows if r["live"]}) == n and all(r["live"] for r in rows)
