@@ -48,6 +48,8 @@ class RangeStatus:
     """Earliest of the slices' latest offsets (None: a slice has none yet)."""
     lag_seconds: float | None
     paused: bool
+    database: str | None = None
+    """The database serving the range's events (a journal over several databases)."""
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,15 @@ class DeadLetterCount(Protocol):
 
 
 async def status(
-    conn: Any, sql: ManagementStore, name: str, dead_letters: DeadLetterCount | None = None
-) -> ProjectionStatus:
-    """Per slice range (grouped by owner): offset, lag, owner, paused; the workers; the number of
-    dead letters (when ``dead_letters`` is given)."""
+    conn: Any, sql: ManagementStore, name: str, dead_letters: DeadLetterCount | None = None,
+    databases: Sequence[tuple[int, int, str]] = (),
+) -> ProjectionStatus:  # fmt: skip
+    """Per slice range (grouped by owner, and by database: ``databases`` are the journal's
+    ``(min_slice, max_slice, database)`` runs when it has several): offset, lag, owner, paused;
+    the workers; the number of dead letters (when ``dead_letters`` is given)."""
+    db: list[str | None] = [None] * NUMBER_OF_SLICES
+    for lo, hi, where in databases:
+        db[lo : hi + 1] = [where] * (hi - lo + 1)
     await require_known(conn, sql, name)
     now = await sql.now(conn)
     offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
@@ -90,14 +97,22 @@ async def status(
     ranges: list[RangeStatus] = []
     start = 0
     for s in range(1, NUMBER_OF_SLICES + 1):
-        if s < NUMBER_OF_SLICES and leases.get(s) == leases.get(start) and (s in paused) == (start in paused):
+        if (
+            s < NUMBER_OF_SLICES and leases.get(s) == leases.get(start) and (s in paused) == (start in paused)
+            and db[s] == db[start]
+        ):  # fmt: skip
             continue
         ts = [offsets.get(x) for x in range(start, s)]
         offset = None if any(t is None for t in ts) else min(t for t in ts if t is not None)
         ranges.append(
             RangeStatus(
-                lo=start, hi=s - 1, owner=leases.get(start), offset=offset,
-                lag_seconds=(now - offset).total_seconds() if offset else None, paused=start in paused,
+                lo=start,
+                hi=s - 1,
+                owner=leases.get(start),
+                offset=offset,
+                lag_seconds=(now - offset).total_seconds() if offset else None,
+                paused=start in paused,
+                database=db[start],
             )
         )
         start = s
@@ -119,7 +134,7 @@ def status_json(statuses: list[ProjectionStatus]) -> str:
             "name": st.name,
             "ranges": [
                 {"slices": f"{r.lo}-{r.hi}", "lo": r.lo, "hi": r.hi, "owner": r.owner, "offset": r.offset,
-                 "lag_seconds": r.lag_seconds, "paused": r.paused}
+                 "lag_seconds": r.lag_seconds, "paused": r.paused, "database": r.database}
                 for r in st.ranges
             ],
             "workers": st.workers,
@@ -165,9 +180,7 @@ async def reset(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, to
     async with conn.transaction():
         slices = list(range(lo, hi + 1))
         await sql.delete_offsets(conn, name, slices)
-        await sql.save_offsets(
-            conn, name, slice_key(lo, hi), [OffsetRow(s, HEARTBEAT_PID, 0, to) for s in slices]
-        )
+        await sql.save_offsets(conn, name, slice_key(lo, hi), [OffsetRow(s, HEARTBEAT_PID, 0, to) for s in slices])
 
 
 async def clear(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int) -> int:

@@ -6,7 +6,9 @@ and nowhere else.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from asyncio.subprocess import PIPE
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -26,7 +28,7 @@ from journal import (
 from journal.cleanup import Cleanup, CleanupAction
 from journal.partitioned.backend import PartitionedBackend
 from journal.partitioned.layout import PartitionMap
-from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres.dsn import asyncpg_dsn, redact
 from journal.postgres.partitions import MOVED, OWNED, PartitionRow
 
 PIDS = [f"route|{hashlib.sha1(bytes([i])).hexdigest()[:8]}" for i in range(120)]  # spread over the slices
@@ -185,3 +187,36 @@ async def test_a_plain_journal_on_a_partitioned_database_is_refused_then_follows
         await conn.close()
         await j.persist(high, [{"n": 1}])
         assert j.backend.dbs.map.epoch == 5  # type: ignore[attr-defined]
+
+
+async def test_journal_info_and_projections_status_show_each_database(parts: list[str]) -> None:
+    import json
+    import os
+    import sys
+
+    dbs = parts[:2]
+    async with partitioned(dbs) as j:
+        await j.persist_many([Write(p, [{"n": 1}]) for p in PIDS])
+    low = sum(1 for p in PIDS if slice_for(p) < 512)
+    conn = await asyncpg.connect(asyncpg_dsn(dbs[0]))  # the home database: a projection's offset
+    await conn.execute(
+        "INSERT INTO projection_timestamp_offset_store VALUES ('p-info', '0-1023', 3, 'x', 1, now(), now())"
+    )
+    await conn.close()
+    env = {**os.environ, "JOURNAL_DATABASES": " ".join(dbs)}
+
+    async def cli(*args: str) -> str:
+        p = await asyncio.create_subprocess_exec(sys.executable, "-m", *args, "--dsn", dbs[0], env=env, stdout=PIPE)
+        out, _ = await p.communicate()
+        assert p.returncode == 0
+        return out.decode()
+
+    info = await cli("journal", "info")
+    blocks = info.split("database:")[1:]
+    assert len(blocks) == 2
+    assert "slices:          0-511" in blocks[0] and f"events:          {low}" in blocks[0]
+    assert "slices:          512-1023" in blocks[1] and f"events:          {len(PIDS) - low}" in blocks[1]
+    status = json.loads(await cli("projections", "status", "p-info", "--json"))
+    ranges = [(r["slices"], r["database"]) for r in status[0]["ranges"]]
+    names = [redact(d) for d in dbs]
+    assert ranges == [("0-511", names[0]), ("512-1023", names[1])]
