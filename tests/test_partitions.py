@@ -220,3 +220,28 @@ async def test_journal_info_and_projections_status_show_each_database(parts: lis
     ranges = [(r["slices"], r["database"]) for r in status[0]["ranges"]]
     names = [redact(d) for d in dbs]
     assert ranges == [("0-511", names[0]), ("512-1023", names[1])]
+
+
+async def test_entities_write_and_recover_where_their_slice_is(parts: list[str]) -> None:
+    from journal import EntityRegistry
+    from tests.reliable_fixtures import Order
+    from tests.support.waiting import wait_until
+
+    a, b = parts[0], parts[1]
+    ids = [f"e{i}" for i in range(40)]
+    low = next(i for i in ids if slice_for(f"order|{i}") < 512)
+    high = next(i for i in ids if slice_for(f"order|{i}") >= 512)
+    async with partitioned([a, b]) as j:
+        async with EntityRegistry(j) as reg:
+            for i in (low, high):
+                assert await reg.ask(Order, i, ("place", "x")) == ["placed:x"]
+                await wait_until(lambda i=i: _has(reg.ask(Order, i, ("read",)), 3), what="the follow-ups")
+        async with EntityRegistry(j) as reg:  # recovered from the database of its slice
+            assert await reg.ask(Order, high, ("read",)) == ["placed:x", "reserved:x", "shipped:x"]
+    assert {k[1] for k in await keys(a) if k[0] == f"order|{low}"} == {1, 2, 3}
+    assert {k[1] for k in await keys(b) if k[0] == f"order|{high}"} == {1, 2, 3}
+    assert not {k for k in await keys(a) if k[0] == f"order|{high}"}
+
+
+async def _has(state: object, n: int) -> bool:
+    return len(await state) == n  # type: ignore[misc,arg-type]
