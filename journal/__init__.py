@@ -7,6 +7,7 @@ from .backend import Backend
 from .bulk import Outcome, Write, Written, failures
 from .codec import Forgotten, KeyStore
 from .entities import (
+    DeliveryScan,
     Entity,
     EntityRegistry,
     EventRouter,
@@ -44,6 +45,7 @@ from .errors import (
     SequenceConflict,
     SerializationError,
     SparkSetupError,
+    StashTimeout,
     StorageError,
     SubjectForgotten,
     TagEventsMissing,
@@ -68,6 +70,7 @@ __all__ = [
     "CircuitBreakerOpen",
     "ConditionTimeout",
     "ConfigurationError",
+    "DeliveryScan",
     "Entity",
     "EntityError",
     "EntityRegistry",
@@ -106,6 +109,7 @@ __all__ = [
     "SerializerRegistry",
     "Snapshot",
     "SparkSetupError",
+    "StashTimeout",
     "StorageError",
     "StoredManifest",
     "SubjectForgotten",

@@ -8,13 +8,13 @@ the :class:`~journal.Journal` facade validates and (de)serializes above it, and 
 
 A capability a backend lacks is still part of its interface: it raises
 :class:`~journal.errors.UnsupportedOperation` (Cassandra has no slice queries, no ``write_on``,
-no replicated logs).
+no replicated logs, no slice leases).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -487,6 +487,8 @@ class ReplicationStore(Protocol):
 
     async def end_recovery(self, log_names: Sequence[str]) -> None: ...
 
+    async def recovering(self, log_names: Sequence[str]) -> bool: ...
+
     async def guard_installed(self) -> bool: ...
 
     async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None: ...
@@ -504,6 +506,37 @@ class ReplicationStore(Protocol):
     async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]: ...
 
     async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]: ...
+
+
+class SliceLeases(Protocol):
+    """One member of a named job whose live members share the slices through leases (projection
+    workers, event routers), and the progress it records per slice (PostgreSQL)."""
+
+    owner: str
+
+    @property
+    def held(self) -> Mapping[int, int]:
+        """Slice -> lease epoch of what the member held after its last round."""
+        ...
+
+    async def join(self) -> None:
+        """Create the job's lease rows if they are missing."""
+        ...
+
+    async def rebalance(
+        self, give_up: Callable[[set[int]], Awaitable[None]], *, events: int = 0, error: str | None = None
+    ) -> Mapping[int, int]:
+        """One round: heartbeat, renew, rebalance; ``give_up(slices)`` must stop the work on
+        slices lost or to be given away before their leases go. Returns what is held now."""
+        ...
+
+    async def leave(self, *, state: str = "stopped", events: int = 0, error: str | None = None) -> None: ...
+
+    async def save_progress(self, key: str, done: Mapping[int, datetime]) -> None:
+        """Per slice: every event before the timestamp is done (for the stream named ``key``)."""
+        ...
+
+    async def load_progress(self, key: str, slices: Sequence[int]) -> dict[int, datetime]: ...
 
 
 @runtime_checkable
@@ -536,6 +569,11 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
 
     def replication_store(self, location: str) -> ReplicationStore:
         """The replicated logs of ``location`` in this database (PostgreSQL)."""
+        ...
+
+    def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
+        """Membership ``owner`` of the job ``name``, its leases expiring ``ttl`` seconds after
+        the last round (PostgreSQL)."""
         ...
 
     def key_store(self) -> KeyStore:

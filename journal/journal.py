@@ -226,7 +226,8 @@ class Journal:
         Raises:
             JournalUnavailable: with ``outcome_unknown=False`` when nothing of it is stored and
                 the highest is still ``expected_seq_nr`` (it may be sent again); with
-                ``outcome_unknown=True`` when the database cannot be reached yet.
+                ``outcome_unknown=True`` whenever the database cannot be reached (or does not
+                answer) yet: only an answer proves that nothing was written.
             SequenceConflict: another writer's rows are there (or the pid moved on).
         """
         if expected_seq_nr is None:
@@ -234,11 +235,18 @@ class Journal:
         if self.serializers.keyed:
             await self.serializers.load_write_keys((persistence_id,))
         batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
-        (got,) = await self.backend.check_write(batch)
+        try:
+            (got,) = await self.backend.check_write(batch)
+            not_written = got.outcome is Found.NOT_WRITTEN
+            highest = await self.backend.highest_seq_nr(persistence_id) if not_written else None
+        except JournalUnavailable as e:  # the read itself found nothing out
+            raise JournalUnavailable(
+                f"outcome of the write of {persistence_id!r} still unknown: {e}", outcome_unknown=True
+            ) from e
         if got.outcome is Found.WRITTEN:
             assert got.db_timestamp is not None
             return self._written(batch, expected_seq_nr + 1, got.db_timestamp, events, metadata)
-        if got.outcome is Found.NOT_WRITTEN and await self.backend.highest_seq_nr(persistence_id) == expected_seq_nr:
+        if highest == expected_seq_nr:
             raise JournalUnavailable(
                 f"write of {persistence_id!r} failed: not stored (checked once the database answered)",
                 outcome_unknown=False,

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from journal.errors import InvalidArgument, ProjectionError
 from journal.ids import NUMBER_OF_SLICES, slice_for
 from journal.postgres.connections import connect
+from journal.postgres.leases import LeaseSql
 from journal.settings import JournalSettings
 
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
@@ -24,8 +25,8 @@ class ManagementStore(Protocol):
     async def now(self, conn: Any) -> datetime: ...
     async def projection_names(self, conn: Any) -> list[str]: ...
     async def slice_offsets(self, conn: Any, name: str) -> Sequence[Any]: ...
-    async def lease_owners(self, conn: Any, name: str) -> Sequence[Any]: ...
-    async def workers(self, conn: Any, name: str) -> Sequence[Any]: ...
+    @property
+    def leases(self) -> LeaseSql: ...
     async def paused_keys(self, conn: Any, name: str) -> list[str]: ...
     async def set_paused(self, conn: Any, name: str, key: str, paused: bool) -> None: ...
     async def save_offsets(self, conn: Any, name: str, key: str, rows: list[OffsetRow]) -> None: ...
@@ -82,7 +83,7 @@ async def status(
     await require_known(conn, sql, name)
     now = await sql.now(conn)
     offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
-    leases = {r["slice"]: (r["owner"] if r["live"] else None) for r in await sql.lease_owners(conn, name)}
+    leases = {r["slice"]: (r["owner"] if r["live"] else None) for r in await sql.leases.lease_owners(conn, name)}
     paused: set[int] = set()
     for key in await sql.paused_keys(conn, name):
         paused.update(parse_key(key))
@@ -100,7 +101,7 @@ async def status(
             )
         )
         start = s
-    workers = [dict(r) for r in await sql.workers(conn, name)]
+    workers = [dict(r) for r in await sql.leases.workers(conn, name)]
     dead = await dead_letters.count(conn, name) if dead_letters is not None else 0
     return ProjectionStatus(name, ranges, workers, dead)
 
@@ -146,7 +147,7 @@ async def _require_stopped(conn: Any, sql: ManagementStore, name: str, lo: int, 
     paused: set[int] = set()
     for key in await sql.paused_keys(conn, name):
         paused.update(parse_key(key))
-    live = [w for w in await sql.workers(conn, name) if w["live"] and w["state"] == "running"]
+    live = [w for w in await sql.leases.workers(conn, name) if w["live"] and w["state"] == "running"]
     if live and not set(range(lo, hi + 1)) <= paused:
         raise ProjectionError(
             f"projection {name!r} has {len(live)} running worker(s): pause slices {lo}-{hi} first "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-from ..backend import Backend, ReplicationStore, SliceQueryBackend
+from ..backend import Backend, ReplicationStore, SliceLeases, SliceQueryBackend
 from ..settings import JournalSettings
 from ..write_batch import BatchResult, WriteBatch
 from .bulk_writes import BulkWrite
@@ -72,6 +72,12 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
         from .replication_store import PostgresReplicationStore
 
         return PostgresReplicationStore(self, location)
+
+    def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
+        """Slice leases of the job ``name`` over the journal's pool (:mod:`.leases`)."""
+        from .leases import PostgresSliceLeases
+
+        return PostgresSliceLeases(lambda: self.conns.pool, self.settings.schema, name, owner, ttl)
 
     def key_store(self) -> PostgresKeyStore:
         """The ``encryption_key`` table (keys wrapped with ``codec.master_key`` when it is set)."""
