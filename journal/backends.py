@@ -44,17 +44,13 @@ async def open_backend(
     if kind == "cassandra":
         assert dsn is not None
         return await _open_cassandra(dsn, settings), settings
-    from .postgres.backend import PostgresBackend
+    from .postgres import PostgresBackend, schema_migrations, start_embedded
 
     target = dsn
     if target is None:
-        from .postgres.embedded import start_embedded
-
         target = await asyncio.to_thread(start_embedded, settings.connection.data_dir)
     if migrate if migrate is not None else kind == "embedded":
-        from .postgres.migrations import upgrade
-
-        await asyncio.to_thread(upgrade, target, settings.schema)
+        await asyncio.to_thread(schema_migrations().upgrade, target, settings.schema)
     settings = settings.with_dsn(target)
     backend = PostgresBackend(target, settings)
     await backend.start()

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ..errors import ConfigurationError
-from ..postgres.dsn import redact
+from ..postgres import redact
 from . import app
 from .common import DataDirOption, DsnOption, SchemaOption, check_reachable, settings_from, target_dsn
 
@@ -30,7 +30,9 @@ def migrate(
 
     A downgrade that would drop tables holding rows lists them with their row counts and asks;
     without a terminal it needs --yes."""
-    from ..postgres import migrations
+    from ..postgres import schema_migrations
+
+    migrations = schema_migrations()
 
     settings = settings_from(schema, data_dir)
     if sql:
@@ -63,8 +65,9 @@ def migrate(
 @app.command()
 def info(dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None) -> None:
     """Server version, schema revision and event counts per entity type."""
-    from ..postgres.backend import PostgresBackend
-    from ..postgres.migrations import head_revision
+    from ..postgres import PostgresBackend, schema_migrations
+
+    head_revision = schema_migrations().head_revision
 
     settings = settings_from(schema, data_dir)
     target, embedded = target_dsn(dsn, settings)

@@ -133,7 +133,7 @@ class CartWorkload:
     async def _long_transactions(self, hold: float = 1.5) -> None:
         """A transaction that takes its db_timestamp now and commits ``hold`` seconds later:
         the case the slice query's horizon exists for (its events must not be skipped)."""
-        from journal.postgres.backend import PostgresBackend
+        from journal.postgres import PostgresBackend
 
         backend = self.journal.backend
         if not isinstance(backend, PostgresBackend):

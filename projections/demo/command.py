@@ -41,13 +41,13 @@ def demo(
     writers: Annotated[int, typer.Option(min=1, help="Concurrent writer tasks.")] = 50,
 ) -> None:
     """Write, project across processes (kill one, restart, rescale), verify: exit 1 on any loss or double."""
-    from journal.postgres import migrations
+    from journal.postgres import schema_migrations
 
     settings = settings_from(schema, data_dir)
     target, embedded = target_dsn(dsn, settings)
     typer.echo(f"database: {'embedded PostgreSQL ' + str(settings.connection.data_dir) if embedded else 'DSN'}")
     check_reachable(target, settings)
-    migrations.upgrade(target, settings.schema)
+    schema_migrations().upgrade(target, settings.schema)
     ok = asyncio.run(
         _demo(target, settings.with_dsn(target), entities, duration, workers, scale_to, rate, writers)
     )
@@ -62,7 +62,7 @@ async def _demo(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from journal.journal import open_journal
-    from journal.postgres.connections import connect
+    from journal.postgres import connect
 
     from . import statements
     from .cart import CartWorkload, prepare, projected_count, verify
