@@ -221,35 +221,53 @@ def _plain_calls(parts: Sequence[object]) -> tuple[Sequence[str], Sequence[int |
     metadata, whose every pid and expected_seq_nr passes the rules of :func:`_call` (checked a
     column at a time: ``zip``, ``map``, ``set``, loops in C); None for anything else, which is
     then checked part by part (and raises there, naming the part)."""
+    columns = _plain_columns(parts)
+    if columns is None:
+        return None
+    pids, events, expected = columns
+    if not _plain_pids(pids) or not _plain_expected(expected):
+        return None
+    if not set(map(type, events)) <= _LIST_OR_TUPLE or set(map(len, events)) != {1}:
+        return None
+    return pids, expected, [e for (e,) in events]
+
+
+def _plain_columns(parts: Sequence[object]) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any]] | None:
+    """The pid, events and expected_seq_nr columns of tuples of one length without tags or
+    metadata; None for anything else."""
     if not parts or not all(issubclass(t, tuple) for t in set(map(type, parts))):
         return None
     n, lengths = len(parts), set(map(len, cast("Sequence[tuple[Any, ...]]", parts)))
     if lengths == {2}:
         pids, events = zip(*parts, strict=True)  # type: ignore[call-overload]
-        expected: Sequence[Any] = (None,) * n
-    elif lengths == {3}:
+        return pids, events, (None,) * n
+    if lengths == {3}:
         pids, events, expected = zip(*parts, strict=True)  # type: ignore[call-overload]
-    elif lengths == {5}:
+        return pids, events, expected
+    if lengths == {5}:
         pids, events, expected, tags, metadata = zip(*parts, strict=True)  # type: ignore[call-overload]
-        if any(tags) or metadata.count(None) != n:
-            return None
-    else:
-        return None
+        if not any(tags) and metadata.count(None) == n:
+            return pids, events, expected
+    return None
+
+
+def _plain_pids(pids: Sequence[Any]) -> bool:
+    """Does every pid pass the rules of :func:`_call` (a non-empty str, not too long, no NUL)?"""
     if set(map(type, pids)) != {str} or "\x00" in "".join(pids):
-        return None
+        return False
     sizes = set(map(len, pids))
-    if min(sizes) == 0 or max(sizes) > MAX_PERSISTENCE_ID_LENGTH:
-        return None
-    if not set(map(type, events)) <= _LIST_OR_TUPLE or set(map(len, events)) != {1}:
-        return None
+    return min(sizes) > 0 and max(sizes) <= MAX_PERSISTENCE_ID_LENGTH
+
+
+def _plain_expected(expected: Sequence[Any]) -> bool:
+    """Is every expected_seq_nr None or an int the call's one event still fits above?"""
     kinds = set(map(type, expected))
     if not kinds <= _INT_OR_NONE:
-        return None
-    if int in kinds:
-        given = [e for e in expected if e is not None] if len(kinds) > 1 else expected
-        if min(given) < 0 or max(given) > MAX_SEQ_NR - 1:
-            return None
-    return pids, expected, [e for (e,) in events]
+        return False
+    if int not in kinds:
+        return True
+    given = [e for e in expected if e is not None] if len(kinds) > 1 else expected
+    return bool(min(given) >= 0 and max(given) <= MAX_SEQ_NR - 1)
 
 
 def _entity_types(pids: Sequence[str]) -> list[str]:

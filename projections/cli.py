@@ -200,9 +200,7 @@ async def _report(ws: list[Any], show: bool) -> None:
 def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: Any, what: str) -> Any:
     """``fn(conn, sql)`` on a connection of its own; failures come out as the library's errors."""
     from journal.cli.common import target_dsn
-    from journal.postgres.connections import connect
-    from journal.postgres.dsn import target_of
-    from journal.postgres.errors import mapped_errors
+    from journal.postgres import connect, mapped_errors, target_of
 
     from .postgres_store import ProjectionSql
 

@@ -11,8 +11,7 @@ from typing import Any, Protocol
 
 from journal.errors import InvalidArgument, ProjectionError
 from journal.ids import NUMBER_OF_SLICES, slice_for
-from journal.postgres.connections import connect
-from journal.postgres.leases import LeaseSql
+from journal.postgres import LeaseSql, connect
 from journal.settings import JournalSettings
 
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql

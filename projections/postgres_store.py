@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from journal.postgres.leases import HEARTBEAT_PID, LeaseSql, OffsetRow
+from journal.postgres import HEARTBEAT_PID, LeaseSql, OffsetRow
 from journal.settings import validate_identifier
 
 __all__ = ["HEARTBEAT_PID", "OffsetRow", "ProjectionSql"]

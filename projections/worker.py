@@ -25,9 +25,7 @@ import asyncpg
 
 from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
 from journal.ids import NUMBER_OF_SLICES, runs, validate_entity_type, validate_name
-from journal.postgres.dsn import asyncpg_dsn, target_of
-from journal.postgres.errors import driver_error
-from journal.postgres.leases import PostgresSliceLeases
+from journal.postgres import PostgresSliceLeases, asyncpg_dsn, driver_error, target_of
 from journal.settings import JournalSettings, QueryMode
 from journal.waits import wait_set
 

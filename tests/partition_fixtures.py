@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from journal.postgres.migrations import upgrade
+from journal.postgres import schema_migrations
 from tests.support.scratch import scratch_database
 
 SERVERS = 3
@@ -46,7 +46,7 @@ def part_dbs(pg_servers: list[Any]) -> Iterator[list[str]]:
         hosts = [*pg_servers, pg_servers[0]]
         dsns = [stack.enter_context(scratch_database(s.get_uri(), "sjpart")) for s in hosts]
         for d in dsns:  # one after the other: alembic's context is one per process
-            upgrade(d)
+            schema_migrations().upgrade(d)
         yield dsns
 
 

@@ -17,7 +17,7 @@ from projection_helpers import spawn_worker, stop
 from test_partitions import partitioned, stored
 
 from journal import Journal, JournalUnavailable, Write, slice_for
-from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres import asyncpg_dsn
 from projections.demo.cart import CartWorkload, prepare, projected_count, verify
 from projections.postgres_store import ProjectionSql
 from tests.partition_fixtures import running

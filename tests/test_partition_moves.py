@@ -18,8 +18,7 @@ from test_partitions import partitioned, stored
 
 from journal import Journal, SliceRangeMoved, slice_for
 from journal.partitioned.move import SliceMove
-from journal.postgres.backend import PostgresBackend
-from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres import PostgresBackend, asyncpg_dsn
 from journal.settings import JournalSettings
 from projections.demo.cart import CartWorkload, prepare, projected_count, verify
 from tests.support.waiting import wait_until

@@ -28,8 +28,7 @@ from journal import (
 from journal.cleanup import Cleanup, CleanupAction
 from journal.partitioned.backend import PartitionedBackend
 from journal.partitioned.layout import PartitionMap
-from journal.postgres.dsn import asyncpg_dsn, redact
-from journal.postgres.partitions import MOVED, OWNED, PartitionRow
+from journal.postgres import MOVED, OWNED, PartitionRow, asyncpg_dsn, redact
 
 PIDS = [f"route|{hashlib.sha1(bytes([i])).hexdigest()[:8]}" for i in range(120)]  # spread over the slices
 
@@ -163,7 +162,7 @@ async def test_a_plain_journal_on_a_partitioned_database_is_refused_then_follows
         pass  # each database records its range
     high = next(p for p in PIDS if slice_for(p) >= 512)
     low = next(p for p in PIDS if slice_for(p) < 512)
-    from journal.postgres.backend import PostgresBackend
+    from journal.postgres import PostgresBackend
 
     # one database's backend alone (no map): writes of slices it does not serve are refused in the database
     b = PostgresBackend(parts[0], JournalSettings.load(env={}, dsn=parts[0]))

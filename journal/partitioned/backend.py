@@ -20,10 +20,7 @@ from typing import Any
 from ..backend import Backend, ManifestCount, SliceLeases, SnapshotRow, WriteCheck
 from ..errors import UnsupportedOperation
 from ..ids import slice_for
-from ..postgres.backend import PostgresBackend
-from ..postgres.dsn import redact
-from ..postgres.key_store import PostgresKeyStore
-from ..postgres.partitions import MOVED
+from ..postgres import MOVED, PostgresBackend, PostgresKeyStore, redact
 from ..settings import JournalSettings
 from ..write_batch import BatchResult, WriteBatch
 from .databases import Databases

@@ -16,9 +16,7 @@ from collections.abc import Sequence
 
 from ..conditions import Condition
 from ..errors import JournalUnavailable
-from ..postgres.backend import PostgresBackend
-from ..postgres.dsn import redact, without_password
-from ..postgres.partitions import PartitionRow
+from ..postgres import PartitionRow, PostgresBackend, redact, without_password
 from ..settings import JournalSettings
 from .layout import PartitionMap
 

@@ -47,6 +47,8 @@ class PostgresWrites(PostgresPart):
         self.statements = WriteStatements(
             self.sql, notify=settings.write.notify, bucket_millis=bucket_millis(settings.tags.bucket_size)
         )
+        self._unsettled: set[int] = set()
+        """Server processes of interrupted writes not yet seen idle (the database did not answer)."""
 
     async def write_batch(self, batch: WriteBatch) -> BatchResult:
         """The batch in one statement. Calls that fail the ``expected_seq_nr`` check are reported
@@ -238,7 +240,13 @@ class PostgresWrites(PostgresPart):
             raise JournalUnavailable(str(e), outcome_unknown=True) from e
 
     async def _checks(self, batch: WriteBatch) -> list[WriteCheck | None]:
-        """:meth:`check_write` of each call that gave ``expected_seq_nr`` (None for the others)."""
+        """:meth:`check_write` of each call that gave ``expected_seq_nr`` (None for the others).
+
+        First, every interrupted write whose server process could not be seen idle is waited
+        for (it may be the one asked about): rows read while it runs could say "not written"
+        for a write that commits a moment later."""
+        for server_pid in list(self._unsettled):
+            await self.wait_until_settled(server_pid)
         firsts = batch.firsts()
         out: list[WriteCheck | None] = []
         for i, expected in enumerate(batch.expected_seq_nrs):

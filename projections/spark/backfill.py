@@ -152,7 +152,7 @@ def _wrap(frame: Any, table: str | None, key: Sequence[str]) -> ReadModel:
 async def _refuse_if_running(journal: Journal, store: ProjectionSql, name: str) -> None:
     import asyncpg
 
-    from journal.postgres.dsn import asyncpg_dsn
+    from journal.postgres import asyncpg_dsn
 
     dsn = journal.settings.connection.dsn
     if dsn is None:
