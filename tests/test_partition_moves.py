@@ -14,9 +14,10 @@ from collections import defaultdict
 import asyncpg
 import pytest
 from projection_helpers import spawn_worker, stop
-from test_partitions import partitioned, stored
+from test_partitions import partitioned, settings, stored
 
 from journal import Journal, SliceRangeMoved, slice_for
+from journal.backends import open_partitioned
 from journal.partitioned.move import SliceMove
 from journal.postgres import PostgresBackend, asyncpg_dsn
 from journal.settings import JournalSettings
@@ -108,3 +109,36 @@ async def test_a_move_under_write_load_misses_and_repeats_nothing(parts: list[st
 
 async def _projected_all(c: asyncpg.Connection, et: str, n: int) -> bool:
     return await projected_count(c, et) >= n
+
+
+async def test_writers_with_expected_seq_nr_follow_a_move_run_by_another_process(parts: list[str]) -> None:
+    """The move runs on a backend of its own (as `journal partitions move` does): the writers'
+    journal learns of it only from the databases' refusals, and no call conflicts."""
+    dbs, target = parts[:2], parts[2]
+    pids = [p for p in (f"seq|{i}x{i * 7919}" for i in range(400)) if LO <= slice_for(p) <= HI][:20]
+    async with partitioned(dbs) as j:
+        stop = asyncio.Event()
+        highest = dict.fromkeys(pids, 0)
+
+        async def writer(pid: str) -> None:
+            while not stop.is_set():
+                await j.persist(pid, [{"n": highest[pid]}], expected_seq_nr=highest[pid])  # a conflict raises
+                highest[pid] += 1
+                await asyncio.sleep(0)
+
+        writing = asyncio.gather(*(writer(p) for p in pids))
+        try:
+            await wait_until(lambda: sum(highest.values()) > 1000, 30, "writes under way")
+            mover = await open_partitioned(dbs[0], settings(dbs))
+            try:
+                await SliceMove(mover, LO, HI, target).run()
+            finally:
+                await mover.close()
+            moved_at = sum(highest.values())
+            await wait_until(lambda: sum(highest.values()) > moved_at + 500, 30, "writes after the move")
+        finally:
+            stop.set()
+            await writing
+        assert j.backend.dbs.map.epoch == 1  # type: ignore[attr-defined]
+    rows = await stored(target, "SELECT persistence_id, max(seq_nr), count(*) FROM event_journal GROUP BY 1")
+    assert {r[0]: (r[1], r[2]) for r in rows} == {p: (n, n) for p, n in highest.items()}
