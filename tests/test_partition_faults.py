@@ -14,9 +14,11 @@ from typing import Any
 import asyncpg
 import pytest
 from projection_helpers import spawn_worker, stop
-from test_partitions import partitioned, stored
+from test_partitions import partitioned, settings, stored
 
 from journal import Journal, JournalUnavailable, Write, slice_for
+from journal.backends import open_partitioned
+from journal.partitioned.move import SliceMove
 from journal.postgres import asyncpg_dsn
 from projections.demo.cart import CartWorkload, prepare, projected_count, verify
 from projections.postgres_store import ProjectionSql
@@ -201,3 +203,40 @@ async def test_a_projection_across_databases_survives_kill_9_and_rescale(
 async def _owners(c: asyncpg.Connection, name: str, n: int) -> bool:
     rows = await SQL.leases.lease_owners(c, name)
     return len({r["owner"] for r in rows if r["live"]}) == n and all(r["live"] for r in rows)
+
+
+async def test_a_move_interrupted_by_a_database_crash_finishes_when_run_again(
+    parts: list[str], pg_servers: list[Any]
+) -> None:
+    dbs, target = parts[:2], parts[2]  # the target on the third server
+    et = "CrashMove"
+    pids = [p for p in (f"{et}|{i:x}{i * 7919:x}" for i in range(2000)) if LO <= slice_for(p) <= HI][:200]
+    async with partitioned(dbs, **OUTAGE) as j:
+        for k in range(0, 150, 30):
+            await j.persist_many([Write(p, [{"n": n} for n in range(k, k + 30)]) for p in pids])
+        mover = await open_partitioned(dbs[0], settings(dbs, **OUTAGE))
+        try:
+            moving = asyncio.create_task(SliceMove(mover, LO, HI, target).run())
+            copying = "SELECT count(*) FROM event_journal"
+            await wait_until(lambda: _some(target, copying), 60, "the copy under way", every=0.005)
+            crash(pg_servers[2])
+            try:
+                with pytest.raises(JournalUnavailable):
+                    await moving
+            finally:
+                await running(pg_servers[2])
+        finally:
+            await mover.close()
+        await j.persist(pids[0], [{"n": "meanwhile"}])  # the source still serves the range
+        mover = await open_partitioned(dbs[0], settings(dbs))
+        try:
+            report = await SliceMove(mover, LO, HI, target).run()
+        finally:
+            await mover.close()
+        assert report.resumed_from == "moving"
+        expected = {(p, n) for p in pids async for n in _seq_nrs(j, p)}
+        assert len(expected) == 150 * len(pids) + 1
+        assert await j.highest_seq_nr(pids[0]) == 151
+    rows = await stored(target, "SELECT persistence_id, seq_nr FROM event_journal")
+    assert sorted((r[0], r[1]) for r in rows) == sorted(expected)
+    assert await stored(dbs[1], "SELECT 1 FROM event_journal WHERE slice BETWEEN $1 AND $2", LO, HI) == []
