@@ -246,6 +246,34 @@ async def test_a_second_writer_is_detected_and_writes_nothing(target: str) -> No
             assert await seqs(a, p) == list(range(1, first_call + 3))
 
 
+async def test_a_late_write_of_its_own_does_not_refuse_the_next_append(target: str) -> None:
+    """A call whose outcome was unknown lands after the journal moved on (the node applied it late):
+    the pid's next call without ``expected_seq_nr`` appends after it (it was refused with
+    SequenceConflict); a call that expected the old highest, or after another writer's row, still
+    conflicts."""
+    p = pid()
+    async with journal(target) as a, journal(target) as b:
+        await a.persist(p, ["a0"])
+        behind = await a.backend.write_state(p)  # type: ignore[attr-defined]
+        for late in ("late1", "late2"):  # land behind the state a remembers
+            await a.backend.store(Call.of(a._validator.call(p, [late]))[0], behind)  # type: ignore[attr-defined]
+            behind = await a.backend.write_state(p)  # type: ignore[attr-defined]
+        envs = await a.persist(p, ["a1"])
+        assert envs[0].seq_nr == 4
+        assert [(e.seq_nr, e.event) async for e in a.current_events_by_persistence_id(p)] == [
+            (1, "a0"), (2, "late1"), (3, "late2"), (4, "a1"),
+        ]  # fmt: skip
+        behind = await a.backend.write_state(p)  # type: ignore[attr-defined]
+        await a.backend.store(Call.of(a._validator.call(p, ["late3"]))[0], behind)  # type: ignore[attr-defined]
+        with pytest.raises(SequenceConflict):
+            await a.persist(p, ["x"], expected_seq_nr=4)
+        assert (await a.persist(p, ["a2"]))[0].seq_nr == 6
+        await b.persist(p, ["b"])
+        with pytest.raises(SequenceConflict, match="another writer"):
+            await a.persist(p, ["a3"])
+        assert await seqs(a, p) == list(range(1, 8))
+
+
 async def test_without_the_check_a_second_writer_duplicates_numbers(target: str) -> None:
     """What the check prevents: the same race with single_writer_check off stores both calls."""
     p = pid()

@@ -24,6 +24,10 @@ from ..write_batch import BatchResult, ResultBuilder, WriteBatch
 from .connections import CassandraConnections, execute
 from .reads import CassandraReads
 
+LATE_WRITE_RETRIES = 3
+"""Attempts of a call without ``expected_seq_nr`` whose conditional write found late rows of this
+journal's own earlier calls (each such call lands at most once)."""
+
 KNOWN_STATES = 10_000
 """Pids whose write state this journal remembers after writing them (least recently written
 forgotten first): their next call needs no read. A stale state is safe with the single-writer
@@ -97,26 +101,61 @@ class CassandraWrites(CassandraReads):
         read every event up to it: a previous call of the pid whose outcome was unknown may land
         late, and a recovery that missed it would number the next tag row in its place (its tag
         row lost for good). One that lands after the state was read makes this call's
-        conditional write fail (:meth:`store`), and the next call recovers it."""
+        conditional write fail (:meth:`store`); a call without ``expected_seq_nr`` then appends
+        after it (:meth:`_late_own_write`), any other gets SequenceConflict."""
         pid = r.persistence_id
         self._check_size(r)
         lock = self._pid_locks.setdefault(pid, asyncio.Lock())
         async with lock:
             state = self._states.pop(pid, None)
-            try:
-                if state is None or (r.expected_seq_nr is not None and r.expected_seq_nr != state.highest):
-                    state = await self.write_state(pid)
-                if r.tags:
-                    await self.tag_writers.ensure_recovered(pid, state.highest)
-            except JournalUnavailable as e:  # nothing of this call was sent yet
-                raise JournalUnavailable(str(e), outcome_unknown=False) from e
-            result = await self.store(r, state)  # on any error the state is forgotten
+            if state is not None and r.expected_seq_nr is not None and r.expected_seq_nr != state.highest:
+                state = None
+            for _ in range(LATE_WRITE_RETRIES):
+                state = await self._ready(r, state)
+                try:
+                    result = await self.store(r, state)  # on any error the state is forgotten
+                    break
+                except SequenceConflict:
+                    state = await self._late_own_write(r, state)
+                    if state is None:
+                        raise
+            else:
+                raise SequenceConflict(pid, r.expected_seq_nr, "late writes kept landing before this call")
             last = result[0] + len(r.events) - 1
             same = self.layout.write_partition(last + 1) == self.layout.write_partition(result[0])
             self._states[pid] = WriteState(last, last if same else None)
             if len(self._states) > KNOWN_STATES:
                 self._states.popitem(last=False)
             return result
+
+    async def _ready(self, r: Call, state: WriteState | None) -> WriteState:
+        """The state the call is written from (read when unknown), with the pid's tag rows recovered
+        up to it. Nothing of the call was sent yet, so a failure here is a known "not written"."""
+        try:
+            if state is None:
+                state = await self.write_state(r.persistence_id)
+            if r.tags:
+                await self.tag_writers.ensure_recovered(r.persistence_id, state.highest)
+            return state
+        except JournalUnavailable as e:
+            raise JournalUnavailable(str(e), outcome_unknown=False) from e
+
+    async def _late_own_write(self, r: Call, state: WriteState) -> WriteState | None:
+        """After a refused conditional write: the state to append from when the rows stored beyond
+        ``state`` are all this journal's own (an earlier call of the pid whose outcome was unknown,
+        landed late) and the call asked for no ``expected_seq_nr``; None when it must fail
+        (another writer's rows, or a call that expected the old highest)."""
+        if r.expected_seq_nr is not None:
+            return None
+        try:
+            now = await self.write_state(r.persistence_id)
+            gap = now.highest - state.highest
+            rows = await self.read_rows(r.persistence_id, state.highest + 1, now.highest, gap) if gap > 0 else []
+        except JournalUnavailable as e:  # the refused write stored nothing
+            raise JournalUnavailable(str(e), outcome_unknown=False) from e
+        if gap <= 0 or len(rows) != gap or any(row.writer_uuid != self.writer_id for row in rows):
+            return None
+        return now
 
     async def write_on(self, conn: Any, batch: WriteBatch) -> BatchResult:
         raise UnsupportedOperation("persist_in is not supported on the cassandra backend")
