@@ -20,6 +20,14 @@ from tests.support.scratch import scratch_database
 @contextlib.contextmanager
 def fresh_database() -> Iterator[str]:
     """A new database on the server, migrated to head, dropped afterwards."""
+    with fresh_databases(["bench"]) as dsns:
+        yield dsns["bench"]
+
+
+@contextlib.contextmanager
+def fresh_databases(names: list[str]) -> Iterator[dict[str, str]]:
+    """A new database per name on the server (``JOURNAL_DSN``, else an embedded one), migrated
+    to head, dropped afterwards."""
     with contextlib.ExitStack() as stack:
         server = os.environ.get("JOURNAL_DSN")
         if not server:
@@ -27,9 +35,10 @@ def fresh_database() -> Iterator[str]:
 
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="sj-bench-"))
             server = start_embedded(Path(tmp) / "pgdata")
-        with scratch_database(server, "sjbench") as dsn:
+        dsns = {n: stack.enter_context(scratch_database(server, f"sjbench{n.lower()}")) for n in names}
+        for dsn in dsns.values():
             upgrade(dsn)
-            yield dsn
+        yield dsns
 
 
 def header(title: str) -> None:

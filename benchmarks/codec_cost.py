@@ -82,7 +82,7 @@ async def in_process(n: int) -> None:
             pids = [f"bench|{i}" for i in range(100)]
             await r.load_write_keys(pids)
             ser = r.serialize(event, pid=pids[0])
-            write = per_event(lambda: r.serialize_all([event], pid=pids[0]), n)  # noqa: B023
+            write = per_event(lambda: r.serialize_events([event], pids[0]), n)  # noqa: B023
             read = per_event(lambda: r.deserialize(ser.ser_id, ser.manifest, ser.payload, pid=pids[0]), n)  # noqa: B023
             base = base or (write, read)
             print(

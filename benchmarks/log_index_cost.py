@@ -17,24 +17,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import tempfile
 import time
-from pathlib import Path
 
 import asyncpg
 
 from journal import JournalSettings, open_journal, runtime
 from journal.postgres.dsn import asyncpg_dsn
-from journal.postgres.migrations import upgrade
-from tests.support.scratch import scratch_database
 
 try:
-    from benchmarks._common import header
+    from benchmarks._common import fresh_databases, header
     from benchmarks.write_throughput import payload, raw_batched
 except ImportError:  # run as a script from benchmarks/
-    from _common import header  # type: ignore[no-redef]
+    from _common import fresh_databases, header  # type: ignore[no-redef]
     from write_throughput import payload, raw_batched  # type: ignore[no-redef]
 
 VARIANTS = {
@@ -98,18 +92,8 @@ def main() -> None:
     p.add_argument("--entities", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
-    with contextlib.ExitStack() as stack:
-        server = os.environ.get("JOURNAL_DSN")
-        if not server:
-            from journal.postgres.embedded import start_embedded
-
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="sj-bench-"))
-            server = start_embedded(Path(tmp) / "pgdata")
-        dsns = {name: stack.enter_context(scratch_database(server, f"sjidx{name}")) for name in VARIANTS}
-        for dsn in dsns.values():
-            upgrade(dsn)
+    with fresh_databases(list(VARIANTS)) as dsns:
         runtime.run(run(dsns, args))
-
 
 if __name__ == "__main__":
     main()

@@ -1,10 +1,11 @@
 """Where a ``persist_many`` call's time goes: the figures behind benchmarks/README.md.
 
-(s) The optimistic insert statement (journal/postgres/known_insert.py) of 1000 one-event
-    calls, its parameters built beforehand, one statement of each variant in turn on one
-    connection: the bare multi-row INSERT of write_throughput.py (the ceiling), the journal's
-    statement, and the journal's statement without its per-call probe of ``expected_seq_nr``
-    (the check replaced by "nothing is wrong"). The difference of the last two is the probe.
+(s) The batch statement (journal/postgres/write_statements.py) of 1000 one-event calls, its
+    parameters built beforehand, one statement of each variant in turn on one connection: the
+    bare multi-row INSERT of write_throughput.py (the ceiling), the journal's statement with
+    ``expected_seq_nr`` given and with every call appending, and the statement without its
+    per-call probe of the pid's newest event (its previous highest taken from
+    ``expected_seq_nr``). The difference of the last two is the probe.
 (t) The timeline of ``persist_many`` calls of 1000 parts (median over the calls, from the
     call): columns built (checked and serialized), each statement sent and done, returned.
 
@@ -24,9 +25,10 @@ import asyncpg
 import orjson
 
 from journal import JournalSettings, Write, open_journal, runtime, slice_for
-from journal.columns import WriteColumns
-from journal.postgres.known_insert import KnownSeqInsert
 from journal.postgres.statements import Statements
+from journal.postgres.write_statements import WriteStatements
+from journal.serialization import SerializerRegistry
+from journal.write_validation import WriteValidator
 
 try:
     from benchmarks._common import fresh_database, header
@@ -41,28 +43,32 @@ N = 1000
 async def statements(dsn: str, calls: int) -> None:
     conn = await asyncpg.connect(dsn)
     writer = str(uuid.uuid4())
-    known = KnownSeqInsert(Statements(JournalSettings.load(env={}, dsn=dsn).schema), notify=True)
-    full = known.one_event
-    start, end = full.index("WITH chk AS ("), full.index("), stamp AS")
-    unchecked = full[:start] + "WITH chk AS (SELECT 0::bigint AS bad, NULL::timestamptz AS prev" + full[end:]
-    pay = orjson.dumps(payload(3))
+    sql = WriteStatements(Statements(JournalSettings.load(env={}, dsn=dsn).schema), notify=True, bucket_millis=1)
+    validator = WriteValidator(SerializerRegistry())
+    pay = payload(3)
+    probe = "LEFT JOIN LATERAL (SELECT e.seq_nr"
+    full = sql.statement(validator.batch([("x|1", [1], 0), ("x|2", [1], 0)]), writer)[0]
+    start = full.index(probe)
+    end = full.index(") h ON true", start)
+    no_probe = "LEFT JOIN LATERAL (SELECT c.expected AS seq_nr, NULL::timestamptz AS db_timestamp"
+    unchecked = full[:start] + no_probe + full[end:]
 
-    def journal(sql: str) -> Callable[[str, int], tuple[Any, ...]]:
+    def journal(text: str, expected: bool) -> Callable[[str, int], tuple[Any, ...]]:
         def args(prefix: str, n: int) -> tuple[Any, ...]:
-            pids = [f"{prefix}|{e}" for e in range(N)]
-            cols = WriteColumns(pids, [prefix] * N, [slice_for(p) for p in pids], [n] * N, [pay] * N, [1] * N)
-            return (sql, *known.statement(cols, writer)[1])
+            parts = [(f"{prefix}|{e}", [pay], n if expected else None) for e in range(N)]
+            return (text, *sql.statement(validator.batch(parts), writer)[1])
 
         return args
 
     def raw(prefix: str, n: int) -> tuple[Any, ...]:
         pids = [f"{prefix}|{e}" for e in range(N)]
-        return (RAW_INSERT, [slice_for(p) for p in pids], pids, [n + 1] * N, [pay] * N, writer)
+        return (RAW_INSERT, [slice_for(p) for p in pids], pids, [n + 1] * N, [orjson.dumps(pay)] * N, writer)
 
     variants = {
         "bare INSERT (ceiling)": raw,
-        "journal statement": journal(full),
-        "without the probe": journal(unchecked),
+        "journal, expected_seq_nr": journal(full, True),
+        "journal, appending": journal(full, False),
+        "without the probe": journal(unchecked, True),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for n in range(calls):
@@ -82,15 +88,15 @@ async def timeline(dsn: str, calls: int) -> None:
     marks: list[tuple[str, float]] = []
     async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as j:
         backend: Any = j.backend
-        send = backend._insert_known
+        send = backend._send
 
-        async def timed_send(batch: Any) -> Any:
+        async def timed_send(*args: Any) -> Any:
             marks.append(("a statement started", time.perf_counter()))
-            got = await send(batch)
+            got = await send(*args)
             marks.append(("a statement done", time.perf_counter()))
             return got
 
-        backend._insert_known = timed_send
+        backend._send = timed_send
         await j.persist_many([Write(f"warm|{e}", [payload(e)], 0) for e in range(N)])
         rows: dict[tuple[int, str], list[float]] = {}
         for n in range(calls):

@@ -1,5 +1,12 @@
 """Write throughput: the journal's group commit vs raw asyncpg, measured in the same run.
 
+Two modes, both printed, each against the raw multi-row INSERT measured in the same run:
+
+default: how most users first write: a plain ``asyncio.run`` (the standard event loop), the
+    garbage collector untouched, no ``expected_seq_nr``.
+    (A) 512 concurrent callers over 4,000 pids, ``persist(pid, [event])``;
+    (C) ``persist_many`` of plain ``(pid, events)`` tuples, 1000 pids per call.
+tuned: under journal.runtime.run (uvloop, the collector tuned), ``expected_seq_nr`` passed.
 (a) many entities persisting concurrently (one event per call, expected_seq_nr known) vs a raw
     multi-row INSERT (unnest, 1000 rows per statement) of the same rows;
 (b) one entity persisting one event at a time vs a raw single-row autocommit INSERT;
@@ -7,10 +14,11 @@
     known) vs the same raw multi-row INSERT.
 
     python benchmarks/write_throughput.py [--events 200000] [--entities 1000] [--single 3000]
-        [--asyncio] [--no-gc-tuning]
+        [--mode both|default|tuned] [--asyncio] [--no-gc-tuning]
 
-Both sides run in one process, under journal.runtime.run: on uvloop and with the garbage
-collector tuned (journal.runtime.tune_gc) unless the flags say otherwise.
+Each mode runs in its own process (the default one first), both sides of it in that process:
+the tuned one under journal.runtime.run, on uvloop and with the garbage collector tuned
+(journal.runtime.tune_gc) unless ``--asyncio`` / ``--no-gc-tuning`` say otherwise.
 """
 
 from __future__ import annotations
@@ -20,9 +28,13 @@ import asyncio
 import contextlib
 import gc
 import json
+import statistics
+import subprocess
+import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import asyncpg
 import orjson
@@ -89,7 +101,9 @@ class Interleaved:
     of parts (built in its timed section, as a caller does). Turn by turn, so the table's
     growth and the shared machine's load weigh on all three alike; each sums its own time."""
 
-    def __init__(self) -> None:
+    def __init__(self, parts: Callable[[int, int], list[Any]] | None = None, prefix: str = "") -> None:
+        self.prefix = prefix
+        self.parts = parts or (lambda pids, n: [Write(f"bulk|{e}", [payload(n)], n) for e in range(pids)])
         self.seconds = {"raw": 0.0, "values": 0.0, "bulk": 0.0}
         self.client = dict.fromkeys(self.seconds, 0.0)
         self.rows = 0
@@ -99,20 +113,20 @@ class Interleaved:
         conn = await asyncpg.connect(dsn)
         writer = str(uuid.uuid4())
         async with open_journal(dsn, settings=settings) as j:
-            await j.persist_many([Write(f"warm|{e}", [payload(e)]) for e in range(pids)])
+            await j.persist_many([Write(f"warm{self.prefix}|{e}", [payload(e)]) for e in range(pids)])
             for n in range(calls):
-                names = [f"rawc|{e}" for e in range(pids)]
+                names = [f"rawc{self.prefix}|{e}" for e in range(pids)]
                 rows = ([slice_for(p) for p in names], names, [n + 1] * pids, [json.dumps(payload(n)).encode()] * pids)
                 with self._timed("raw"):
                     await conn.execute(RAW_INSERT, *rows, writer)
                 with self._timed("values"):
-                    names = [f"rawv|{e}" for e in range(pids)]
+                    names = [f"rawv{self.prefix}|{e}" for e in range(pids)]
                     await conn.execute(
                         RAW_INSERT, [slice_for(p) for p in names], names, [n + 1] * pids,
                         [orjson.dumps(payload(n)) for _ in names], writer,
                     )  # fmt: skip
                 with self._timed("bulk"):
-                    out = await j.persist_many([Write(f"bulk|{e}", [payload(n)], n) for e in range(pids)])
+                    out = await j.persist_many(self.parts(pids, n))
                 assert not failures(out), failures(out)[:3]
                 self.rows += pids
         await conn.close()
@@ -152,6 +166,56 @@ async def journal_single(dsn: str, n: int, pid: str = "one|1") -> float:
         return n / (time.perf_counter() - start)
 
 
+DEFAULT_CALLERS = 512
+DEFAULT_PIDS = 4000
+
+
+async def journal_default(dsn: str, events: int, prefix: str) -> float:
+    """(A): ``DEFAULT_CALLERS`` callers, each writing one event per call, no expected_seq_nr,
+    round-robin over its share of ``DEFAULT_PIDS`` pids."""
+    per_caller = max(1, events // DEFAULT_CALLERS)
+    async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as j:
+
+        async def caller(c: int) -> None:
+            pids = [f"{prefix}|{p}" for p in range(c, DEFAULT_PIDS, DEFAULT_CALLERS)]
+            for n in range(per_caller):
+                await j.persist(pids[n % len(pids)], [payload(n)])
+
+        start = time.perf_counter()
+        await asyncio.gather(*(caller(c) for c in range(DEFAULT_CALLERS)))
+        return DEFAULT_CALLERS * per_caller / (time.perf_counter() - start)
+
+
+async def run_default(dsn: str, args: argparse.Namespace) -> None:
+    loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+    header(f"write_throughput, default mode (event loop {loop}; gc untouched, threshold {gc.get_threshold()[0]})")
+    await raw_single(dsn, 200, "warmD|raw")
+    await journal_single(dsn, 200, "warmD|journal")
+    rounds = 3
+    per_round = max(DEFAULT_CALLERS, args.events // rounds)
+    raws, ours = [], []
+    for k in range(rounds):
+        raws.append(await raw_batched(dsn, DEFAULT_PIDS, max(1, per_round // DEFAULT_PIDS), f"rawA{k}"))
+        ours.append(await journal_default(dsn, per_round, f"A{k}"))
+    ratios = [o / r for o, r in zip(ours, raws, strict=True)]
+    med = statistics.median(ratios)
+    report(
+        f"(A) default: {DEFAULT_CALLERS} callers, {DEFAULT_PIDS} pids", statistics.median(ours),
+        statistics.median(raws), target=0.5,
+    )  # fmt: skip
+    print(f"    median of {rounds} alternating rounds of {per_round} events: round ratios "
+          f"{' '.join(f'{r:.2f}' for r in ratios)} (median {med:.2f}); no expected_seq_nr")  # fmt: skip
+    pids = min(args.entities, RAW_BATCH)
+    c = Interleaved(lambda pids, n: [(f"bulkd|{e}", [payload(n)]) for e in range(pids)], prefix="D")
+    await c.run(dsn, pids, max(1, args.events // pids))
+    report(f"(C) default: persist_many of (pid, events), {pids}", c.rate("bulk"), c.rate("raw"), target=0.8)
+    print(
+        f"    {c.rows} rows each, one call of each in turn; like for like: raw {c.rate('values'):,.0f} rows/s,"
+        f" ratio {c.rate('bulk') / c.rate('values'):.2f}; client CPU per 1000 rows: raw"
+        f" {c.client_ms_per_1000('raw'):.2f} ms, persist_many {c.client_ms_per_1000('bulk'):.2f} ms"
+    )
+
+
 async def run(dsn: str, args: argparse.Namespace) -> None:
     per_entity = max(1, args.events // args.entities)
     loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
@@ -169,14 +233,14 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
         rate, b = await journal_concurrent(dsn, args.entities, per_round, prefix=f"a{k}-")
         ours.append(rate)
         batches += b
-    report(f"(a) {args.entities} entities concurrently", max(ours), max(raws), target=0.5)
+    report(f"(a) {args.entities} entities concurrently", max(ours), max(raws), target=0.6)
     ratios = sorted(o / r for o, r in zip(ours, raws, strict=True))
     print(
         f"    best of {rounds} alternating rounds of {args.entities * per_round} events, one per call, in"
         f" {batches} group-commit batches in all; median round ratio {ratios[rounds // 2]:.2f}"
     )
     ours_a5, _ = await journal_concurrent(dsn, args.entities, per_entity - per_entity % 5, per_call=5)
-    report(f"(a') {args.entities} entities, 5 events per call", ours_a5, max(raws))
+    report(f"(a') {args.entities} entities, 5 events per call", ours_a5, max(raws), target=0.95)
     pids = min(args.entities, RAW_BATCH)
     c = Interleaved()
     await c.run(dsn, pids, max(1, args.events // pids))
@@ -203,6 +267,18 @@ if __name__ == "__main__":
     p.add_argument("--single", type=int, default=3000)
     p.add_argument("--asyncio", action="store_true", help="the standard event loop instead of uvloop (both sides)")
     p.add_argument("--no-gc-tuning", action="store_true", help="without journal.runtime.tune_gc (both sides)")
+    p.add_argument("--mode", choices=("both", "default", "tuned"), default="both")
+    p.add_argument("--dsn", help=argparse.SUPPRESS)  # the database of a mode run in a child process
     args = p.parse_args()
-    with fresh_database() as dsn:
-        runtime.run(run(dsn, args), uvloop=not args.asyncio, gc_tuning=not args.no_gc_tuning)
+    if args.mode == "both":
+        with fresh_database() as dsn:
+            for mode in ("default", "tuned"):  # each mode in a fresh process: its own loop and collector
+                argv = [a for a in sys.argv[1:] if not a.startswith("--mode")]
+                subprocess.run([sys.executable, "-m", "benchmarks.write_throughput", *argv, "--mode", mode,
+                                "--dsn", dsn], check=True)  # fmt: skip
+    else:
+        with contextlib.nullcontext(args.dsn) if args.dsn else fresh_database() as dsn:
+            if args.mode == "default":
+                asyncio.run(run_default(dsn, args))
+            else:
+                runtime.run(run(dsn, args), uvloop=not args.asyncio, gc_tuning=not args.no_gc_tuning)

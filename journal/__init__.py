@@ -7,6 +7,7 @@ from .backend import Backend
 from .bulk import Outcome, Write, Written, failures
 from .codec import Forgotten, KeyStore
 from .entities import (
+    DeliveryScan,
     Entity,
     EntityRegistry,
     EventRouter,
@@ -45,6 +46,7 @@ from .errors import (
     SerializationError,
     SliceRangeMoved,
     SparkSetupError,
+    StashTimeout,
     StorageError,
     SubjectForgotten,
     TagEventsMissing,
@@ -69,6 +71,7 @@ __all__ = [
     "CircuitBreakerOpen",
     "ConditionTimeout",
     "ConfigurationError",
+    "DeliveryScan",
     "Entity",
     "EntityError",
     "EntityRegistry",
@@ -108,6 +111,7 @@ __all__ = [
     "SliceRangeMoved",
     "Snapshot",
     "SparkSetupError",
+    "StashTimeout",
     "StorageError",
     "StoredManifest",
     "SubjectForgotten",

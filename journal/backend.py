@@ -8,13 +8,13 @@ the :class:`~journal.Journal` facade validates and (de)serializes above it, and 
 
 A capability a backend lacks is still part of its interface: it raises
 :class:`~journal.errors.UnsupportedOperation` (Cassandra has no slice queries, no ``write_on``,
-no replicated logs).
+no replicated logs, no slice leases).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from .codec import KeyStore
 from .serialization import Serialized
+from .write_batch import BatchResult, WriteBatch
 
 if TYPE_CHECKING:
     from .replicated import ReplicatedEvent, WriteOutcome
@@ -32,33 +33,6 @@ if TYPE_CHECKING:
 SLICE_GROUP_SIZE = 64
 """A write's NOTIFY payload names a group of 64 slices, ``"<slice // 64>:<entity_type>"``;
 live queries listen for the groups of their slice range."""
-
-new_row: Any = tuple.__new__
-"""``new_row(SomeNamedTuple, (every, field))``: a NamedTuple built without its generated
-``__new__``'s Python frame, for the write path's one-per-call rows."""
-
-
-class WriteRequest(NamedTuple):
-    """One ``persist`` call: all its events are written atomically, consecutively numbered.
-
-    ``expected_seq_nr`` is the highest sequence number the caller believes is stored; None asks
-    for "after the current highest".
-    """
-
-    persistence_id: str
-    entity_type: str
-    slice: int
-    expected_seq_nr: int | None
-    events: Sequence[Serialized]
-    tags: tuple[str, ...] = ()
-    metadata: Serialized | None = None
-
-
-class WriteResult(NamedTuple):
-    """Where a request landed: its first sequence number and the shared db_timestamp."""
-
-    first_seq_nr: int
-    db_timestamp: datetime
 
 
 class StoredEvent(NamedTuple):
@@ -83,18 +57,21 @@ SLICE_ROW_COLUMNS = (
     "event_ser_manifest", "event_payload", "writer", "tags", "meta_ser_id", "meta_ser_manifest",
     "meta_payload", "deleted",
 )  # fmt: skip
-"""The positional row layout of event reads (:meth:`SliceReads.read_slice_rows` rows, and every
+"""The columns of event reads, read by name (:meth:`SliceReads.read_slice_rows` rows, and every
 row :func:`stored_event` decodes): the fields of :class:`StoredEvent`, with the metadata flat."""
 
 
 def stored_event(r: Any) -> StoredEvent:
-    """A row in the :data:`SLICE_ROW_COLUMNS` layout as a StoredEvent (the one decoder of it;
-    a NULL payload stays None: a payload-free read)."""
-    meta = None if r[10] is None else Serialized(r[10], r[11] or "", bytes(r[12] or b""))
-    payload = r[7]
+    """A row with the :data:`SLICE_ROW_COLUMNS` (read by name) as a StoredEvent (the one decoder
+    of it; a NULL payload stays None: a payload-free read)."""
+    meta = None
+    if r["meta_ser_id"] is not None:
+        meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))
+    payload = r["event_payload"]
     return StoredEvent(
-        r[0], r[1], r[2], r[3], r[4], r[5], r[6], None if payload is None else bytes(payload), r[8],
-        tuple(r[9]) if r[9] else (), meta, r[13],
+        r["persistence_id"], r["entity_type"], r["slice"], r["seq_nr"], r["db_timestamp"], r["event_ser_id"],
+        r["event_ser_manifest"], None if payload is None else bytes(payload), r["writer"],
+        tuple(r["tags"]) if r["tags"] else (), meta, r["deleted"],
     )  # fmt: skip
 
 
@@ -139,15 +116,14 @@ class WriteCheck(NamedTuple):
     """The written rows' timestamp (only when ``outcome`` is WRITTEN)."""
 
 
-def check_rows(request: WriteRequest, writer_id: str, rows: Sequence[tuple[str, bytes, datetime]]) -> WriteCheck:
-    """Classify the rows stored at a request's sequence numbers: (writer, payload, db_timestamp)
-    of each, ascending. Shared by every backend's :meth:`EventWrites.check_write`."""
+def check_rows(payloads: Sequence[bytes], writer_id: str, rows: Sequence[tuple[str, bytes, datetime]]) -> WriteCheck:
+    """Classify the rows stored at a call's sequence numbers: (writer, payload, db_timestamp)
+    of each, ascending; ``payloads`` are the call's. Shared by every backend's
+    :meth:`EventWrites.check_write`."""
     if not rows:
         return WriteCheck(Found.NOT_WRITTEN)
     mine = [r for r in rows if r[0] == writer_id]
-    if len(mine) == len(request.events) and all(
-        bytes(r[1]) == ev.payload for r, ev in zip(mine, request.events, strict=True)
-    ):
+    if len(mine) == len(payloads) and all(bytes(r[1]) == p for r, p in zip(mine, payloads, strict=True)):
         return WriteCheck(Found.WRITTEN, mine[0][2])
     return WriteCheck(Found.CONFLICT)
 
@@ -237,33 +213,39 @@ class TagRow:
     meta: Serialized | None = None
 
 
-TagPageRow = Sequence[Any]
-"""One row of a tag page as the query reads it: positional, so a store can hand over its driver's
-records without building an object per row. Columns (the slice page layout where they mean the
-same, so :func:`journal.envelope.lazy_tag_page_envelopes` builds envelopes straight from them):
-0 persistence_id, 1 timeuuid, 2 tag_pid_seq_nr, 3 seq_nr, 4 timebucket, 5 ser_id, 6 ser_manifest,
-7 payload, 8 writer, 9 tags (a one-element sequence: the tag), 10 meta_ser_id,
-11 meta_ser_manifest, 12 meta_payload."""
+TAG_PAGE_COLUMNS = (
+    "persistence_id", "timestamp", "tag_pid_sequence_nr", "sequence_nr", "timebucket", "ser_id", "ser_manifest",
+    "event", "writer_uuid", "tags", "meta_ser_id", "meta_ser_manifest", "meta_payload",
+)  # fmt: skip
+"""The columns of a tag page row, read by name: the pid, its TimeUUID (``timestamp``), its
+number per (tag, pid), its seq_nr, its bucket, the event (id, manifest, payload), the writer,
+``tags`` (a one-element sequence: the tag) and the metadata (id, manifest, payload)."""
 
-PID, TIMEUUID, TAG_PID_SEQ_NR, SEQ_NR, TIMEBUCKET = 0, 1, 2, 3, 4
-"""Positions in a :data:`TagPageRow`."""
+TagPageRow = Mapping[str, Any]
+"""One row of a tag page as the query reads it, by the names of :data:`TAG_PAGE_COLUMNS`: a store
+hands over its driver's records (an asyncpg Record reads by name) without an object per row."""
+
+PID, TIMEUUID, TAG_PID_SEQ_NR, SEQ_NR, TIMEBUCKET = TAG_PAGE_COLUMNS[:5]
+"""Names of the columns of a :data:`TagPageRow` the tag query reads."""
 
 
-def page_row(r: TagRow) -> tuple[Any, ...]:
-    """A :class:`TagRow` in the :data:`TagPageRow` layout (for stores that build TagRows)."""
+def page_row(r: TagRow) -> dict[str, Any]:
+    """A :class:`TagRow` as a :data:`TagPageRow` (for stores that build TagRows)."""
     m = r.meta
-    return (
+    return dict(zip(TAG_PAGE_COLUMNS, (
         r.persistence_id, r.timeuuid, r.tag_pid_seq_nr, r.seq_nr, r.timebucket, r.event.ser_id,
         r.event.manifest, r.event.payload, r.writer, (r.tag,),
         m.ser_id if m else None, m.manifest if m else None, m.payload if m else None,
-    )  # fmt: skip
+    ), strict=True))  # fmt: skip
 
 
 def row_of(p: TagPageRow) -> TagRow:
     """The :class:`TagRow` of a page row."""
+    meta = None if p["meta_ser_id"] is None else Serialized(p["meta_ser_id"], p["meta_ser_manifest"] or "",
+                                                             bytes(p["meta_payload"] or b""))  # fmt: skip
     return TagRow(
-        p[9][0], p[4], p[1], p[0], p[2], p[3], p[8], Serialized(p[5], p[6], bytes(p[7])),
-        None if p[10] is None else Serialized(p[10], p[11] or "", bytes(p[12] or b"")),
+        p["tags"][0], p["timebucket"], p["timestamp"], p["persistence_id"], p["tag_pid_sequence_nr"],
+        p["sequence_nr"], p["writer_uuid"], Serialized(p["ser_id"], p["ser_manifest"], bytes(p["event"])), meta,
     )  # fmt: skip
 
 
@@ -282,22 +264,30 @@ class TagProgress:
 
 
 class EventWrites(Protocol):
-    """Writes of events, and what is known about a write that was interrupted."""
+    """Writes of events (every one a :class:`~journal.write_batch.WriteBatch`), and what is
+    known about a write that was interrupted."""
 
     writer_id: str
 
-    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
-        """Write many requests at once; each is atomic on its own, and fails alone."""
+    async def write_batch(self, batch: WriteBatch) -> BatchResult:
+        """Write the batch's calls; each is atomic on its own, and fails alone."""
         ...
 
-    async def write_on(self, conn: Any, request: WriteRequest) -> WriteResult:
-        """Write one request on the caller's connection, inside its transaction (PostgreSQL;
-        UnsupportedOperation elsewhere)."""
+    async def write_chunks(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
+        """A bulk write: each chunk's calls as :meth:`write_batch` writes them, a result per chunk.
+        The iterator checks each chunk only when asked for (the next one is checked while the
+        earlier ones are written); when it raises, nothing of any chunk is written and the error
+        is raised."""
         ...
 
-    async def check_write(self, request: WriteRequest) -> WriteCheck:
-        """The outcome of an interrupted write of ``request`` (which gave ``expected_seq_nr``),
-        from the rows at its sequence numbers (:func:`check_rows`)."""
+    async def write_on(self, conn: Any, batch: WriteBatch) -> BatchResult:
+        """Write the batch on the caller's connection, inside its transaction (PostgreSQL;
+        UnsupportedOperation elsewhere). A failed call raises: the transaction may be aborted."""
+        ...
+
+    async def check_write(self, batch: WriteBatch) -> list[WriteCheck]:
+        """The outcome of an interrupted write of each call of ``batch`` (every one gave
+        ``expected_seq_nr``), from the rows at its sequence numbers (:func:`check_rows`)."""
         ...
 
     async def highest_seq_nr(self, persistence_id: str) -> int: ...
@@ -360,8 +350,8 @@ class SliceReads(Protocol):
         ...
 
     async def read_slice_rows(self, slices: SliceRange, page: PageRequest, *, with_payload: bool = True) -> list[Any]:
-        """The same page as positional rows (the hot path of catch-up: no per-row object), in
-        the column order of :data:`SLICE_ROW_COLUMNS`."""
+        """The same page as the driver's rows (the hot path of catch-up: no per-row object),
+        with the columns of :data:`SLICE_ROW_COLUMNS`, read by name."""
         ...
 
     async def next_slice_timestamp(
@@ -497,6 +487,8 @@ class ReplicationStore(Protocol):
 
     async def end_recovery(self, log_names: Sequence[str]) -> None: ...
 
+    async def recovering(self, log_names: Sequence[str]) -> bool: ...
+
     async def guard_installed(self) -> bool: ...
 
     async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None: ...
@@ -514,6 +506,37 @@ class ReplicationStore(Protocol):
     async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]: ...
 
     async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]: ...
+
+
+class SliceLeases(Protocol):
+    """One member of a named job whose live members share the slices through leases (projection
+    workers, event routers), and the progress it records per slice (PostgreSQL)."""
+
+    owner: str
+
+    @property
+    def held(self) -> Mapping[int, int]:
+        """Slice -> lease epoch of what the member held after its last round."""
+        ...
+
+    async def join(self) -> None:
+        """Create the job's lease rows if they are missing."""
+        ...
+
+    async def rebalance(
+        self, give_up: Callable[[set[int]], Awaitable[None]], *, events: int = 0, error: str | None = None
+    ) -> Mapping[int, int]:
+        """One round: heartbeat, renew, rebalance; ``give_up(slices)`` must stop the work on
+        slices lost or to be given away before their leases go. Returns what is held now."""
+        ...
+
+    async def leave(self, *, state: str = "stopped", events: int = 0, error: str | None = None) -> None: ...
+
+    async def save_progress(self, key: str, done: Mapping[int, datetime]) -> None:
+        """Per slice: every event before the timestamp is done (for the stream named ``key``)."""
+        ...
+
+    async def load_progress(self, key: str, slices: Sequence[int]) -> dict[int, datetime]: ...
 
 
 @runtime_checkable
@@ -546,6 +569,11 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
 
     def replication_store(self, location: str) -> ReplicationStore:
         """The replicated logs of ``location`` in this database (PostgreSQL)."""
+        ...
+
+    def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
+        """Membership ``owner`` of the job ``name``, its leases expiring ``ttl`` seconds after
+        the last round (PostgreSQL)."""
         ...
 
     def key_store(self) -> KeyStore:

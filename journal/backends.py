@@ -17,7 +17,7 @@ from .settings import JournalSettings
 
 if TYPE_CHECKING:
     from .partitioned.backend import PartitionedBackend
-    from .postgres.partitions import PartitionRow
+    from .postgres import PartitionRow
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 CASSANDRA_SCHEME = "cassandra"
@@ -53,17 +53,13 @@ async def open_backend(
     if kind == "cassandra":
         assert dsn is not None
         return await _open_cassandra(dsn, settings), settings
-    from .postgres.backend import PostgresBackend
+    from .postgres import PostgresBackend, schema_migrations, start_embedded
 
     target = dsn
     if target is None:
-        from .postgres.embedded import start_embedded
-
         target = await asyncio.to_thread(start_embedded, settings.connection.data_dir)
     if migrate if migrate is not None else kind == "embedded":
-        from .postgres.migrations import upgrade
-
-        await asyncio.to_thread(upgrade, target, settings.schema)
+        await asyncio.to_thread(schema_migrations().upgrade, target, settings.schema)
     settings = settings.with_dsn(target)
     backend = PostgresBackend(target, settings)
     await backend.start()
@@ -75,7 +71,7 @@ async def open_backend(
 
 
 def _serves_every_slice(rows: Sequence[PartitionRow]) -> bool:
-    from .postgres.partitions import OWNED
+    from .postgres import OWNED
 
     return not rows or (
         len(rows) == 1 and rows[0].min_slice == 0 and rows[0].max_slice == 1023 and rows[0].state == OWNED
@@ -108,7 +104,9 @@ async def _open_partitioned(
             raise ConfigurationError(f"partitions databases must be PostgreSQL DSNs, got {d!r}")
     home = dsn or databases[0]
     if migrate:
-        from .postgres.migrations import upgrade
+        from .postgres import schema_migrations
+
+        upgrade = schema_migrations().upgrade
 
         for d in dict.fromkeys((*databases, home)):
             await asyncio.to_thread(upgrade, d, settings.schema)

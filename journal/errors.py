@@ -34,6 +34,7 @@ __all__ = [
     "SerializationError",
     "SliceRangeMoved",
     "SparkSetupError",
+    "StashTimeout",
     "StorageError",
     "SubjectForgotten",
     "TagEventsMissing",
@@ -263,6 +264,11 @@ class IncompatibleVersion(ReplicationError):
 
 class LocalWritesRefused(ReplicationError):
     """The location is being recovered from its peers; local writes wait until it completes."""
+
+
+class StashTimeout(EntityError, TimeoutError):
+    """A stashed command stayed stashed longer than ``stash_timeout`` seconds: it was not handled
+    (nothing of it was written) and left the stash."""
 
 
 class ConditionTimeout(EntityError, TimeoutError):

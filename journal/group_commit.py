@@ -12,28 +12,31 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple, cast
+from typing import Any
 
-from .backend import WriteRequest, WriteResult, new_row
-from .columns import WriteColumns
-from .envelope import consecutive_stamps
+import msgspec
+
 from .errors import JournalUnavailable
+from .write_batch import BatchResult, WriteBatch, WriteFn
 
 log = logging.getLogger("journal.group_commit")
 
-WriteBatch = Callable[[Sequence[WriteRequest]], Awaitable[list[WriteResult | Exception]]]
-WriteColumnsFn = Callable[[WriteColumns], Awaitable[datetime | list[WriteResult | Exception]]]
-"""Writes one-event calls given as columns: the timestamp all got, or a result per call."""
-Result = WriteResult | Exception | datetime
-"""Per call of a bulk write: a WriteResult, the timestamp of a call written as a column, or its error."""
+ChunksFn = Callable[[Iterator[WriteBatch]], Awaitable[list[BatchResult]]]
+"""Writes the chunks of a bulk write (the backend's ``write_chunks``)."""
+CallResult = tuple[int, datetime]
+"""A lone call's result: its first sequence number and its first event's db_timestamp."""
 
 
-class Pending(NamedTuple):
-    request: WriteRequest
-    future: asyncio.Future[WriteResult]
+class Pending(msgspec.Struct):
+    """A queued batch (a ``persist`` call, or a chunk of a ``persist_many``) and the future its
+    caller awaits: a :data:`CallResult` (or the call's error) for a batch of one call, else a
+    :class:`BatchResult`."""
+
+    batch: WriteBatch
+    future: asyncio.Future[Any]
 
 
 @dataclass
@@ -45,52 +48,64 @@ class BatchPlanner:
     in_flight_pids: set[str] = field(default_factory=set)
 
     def next_batch(self) -> list[Pending]:
+        queue, limit = self.queue, self.max_batch_events
         batch: list[Pending] = []
         blocked = set(self.in_flight_pids)
         events = 0
         kept: deque[Pending] = deque()
-        while self.queue:
-            p = self.queue.popleft()
+        while queue:
+            p = queue.popleft()
             if p.future.done():  # cancelled while queued
                 continue
-            pid = p.request.persistence_id
-            n = len(p.request.events)
-            fits = not batch or events + n <= self.max_batch_events
-            if pid in blocked or not fits:
-                blocked.add(pid)
-                kept.append(p)
-                if not fits and events >= self.max_batch_events:
-                    break
+            pids = p.batch.persistence_ids
+            free = pids[0] not in blocked if len(pids) == 1 else blocked.isdisjoint(pids)
+            blocked.update(pids)  # a later call of these pids never overtakes this one
+            n = len(p.batch.payloads)
+            if free and (not batch or events + n <= limit):
+                batch.append(p)
+                events += n
                 continue
-            blocked.add(pid)
-            batch.append(p)
-            events += n
-        kept.extend(self.queue)
+            kept.append(p)
+            if free and events >= limit:
+                break
+        kept.extend(queue)
         self.queue = kept
-        self.in_flight_pids.update([p.request.persistence_id for p in batch])
+        for p in batch:
+            self.in_flight_pids.update(p.batch.persistence_ids)
         return batch
 
     def done(self, batch: Sequence[Pending]) -> None:
-        self.in_flight_pids.difference_update([p.request.persistence_id for p in batch])
+        for p in batch:
+            self.in_flight_pids.difference_update(p.batch.persistence_ids)
 
 
 MIN_BULK_CHUNK_EVENTS = 250
-"""A bulk write is split across connections only into statements of at least this many events."""
+"""A bulk write is split across connections only into statements of at least this many calls."""
+BULK_CHUNKS_PER_CONNECTION = 2
+"""A bulk write is split into about this many chunks per connection (``write.bulk_in_flight``),
+so one is checked while the others are written."""
 
 
-def plan_chunks(requests: Sequence[WriteRequest], max_events: int) -> list[tuple[int, int]]:
-    """Consecutive ``[start, end)`` slices of at most ``max_events`` events (a larger request
-    goes alone), in order: the statements of one bulk write."""
+def _failed_whole(chunk: WriteBatch, error: BaseException) -> BatchResult:
+    """The result of a queued chunk whose whole statement failed."""
+    return BatchResult.failed(len(chunk), error if isinstance(error, Exception) else JournalUnavailable(repr(error)))
+
+
+def plan_chunks(counts: Sequence[int], max_events: int) -> list[tuple[int, int]]:
+    """Consecutive ``[start, end)`` slices of calls (``counts``: each call's events) of at most
+    ``max_events`` events (a larger call goes alone), in order: the statements of one bulk write."""
+    if not counts:
+        return []
+    if counts.count(1) == len(counts):  # one event each: fixed-size slices
+        return [(s, min(len(counts), s + max_events)) for s in range(0, len(counts), max_events)]
     chunks: list[tuple[int, int]] = []
     start, events = 0, 0
-    for i, r in enumerate(requests):
-        n = len(r.events)
+    for i, n in enumerate(counts):
         if i > start and events + n > max_events:
             chunks.append((start, i))
             start, events = i, 0
         events += n
-    if start < len(requests):
-        chunks.append((start, len(requests)))
+    chunks.append((start, len(counts)))
     return chunks
 
 
@@ -99,22 +114,31 @@ RELEASE_WAVE_MIN = 200
 :meth:`GroupCommit._release`)."""
 
 
-def _settle(batch: Sequence[Pending], results: Sequence[WriteResult | Exception]) -> None:
-    for p, res in zip(batch, results, strict=True):
-        if p.future.done():
-            continue
-        if isinstance(res, Exception):
-            p.future.set_exception(res)
+def _settle(batch: Sequence[Pending], result: BatchResult) -> None:
+    """Give each queued batch its part of ``result`` (``batch`` written in that order)."""
+    firsts, stamps, errors = result.first_seq_nrs, result.db_timestamps, result.errors
+    i = 0
+    for p in batch:
+        n = len(p.batch)
+        fut = p.future
+        if fut.done():
+            pass
+        elif n != 1:
+            fut.set_result(result.part(i, i + n))
+        elif errors and i in errors:
+            fut.set_exception(errors[i])
         else:
-            p.future.set_result(res)
+            fut.set_result((firsts[i], stamps[i]))
+        i += n
 
 
 class GroupCommit:
-    """Coalesces concurrent write requests into batches written by ``write_batch``."""
+    """Coalesces concurrent write batches into one statement each, written by ``write_batch``."""
 
     def __init__(
         self,
-        write_batch: WriteBatch,
+        write_batch: WriteFn,
+        write_chunks: ChunksFn,
         *,
         max_batch_events: int,
         max_in_flight: int,
@@ -122,6 +146,7 @@ class GroupCommit:
         bulk_in_flight: int = 1,
     ) -> None:
         self._write_batch = write_batch
+        self._write_chunks = write_chunks
         self._planner = BatchPlanner(max_batch_events)
         self._max_in_flight = max_in_flight
         self._max_batch_wait = max_batch_wait
@@ -134,166 +159,121 @@ class GroupCommit:
         self.batches_written = 0
         self.calls_written = 0
 
-    async def submit(self, request: WriteRequest) -> WriteResult:
-        """The call's result: from the batch it joins, or (idle journal) from writing it alone."""
+    def _idle(self) -> bool:
+        return not self._running and not self._direct and not self._planner.queue
+
+    def submit(self, batch: WriteBatch) -> Awaitable[CallResult]:
+        """The result of a batch of one call: from the batch it joins, or (idle journal) from
+        writing it alone. Raises the call's error. Await it at once: the idle path takes its
+        place among the writes in flight when it starts."""
         if self._closed:
             raise JournalUnavailable("the journal is closed")
-        if not self._running and not self._direct and not self._planner.queue and not self._releasing:
-            return await self._write_now(request)
+        if self._idle() and not self._releasing:
+            return self._write_now(batch)
+        return self._enqueue(batch, self._max_batch_wait)
+
+    def _enqueue(self, batch: WriteBatch, wait: float = 0.0) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[WriteResult] = loop.create_future()
-        self._planner.queue.append(new_row(Pending, (request, fut)))
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._planner.queue.append(Pending(batch, fut))
         if not self._scheduled:
             self._scheduled = True
-            if self._max_batch_wait > 0 and not self._running:
-                loop.call_later(self._max_batch_wait, self._pump)
+            if wait > 0 and not self._running:
+                loop.call_later(wait, self._pump)
             else:
                 loop.call_soon(self._pump)
-        return await fut
+        return fut
 
-    async def submit_many(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
-        """Write many requests (distinct pids), each atomic and failing alone; results in order.
+    async def submit_chunks(self, chunks: Iterator[WriteBatch]) -> tuple[list[WriteBatch], list[BatchResult]]:
+        """Write the chunks of a bulk write (distinct pids), each call atomic and failing alone;
+        returns the chunks as written (split at ``max_batch_events`` events) and their results.
 
-        When idle, they are written in the caller's task in chunks of at most
-        ``max_batch_events`` events (no future per request); as soon as other calls queue up,
-        the rest joins the queue behind them, so a large bulk write does not starve them.
+        When idle, they go to ``write_chunks`` from the caller's task, each chunk checked while
+        the ones before it are written; as soon as other calls queue up, the rest is checked and
+        joins the queue behind them, so a large bulk write does not starve them. The iterator's
+        error (bad input) is raised as is: nothing was written.
         """
         if self._closed:
             raise JournalUnavailable("the journal is closed")
-        out: list[Result] = []
-        todo = list(requests)
-        if not self._running and not self._direct and not self._planner.queue:
-            total = sum([len(r.events) for r in todo])
-            chunks = plan_chunks(todo, self._bulk_chunk_events(total))
+        taken: list[WriteBatch] = []
+        rest: list[WriteBatch] = []
+        results: list[BatchResult] = []
+        if self._idle():
+            results = await self._write_chunks_now(self._split(chunks), taken, rest)
+        else:
+            rest = list(self._split(chunks))
+        if rest:
+            got = await asyncio.gather(*[self._enqueue(c) for c in rest], return_exceptions=True)
+            results += [
+                _failed_whole(c, r) if isinstance(r, BaseException) else r for c, r in zip(rest, got, strict=True)
+            ]
+        return taken + rest, results
 
-            async def write(start: int, end: int) -> Sequence[Result]:
-                return await self._write_batch(todo[start:end])
+    def bulk_chunk_calls(self, calls: int) -> int:
+        """Calls per chunk of a bulk write: several chunks per connection, so the next one is
+        checked while the server writes the ones before; at least ``MIN_BULK_CHUNK_EVENTS``."""
+        size = -(-calls // (BULK_CHUNKS_PER_CONNECTION * self._bulk_in_flight))
+        return min(max(MIN_BULK_CHUNK_EVENTS, size), self._planner.max_batch_events)
 
-            done = await self._write_many_now(chunks, write, lambda s, e: [r.persistence_id for r in todo[s:e]], out)
-            todo = todo[done:]
-        if todo:
-            out.extend(await self._queued(todo))
-        return cast(list[WriteResult | Exception], out)
-
-    async def submit_columns(self, columns: WriteColumns, write_columns: WriteColumnsFn) -> list[Result]:
-        """:meth:`submit_many` for one-event calls given as columns, written by ``write_columns``
-        (no object per call). A call's result is the timestamp it was written with (one
-        :data:`~journal.envelope.ROW_STEP` after the call before it in its chunk), a
-        WriteResult, or its error. Calls not written from the caller's task (other calls
-        queued up) join the queue as requests."""
-        if self._closed:
-            raise JournalUnavailable("the journal is closed")
-        out: list[Result] = []
-        n = len(columns)
-        done = 0
-        if not self._running and not self._direct and not self._planner.queue:
-            size = self._bulk_chunk_events(n)
-            chunks = [(s, min(n, s + size)) for s in range(0, n, size)]
-
-            async def write(start: int, end: int) -> Sequence[Result]:
-                got = await write_columns(columns.chunk(start, end))
-                return consecutive_stamps(got, end - start) if isinstance(got, datetime) else got
-
-            done = await self._write_many_now(chunks, write, lambda s, e: columns.persistence_ids[s:e], out)
-        if done < n:
-            out.extend(await self._queued(columns.chunk(done, n).requests()))
-        return out
-
-    def _bulk_chunk_events(self, total: int) -> int:
-        """Events per statement of a bulk write: at least ``bulk_in_flight`` statements when
-        there is enough to share, so they overlap; at most ``max_batch_events``."""
-        size = max(MIN_BULK_CHUNK_EVENTS, -(-total // self._bulk_in_flight))
-        return min(size, self._planner.max_batch_events)
-
-    async def _queued(self, requests: list[WriteRequest]) -> list[WriteResult | Exception]:
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[WriteResult]] = []
-        for r in requests:
-            fut: asyncio.Future[WriteResult] = loop.create_future()
-            self._planner.queue.append(Pending(r, fut))
-            futures.append(fut)
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._pump)
-        got = await asyncio.gather(*futures, return_exceptions=True)
-        return [g if isinstance(g, WriteResult | Exception) else JournalUnavailable(repr(g)) for g in got]
-
-    async def _write_many_now(
-        self,
-        chunks: list[tuple[int, int]],
-        write_chunk: Callable[[int, int], Awaitable[Sequence[Result]]],
-        pids_of: Callable[[int, int], list[str]],
-        out: list[Result],
-    ) -> int:
-        """Idle fast path of a bulk write: ``chunks`` (``[start, end)`` call ranges, in order)
-        written from the caller's task, up to ``bulk_in_flight`` at once, until other calls
-        queue up. Appends the results of the calls it handled (a prefix) to ``out`` and returns
-        their number."""
-        in_flight = self._planner.in_flight_pids
-        running: list[asyncio.Task[Sequence[Result]]] = []
-        failed: Exception | None = None
-        done = 0
-
-        async def write(start: int, end: int) -> Sequence[Result]:
-            pids = pids_of(start, end)
-            in_flight.update(pids)
-            try:
-                return await write_chunk(start, end)
-            finally:
-                in_flight.difference_update(pids)
-
-        def collect(task: asyncio.Task[Sequence[Result]], size: int) -> None:
-            nonlocal failed
-            e = task.exception()
-            if e is None:
-                out.extend(task.result())
-            elif isinstance(e, Exception):  # the whole statement failed: this chunk, and stop
-                failed = failed or e
-                out.extend([e] * size)
+    def _split(self, chunks: Iterator[WriteBatch]) -> Iterator[WriteBatch]:
+        """Chunks of at most ``max_batch_events`` events (a larger call goes alone)."""
+        for chunk in chunks:
+            if chunk.events <= self._planner.max_batch_events:
+                yield chunk
             else:
-                raise e
-            self.batches_written += 1
-            self.calls_written += size
+                for start, end in plan_chunks(chunk.counts, self._planner.max_batch_events):
+                    yield chunk.chunk(start, end)
+
+    async def _write_chunks_now(
+        self, chunks: Iterator[WriteBatch], taken: list[WriteBatch], rest: list[WriteBatch]
+    ) -> list[BatchResult]:
+        """Idle path of a bulk write: the chunks handed to ``write_chunks`` (appended to
+        ``taken``) until other calls queue up; then the rest is checked into ``rest``."""
+        in_flight = self._planner.in_flight_pids
+        invalid: list[BaseException] = []
+
+        def feed() -> Iterator[WriteBatch]:
+            try:
+                for chunk in chunks:
+                    in_flight.update(chunk.persistence_ids)
+                    taken.append(chunk)
+                    yield chunk
+                    if self._planner.queue:  # others wait: the rest joins the queue, once checked
+                        rest.extend(chunks)
+                        return
+            except BaseException as e:
+                invalid.append(e)
+                raise
 
         self._direct += 1
-        total = chunks[-1][1] if chunks else 0
         try:
-            loop = asyncio.get_running_loop()
-            sizes: list[int] = []
-            for start, end in chunks:
-                if failed is not None or self._planner.queue:
-                    break
-                if len(running) >= self._bulk_in_flight:
-                    await asyncio.wait([running[0]])
-                    collect(running.pop(0), sizes.pop(0))
-                    if failed is not None:
-                        break
-                running.append(loop.create_task(write(start, end)))
-                sizes.append(end - start)
-                done = end
-            for task, size in zip(running, sizes, strict=True):
-                await asyncio.wait([task])
-                collect(task, size)
-            running = []
-            if failed is not None and done < total:
-                rest = JournalUnavailable(f"not attempted after an earlier part failed: {failed}")
-                out.extend([rest] * (total - done))
-                done = total
+            results = await self._write_chunks(feed())
+        except Exception as e:
+            if invalid and invalid[0] is e:  # bad input: nothing was written
+                raise
+            rest.extend(chunks)  # checked all the same: bad input raises before an outage is reported
+            results = [BatchResult.failed(len(c), e) for c in taken]
+            rest_error = JournalUnavailable(f"not attempted after an earlier part failed: {e}")
+            results += [BatchResult.failed(len(c), rest_error) for c in rest]
+            taken.extend(rest)
+            rest.clear()
         finally:
-            for task in running:  # the caller was cancelled: so are its statements
-                task.cancel()
+            for chunk in taken:
+                in_flight.difference_update(chunk.persistence_ids)
             self._direct -= 1
             if self._planner.queue:
                 self._pump()
-        return done
+        self.batches_written += len(results)
+        self.calls_written += sum(map(len, results))
+        return results
 
-    async def _write_now(self, request: WriteRequest) -> WriteResult:
-        """Idle fast path: nothing queued or in flight, so write at once in the caller's task."""
-        pid = request.persistence_id
+    async def _write_now(self, batch: WriteBatch) -> CallResult:
+        """Idle fast path: nothing queued or in flight, so write a call at once in the caller's task."""
+        pid = batch.persistence_ids[0]
         self._direct += 1
         self._planner.in_flight_pids.add(pid)
         try:
-            (result,) = await self._write_batch([request])
+            result = await self._write_batch(batch)
         finally:
             self._direct -= 1
             self._planner.in_flight_pids.discard(pid)
@@ -301,9 +281,9 @@ class GroupCommit:
                 self._pump()
         self.batches_written += 1
         self.calls_written += 1
-        if isinstance(result, Exception):
-            raise result
-        return result
+        if result.errors:
+            raise result.errors[0]
+        return result.first_seq_nrs[0], result.db_timestamps[0]
 
     def _pump(self) -> None:
         self._scheduled = False
@@ -317,7 +297,7 @@ class GroupCommit:
 
     async def _run(self, batch: list[Pending]) -> None:
         try:
-            results = await self._write_batch([p.request for p in batch])
+            result = await self._write_batch(WriteBatch.concat([p.batch for p in batch]))
         except BaseException as e:
             # cancelled (e.g. the loop shutting down) while the statement may have been sent
             err = (
@@ -330,12 +310,14 @@ class GroupCommit:
                 raise
         else:
             self.batches_written += 1
-            self.calls_written += len(batch)
+            self.calls_written += len(result)
             half = len(batch) // 2 if len(batch) >= 2 * RELEASE_WAVE_MIN else len(batch)
-            _settle(batch[:half], results[:half])
+            _settle(batch[:half], result)
             if half < len(batch):
                 self._releasing += 1
-                asyncio.get_running_loop().call_soon(self._release, batch[half:], results[half:])
+                calls = sum(len(p.batch) for p in batch[:half])
+                second = result.part(calls, len(result))
+                asyncio.get_running_loop().call_soon(self._release, batch[half:], second)
         finally:
             self._planner.done(batch)
             # this task no longer occupies a slot: without this, the pump below could see every
@@ -346,7 +328,7 @@ class GroupCommit:
             if self._planner.queue and not self._releasing:  # else _release pumps, after its first wave
                 self._pump()
 
-    def _release(self, batch: list[Pending], results: list[WriteResult | Exception]) -> None:
+    def _release(self, batch: list[Pending], result: BatchResult) -> None:
         """The second wave of a finished batch's callers.
 
         Woken all at once, a batch's callers would each write their next call before any of
@@ -358,7 +340,7 @@ class GroupCommit:
         """
         self._releasing -= 1
         self._pump()
-        _settle(batch, results)
+        _settle(batch, result)
 
     async def close(self) -> None:
         """Refuse new calls, then write everything already queued or in flight, and deliver

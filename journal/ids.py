@@ -66,6 +66,23 @@ def slice_ranges(n: int, number_of_slices: int = NUMBER_OF_SLICES) -> list[tuple
     return [(i * step, (i + 1) * step - 1) for i in range(n)]
 
 
+def chunk(index: int, count: int, slices: int = NUMBER_OF_SLICES) -> range:
+    """The contiguous slices of member ``index`` among ``count`` sharing them (any count, not
+    only divisors): how the members of a job split the slices (:mod:`journal.postgres.leases`)."""
+    return range(index * slices // count, (index + 1) * slices // count)
+
+
+def runs(slices: set[int]) -> list[tuple[int, int]]:
+    """Contiguous runs ``(lo, hi)`` of a set of slices."""
+    out: list[tuple[int, int]] = []
+    for s in sorted(slices):
+        if out and out[-1][1] == s - 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
+
+
 def validate_slice_range(min_slice: int, max_slice: int) -> None:
     """Refuse inverted or out-of-range slice ranges before any I/O."""
     for name, v in (("min_slice", min_slice), ("max_slice", max_slice)):

@@ -6,24 +6,17 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
+
 from . import tracing
-from .backend import Backend, Found, SnapshotRow, StoredEvent, WriteRequest, WriteResult
+from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
-from .bulk import (
-    MAX_EVENTS_PER_CALL,
-    Outcome,
-    Write,
-    bulk_columns,
-    bulk_requests,
-    column_outcomes,
-    outcomes,
-    plain_request,
-)
+from .bulk import Outcome, Write, outcomes
 from .codec import KeyStore, PayloadCodec, inner_manifest
 from .envelope import TRACE_MANIFEST, EventEnvelope
 from .errors import (
@@ -44,7 +37,7 @@ from .ids import (
     validate_seq_nr,
     validate_tags,
 )
-from .metrics import instrumented, instrumented_columns
+from .metrics import instrumented, instrumented_chunks
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries, envelope_of
@@ -53,9 +46,10 @@ from .serialization import JSON_SERIALIZER_ID, Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
 from .upcasting import StoredManifest, split_version
+from .write_batch import BatchResult, WriteBatch, WriteFn
+from .write_validation import WriteValidator
 
 log = logging.getLogger("journal")
-
 
 
 class Journal:
@@ -81,16 +75,17 @@ class Journal:
                     cache_size=c.key_cache_size,
                 )
             )  # fmt: skip
+        self._validator = WriteValidator(self.serializers, settings.write.max_event_bytes)
         w = settings.write
         self._group_commit = GroupCommit(
             traced_batches(instrumented(backend.write_batch)),
+            instrumented_chunks(backend.write_chunks),
             max_batch_events=w.max_batch_events,
             max_in_flight=w.max_in_flight,
             max_batch_wait=w.max_batch_wait,
             bulk_in_flight=w.bulk_in_flight,
         )
         self._slices: SliceQueries | None = None
-        self._max_event_bytes = w.max_event_bytes
 
     @property
     def writer_id(self) -> str:
@@ -137,9 +132,9 @@ class Journal:
             return await self._persist_traced(persistence_id, events, expected_seq_nr, tags, metadata)
         if self.serializers.keyed:
             await self.serializers.load_write_keys((persistence_id,))
-        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
-        result = await self._group_commit.submit(request)
-        return self._written(request, result, events, metadata)
+        batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
+        first, db_timestamp = await self._group_commit.submit(batch)
+        return self._written(batch, first, db_timestamp, events, metadata)
 
     async def _persist_traced(
         self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
@@ -150,15 +145,16 @@ class Journal:
         with tracing.span("journal.persist", kind="PRODUCER", attributes=attributes):
             if self.serializers.keyed:
                 await self.serializers.load_write_keys((pid,))
-            request = self._request(pid, events, expected, tags, metadata)
+            batch = self._validator.call(pid, events, expected, tags, metadata)
             if metadata is None:
-                request = request._replace(metadata=Serialized(JSON_SERIALIZER_ID, TRACE_MANIFEST, tracing.carrier()))
-            tracing.note(request)
+                carried = Serialized(JSON_SERIALIZER_ID, TRACE_MANIFEST, tracing.carrier())
+                batch = msgspec.structs.replace(batch, metadata=(carried,))
+            tracing.note(batch.persistence_ids[0])  # the batch that writes it links to this span
             try:
-                result = await self._group_commit.submit(request)
+                first, db_timestamp = await self._group_commit.submit(batch)
             finally:
-                tracing.forget(request)
-            return self._written(request, result, events, metadata)
+                tracing.forget(batch.persistence_ids[0])
+            return self._written(batch, first, db_timestamp, events, metadata)
 
     async def persist_many(self, writes: Iterable[Write | tuple[Any, ...]]) -> list[Outcome]:
         """Write many persistence ids at once: each part atomic and conflict-checked on its own.
@@ -175,18 +171,14 @@ class Journal:
         the part's index.
         """
         parts = writes if type(writes) is list else list(writes)
-        if self.serializers.keyed:
-            await self.serializers.load_write_keys(p[0] if isinstance(p, tuple) else p.persistence_id for p in parts)
-        write_columns = getattr(self.backend, "write_columns", None)
-        if write_columns is not None:
-            columns = bulk_columns(parts, self.serializers, self._max_event_bytes)  # the commonest shape
-            if columns is not None:
-                written = await self._group_commit.submit_columns(columns, instrumented_columns(write_columns))
-                return column_outcomes(columns, written)
-        requests = bulk_requests(parts, self.serializers, self._request, self._max_event_bytes)
-        if not requests:
+        if not parts:
             return []
-        return outcomes(requests, await self._group_commit.submit_many(requests))
+        if self.serializers.keyed:
+            pids = (p[0] for p in parts if isinstance(p, tuple) and p and type(p[0]) is str)
+            await self.serializers.load_write_keys(pids)  # the validator raises for any other part
+        chunks = self._validator.chunks(parts, self._group_commit.bulk_chunk_calls(len(parts)))
+        batches, results = await self._group_commit.submit_chunks(chunks)
+        return [o for b, r in zip(batches, results, strict=True) for o in outcomes(b, r)]
 
     async def persist_in(
         self,
@@ -210,9 +202,9 @@ class Journal:
         """
         if self.serializers.keyed:
             await self.serializers.load_write_keys((persistence_id,))
-        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
-        result = await self.backend.write_on(conn, request)
-        return self._written(request, result, events, metadata)
+        batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
+        result = await self.backend.write_on(conn, batch)
+        return self._written(batch, result.first_seq_nrs[0], result.db_timestamps[0], events, metadata)
 
     async def resolve_persist(
         self,
@@ -234,17 +226,27 @@ class Journal:
         Raises:
             JournalUnavailable: with ``outcome_unknown=False`` when nothing of it is stored and
                 the highest is still ``expected_seq_nr`` (it may be sent again); with
-                ``outcome_unknown=True`` when the database cannot be reached yet.
+                ``outcome_unknown=True`` whenever the database cannot be reached (or does not
+                answer) yet: only an answer proves that nothing was written.
             SequenceConflict: another writer's rows are there (or the pid moved on).
         """
+        if expected_seq_nr is None:
+            raise InvalidArgument("resolve_persist needs the expected_seq_nr the write was made with")
         if self.serializers.keyed:
             await self.serializers.load_write_keys((persistence_id,))
-        request = self._request(persistence_id, events, expected_seq_nr, tags, metadata)
-        got = await self.backend.check_write(request)
+        batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
+        try:
+            (got,) = await self.backend.check_write(batch)
+            not_written = got.outcome is Found.NOT_WRITTEN
+            highest = await self.backend.highest_seq_nr(persistence_id) if not_written else None
+        except JournalUnavailable as e:  # the read itself found nothing out
+            raise JournalUnavailable(
+                f"outcome of the write of {persistence_id!r} still unknown: {e}", outcome_unknown=True
+            ) from e
         if got.outcome is Found.WRITTEN:
             assert got.db_timestamp is not None
-            return self._written(request, WriteResult(expected_seq_nr + 1, got.db_timestamp), events, metadata)
-        if got.outcome is Found.NOT_WRITTEN and await self.backend.highest_seq_nr(persistence_id) == expected_seq_nr:
+            return self._written(batch, expected_seq_nr + 1, got.db_timestamp, events, metadata)
+        if highest == expected_seq_nr:
             raise JournalUnavailable(
                 f"write of {persistence_id!r} failed: not stored (checked once the database answered)",
                 outcome_unknown=False,
@@ -252,47 +254,13 @@ class Journal:
         raise SequenceConflict(persistence_id, expected_seq_nr, "another writer stored these sequence numbers")
 
     def _written(
-        self, request: WriteRequest, result: WriteResult, events: Sequence[Any], metadata: Any
+        self, batch: WriteBatch, first_seq_nr: int, db_timestamp: datetime, events: Sequence[Any], metadata: Any
     ) -> list[EventEnvelope]:
+        """The envelopes of a written call (the one call of ``batch``)."""
         return EventEnvelope.written(
-            request.persistence_id, request.entity_type, request.slice, result.first_seq_nr,
-            result.db_timestamp, events, request.tags, metadata, self.writer_id,
+            batch.persistence_ids[0], batch.entity_types[0], batch.slices[0], first_seq_nr, db_timestamp, events,
+            batch.tags[0], metadata, self.writer_id,
         )  # fmt: skip
-
-    def _request(
-        self, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any
-    ) -> WriteRequest:
-        s = self.serializers
-        limit = self._max_event_bytes
-        r = plain_request(pid, events, expected, tags, metadata, s.plain_json_types, s.plain_bytes_type, limit)
-        if r is not None:
-            return r
-        validate_persistence_id(pid)
-        if type(events) is not list and not isinstance(events, list | tuple):
-            raise InvalidArgument(f"events must be a list or tuple of events, got {type(events).__name__}")
-        if not events:
-            raise InvalidArgument(f"persist({pid!r}) needs at least one event")
-        if len(events) > MAX_EVENTS_PER_CALL:
-            raise InvalidArgument(f"at most {MAX_EVENTS_PER_CALL} events per call, got {len(events)}")
-        if expected is not None:
-            # the call's last event, expected + len(events), must still fit the bigint column
-            validate_seq_nr("expected_seq_nr", expected, maximum=MAX_SEQ_NR - len(events))
-        clean_tags = validate_tags(tags) if tags else ()
-        try:
-            serialized = self.serializers.serialize_all(events, pid=pid)
-        except SerializationError:
-            for i, e in enumerate(events):  # say which event failed
-                self.serializers.serialize(e, what=f"event {i} of {pid!r}", pid=pid)
-            raise
-        meta = self.serializers.serialize(metadata, what="metadata") if metadata is not None else None
-        for i, part in enumerate((*serialized, *((meta,) if meta else ()))):
-            if len(part.payload) > limit:
-                what = f"event {i}" if i < len(serialized) else "the metadata"
-                raise InvalidArgument(
-                    f"{what} of {pid!r} is {len(part.payload):,} bytes serialized, above write.max_event_bytes "
-                    f"({limit:,}): keep large payloads elsewhere and put a reference in the event"
-                )
-        return WriteRequest(pid, entity_type_of(pid), slice_for(pid), expected, serialized, clean_tags, meta)
 
     # -- reading by persistence id -----------------------------------------------------------
 
@@ -372,9 +340,7 @@ class Journal:
 
     # -- events by tag -----------------------------------------------------------------------
 
-    def current_events_by_tag(
-        self, tag: str, offset: Offset | uuid.UUID | None = None
-    ) -> AsyncIterator[EventEnvelope]:
+    def current_events_by_tag(self, tag: str, offset: Offset | uuid.UUID | None = None) -> AsyncIterator[EventEnvelope]:
         """Events tagged ``tag`` after ``offset`` (a :class:`TimeUUIDOffset`, exclusive; None: from
         ``tags.first_time_bucket``) up to now minus ``tags.eventual_consistency_delay``, then end.
 
@@ -448,9 +414,7 @@ class Journal:
         from the last delivered offset). Raises like :meth:`current_events_by_slices`.
         """
         start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self.settings.query.mode)
-        return self._slice_queries("events_by_slices").live(
-            entity_type, min_slice, max_slice, start, m, heartbeats
-        )
+        return self._slice_queries("events_by_slices").live(entity_type, min_slice, max_slice, start, m, heartbeats)
 
     async def horizon(self, entity_type: str | None = None) -> datetime:
         """A database timestamp below which no uncommitted event can still land (any entity
@@ -575,18 +539,16 @@ class Journal:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
 
 
-def traced_batches(
-    write: Callable[[Sequence[WriteRequest]], Awaitable[Any]],
-) -> Callable[[Sequence[WriteRequest]], Awaitable[Any]]:
+def traced_batches(write: WriteFn) -> WriteFn:
     """The group commit's batch writer, in a span linked to the persist spans of its calls
     (a batch serves calls of many traces) while tracing is on."""
 
-    async def write_batch(requests: Sequence[WriteRequest]) -> Any:
+    async def write_batch(batch: WriteBatch) -> BatchResult:
         if not tracing.ON:
-            return await write(requests)
-        attributes = {"calls": len(requests), "events": sum(len(r.events) for r in requests)}
-        with tracing.span("journal.write_batch", links=tracing.links_of(requests), attributes=attributes):
-            return await write(requests)
+            return await write(batch)
+        attributes = {"calls": len(batch), "events": batch.events}
+        with tracing.span("journal.write_batch", links=tracing.links_of(batch.persistence_ids), attributes=attributes):
+            return await write(batch)
 
     return write_batch
 

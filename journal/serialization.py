@@ -206,6 +206,8 @@ def dump_plain_jsons(values: list[Any]) -> list[bytes]:
 
 _dumps = orjson.dumps
 _loads = orjson.loads
+_ONE_JSON, _ONE_BYTES, _ONE_MANIFEST = (JSON_SERIALIZER_ID,), (BYTES_SERIALIZER_ID,), ("",)
+"""The serializer id and manifest columns of one plain event."""
 
 
 def _type_name(cls: type) -> str:
@@ -248,7 +250,7 @@ class SerializerRegistry:
 
     def _refresh(self) -> None:
         """The hot paths' shortcuts. Outside the registry they are off while a codec seals every
-        payload (:attr:`plain_json_types` is then empty); :meth:`serialize_all` seals them."""
+        payload (:attr:`plain_json_types` is then empty); :meth:`serialize_events` seals them."""
         self._plain_json = frozenset(
             t for t in _PLAIN if all(self._by_type.get(k, self.json) is self.json for k in t.__mro__)
         )
@@ -325,29 +327,41 @@ class SerializerRegistry:
             )
         return out
 
-    def serialize_all(self, values: Sequence[Any], *, what: str = "event", pid: str | None = None) -> list[Serialized]:
-        """:meth:`serialize` of each value. The write path's hot loop: plain JSON values and
-        bytes that no registered serializer claims skip the lookup and the manifest call."""
-        plain, raw = self._plain_json, self._plain_bytes
-        out: list[Serialized] = []
-        append = out.append
-        seal = self.codec.seal if self.codec is not None and pid is not None else None
-        for v in values:
-            t = type(v)
-            if t in plain:
-                try:
-                    s = Serialized(JSON_SERIALIZER_ID, "", faithful(v, _dumps(v)))
-                except Exception:  # the general path below raises with the full message
-                    pass
-                else:
-                    append(s if seal is None else Serialized(*seal(pid, *s)))  # type: ignore[arg-type]
-                    continue
-            elif t is raw:
-                s = Serialized(BYTES_SERIALIZER_ID, "", v)
-                append(s if seal is None else Serialized(*seal(pid, *s)))  # type: ignore[arg-type]
-                continue
-            append(self.serialize(v, what=what, pid=pid))
-        return out
+    def serialize_events(
+        self, values: Sequence[Any], pids: str | Sequence[str]
+    ) -> tuple[Sequence[int], Sequence[str], Sequence[bytes]]:
+        """Events as columns: serializer ids, manifests, payloads. ``pids``: the persistence id of
+        the call they belong to, or of each event (a codec seals each payload with its subject's
+        key). Raises :class:`SerializationError` naming the event (``event 2 of 'cart|1'``).
+
+        The write path's hot loop: plain JSON values and bytes that no registered serializer claims
+        skip the lookup and the manifest call (dumped by orjson in one loop in C)."""
+        columns = self._plain_columns(values)
+        if columns is not None and self.codec is None:
+            return columns
+        each = [pids] * len(values) if isinstance(pids, str) else pids
+        if columns is None:
+            pairs = enumerate(zip(values, each, strict=True))
+            out = [self.serialize(v, what=f"event {i} of {p!r}", pid=p) for i, (v, p) in pairs]
+            return [s.ser_id for s in out], [s.manifest for s in out], [s.payload for s in out]
+        sealed = list(map(self.codec.seal, each, *columns))  # type: ignore[union-attr]
+        return [s[0] for s in sealed], [s[1] for s in sealed], [s[2] for s in sealed]
+
+    def _plain_columns(self, values: Sequence[Any]) -> tuple[Sequence[int], Sequence[str], Sequence[bytes]] | None:
+        """The columns of events that are all plain JSON values (or one of bytes), else None."""
+        plain, n = self._plain_json, len(values)
+        try:
+            if n == 1:
+                t = type(values[0])
+                if t in plain:
+                    return _ONE_JSON, _ONE_MANIFEST, (dump_plain_json(values[0]),)
+                if t is self._plain_bytes:
+                    return _ONE_BYTES, _ONE_MANIFEST, (values[0],)
+            elif set(map(type, values)) <= plain:
+                return [JSON_SERIALIZER_ID] * n, [""] * n, dump_plain_jsons(list(values))
+        except Exception:  # the general path raises with the full message
+            return None
+        return None
 
     def deserialize(
         self, ser_id: int, manifest: str, payload: bytes, *, what: str = "event", pid: str | None = None

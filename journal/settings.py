@@ -293,6 +293,8 @@ class EntitySettings:
     """Longest wait between attempts to learn the outcome of an interrupted write."""
     redeliver_interval: float = 5.0
     """Seconds between deliveries of an unconfirmed message (``Entity.deliver``)."""
+    stash_timeout: float = 60.0
+    """Seconds a stashed command may wait to be unstashed before it fails with StashTimeout (0: no limit)."""
     snapshots_per_emitter_max: int = 1
     """Snapshots kept per entity; recovery falls back to an older one if the newest does not load."""
 
@@ -397,7 +399,7 @@ class JournalSettings:
             "max_batch_commands", "breaker_failures", "breaker_reset_timeout", "resolve_max_backoff",
             "redeliver_interval", "snapshots_per_emitter_max",
         )  # fmt: skip
-        _non_negative(self.entities, "snapshot_every", "replay_retry_delay")
+        _non_negative(self.entities, "snapshot_every", "replay_retry_delay", "stash_timeout")
         if self.query.mode not in get_args(QueryMode):
             raise ConfigurationError(f"query mode must be one of {get_args(QueryMode)}, got {self.query.mode!r}")
         t = self.tags

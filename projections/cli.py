@@ -200,9 +200,7 @@ async def _report(ws: list[Any], show: bool) -> None:
 def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: Any, what: str) -> Any:
     """``fn(conn, sql)`` on a connection of its own; failures come out as the library's errors."""
     from journal.cli.common import target_dsn
-    from journal.postgres.connections import connect
-    from journal.postgres.dsn import target_of
-    from journal.postgres.errors import mapped_errors
+    from journal.postgres import connect, mapped_errors, target_of
 
     from .postgres_store import ProjectionSql
 
@@ -216,6 +214,27 @@ def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: A
                 return await fn(conn, ProjectionSql(settings.schema))
         finally:
             await conn.close()
+
+    return asyncio.run(go())
+
+
+def _journal_databases(dsn: str | None, schema: str | None, data_dir: Path | None) -> list[tuple[int, int, str]]:
+    """The journal's ``(min_slice, max_slice, database)`` runs when it has several databases
+    (``JOURNAL_DATABASES``), from their partition map; else none."""
+    from journal.backends import open_partitioned
+    from journal.cli.common import target_dsn
+
+    settings = _settings(schema, data_dir)
+    if not settings.partitions.databases:
+        return []
+    home, _ = target_dsn(dsn, settings)
+
+    async def go() -> list[tuple[int, int, str]]:
+        backend = await open_partitioned(home, settings)
+        try:
+            return backend.dbs.map.describe(backend.dbs.names)
+        finally:
+            await backend.close()
 
     return asyncio.run(go())
 
@@ -235,10 +254,12 @@ def status(
     from . import management
     from .dead_letter_store import DeadLetterSql
 
+    databases = _journal_databases(dsn, schema, data_dir)
+
     async def go(conn: Any, sql: Any) -> list[Any]:
         names = [name] if name else await sql.projection_names(conn)
         dead = DeadLetterSql(sql.schema)
-        return [await management.status(conn, sql, n, dead) for n in names]
+        return [await management.status(conn, sql, n, dead, databases) for n in names]
 
     results = _with_conn(dsn, schema, data_dir, go, "projections status")
     if as_json:
@@ -249,12 +270,13 @@ def status(
         console.print("no projections")
     for st in results:
         t = Table(title=f"projection {st.name}")
-        for c in ("slices", "owner", "offset", "lag", "paused"):
+        for c in ("slices", "owner", "offset", "lag", "paused", *(("database",) if databases else ())):
             t.add_column(c)
         for r in st.ranges:
             t.add_row(
                 f"{r.lo}-{r.hi}", r.owner or "-", r.offset.isoformat() if r.offset else "-",
                 f"{r.lag_seconds:.1f}s" if r.lag_seconds is not None else "-", "yes" if r.paused else "",
+                *((r.database or "-",) if databases else ()),
             )  # fmt: skip
         console.print(t)
         w = Table(title=f"workers of {st.name}")
@@ -401,9 +423,7 @@ def dead_letters_discard(
 
     if (pid is None) == (not everything) or (seq_nr is not None and pid is None):
         raise InvalidArgument("give --pid (and optionally --seq-nr), or --all")
-    n = _with_conn(
-        dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).discard(c, name, pid, seq_nr), "discard"
-    )
+    n = _with_conn(dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).discard(c, name, pid, seq_nr), "discard")
     typer.echo(f"discarded {n} dead letters of {name}")
 
 

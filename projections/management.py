@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from journal.errors import InvalidArgument, ProjectionError
 from journal.ids import NUMBER_OF_SLICES, slice_for
-from journal.postgres.connections import connect
+from journal.postgres import LeaseSql, connect
 from journal.settings import JournalSettings
 
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
@@ -24,8 +24,8 @@ class ManagementStore(Protocol):
     async def now(self, conn: Any) -> datetime: ...
     async def projection_names(self, conn: Any) -> list[str]: ...
     async def slice_offsets(self, conn: Any, name: str) -> Sequence[Any]: ...
-    async def lease_owners(self, conn: Any, name: str) -> Sequence[Any]: ...
-    async def workers(self, conn: Any, name: str) -> Sequence[Any]: ...
+    @property
+    def leases(self) -> LeaseSql: ...
     async def paused_keys(self, conn: Any, name: str) -> list[str]: ...
     async def set_paused(self, conn: Any, name: str, key: str, paused: bool) -> None: ...
     async def save_offsets(self, conn: Any, name: str, key: str, rows: list[OffsetRow]) -> None: ...
@@ -47,6 +47,8 @@ class RangeStatus:
     """Earliest of the slices' latest offsets (None: a slice has none yet)."""
     lag_seconds: float | None
     paused: bool
+    database: str | None = None
+    """The database serving the range's events (a journal over several databases)."""
 
 
 @dataclass(frozen=True)
@@ -75,32 +77,45 @@ class DeadLetterCount(Protocol):
 
 
 async def status(
-    conn: Any, sql: ManagementStore, name: str, dead_letters: DeadLetterCount | None = None
-) -> ProjectionStatus:
-    """Per slice range (grouped by owner): offset, lag, owner, paused; the workers; the number of
-    dead letters (when ``dead_letters`` is given)."""
+    conn: Any, sql: ManagementStore, name: str, dead_letters: DeadLetterCount | None = None,
+    databases: Sequence[tuple[int, int, str]] = (),
+) -> ProjectionStatus:  # fmt: skip
+    """Per slice range (grouped by owner, and by database: ``databases`` are the journal's
+    ``(min_slice, max_slice, database)`` runs when it has several): offset, lag, owner, paused;
+    the workers; the number of dead letters (when ``dead_letters`` is given)."""
+    db: list[str | None] = [None] * NUMBER_OF_SLICES
+    for lo, hi, where in databases:
+        db[lo : hi + 1] = [where] * (hi - lo + 1)
     await require_known(conn, sql, name)
     now = await sql.now(conn)
     offsets = {r["slice"]: r["ts"] for r in await sql.slice_offsets(conn, name)}
-    leases = {r["slice"]: (r["owner"] if r["live"] else None) for r in await sql.lease_owners(conn, name)}
+    leases = {r["slice"]: (r["owner"] if r["live"] else None) for r in await sql.leases.lease_owners(conn, name)}
     paused: set[int] = set()
     for key in await sql.paused_keys(conn, name):
         paused.update(parse_key(key))
     ranges: list[RangeStatus] = []
     start = 0
     for s in range(1, NUMBER_OF_SLICES + 1):
-        if s < NUMBER_OF_SLICES and leases.get(s) == leases.get(start) and (s in paused) == (start in paused):
+        if (
+            s < NUMBER_OF_SLICES and leases.get(s) == leases.get(start) and (s in paused) == (start in paused)
+            and db[s] == db[start]
+        ):  # fmt: skip
             continue
         ts = [offsets.get(x) for x in range(start, s)]
         offset = None if any(t is None for t in ts) else min(t for t in ts if t is not None)
         ranges.append(
             RangeStatus(
-                lo=start, hi=s - 1, owner=leases.get(start), offset=offset,
-                lag_seconds=(now - offset).total_seconds() if offset else None, paused=start in paused,
+                lo=start,
+                hi=s - 1,
+                owner=leases.get(start),
+                offset=offset,
+                lag_seconds=(now - offset).total_seconds() if offset else None,
+                paused=start in paused,
+                database=db[start],
             )
         )
         start = s
-    workers = [dict(r) for r in await sql.workers(conn, name)]
+    workers = [dict(r) for r in await sql.leases.workers(conn, name)]
     dead = await dead_letters.count(conn, name) if dead_letters is not None else 0
     return ProjectionStatus(name, ranges, workers, dead)
 
@@ -118,7 +133,7 @@ def status_json(statuses: list[ProjectionStatus]) -> str:
             "name": st.name,
             "ranges": [
                 {"slices": f"{r.lo}-{r.hi}", "lo": r.lo, "hi": r.hi, "owner": r.owner, "offset": r.offset,
-                 "lag_seconds": r.lag_seconds, "paused": r.paused}
+                 "lag_seconds": r.lag_seconds, "paused": r.paused, "database": r.database}
                 for r in st.ranges
             ],
             "workers": st.workers,
@@ -146,7 +161,7 @@ async def _require_stopped(conn: Any, sql: ManagementStore, name: str, lo: int, 
     paused: set[int] = set()
     for key in await sql.paused_keys(conn, name):
         paused.update(parse_key(key))
-    live = [w for w in await sql.workers(conn, name) if w["live"] and w["state"] == "running"]
+    live = [w for w in await sql.leases.workers(conn, name) if w["live"] and w["state"] == "running"]
     if live and not set(range(lo, hi + 1)) <= paused:
         raise ProjectionError(
             f"projection {name!r} has {len(live)} running worker(s): pause slices {lo}-{hi} first "
@@ -164,9 +179,7 @@ async def reset(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int, to
     async with conn.transaction():
         slices = list(range(lo, hi + 1))
         await sql.delete_offsets(conn, name, slices)
-        await sql.save_offsets(
-            conn, name, slice_key(lo, hi), [OffsetRow(s, HEARTBEAT_PID, 0, to) for s in slices]
-        )
+        await sql.save_offsets(conn, name, slice_key(lo, hi), [OffsetRow(s, HEARTBEAT_PID, 0, to) for s in slices])
 
 
 async def clear(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int) -> int:

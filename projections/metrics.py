@@ -187,7 +187,7 @@ class LagSampler:
     async def run(self) -> None:
         import asyncpg
 
-        from journal.postgres.dsn import asyncpg_dsn
+        from journal.postgres import asyncpg_dsn
 
         conn: Any = None
         try:

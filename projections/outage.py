@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from journal.conditions import Condition
 from journal.errors import JournalUnavailable
-from journal.postgres.errors import is_transient
+from journal.postgres import is_transient
 
 
 def database_unavailable(exc: BaseException, *, in_handler: bool = False, conn_lost: bool = False) -> bool:

@@ -1,4 +1,6 @@
-"""Every SQL statement of the projections: offset store, management, leases, workers.
+"""Every SQL statement of the projections: offset store and management. The leases, the
+workers' membership and the offset rows' insert are shared with other jobs that split the slices
+(event routers): :class:`journal.postgres.leases.LeaseSql`, here as :attr:`ProjectionSql.leases`.
 
 Identifiers come from validated configuration and are quoted once here; values are always
 parameters. Functions take an asyncpg connection so callers choose the transaction.
@@ -6,34 +8,27 @@ parameters. Functions take an asyncpg connection so callers choose the transacti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
+from journal.postgres import HEARTBEAT_PID, LeaseSql, OffsetRow
 from journal.settings import validate_identifier
 
-HEARTBEAT_PID = ""
-"""persistence_id of heartbeat offset rows (seq_nr 0): the slice is done up to their timestamp."""
-
-
-@dataclass(frozen=True)
-class OffsetRow:
-    slice: int
-    persistence_id: str
-    seq_nr: int
-    timestamp: datetime
-
+__all__ = ["HEARTBEAT_PID", "OffsetRow", "ProjectionSql"]
 
 @dataclass(frozen=True)
 class ProjectionSql:
     """Statements for one schema."""
 
     schema: str
+    leases: LeaseSql = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         validate_identifier(self.schema, "schema")
+        object.__setattr__(self, "leases", LeaseSql(self.schema))
 
     def t(self, name: str) -> str:
         return f'"{self.schema}".{name}'
@@ -108,31 +103,7 @@ WHERE slice = $1 AND projection_name = $2 AND timestamp_offset = $3 AND persiste
 
     async def save_offsets(self, conn: Any, name: str, key: str, rows: list[OffsetRow]) -> None:
         """Insert offset rows (insert-only; a repeat of an identical row is ignored)."""
-        if not rows:
-            return
-        await conn.execute(
-            f"""INSERT INTO {self.t("projection_timestamp_offset_store")}
-  (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
-SELECT $1, $2, u.s, u.p, u.n, u.t, clock_timestamp()
-FROM unnest($3::int[], $4::text[], $5::bigint[], $6::timestamptz[]) AS u(s, p, n, t)
-ON CONFLICT DO NOTHING""",
-            name,
-            key,
-            [r.slice for r in rows],
-            [r.persistence_id for r in rows],
-            [r.seq_nr for r in rows],
-            [r.timestamp for r in rows],
-        )
-        beats = [r for r in rows if r.persistence_id == HEARTBEAT_PID]
-        if beats:  # only the newest heartbeat row of a slice is worth keeping
-            await conn.execute(
-                f"""DELETE FROM {self.t("projection_timestamp_offset_store")} s
-USING unnest($2::int[], $3::timestamptz[]) AS u(sl, t)
-WHERE s.slice = u.sl AND s.projection_name = $1 AND s.persistence_id = '' AND s.timestamp_offset < u.t""",
-                name,
-                [r.slice for r in beats],
-                [r.timestamp for r in beats],
-            )
+        await self.leases.save_offsets(conn, name, key, rows)
 
     async def prune(
         self, conn: Any, name: str, slices: list[int], delete_after: timedelta, delete_after_consumed: timedelta
@@ -234,118 +205,3 @@ ON CONFLICT (projection_name, projection_key) DO UPDATE SET paused = $3, last_up
             name,
         )
         return [r[0] for r in rows]
-
-    # -- leases ------------------------------------------------------------------------------
-
-    async def ensure_leases(self, conn: Any, name: str, slices: int) -> None:
-        await conn.execute(
-            f"""INSERT INTO {self.t("projection_slice_lease")} (projection_name, slice, owner, epoch, expires_at)
-SELECT $1, s, NULL, 0, '-infinity' FROM generate_series(0, $2 - 1) AS s
-ON CONFLICT DO NOTHING""",
-            name,
-            slices,
-        )
-
-    async def renew_leases(self, conn: Any, name: str, owner: str, ttl: timedelta) -> dict[int, int]:
-        """Extend every lease ``owner`` holds; return slice -> epoch of what it still holds."""
-        lease = self.t("projection_slice_lease")
-        rows = await conn.fetch(
-            f"""UPDATE {lease} l SET expires_at = clock_timestamp() + $3::interval
-FROM (SELECT slice FROM {lease} WHERE projection_name = $1 AND owner = $2 ORDER BY slice FOR UPDATE) x
-WHERE l.projection_name = $1 AND l.slice = x.slice RETURNING l.slice, l.epoch""",
-            name,
-            owner,
-            ttl,
-        )
-        return {r["slice"]: r["epoch"] for r in rows}
-
-    async def acquire_leases(
-        self, conn: Any, name: str, owner: str, slices: list[int], ttl: timedelta
-    ) -> dict[int, int]:
-        """Take the free or expired leases among ``slices`` (never waits on a busy row)."""
-        lease = self.t("projection_slice_lease")
-        rows = await conn.fetch(
-            f"""UPDATE {lease} l SET owner = $2, epoch = l.epoch + 1, expires_at = clock_timestamp() + $4::interval
-FROM (SELECT slice FROM {lease} WHERE projection_name = $1 AND slice = ANY($3::int[])
-        AND (owner IS NULL OR expires_at < clock_timestamp())
-      ORDER BY slice FOR UPDATE SKIP LOCKED) x
-WHERE l.projection_name = $1 AND l.slice = x.slice RETURNING l.slice, l.epoch""",
-            name,
-            owner,
-            slices,
-            ttl,
-        )
-        return {r["slice"]: r["epoch"] for r in rows}
-
-    async def release_leases(self, conn: Any, name: str, owner: str, slices: list[int] | None) -> None:
-        await conn.execute(
-            f"""UPDATE {self.t("projection_slice_lease")} SET owner = NULL, expires_at = '-infinity'
-WHERE projection_name = $1 AND owner = $2 AND ($3::int[] IS NULL OR slice = ANY($3::int[]))""",
-            name,
-            owner,
-            slices,
-        )
-
-    async def fence(self, conn: Any, name: str, owner: str, epochs: dict[int, int]) -> list[int]:
-        """Inside the offset transaction: lock the leases of ``epochs`` (FOR SHARE) and return the
-        slices that are no longer ours at that epoch (empty: the transaction may commit)."""
-        slices = sorted(epochs)
-        rows = await conn.fetch(
-            f"""SELECT slice, epoch FROM {self.t("projection_slice_lease")}
-WHERE projection_name = $1 AND owner = $2 AND slice = ANY($3::int[]) ORDER BY slice FOR SHARE""",
-            name,
-            owner,
-            slices,
-        )
-        ok = {r["slice"] for r in rows if epochs.get(r["slice"]) == r["epoch"]}
-        return [s for s in slices if s not in ok]
-
-    async def lease_owners(self, conn: Any, name: str) -> list[asyncpg.Record]:
-        return list(
-            await conn.fetch(
-                f"""SELECT slice, owner, epoch, expires_at > clock_timestamp() AS live
-FROM {self.t("projection_slice_lease")} WHERE projection_name = $1 ORDER BY slice""",
-                name,
-            )
-        )
-
-    # -- workers -----------------------------------------------------------------------------
-
-    async def heartbeat_worker(
-        self, conn: Any, name: str, worker_id: str, host: str, pid: int, ttl: timedelta,
-        state: str, events: int, error: str | None,
-    ) -> None:  # fmt: skip
-        await conn.execute(
-            f"""INSERT INTO {self.t("projection_worker")}
-  (projection_name, worker_id, host, pid, started_at, expires_at, state, events, error)
-VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + $5::interval, $6, $7, $8)
-ON CONFLICT (projection_name, worker_id) DO UPDATE
-SET expires_at = EXCLUDED.expires_at, state = $6, events = $7, error = $8""",
-            name, worker_id, host, pid, ttl, state, events, error,
-        )  # fmt: skip
-
-    async def live_workers(self, conn: Any, name: str) -> list[str]:
-        rows = await conn.fetch(
-            f"""SELECT worker_id FROM {self.t("projection_worker")}
-WHERE projection_name = $1 AND state = 'running' AND expires_at > clock_timestamp() ORDER BY worker_id""",
-            name,
-        )
-        return [r[0] for r in rows]
-
-    async def workers(self, conn: Any, name: str) -> list[asyncpg.Record]:
-        return list(
-            await conn.fetch(
-                f"""SELECT worker_id, host, pid, started_at, state, events, error,
-  expires_at > clock_timestamp() AS live
-FROM {self.t("projection_worker")} WHERE projection_name = $1 ORDER BY started_at""",
-                name,
-            )
-        )
-
-    async def forget_dead_workers(self, conn: Any, name: str, older_than: timedelta) -> None:
-        await conn.execute(
-            f"""DELETE FROM {self.t("projection_worker")} WHERE projection_name = $1
-AND state <> 'failed' AND expires_at < clock_timestamp() - $2::interval""",
-            name,
-            older_than,
-        )

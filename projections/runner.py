@@ -595,7 +595,7 @@ class RangeProcessor:
                     async with conn.transaction():
                         phase = "fence"
                         if fence:
-                            lost = await self.sql.fence(conn, self.name, self.owner, fence)
+                            lost = await self.sql.leases.fence(conn, self.name, self.owner, fence)
                             if lost:
                                 raise LeaseLost(f"{self.name}: slices {lost[:5]}... are no longer ours")
                         phase = "handler"

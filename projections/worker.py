@@ -1,9 +1,10 @@
 """A projection worker: slice leases through Postgres, one RangeProcessor per owned range.
 
-Every ``lease_renew_interval`` the worker heartbeats its membership row, renews its leases, and
-rebalances: live workers sorted by id split the slices into contiguous chunks; a worker stops
-(and commits) the processors of slices it should give away before releasing their leases, and
-takes free or expired leases of its own chunk. A dead worker's leases expire after
+Every ``lease_renew_interval`` the worker runs a round of :class:`journal.postgres.leases.
+PostgresSliceLeases` (shared with the event routers): it heartbeats its membership row, renews
+its leases, and rebalances: live workers sorted by id split the slices into contiguous chunks; a
+worker stops (and commits) the processors of slices it should give away before releasing their
+leases, and takes free or expired leases of its own chunk. A dead worker's leases expire after
 ``lease_ttl`` and its chunk goes to the others, which resume from the stored offsets. Safety does
 not depend on timing: every offset transaction checks the lease epoch under a row lock.
 """
@@ -23,9 +24,8 @@ from typing import Any
 import asyncpg
 
 from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
-from journal.ids import NUMBER_OF_SLICES, validate_entity_type, validate_name
-from journal.postgres.dsn import asyncpg_dsn, target_of
-from journal.postgres.errors import driver_error
+from journal.ids import NUMBER_OF_SLICES, runs, validate_entity_type, validate_name
+from journal.postgres import PostgresSliceLeases, asyncpg_dsn, driver_error, target_of
 from journal.settings import JournalSettings, QueryMode
 from journal.waits import wait_set
 
@@ -38,22 +38,6 @@ from .runner import EventSource, RangeProcessor
 from .stats import Stats
 
 log = logging.getLogger("projections.worker")
-
-
-def chunk(index: int, count: int, slices: int = NUMBER_OF_SLICES) -> range:
-    """The contiguous slices of worker ``index`` among ``count`` (any count, not only divisors)."""
-    return range(index * slices // count, (index + 1) * slices // count)
-
-
-def runs(slices: set[int]) -> list[tuple[int, int]]:
-    """Contiguous runs ``(lo, hi)`` of a set of slices."""
-    out: list[tuple[int, int]] = []
-    for s in sorted(slices):
-        if out and out[-1][1] == s - 1:
-            out[-1] = (out[-1][0], s)
-        else:
-            out.append((s, s))
-    return out
 
 
 def parse_key(key: str) -> range:
@@ -98,7 +82,9 @@ class Worker:
         self.processors: dict[tuple[int, int], tuple[RangeProcessor, asyncio.Task[None]]] = {}
         self._stop = asyncio.Event()
         self._pool: asyncpg.Pool | None = None
-        self._ttl = timedelta(seconds=self.ps.lease_ttl)
+        self.leases = PostgresSliceLeases(
+            self._own_pool, settings.schema, name, self.worker_id, self.ps.lease_ttl, self.slice_count
+        )
         self.state = "running"
         self.outage = Outage(log, self.worker_id, quiet=self.ps.handler_max_backoff + self.ps.lease_renew_interval)
         """Database outages, shared with the processors (logged once each; shown by status)."""
@@ -108,6 +94,10 @@ class Worker:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _own_pool(self) -> asyncpg.Pool:
+        assert self._pool is not None, "worker not running"
+        return self._pool
 
     @property
     def owned(self) -> list[tuple[int, int]]:
@@ -131,7 +121,6 @@ class Worker:
                     if loop.time() - last_prune > self.ps.offset_prune_interval and self.epochs:
                         last_prune = loop.time()
                         async with self._pool.acquire() as conn:
-                            await self.sql.forget_dead_workers(conn, self.name, timedelta(hours=1))
                             await self.sql.prune(
                                 conn, self.name, sorted(self.epochs),
                                 timedelta(seconds=self.ps.offset_delete_after),
@@ -155,8 +144,7 @@ class Worker:
         delay = self.ps.handler_backoff
         while not self._stop.is_set():
             try:
-                async with self._pool.acquire() as conn:
-                    await self.sql.ensure_leases(conn, self.name, self.slice_count)
+                await self.leases.join()
                 self.outage.answered()
                 return
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
@@ -172,42 +160,33 @@ class Worker:
         self._reap()
         if self.error is not None:
             return
+        held = dict(
+            await self.leases.rebalance(self._stop_processors, events=self.stats.events, error=self.outage.note())
+        )
         async with pool.acquire() as conn:
-            await self.sql.heartbeat_worker(
-                conn, self.name, self.worker_id, socket.gethostname(), os.getpid(), self._ttl,
-                "running", self.stats.events, self.outage.note(),
-            )  # fmt: skip
-            workers = await self.sql.live_workers(conn, self.name)
-            held = await self.sql.renew_leases(conn, self.name, self.worker_id, self._ttl)
             paused = await self.sql.paused_keys(conn, self.name)
-        desired: set[int] = set()
-        if self.worker_id in workers:
-            desired = set(chunk(workers.index(self.worker_id), len(workers), self.slice_count))
-        # slices lost (taken over after an expiry) or to give away: stop their processors first
-        lost = {s for s, e in self.epochs.items() if held.get(s) != e}
-        give = set(held) - desired
-        if lost or give:
-            await self._stop_processors(lost | give)
-        if give:
-            async with pool.acquire() as conn:
-                await self.sql.release_leases(conn, self.name, self.worker_id, sorted(give))
-            for s in give:
-                held.pop(s, None)
-        want = sorted(desired - set(held))
-        if want:
-            async with pool.acquire() as conn:
-                held.update(await self.sql.acquire_leases(conn, self.name, self.worker_id, want, self._ttl))
         self.epochs = held
         paused_slices: set[int] = set()
         for key in paused:
             with contextlib.suppress(ValueError):
                 paused_slices.update(parse_key(key))
-        active = runs(set(held) - paused_slices)
+        active = self._by_database(runs(set(held) - paused_slices))
         for r in [r for r in self.processors if r not in active]:
             await self._stop_processors(set(range(r[0], r[1] + 1)))
         for lo, hi in active:
             if (lo, hi) not in self.processors:
                 self._start(lo, hi)
+
+    def _by_database(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """A journal over several databases: each processor reads one database's slices, so
+        one database down stops only the processors of its slices (docs/scaling-out.md)."""
+        from journal.partitioned.backend import PartitionedBackend
+
+        backend = getattr(self.journal, "backend", None)
+        if not isinstance(backend, PartitionedBackend):
+            return ranges
+        m = backend.dbs.map
+        return [(p.min_slice, p.max_slice) for lo, hi in ranges for p in m.pieces(lo, hi)]
 
     def _start(self, lo: int, hi: int) -> None:
         assert self._pool is not None
@@ -269,13 +248,8 @@ class Worker:
         if pool is None:
             return
         try:
-            async with pool.acquire() as conn:
-                await self.sql.release_leases(conn, self.name, self.worker_id, None)
-                self.state = "failed" if self.error else "stopped"
-                await self.sql.heartbeat_worker(
-                    conn, self.name, self.worker_id, socket.gethostname(), os.getpid(), timedelta(0),
-                    self.state, self.stats.events, self.error,
-                )  # fmt: skip
+            self.state = "failed" if self.error else "stopped"
+            await self.leases.leave(state=self.state, events=self.stats.events, error=self.error)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             log.warning("%s: could not release leases (they expire in %ss): %s", self.worker_id, self.ps.lease_ttl, e)
         finally:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from journal.postgres.migrations import upgrade
+from journal.postgres import schema_migrations
 from tests.support.scratch import scratch_database
 
 SERVERS = 3
@@ -46,8 +45,8 @@ def part_dbs(pg_servers: list[Any]) -> Iterator[list[str]]:
     with contextlib.ExitStack() as stack:
         hosts = [*pg_servers, pg_servers[0]]
         dsns = [stack.enter_context(scratch_database(s.get_uri(), "sjpart")) for s in hosts]
-        with ThreadPoolExecutor(len(dsns)) as pool:
-            list(pool.map(upgrade, dsns))
+        for d in dsns:  # one after the other: alembic's context is one per process
+            schema_migrations().upgrade(d)
         yield dsns
 
 

@@ -16,11 +16,12 @@ FAST_ENV = {
 
 
 def spawn_worker(dsn: str, name: str, entity_type: str, handler: str = "projections.demo.cart:project_carts",
-                 mode: str = "grouped", extra: list[str] | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
+                 mode: str = "grouped", extra: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:  # fmt: skip
     return subprocess.Popen(
         [sys.executable, "-m", "projections", "run", name, "--entity-type", entity_type, "--handler", handler,
          "--mode", mode, "--dsn", dsn, "--no-progress", *(extra or [])],
-        env={**os.environ, **FAST_ENV}, stdout=subprocess.DEVNULL,
+        env={**os.environ, **FAST_ENV, **(env or {})}, stdout=subprocess.DEVNULL,
         stderr=tempfile.TemporaryFile(),  # a pipe nobody reads would fill up and block the worker
     )  # fmt: skip
 

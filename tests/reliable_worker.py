@@ -6,6 +6,8 @@
   to FILE and never confirms; runs until killed.
 - ``confirm``: starts Sender ID (recovery redelivers); the sink appends to FILE and confirms;
   prints ``confirmed`` and exits once nothing is unconfirmed.
+- ``scan-send`` and ``scan``: as ``send`` and ``confirm``, with a DeliveryScan over Sender running,
+  and ``scan`` never addresses Sender ID: it exits once the confirmation is in the journal.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from journal import EntityRegistry, JournalSettings, open_journal
+from journal import DeliveryScan, EntityRegistry, JournalSettings, open_journal
 from journal.entities import Delivery
 from tests.reliable_fixtures import Order, Sender
 from tests.support.waiting import wait_until
@@ -25,6 +27,9 @@ from tests.support.waiting import wait_until
 async def main(mode: str, dsn: str, entity_id: str, file: str) -> None:
     settings = JournalSettings.load(env={}, dsn=dsn)
     async with open_journal(dsn, settings=settings) as j, EntityRegistry(j) as reg:
+        if mode.startswith("scan"):
+            await scanning(mode, reg, entity_id, file)
+            return
         if mode == "place":
             Order.crash_between_writes = True
             await reg.ask(Order, entity_id, ("place", "x"))
@@ -44,6 +49,27 @@ async def main(mode: str, dsn: str, entity_id: str, file: str) -> None:
         await wait_until(
             lambda: _none(reg.ask(Sender, entity_id, ("unconfirmed",))), 60, "the confirmation"
         )
+        print("confirmed", flush=True)
+
+
+async def scanning(mode: str, reg: EntityRegistry, entity_id: str, file: str) -> None:
+    async def sink(d: Delivery) -> None:
+        await asyncio.to_thread(_append, file, f"{os.getpid()} {d.delivery_id} {d.attempt} {d.message}\n")
+        if mode == "scan":
+            await reg.ask_pid(d.sender, ("confirm", d.delivery_id))
+
+    reg.add_destination("sink", sink)
+    async with DeliveryScan(reg, [Sender], save_interval=0.2, lease_ttl=3.0, renew_interval=0.5):
+        if mode == "scan-send":
+            await reg.ask(Sender, entity_id, ("send", "m1"))
+            await asyncio.Event().wait()  # until killed
+
+        async def confirmed() -> bool:  # read from the journal: the sender is never addressed
+            pid = f"{Sender.entity_type}|{entity_id}"
+            events = [e.event async for e in reg.journal.current_events_by_persistence_id(pid)]
+            return any(e.startswith("confirmed:") for e in events)
+
+        await wait_until(confirmed, 60, "the confirmation")
         print("confirmed", flush=True)
 
 

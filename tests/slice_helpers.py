@@ -10,23 +10,16 @@ from typing import Any, TypeVar
 import asyncpg
 
 from journal import EventEnvelope, Journal
-from journal.backend import WriteRequest
-from journal.ids import entity_type_of, slice_for
 from journal.postgres.backend import PostgresBackend
 from journal.postgres.dsn import asyncpg_dsn
+from journal.write_batch import WriteBatch
 
 T = TypeVar("T")
 
 
-def request(journal: Journal, pid: str, events: Sequence[Any]) -> WriteRequest:
-    ser = journal.serializers
-    return WriteRequest(
-        persistence_id=pid,
-        entity_type=entity_type_of(pid),
-        slice=slice_for(pid),
-        expected_seq_nr=None,
-        events=tuple(ser.serialize(e) for e in events),
-    )
+def request(journal: Journal, pid: str, events: Sequence[Any]) -> WriteBatch:
+    """One call, checked and serialized as ``persist`` would (the journal's one validator)."""
+    return journal._validator.call(pid, list(events))
 
 
 class LateWriter:
@@ -40,7 +33,7 @@ class LateWriter:
         self.conn: asyncpg.Connection | None = None
         self.tr: Any = None
 
-    async def begin_and_write(self, requests: Sequence[WriteRequest]) -> list[dict[str, Any]]:
+    async def begin_and_write(self, requests: Sequence[WriteBatch]) -> list[dict[str, Any]]:
         self.conn = await asyncpg.connect(self.dsn)
         self.tr = self.conn.transaction()
         await self.tr.start()
@@ -49,8 +42,8 @@ class LateWriter:
         for r in requests:
             res = await self.backend.write_on(self.conn, r)
             out.append(
-                {"persistence_id": r.persistence_id, "first_seq_nr": res.first_seq_nr,
-                 "n": len(r.events), "db_timestamp": res.db_timestamp}
+                {"persistence_id": r.persistence_ids[0],
+                 "first_seq_nr": res.first_seq_nrs[0], "n": r.events, "db_timestamp": res.db_timestamps[0]}
             )  # fmt: skip
         return out
 
@@ -67,7 +60,6 @@ class LateWriter:
 
 async def collect(it: AsyncIterator[EventEnvelope]) -> list[EventEnvelope]:
     return [e async for e in it]
-
 
 
 class Consumer:

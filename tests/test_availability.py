@@ -37,7 +37,7 @@ async def _kill_writers(dsn: str, stop: asyncio.Event) -> int:
             killed += await admin.fetchval(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-                "AND query LIKE '%INSERT INTO%event_journal%' AND state = 'active'"
+                "AND application_name LIKE 'slice-journal writer%' AND state = 'active'"
             )
             await asyncio.sleep(0.005)  # the adversary's pace (not a wait for a condition)
     finally:
@@ -102,7 +102,7 @@ async def test_writes_without_expected_seq_nr_report_unknown_outcome(dsn: str, j
             return int(
                 await conn.fetchval(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND query LIKE '%INSERT INTO%event_journal%' AND state = 'active' AND pid <> pg_backend_pid()"
+                    "AND application_name LIKE 'slice-journal writer%' AND state = 'active' AND pid <> pg_backend_pid()"
                 )
             )
 

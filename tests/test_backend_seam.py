@@ -24,7 +24,6 @@ from journal.backend import (
     SliceReads,
     Snapshots,
     TagStore,
-    WriteRequest,
 )
 from journal.backends import backend_kind
 from journal.cassandra.backend import CassandraBackend
@@ -35,6 +34,7 @@ from journal.postgres.cleanup import PostgresCleanup
 from journal.postgres.replication_store import PostgresReplicationStore
 from journal.postgres.slice_reader import PostgresSliceReader
 from journal.postgres.tag_store import PostgresTagStore
+from journal.write_batch import WriteBatch
 
 
 def members(protocol: type) -> set[str]:
@@ -125,25 +125,25 @@ async def test_each_backend_is_the_whole_seam(journal_target: str) -> None:
                 await j.persist_in(object(), "Seam|a", ["w"])
 
 
-def request(j: Journal, pid: str, events: list[Any], expected: int) -> WriteRequest:
-    return j._request(pid, events, expected, (), None)
+def request(j: Journal, pid: str, events: list[Any], expected: int) -> WriteBatch:
+    return j._validator.call(pid, events, expected)
 
 
 async def test_check_write_classifies_the_rows_of_a_write(journal_target: str) -> None:
     """What an interrupted write's resolution relies on, the same on both backends."""
     async with open_test_journal(journal_target) as j:
         envs = await j.persist("Seam|c", ["a", "b"], expected_seq_nr=0)
-        written = await j.backend.check_write(request(j, "Seam|c", ["a", "b"], 0))
+        (written,) = await j.backend.check_write(request(j, "Seam|c", ["a", "b"], 0))
         assert written.outcome is Found.WRITTEN
         assert written.db_timestamp is not None
         assert abs((written.db_timestamp - envs[0].db_timestamp).total_seconds()) < 0.001
-        other = await j.backend.check_write(request(j, "Seam|c", ["a", "changed"], 0))
+        (other,) = await j.backend.check_write(request(j, "Seam|c", ["a", "changed"], 0))
         assert other.outcome is Found.CONFLICT
         async with open_test_journal(journal_target, clean=False) as other_writer:
             await other_writer.persist("Seam|d", ["a"], expected_seq_nr=0)
-        theirs = await j.backend.check_write(request(j, "Seam|d", ["a"], 0))
+        (theirs,) = await j.backend.check_write(request(j, "Seam|d", ["a"], 0))
         assert theirs.outcome is Found.CONFLICT  # the same payload, another writer's row
-        nothing = await j.backend.check_write(request(j, "Seam|c", ["c"], 2))
+        (nothing,) = await j.backend.check_write(request(j, "Seam|c", ["c"], 2))
         assert nothing.outcome is Found.NOT_WRITTEN and nothing.db_timestamp is None
 
 

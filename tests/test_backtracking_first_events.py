@@ -97,8 +97,9 @@ class Adversary:
                         break
                     except SequenceConflict:
                         await asyncio.sleep(0)
-                self.raced.setdefault(pid, got.first_seq_nr)
-                self.committed.update({(pid, got.first_seq_nr), (pid, got.first_seq_nr + 1)})
+                first = got.first_seq_nrs[0]
+                self.raced.setdefault(pid, first)
+                self.committed.update({(pid, first), (pid, first + 1)})
         finally:
             await conn.close()
 

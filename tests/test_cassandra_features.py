@@ -15,8 +15,10 @@ import pytest
 from cassandra_fixtures import CassandraTarget, create_keyspace, recent_first_bucket
 
 from journal import Journal, JournalSettings, JournalUnavailable, SequenceConflict, open_journal
+from journal.cassandra.writes import Call
 from journal.errors import ConfigurationError, InvalidArgument, StorageError
 from journal.offsets import TimeUUIDOffset
+from journal.write_batch import WriteBatch
 
 pytestmark = pytest.mark.cassandra
 
@@ -237,7 +239,7 @@ async def test_a_second_writer_is_detected_and_writes_nothing(target: str) -> No
             await a.persist(p, list(range(first_call)))
             stale = await b.backend.write_state(p)  # type: ignore[attr-defined]
             await a.persist(p, ["a1", "a2"])
-            req = b._request(p, ["b1"], None, (), None)
+            (req,) = Call.of(b._validator.call(p, ["b1"]))
             with pytest.raises(SequenceConflict, match="another writer"):
                 await b.backend.store(req, stale)  # type: ignore[attr-defined]
             assert [e.event async for e in a.current_events_by_persistence_id(p)][-2:] == ["a1", "a2"]
@@ -251,7 +253,8 @@ async def test_without_the_check_a_second_writer_duplicates_numbers(target: str)
         await a.persist(p, ["a0"])
         stale = await b.backend.write_state(p)  # type: ignore[attr-defined]
         await a.persist(p, ["a1"])
-        await b.backend.store(b._request(p, ["b1"], None, (), None), stale)  # type: ignore[attr-defined]
+        (req,) = Call.of(b._validator.call(p, ["b1"]))
+        await b.backend.store(req, stale)  # type: ignore[attr-defined]
         stored = [(e.seq_nr, e.event) async for e in a.current_events_by_persistence_id(p)]
         assert sorted(stored) == [(1, "a0"), (2, "a1"), (2, "b1")]
 
@@ -388,9 +391,10 @@ async def test_calls_of_one_pid_in_one_batch_are_numbered_one_after_another(targ
     for check in (True, False):
         async with journal(target, single_writer_check=check, target_partition_size=4) as j:
             before = await j.highest_seq_nr(p)
-            reqs = [j._request(p, [f"{check}{i}", "x"], None, (), None) for i in range(15)]
-            results = await j.backend.write_batch(reqs)
-            firsts = sorted(r.first_seq_nr for r in results)  # type: ignore[union-attr]
+            reqs = [j._validator.call(p, [f"{check}{i}", "x"]) for i in range(15)]
+            results = await j.backend.write_batch(WriteBatch.concat(reqs))
+            assert not results.errors
+            firsts = sorted(results.first_seq_nrs)
             assert firsts == list(range(before + 1, before + 31, 2))
             assert await seqs(j, p) == list(range(1, before + 31))
 

@@ -204,3 +204,38 @@ def test_bookkeeping_survives_snapshot_metadata() -> None:
     assert Bookkeeping().to_metadata(serializers) is None
     again.load_metadata({"other": 1}, serializers)
     assert not again.follow_ups and not again.unconfirmed
+
+
+class Reserving(Entity[list[str]]):
+    """``("place", x)`` writes ``placed x``, whose handler asks for ``reserved x``; ``("other",
+    y)`` writes ``other y``."""
+
+    entity_type = "reserving"
+
+    def initial_state(self) -> list[str]:
+        return []
+
+    def on_command(self, command: Any) -> Any:
+        self.persist(f"{command[0]} {command[1]}")
+        return after_persist(lambda: list(self.state))
+
+    def on_event(self, state: list[str], event: str) -> list[str]:
+        if event.startswith("placed "):
+            self.persist_on_event(event.replace("placed", "reserved"))
+        return [*state, event]
+
+
+async def test_a_failed_follow_up_write_restarts_the_entity_before_its_next_command(journal: Journal, dsn: str) -> None:
+    """The database refuses the follow-up's write once; a command queued behind the trigger must
+    run only after the restarted entity wrote the follow-up (not between the two)."""
+    import asyncio
+
+    from tests.support.refusals import refusing
+
+    async with refusing(dsn, "reserving|r1", "reserved") as conn, EntityRegistry(journal) as reg:
+        placed = asyncio.ensure_future(reg.ask(Reserving, "r1", ("placed", "1")))
+        other = asyncio.ensure_future(reg.ask(Reserving, "r1", ("other", "2")))  # queued behind it
+        assert await placed == ["placed 1"]
+        assert await other == ["placed 1", "reserved 1", "other 2"]
+        assert await conn.fetchval("SELECT last_value FROM sj_test_refusals") == 2  # refused once, then written
+    assert [e.event for e in await events_of(journal, "reserving|r1")] == ["placed 1", "reserved 1", "other 2"]

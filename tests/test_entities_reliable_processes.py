@@ -78,6 +78,26 @@ async def test_sender_killed_before_confirmation_redelivers_after_restart(
     assert seen == []
 
 
+async def test_a_sender_nobody_addresses_after_a_restart_redelivers_through_the_delivery_scan(
+    journal: Journal, dsn: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "sink.log"
+    first = await spawn("scan-send", dsn, "k3", log)
+    try:  # delivered (and redelivered), never confirmed
+        await wait_until(lambda: _lines(log) >= 2, what="a delivery and a redelivery", timeout=60)
+    finally:
+        first.kill()
+        await first.communicate()
+    before = len(_parse(log))
+    second = await spawn("scan", dsn, "k3", log)  # runs the scan only: nobody asks sender|k3 anything
+    out, err = await asyncio.wait_for(second.communicate(), 120)
+    assert second.returncode == 0 and b"confirmed" in out, err.decode()
+    after = _parse(log)[before:]
+    assert after and all(pid == str(second.pid) and d == "d-1" for pid, d, _, _ in after)
+    envs = [e async for e in journal.current_events_by_persistence_id("sender|k3")]
+    assert [e.event for e in envs] == ["send:m1", "confirmed:d-1"]
+
+
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 

@@ -17,6 +17,21 @@ async def routed_rows(journal: Journal, pid: str) -> list[tuple[str, int] | None
     return [routed_from(e) async for e in journal.current_events_by_persistence_id(pid)]
 
 
+async def router_progress(dsn: str, router_id: str, *, forget: bool = False) -> int:
+    """Slices with progress recorded by the routers ``router_id`` (``forget``: delete it first)."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        name = f"{ROUTER_TYPE}|{router_id}|order"
+        if forget:
+            await conn.execute("DELETE FROM projection_timestamp_offset_store WHERE projection_name = $1", name)
+        q = "SELECT count(DISTINCT slice) FROM projection_timestamp_offset_store WHERE projection_name = $1"
+        return int(await conn.fetchval(q, name))
+    finally:
+        await conn.close()
+
+
 def assert_once_in_order(rows: list[tuple[str, int] | None], expected: dict[str, list[int]]) -> None:
     got: dict[str, list[int]] = {}
     for r in rows:
@@ -46,7 +61,7 @@ async def test_a_routed_event_reaches_the_destination_handler(journal: Journal) 
 
 @pytest.mark.parametrize("dest_cls", [Account, SnapAccount, LazyAccount])
 async def test_redelivery_after_router_and_destination_restarts_is_dropped(
-    journal: Journal, dest_cls: type[Account]
+    journal: Journal, dsn: str, dest_cls: type[Account]
 ) -> None:
     dest = f"{dest_cls.entity_type}|d"
     expected: dict[str, list[int]] = {}
@@ -58,11 +73,11 @@ async def test_redelivery_after_router_and_destination_restarts_is_dropped(
             expected.setdefault(f"order|{src}", []).append(n)
         async with EventRouter(reg, ["order"], router_id="r") as router:
             await wait_until(lambda: router.delivered == 6, what="first delivery")
-        assert await journal.load_snapshot(f"{ROUTER_TYPE}|r") is not None
+        assert await router_progress(dsn, "r") == 1024  # one router: every slice, recorded on stop
         await reg.ask(dest_cls, "d", ("add", "own"))
-        # the destination restarts (passivated), the router restarts from scratch (offsets lost)
+        # the destination restarts (passivated), the router restarts from scratch (progress lost)
         assert await reg.passivate_idle(0) >= 1
-        await journal.delete_snapshot(f"{ROUTER_TYPE}|r")
+        assert await router_progress(dsn, "r", forget=True) == 0
         for i in range(6, 9):
             n = await reg.ask(Order, "o0", ("place", f"e{i}", [dest]))
             expected["order|o0"].append(n)
@@ -95,7 +110,7 @@ def test_bad_router_arguments() -> None:
 
 
 async def test_a_destination_recovered_from_a_snapshot_of_its_last_row_still_drops_redeliveries(
-    journal: Journal,
+    journal: Journal, dsn: str
 ) -> None:
     async with EntityRegistry(journal) as reg:
         reg.register(SnapAccount)
@@ -106,7 +121,7 @@ async def test_a_destination_recovered_from_a_snapshot_of_its_last_row_still_dro
         await reg.passivate_idle(0)
         snap = await journal.load_snapshot("snapaccount|s")
         assert snap is not None and snap.seq_nr == 3  # nothing left to replay after it
-        await journal.delete_snapshot(f"{ROUTER_TYPE}|r")
+        await router_progress(dsn, "r", forget=True)
         async with EventRouter(reg, ["order"], router_id="r") as again:
             await wait_until(lambda: again.duplicates == 3, what="re-delivery dropped")
             assert again.delivered == 0
@@ -118,23 +133,31 @@ def test_progress_commits_an_offset_only_when_everything_before_it_is_written() 
     from datetime import UTC, datetime, timedelta
 
     from journal import TimestampOffset
-    from journal.entities.router import Progress
+    from journal.entities.slice_job import Progress
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     offs = [TimestampOffset(t0 + timedelta(seconds=i)) for i in range(4)]
-    committed: dict[str, TimestampOffset] = {}
-    p = Progress(committed)
-    a = p.read("order", offs[0], 2)  # two destinations
-    b = p.read("order", offs[1], 1)
-    p.read("order", offs[2], 0)  # nothing to route
-    c = p.read("other", offs[3], 1)
-    assert committed == {} and p.open == 4
-    assert not p.written(b)  # b is done, a is not: nothing moves
-    assert not p.written(a) and committed == {}
-    assert p.written(a)  # a done: a, b and the unrouted event commit together
-    assert committed == {"order": offs[2]}
-    assert p.written(c) and committed == {"order": offs[2], "other": offs[3]}
-    assert p.open == 0
+    p = Progress()
+    order, other = ("order", 0, 1023), ("other", 0, 1023)
+    a = p.read(order, offs[0])
+    a.add(2)  # two destinations
+    b = p.read(order, offs[1])
+    b.add()
+    c = p.read(order, offs[2])  # nothing to route
+    d = p.read(other, offs[3])
+    d.add()
+    for r in (a, b, c, d):
+        p.complete(r)  # the handler returned
+    assert p.offsets == {} and p.open == 4
+    p.complete(b)  # b is done, a is not: nothing moves
+    p.complete(a)
+    assert p.offsets == {}
+    p.complete(a)  # a done: a, b and the unrouted event commit together
+    assert p.offsets == {order: offs[2]} and p.dirty == {order}
+    p.complete(d)
+    assert p.offsets == {order: offs[2], other: offs[3]} and p.open == 0
+    p.drop(order)  # a stream that stops no longer counts
+    assert p.offsets == {other: offs[3]}
 
 
 async def test_a_routed_copy_whose_write_was_interrupted_but_committed_is_not_written_twice(

@@ -3,28 +3,14 @@ every routed event is in the destination exactly once, in order per source."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import sys
-from pathlib import Path
 
 from journal import EntityRegistry, Journal, routed_from
+from tests.router_worker import start_router
 from tests.routing_fixtures import Order
 from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
 DESTS = ["account|x", "account|y"]
-
-
-async def start_router(dsn: str, save_interval: float) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.router_worker", dsn, str(save_interval),
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 60)
-    assert line == b"started\n", (line, await proc.stderr.read() if proc.stderr else b"")
-    return proc
 
 
 async def copies(journal: Journal, pid: str) -> list[tuple[str, int]]:
@@ -48,7 +34,7 @@ async def test_router_killed_mid_stream_delivers_every_event_once_in_order(journ
     async with EntityRegistry(journal) as reg:
         await place(reg, 0, 120, expected)
         # offsets never saved before the kill: the restart must re-deliver everything it did
-        first = await start_router(dsn, 3600.0)
+        first = await start_router(dsn, "3600.0")
         try:
             await wait_until(lambda: journal.highest_seq_nr("account|x"), 60, "the first copies")
             await place(reg, 120, 160, expected)  # written while the router runs
@@ -59,7 +45,7 @@ async def test_router_killed_mid_stream_delivers_every_event_once_in_order(journ
         before = {d: len(await copies(journal, d)) for d in DESTS}
         assert before["account|x"] > 0
         await place(reg, 160, 200, expected)
-        second = await start_router(dsn, 0.2)
+        second = await start_router(dsn, "0.2")
         try:
             for d in DESTS:
                 await wait_until(lambda d=d: _at_least(journal, d, 200), 120, f"every copy in {d}")

@@ -3,22 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
-from journal.backend import WriteRequest
 from journal.group_commit import BatchPlanner, Pending
-from journal.serialization import Serialized
+from journal.write_batch import BatchResult, WriteBatch
 from tests.support.waiting import wait_until
 
-EV = Serialized(1, "", b"{}")
+
+def call(pid: str, n: int = 1, expected: int | None = None) -> WriteBatch:
+    """A batch of one call of ``n`` events."""
+    return WriteBatch((pid,), ("t",), (0,), (expected,), (n,), (b"{}",) * n, (1,) * n, ("",) * n, ((),), (None,))
 
 
 def pending(pid: str, n: int = 1) -> Pending:
     fut: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-    return Pending(WriteRequest(pid, "t", 0, None, (EV,) * n), fut)  # type: ignore[arg-type]
+    return Pending(call(pid, n), fut)
 
 
 def pids(batch: list[Pending]) -> list[str]:
-    return [p.request.persistence_id for p in batch]
+    return [pid for p in batch for pid in p.batch.persistence_ids]
+
+
+async def no_chunks(chunks: object) -> list[BatchResult]:
+    raise AssertionError("no bulk write here")
+
+
+def all_written(batch: WriteBatch, now: datetime) -> BatchResult:
+    return BatchResult([(e or 0) + 1 for e in batch.expected_seq_nrs], [now] * len(batch))
 
 
 async def test_fifo_one_call_per_pid_and_in_flight_blocking() -> None:
@@ -53,25 +64,21 @@ async def test_cancelled_calls_are_dropped() -> None:
 
 async def test_queued_calls_never_wait_forever_when_a_batch_finishes() -> None:
     """Regression: a finishing batch must free its slot before it pumps the queue (max_in_flight=1)."""
-    from datetime import UTC, datetime
-
-    from journal.backend import WriteResult
     from journal.group_commit import GroupCommit
 
     now = datetime.now(UTC)
     sizes: list[int] = []
 
-    async def write_batch(reqs: object) -> list[WriteResult | Exception]:
-        batch = list(reqs)  # type: ignore[call-overload]
+    async def write_batch(batch: WriteBatch) -> BatchResult:
         sizes.append(len(batch))
         await asyncio.sleep(0)  # yield, as a real write does
-        return [WriteResult(1, now) for _ in batch]
+        return all_written(batch, now)
 
-    gc = GroupCommit(write_batch, max_batch_events=50, max_in_flight=1)
+    gc = GroupCommit(write_batch, no_chunks, max_batch_events=50, max_in_flight=1)
 
     async def caller(i: int) -> None:
         for k in range(5):
-            await gc.submit(WriteRequest(f"p|{i}", "p", 0, k, (EV,)))
+            await gc.submit(call(f"p|{i}", expected=k))
 
     await asyncio.wait_for(asyncio.gather(*(caller(i) for i in range(200))), timeout=20)
     assert sum(sizes) == 1000
@@ -82,19 +89,16 @@ async def test_queued_calls_never_wait_forever_when_a_batch_finishes() -> None:
 def test_plan_chunks_in_order_bounded_and_a_large_call_alone() -> None:
     from journal.group_commit import plan_chunks
 
-    reqs = [WriteRequest(f"p{i}", "t", 0, None, (EV,) * n) for i, n in enumerate([3, 3, 3, 10, 1, 1, 4])]
-    assert plan_chunks(reqs, 6) == [(0, 2), (2, 3), (3, 4), (4, 7)]
-    assert plan_chunks(reqs, 100) == [(0, 7)]
+    counts = [3, 3, 3, 10, 1, 1, 4]
+    assert plan_chunks(counts, 6) == [(0, 2), (2, 3), (3, 4), (4, 7)]
+    assert plan_chunks(counts, 100) == [(0, 7)]
     assert plan_chunks([], 5) == []
-
+    assert plan_chunks([1] * 7, 3) == [(0, 3), (3, 6), (6, 7)]
 
 
 async def test_a_large_batch_wakes_its_callers_in_two_waves_and_sends_the_first_waves_calls_between() -> None:
     """The first half's next calls go out before the second half is woken, so the server writes
     them while the client wakes the rest (see GroupCommit._release)."""
-    from datetime import UTC, datetime
-
-    from journal.backend import WriteResult
     from journal.group_commit import RELEASE_WAVE_MIN, GroupCommit
 
     now = datetime.now(UTC)
@@ -102,20 +106,19 @@ async def test_a_large_batch_wakes_its_callers_in_two_waves_and_sends_the_first_
     log: list[tuple[str, object]] = []  # ("batch", its pids) and ("woke", pid), in order
     all_queued = asyncio.Event()
 
-    async def write_batch(reqs: object) -> list[WriteResult | Exception]:
-        batch = list(reqs)  # type: ignore[call-overload]
-        log.append(("batch", [r.persistence_id for r in batch]))
+    async def write_batch(batch: WriteBatch) -> BatchResult:
+        log.append(("batch", list(batch.persistence_ids)))
         if len(log) == 1:  # caller 0, written alone: held until every other caller queued
             await all_queued.wait()
         await asyncio.sleep(0)
-        return [WriteResult(r.expected_seq_nr + 1, now) for r in batch]
+        return all_written(batch, now)
 
-    gc = GroupCommit(write_batch, max_batch_events=5000, max_in_flight=1)
+    gc = GroupCommit(write_batch, no_chunks, max_batch_events=5000, max_in_flight=1)
 
     async def caller(i: int) -> None:
-        await gc.submit(WriteRequest(f"p|{i}", "p", 0, 0, (EV,)))
+        await gc.submit(call(f"p|{i}", expected=0))
         log.append(("woke", f"p|{i}"))
-        await gc.submit(WriteRequest(f"p|{i}", "p", 0, 1, (EV,)))
+        await gc.submit(call(f"p|{i}", expected=1))
 
     tasks = asyncio.gather(*(caller(i) for i in range(callers)))
     await wait_until(lambda: len(gc._planner.queue) == callers - 1, what="every other caller queued")
@@ -137,25 +140,21 @@ async def test_a_large_batch_wakes_its_callers_in_two_waves_and_sends_the_first_
 async def test_close_delivers_the_second_wave() -> None:
     """close() called by a caller of a finished batch's first wave returns only once the
     second wave has its results too."""
-    from datetime import UTC, datetime
-
-    from journal.backend import WriteResult
     from journal.group_commit import RELEASE_WAVE_MIN, GroupCommit
 
     now = datetime.now(UTC)
     release = asyncio.Event()
 
-    async def write_batch(reqs: object) -> list[WriteResult | Exception]:
-        batch = list(reqs)  # type: ignore[call-overload]
+    async def write_batch(batch: WriteBatch) -> BatchResult:
         await release.wait()
-        return [WriteResult(1, now) for _ in batch]
+        return all_written(batch, now)
 
-    gc = GroupCommit(write_batch, max_batch_events=5000, max_in_flight=1)
+    gc = GroupCommit(write_batch, no_chunks, max_batch_events=5000, max_in_flight=1)
     n = 2 * RELEASE_WAVE_MIN + 1
     settled_at_close: list[int] = []
 
     async def caller(i: int) -> None:
-        await gc.submit(WriteRequest(f"p|{i}", "p", 0, 0, (EV,)))
+        await gc.submit(call(f"p|{i}", expected=0))
         if i == 1:  # the batch's first call: in its first wave
             await gc.close()
             settled_at_close.append(sum(p.future.done() for p in batch))

@@ -22,10 +22,10 @@ import asyncpg
 import pytest
 
 from journal import Journal, JournalSettings, failures, open_journal
-from journal.bulk import MAX_EVENTS_PER_CALL
 from journal.ids import slice_for
 from journal.postgres import timestamp_rule
 from journal.postgres.migrations import upgrade
+from journal.write_validation import MAX_EVENTS_PER_CALL
 from tests import jvm_driver
 from tests.projection_helpers import FAST_ENV, stop
 from tests.support.scratch import scratch_database

@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from journal import Journal, JournalSettings, SequenceConflict, StorageError, Write, Written, failures, open_journal
-from journal.columns import WriteColumns
 from journal.envelope import ROW_STEP
+from journal.write_batch import WriteBatch
 from tests.support.rows import count_rows
 
 
@@ -209,7 +209,7 @@ async def test_a_killed_bulk_statement_is_sent_again(dsn: str, journal: Journal)
         while True:
             pid = await conn.fetchval(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND state = 'active' "
-                "AND query LIKE '%INSERT INTO%event_journal%' AND pid <> pg_backend_pid()"
+                "AND application_name LIKE 'slice-journal writer%' AND pid <> pg_backend_pid()"
             )
             if pid is not None:
                 break
@@ -230,15 +230,31 @@ async def test_a_killed_bulk_statement_is_sent_again(dsn: str, journal: Journal)
         await conn.close()
 
 
-def test_columns_chunk_and_requests_line_up() -> None:
-    c = WriteColumns(["a|1", "b|2", "a|3"], ["a", "b", "a"], [1, 2, 3], [0, 4, 7], [b"x", b"y", b"z"], [1, 0, 1])
+def test_batch_chunks_and_selections_line_up() -> None:
+    c = WriteBatch(
+        ["a|1", "b|2", "a|3"], ["a", "b", "a"], [1, 2, 3], [0, 4, 7], [1, 1, 1], [b"x", b"y", b"z"], [1, 0, 1],
+        ["", "", ""], [(), (), ()], [None, None, None],
+    )  # fmt: skip
     part = c.chunk(1, 3)
     assert len(part) == 2 and part.persistence_ids == ["b|2", "a|3"]
-    reqs = part.requests()
-    assert [(r.persistence_id, r.entity_type, r.slice, r.expected_seq_nr) for r in reqs] == [
+    assert list(zip(part.persistence_ids, part.entity_types, part.slices, part.expected_seq_nrs, strict=True)) == [
         ("b|2", "b", 2, 4), ("a|3", "a", 3, 7),
     ]  # fmt: skip
-    assert [(e.ser_id, e.payload) for r in reqs for e in r.events] == [(0, b"y"), (1, b"z")]
+    assert [(e.ser_id, e.payload) for events in part.serialized() for e in events] == [(0, b"y"), (1, b"z")]
+    several = WriteBatch(
+        ["a|1", "b|2", "a|3"], ["a", "b", "a"], [1, 2, 3], [0, None, 7], [2, 1, 3],
+        [b"x1", b"x2", b"y", b"z1", b"z2", b"z3"], [1] * 6, [""] * 6, [(), ("t",), ()], [None] * 3,
+    )  # fmt: skip
+    assert several.chunk(1, 3).payloads == [b"y", b"z1", b"z2", b"z3"]
+    picked = several.select([2, 0])
+    assert picked.persistence_ids == ["a|3", "a|1"] and picked.counts == [3, 2]
+    assert picked.payloads == [b"z1", b"z2", b"z3", b"x1", b"x2"] and picked.expected_seq_nrs == [7, 0]
+    assert [[e.payload for e in events] for events in several.serialized()] == [
+        [b"x1", b"x2"],
+        [b"y"],
+        [b"z1", b"z2", b"z3"],
+    ]
+    assert WriteBatch.concat([several.chunk(0, 1), several.chunk(1, 3)]) == several
 
 
 async def test_column_parts_of_every_plain_kind_read_back(dsn: str, journal: Journal) -> None:

@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 
 import asyncpg
@@ -18,9 +17,11 @@ from projection_helpers import FAST_ENV, stop
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from journal import Journal, JournalUnavailable, SequenceConflict, slice_for
-from journal.backend import WriteRequest, WriteResult
+from journal import Journal, JournalUnavailable, SequenceConflict
 from journal.metrics import instrumented
+from journal.serialization import SerializerRegistry
+from journal.write_batch import BatchResult, WriteBatch
+from journal.write_validation import WriteValidator
 from tests.metrics_handler import SETUP
 from tests.support.waiting import wait_until
 
@@ -129,13 +130,13 @@ async def test_journal_write_metrics_count_what_was_written(journal: Journal) ->
 
 
 async def test_unknown_outcomes_are_counted() -> None:
-    async def interrupted(requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
+    async def interrupted(batch: WriteBatch) -> BatchResult:
         raise JournalUnavailable("connection lost after the statement was sent", outcome_unknown=True)
 
     before = _value("journal_writes_outcome_unknown_total")
-    requests = [WriteRequest(f"m|{i}", "m", slice_for(f"m|{i}"), None, []) for i in range(2)]
+    batch = WriteValidator(SerializerRegistry()).batch([(f"m|{i}", [i]) for i in range(2)])
     with pytest.raises(JournalUnavailable):
-        await instrumented(interrupted)(requests)
+        await instrumented(interrupted)(batch)
     assert _value("journal_writes_outcome_unknown_total") - before == 2
 
 

@@ -130,7 +130,7 @@ async def test_a_worker_rides_through_a_60_second_outage_under_load(private_serv
 
 
                 async def noted() -> list[str]:  # once the outage has cleared (a few quiet seconds)
-                    rows = await ProjectionSql("public").workers(conn, NAME)
+                    rows = await ProjectionSql("public").leases.workers(conn, NAME)
                     notes = [r["error"] or "" for r in rows if r["state"] == "running"]
                     return [n for n in notes if n.startswith("database was unavailable from")]
 

@@ -33,7 +33,7 @@ async def projected(conn: asyncpg.Connection) -> int:
 
 
 async def owners(conn: asyncpg.Connection, name: str) -> set[str]:
-    return {r["owner"] for r in await SQL.lease_owners(conn, name) if r["live"]}
+    return {r["owner"] for r in await SQL.leases.lease_owners(conn, name) if r["live"]}
 
 
 async def assert_exact(journal: Journal, conn: asyncpg.Connection, et: str, written: int) -> None:
@@ -81,7 +81,7 @@ async def _kill_and_takeover(
 
 
 async def _owned_by(conn: asyncpg.Connection, name: str, n: int) -> bool:
-    return len(await owners(conn, name)) == n and all(r["live"] for r in await SQL.lease_owners(conn, name))
+    return len(await owners(conn, name)) == n and all(r["live"] for r in await SQL.leases.lease_owners(conn, name))
 
 
 @pytest.mark.slow

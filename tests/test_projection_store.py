@@ -63,28 +63,28 @@ async def test_prune_drops_superseded_rows_and_spares_recently_consumed_ones(con
 
 async def test_leases_fence_and_takeover(conn: asyncpg.Connection) -> None:
     ttl = timedelta(seconds=30)
-    await SQL.ensure_leases(conn, "p", 1024)
-    a = await SQL.acquire_leases(conn, "p", "A", [0, 1, 2], ttl)
+    await SQL.leases.ensure_leases(conn, "p", 1024)
+    a = await SQL.leases.acquire_leases(conn, "p", "A", [0, 1, 2], ttl)
     assert sorted(a) == [0, 1, 2]
-    assert await SQL.acquire_leases(conn, "p", "B", [1, 2, 3], ttl) == {3: 1}  # 1, 2 are A's
+    assert await SQL.leases.acquire_leases(conn, "p", "B", [1, 2, 3], ttl) == {3: 1}  # 1, 2 are A's
     async with conn.transaction():
-        assert await SQL.fence(conn, "p", "A", a) == []
+        assert await SQL.leases.fence(conn, "p", "A", a) == []
     # A's leases expire; B takes slice 1 over: A's next transaction is fenced out
     await conn.execute("UPDATE projection_slice_lease SET expires_at = now() - interval '1s' WHERE slice = 1")
-    b = await SQL.acquire_leases(conn, "p", "B", [1], ttl)
+    b = await SQL.leases.acquire_leases(conn, "p", "B", [1], ttl)
     assert b == {1: a[1] + 1}
     async with conn.transaction():
-        assert await SQL.fence(conn, "p", "A", a) == [1]
-    assert sorted(await SQL.renew_leases(conn, "p", "A", ttl)) == [0, 2]
-    await SQL.release_leases(conn, "p", "A", None)
-    assert await SQL.renew_leases(conn, "p", "A", ttl) == {}
+        assert await SQL.leases.fence(conn, "p", "A", a) == [1]
+    assert sorted(await SQL.leases.renew_leases(conn, "p", "A", ttl)) == [0, 2]
+    await SQL.leases.release_leases(conn, "p", "A", None)
+    assert await SQL.leases.renew_leases(conn, "p", "A", ttl) == {}
 
 
 async def test_pause_resume_reset_clear(conn: asyncpg.Connection) -> None:
     await SQL.save_offsets(conn, "p", "k", [OffsetRow(5, "a", 2, T0)])
     await management.set_paused(conn, SQL, "p", 0, 511, True)
     assert await SQL.paused_keys(conn, "p") == ["0-511"]
-    await SQL.heartbeat_worker(conn, "p", "w1", "h", 1, timedelta(seconds=30), "running", 0, None)
+    await SQL.leases.heartbeat_worker(conn, "p", "w1", "h", 1, timedelta(seconds=30), "running", 0, None)
     with pytest.raises(ProjectionError):
         await management.reset(conn, SQL, "p", 0, 1023, T0)  # 512-1023 are not paused
     await management.reset(conn, SQL, "p", 0, 511, T0 + timedelta(hours=1))

@@ -26,13 +26,13 @@ JOURNAL_API = {
     # entities
     "Entity", "EntityRegistry", "after_persist", "destinations_of", "routed_to",
     # collaboration: routing that delivers, views, conditional requests (vector time)
-    "EventRouter", "routed_from", "View", "TimedReply", "VectorTime", "ConditionTimeout",
+    "EventRouter", "routed_from", "View", "TimedReply", "VectorTime", "ConditionTimeout", "DeliveryScan",
     # the error tree
     "JournalError", "ConfigurationError", "SparkSetupError", "CassandraSetupError", "CassandraStartError",
     "InvalidArgument", "OffsetError", "SerializationError", "SequenceConflict", "JournalUnavailable",
     "TagWriteTimeout", "CircuitBreakerOpen", "StorageError", "UnsupportedOperation", "EventsMissing",
     "TagEventsMissing", "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "EntityError",
-    "PersistNotAllowed", "EntityStopped", "RecoveryFailed", "ReplicationError", "LocationMismatch",
+    "PersistNotAllowed", "EntityStopped", "StashTimeout", "RecoveryFailed", "ReplicationError", "LocationMismatch",
     "IncompatibleVersion", "LocalWritesRefused", "SliceRangeMoved",
     "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten",
 }  # fmt: skip

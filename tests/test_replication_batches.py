@@ -207,4 +207,4 @@ async def test_a_batch_that_races_a_local_write_to_its_pid_is_written_again(locs
     assert out.written == 1
     got = await rows(b, "SELECT seq_nr, origin_location FROM event_journal WHERE persistence_id = $1 ORDER BY 1",
                      f"{LOG}|x")  # fmt: skip
-    assert [(r[0], r[1]) for r in got] == [(1, None), (2, "A")]
+    assert [(r[0], r[1]) for r in got] == [(1, "B"), (2, "A")]  # stamped by the batch, before it

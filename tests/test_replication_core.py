@@ -179,11 +179,11 @@ async def test_filters_compose_and_private_events_never_leave(locs: dict[str, Lo
 async def test_an_unmigrated_database_is_a_clear_configuration_error(server_dsn: str) -> None:
     from journal.errors import ConfigurationError
     from journal.postgres.migrations import upgrade
-    from tests.support.scratch import _admin, with_database
+    from tests.support.scratch import admin, with_database
 
     name = "sjrepl_old_schema"
-    await _admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await _admin(server_dsn, f'CREATE DATABASE "{name}"')
+    await admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await admin(server_dsn, f'CREATE DATABASE "{name}"')
     try:
         db = with_database(server_dsn, name)
         await asyncio.to_thread(upgrade, db, "public", "0004")
@@ -191,4 +191,34 @@ async def test_an_unmigrated_database_is_a_clear_configuration_error(server_dsn:
             async with open_location("A", db, [LOG]):
                 pass
     finally:
-        await _admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def test_a_local_write_does_not_cover_what_arrived_after_it(locs: dict[str, Location]) -> None:
+    """A's write and B's write of one entity are concurrent; B's arrives at A before A's endpoint
+    stamped A's (it was away, or just slower than the pull). A's event is stamped before the
+    batch is stored, so its vector time does not cover B's, and the replicated entity at A
+    marks the pair concurrent (before, A's vector time covered B's: ordered, no conflict seen)."""
+    from journal.replication.entity import ReplicatedEntities, ReplicatedEntity
+
+    class Register(ReplicatedEntity[str]):
+        entity_type = LOG
+
+        def initial_state(self) -> str:
+            return ""
+
+        def on_event(self, state: str, event: dict[str, str]) -> str:
+            return event["v"]
+
+    a, b = locs["A"], locs["B"]
+    await a.journal.persist(f"{LOG}|x", [{"v": "written at A"}])  # not stamped yet
+    await b.journal.persist(f"{LOG}|x", [{"v": "written at B"}])
+    await pull(a, b).catch_up()  # B's event arrives at A after A's write
+    assert await a.store.stamp(LOG) == 0  # A's was stamped by the batch, before it
+    events, _ = await a.store.read_log(LOG, 0, 10)
+    assert [(e.origin_location, e.vector_time) for e in events] == [
+        ("A", VectorTime({"A": 1})),
+        ("B", VectorTime({"B": 1})),
+    ]
+    state = await ReplicatedEntities(a.journal, a.store).load(Register("x"))
+    assert [v.concurrent for v in state.versions] == [False, True]

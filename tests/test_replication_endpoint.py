@@ -116,9 +116,10 @@ async def test_disaster_recovery_rebuilds_a_wiped_location(dbs: dict[str, str]) 
             await wait_count(b.store, 11)
         # the disaster: A's database is lost (a snapshot survives, covering events A no longer has)
         await truncate_all(dbs["A"])
-        async with ReplicationEndpoint(config("A", ["B"])) as a:
+        async with ReplicationEndpoint(config("A", ["B"]), recover=True) as a:  # nothing pulls before recover()
             await a.journal.save_snapshot(f"{LOG}|a0", 2, {"state": "old"})
-            await a.recover()  # (its pull loop may recover some events first: counted there, not here)
+            assert a.recovering and await a.store.event_ids(LOG) == {}
+            assert await a.recover() == {LOG: 11}  # every event counted: the pulls waited for it
             assert len(await a.store.event_ids(LOG)) == 11  # caught up when recover() returns
             assert await a.journal.load_snapshot(f"{LOG}|a0") is not None  # a0 has 2 events again: valid
             await a.journal.save_snapshot(f"{LOG}|a1", 9, {"state": "covers lost events"})

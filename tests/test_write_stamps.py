@@ -16,8 +16,8 @@ from typing import Any
 import asyncpg
 
 from journal import EventEnvelope, Journal, Write, Written, failures
-from journal.bulk import MAX_EVENTS_PER_CALL
 from journal.envelope import ROW_STEP
+from journal.write_validation import MAX_EVENTS_PER_CALL
 from tests.support.waiting import wait_until
 
 T = "Stamp"

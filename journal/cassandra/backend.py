@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..backend import Backend, ReplicationStore, SliceQueryBackend, TagRowWriter, TagStore
+from ..backend import Backend, ReplicationStore, SliceLeases, SliceQueryBackend, TagRowWriter, TagStore
 from ..codec import KeyStore
 from ..errors import UnsupportedOperation
 from ..settings import JournalSettings
@@ -64,6 +64,9 @@ class CassandraBackend(CassandraWrites, CassandraSnapshots, CassandraInfo):
 
     def replication_store(self, location: str) -> ReplicationStore:
         raise UnsupportedOperation("replicated logs are not supported on the cassandra backend")
+
+    def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
+        raise UnsupportedOperation("slice leases are not supported on the cassandra backend")
 
     def key_store(self) -> KeyStore:
         raise UnsupportedOperation(

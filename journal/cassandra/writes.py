@@ -11,13 +11,16 @@ import asyncio
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator
+from datetime import datetime
 from typing import Any, NamedTuple
 
-from ..backend import TaggedEvent, TagRowWriter, WriteCheck, WriteRequest, WriteResult, check_rows
+from ..backend import TaggedEvent, TagRowWriter, WriteCheck, check_rows
 from ..buckets import bucket_of
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict, UnsupportedOperation
+from ..serialization import Serialized
 from ..timeuuid import datetime_of, new_timeuuid
+from ..write_batch import BatchResult, ResultBuilder, WriteBatch
 from .connections import CassandraConnections, execute
 from .reads import CassandraReads
 
@@ -34,6 +37,22 @@ class WriteState(NamedTuple):
 
     highest: int
     guard: int | None
+
+
+class Call(NamedTuple):
+    """One call of a batch, as this backend writes it (one Cassandra batch per call)."""
+
+    persistence_id: str
+    expected_seq_nr: int | None
+    events: list[Serialized]
+    tags: tuple[str, ...]
+    metadata: Serialized | None
+
+    @staticmethod
+    def of(batch: WriteBatch) -> list[Call]:
+        return list(
+            map(Call, batch.persistence_ids, batch.expected_seq_nrs, batch.serialized(), batch.tags, batch.metadata)
+        )
 
 
 class CassandraWrites(CassandraReads):
@@ -55,11 +74,22 @@ class CassandraWrites(CassandraReads):
         behind the journal's back, by the cleanup tool): the next call reads it again."""
         self._states.pop(persistence_id, None)
 
-    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
-        results = await asyncio.gather(*(self._write_one(r) for r in requests), return_exceptions=True)
-        return [r if isinstance(r, WriteResult | Exception) else JournalUnavailable(str(r)) for r in results]
+    async def write_batch(self, batch: WriteBatch) -> BatchResult:
+        calls = Call.of(batch)
+        results = await asyncio.gather(*(self._write_one(c) for c in calls), return_exceptions=True)
+        out = ResultBuilder(len(calls))
+        for i, r in enumerate(results):
+            if isinstance(r, tuple):
+                out.written(i, *r)
+            else:
+                out.failed(i, r if isinstance(r, Exception) else JournalUnavailable(str(r)))
+        return out.result()
 
-    async def _write_one(self, r: WriteRequest) -> WriteResult:
+    async def write_chunks(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
+        """Every chunk checked first (Cassandra has no transaction to roll back), then written."""
+        return [await self.write_batch(c) for c in list(chunks)]
+
+    async def _write_one(self, r: Call) -> tuple[int, datetime]:
         """One call: the pid's calls one at a time (in this journal), each from the state the last
         one left (read from the table when unknown, or when ``expected_seq_nr`` disagrees).
 
@@ -81,63 +111,41 @@ class CassandraWrites(CassandraReads):
             except JournalUnavailable as e:  # nothing of this call was sent yet
                 raise JournalUnavailable(str(e), outcome_unknown=False) from e
             result = await self.store(r, state)  # on any error the state is forgotten
-            last = result.first_seq_nr + len(r.events) - 1
-            same = self.layout.write_partition(last + 1) == self.layout.write_partition(result.first_seq_nr)
+            last = result[0] + len(r.events) - 1
+            same = self.layout.write_partition(last + 1) == self.layout.write_partition(result[0])
             self._states[pid] = WriteState(last, last if same else None)
             if len(self._states) > KNOWN_STATES:
                 self._states.popitem(last=False)
             return result
 
-    async def write_on(self, conn: Any, request: WriteRequest) -> WriteResult:
+    async def write_on(self, conn: Any, batch: WriteBatch) -> BatchResult:
         raise UnsupportedOperation("persist_in is not supported on the cassandra backend")
 
-    async def check_write(self, request: WriteRequest) -> WriteCheck:
-        """The rows at the request's numbers (``expected_seq_nr`` + 1 on): :func:`check_rows`."""
-        if request.expected_seq_nr is None:
-            raise InvalidArgument("check_write needs a request with expected_seq_nr")
-        first = request.expected_seq_nr + 1
-        rows = await self.read_rows(request.persistence_id, first, first + len(request.events) - 1, len(request.events))
-        return check_rows(
-            request, self.writer_id, [(r.writer_uuid, bytes(r.event), datetime_of(r.timestamp)) for r in rows]
-        )
+    async def check_write(self, batch: WriteBatch) -> list[WriteCheck]:
+        """The rows at each call's numbers (``expected_seq_nr`` + 1 on): :func:`check_rows`."""
+        out = []
+        for c in Call.of(batch):
+            if c.expected_seq_nr is None:
+                raise InvalidArgument("check_write needs calls with expected_seq_nr")
+            first, n = c.expected_seq_nr + 1, len(c.events)
+            rows = await self.read_rows(c.persistence_id, first, first + n - 1, n)
+            found = [(r.writer_uuid, bytes(r.event), datetime_of(r.timestamp)) for r in rows]
+            out.append(check_rows([e.payload for e in c.events], self.writer_id, found))
+        return out
 
     async def write_state(self, persistence_id: str) -> WriteState:
         """What a write of ``persistence_id`` starts from (read before the write)."""
         return WriteState(*await self.highest_and_guard(persistence_id))
 
-    async def store(self, r: WriteRequest, state: WriteState) -> WriteResult:
+    async def store(self, r: Call, state: WriteState) -> tuple[int, datetime]:
         """Write ``r`` after ``state.highest``, in one batch to one partition; with the check, only
         if that partition's ``highest_sequence_nr`` is still ``state.guard`` (a lightweight
         transaction: SequenceConflict and nothing stored when another writer came first)."""
-        from cassandra.query import BatchStatement, BatchType
-
         pid = r.persistence_id
-        highest, guard = state
-        if r.expected_seq_nr is not None and r.expected_seq_nr != highest:
+        if r.expected_seq_nr is not None and r.expected_seq_nr != state.highest:
             raise SequenceConflict(pid, r.expected_seq_nr, "expected_seq_nr is not the stored highest sequence number")
-        first = highest + 1
-        last = first + len(r.events) - 1
-        part = self.layout.write_partition(first)
-        check = self.settings.cassandra.single_writer_check
-        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.write_cl)
-        if check:
-            batch.add(self.conns.prepared["guard_partition"], (last, pid, part, guard))
-        else:
-            batch.add(self.conns.prepared["mark_partition"], (last, pid, part))
-        tagged: list[TaggedEvent] = []
-        m = r.metadata
-        stamps = []
-        for i, ev in enumerate(r.events):
-            u = new_timeuuid()
-            stamps.append(u)
-            seq = first + i
-            batch.add(self.conns.prepared["insert_message"], (
-                pid, part, seq, u, str(bucket_of(u, self.settings.tags.bucket_size)), self.writer_id,
-                ev.ser_id, ev.manifest, ev.payload, m.ser_id if m else None, m.manifest if m else None,
-                m.payload if m else None, set(r.tags) or None,
-            ))  # fmt: skip
-            if r.tags:
-                tagged.append(TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, m))
+        first = state.highest + 1
+        batch, stamps = self._statement(r, first, state.guard)
         try:
             rows = await execute(self.conns.session, batch)
         except BaseException:
@@ -147,27 +155,56 @@ class CassandraWrites(CassandraReads):
             if first == 1:
                 self._unlisted.add(pid)
             raise
-        if check and rows and not rows[0][0]:
+        if self.settings.cassandra.single_writer_check and rows and not rows[0][0]:
             # events this journal did not number may be there (a late write of its own): recover first
             self.tag_writers.forget(pid)
             raise SequenceConflict(
                 pid, r.expected_seq_nr, f"another writer stored sequence numbers from {first} on meanwhile"
             )
+        await self._after_store(r, first, stamps)
+        return first, datetime_of(stamps[0])
+
+    def _statement(self, r: Call, first: int, guard: int | None) -> tuple[Any, list[uuid.UUID]]:
+        """The call's batch (to the partition of its first event) and its events' TimeUUIDs."""
+        from cassandra.query import BatchStatement, BatchType
+
+        pid, m, prepared = r.persistence_id, r.metadata, self.conns.prepared
+        part = self.layout.write_partition(first)
+        last = first + len(r.events) - 1
+        batch = BatchStatement(batch_type=BatchType.UNLOGGED, consistency_level=self.write_cl)
+        if self.settings.cassandra.single_writer_check:
+            batch.add(prepared["guard_partition"], (last, pid, part, guard))
+        else:
+            batch.add(prepared["mark_partition"], (last, pid, part))
+        meta = (m.ser_id, m.manifest, m.payload) if m else (None, None, None)
+        stamps = [new_timeuuid() for _ in r.events]
+        for seq, (u, ev) in enumerate(zip(stamps, r.events, strict=True), first):
+            bucket = str(bucket_of(u, self.settings.tags.bucket_size))
+            row = (pid, part, seq, u, bucket, self.writer_id, ev.ser_id, ev.manifest, ev.payload, *meta)
+            batch.add(prepared["insert_message"], (*row, set(r.tags) or None))
+        return batch, stamps
+
+    async def _after_store(self, r: Call, first: int, stamps: list[uuid.UUID]) -> None:
+        """A stored call's listing (a new pid) and tag rows; the events are stored, so a failure
+        here is never "nothing written"."""
+        pid = r.persistence_id
         try:
             if first == 1 or pid in self._unlisted:
                 await self.run("insert_persistence_id", pid)
                 self._unlisted.discard(pid)
-            if tagged:
-                await self.tag_writers.write(tagged)
-        except Exception as e:  # the events are stored: never report "nothing written" now
+            if r.tags:
+                await self.tag_writers.write([
+                    TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, r.metadata)
+                    for seq, (u, ev) in enumerate(zip(stamps, r.events, strict=True), first)
+                ])  # fmt: skip
+        except Exception as e:
             if r.tags:
                 self.tag_writers.forget(pid)
             if isinstance(e, JournalUnavailable) and e.outcome_unknown:  # a TagWriteTimeout says so already
                 raise
             raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
-        return WriteResult(first, datetime_of(stamps[0]))
 
-    def _check_size(self, r: WriteRequest) -> None:
+    def _check_size(self, r: Call) -> None:
         """Refuse, before any I/O, a call the server would refuse (or that breaks the layout)."""
         self.layout.check_call(r.persistence_id, len(r.events))
         meta = len(r.metadata.payload) + len(r.metadata.manifest) if r.metadata else 0

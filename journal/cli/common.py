@@ -48,7 +48,7 @@ def target_dsn(dsn: str | None, settings: JournalSettings) -> tuple[str, bool]:
     target = resolve_dsn(dsn, settings)
     if target:
         return target, False
-    from ..postgres.embedded import start_embedded
+    from ..postgres import start_embedded
 
     return start_embedded(settings.connection.data_dir), True
 
@@ -56,7 +56,7 @@ def target_dsn(dsn: str | None, settings: JournalSettings) -> tuple[str, bool]:
 def check_reachable(target: str, settings: JournalSettings) -> None:
     """Connect once first (timeout, retries said on stderr, errors as one line): a silent or
     refusing server fails in seconds, before Alembic's own connection would hang or trace."""
-    from ..postgres.connections import connect
+    from ..postgres import connect
 
     async def probe() -> None:
         await (await connect(target, settings)).close()

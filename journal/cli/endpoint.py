@@ -37,8 +37,8 @@ def run_endpoint(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with ReplicationEndpoint(cfg) as ep:
-            if recover:
+        async with ReplicationEndpoint(cfg, recover=recover) as ep:
+            if ep.recovering:  # --recover, or a recovery that did not complete: nothing pulls or stamps before it
                 try:
                     recovered = await ep.recover()
                 except JournalUnavailable as e:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import ConfigurationError
-from ..postgres.dsn import redact
+from ..postgres import redact
 from ..settings import JournalSettings
 from . import app
 from .common import DataDirOption, DsnOption, SchemaOption, check_reachable, target_dsn
@@ -35,7 +35,9 @@ def migrate(
     home database (``--dsn``, default the first), each reported; then each records its slice
     range. A downgrade that would drop tables holding rows lists them with their row counts and
     asks; without a terminal it needs --yes."""
-    from ..postgres import migrations
+    from ..postgres import schema_migrations
+
+    migrations = schema_migrations()
 
     settings = partition_settings(schema, data_dir, databases)
     if sql:
@@ -72,7 +74,9 @@ async def _claim(home: str, settings: JournalSettings) -> list[str]:
 def _migrate_one(
     target: str, where: str, settings: JournalSettings, revision: str, *, downgrade: bool, yes: bool
 ) -> None:
-    from ..postgres import migrations
+    from ..postgres import schema_migrations
+
+    migrations = schema_migrations()
 
     check_reachable(target, settings)
     before = migrations.current_revision(target, settings.schema)
@@ -105,7 +109,9 @@ def info(
     """Server version, schema revision and event counts per entity type (of each database, and
     the slices it serves, when the journal has several)."""
     from ..backends import open_backend
-    from ..postgres.migrations import head_revision
+    from ..postgres import schema_migrations
+
+    head_revision = schema_migrations().head_revision
 
     settings = partition_settings(schema, data_dir, databases)
     target, embedded = (None, False) if settings.partitions.databases else target_dsn(dsn, settings)

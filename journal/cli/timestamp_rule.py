@@ -8,10 +8,14 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidArgument
-from ..postgres import timestamp_rule
-from ..postgres.connections import connect
-from ..postgres.dsn import target_of
-from ..postgres.errors import mapped_errors
+from ..postgres import (
+    connect,
+    install_timestamp_rule,
+    mapped_errors,
+    remove_timestamp_rule,
+    target_of,
+    timestamp_rule_installed,
+)
 from . import app
 from .common import DataDirOption, DsnOption, SchemaOption, settings_from, target_dsn
 
@@ -36,10 +40,10 @@ def timestamp_rule_command(
         try:
             with mapped_errors(f"timestamp-rule {action}", target_of(target)):
                 if action == "install":
-                    await timestamp_rule.install(conn, settings.schema)
+                    await install_timestamp_rule(conn, settings.schema)
                 elif action == "remove":
-                    await timestamp_rule.remove(conn, settings.schema)
-                return await timestamp_rule.installed(conn, settings.schema)
+                    await remove_timestamp_rule(conn, settings.schema)
+                return await timestamp_rule_installed(conn, settings.schema)
         finally:
             await conn.close()
 

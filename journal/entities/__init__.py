@@ -10,6 +10,7 @@ from .circuit_breaker import BreakerState, CircuitBreaker
 from .conditional import TimedReply
 from .confirmed_delivery import Destination
 from .delivery import RoutedEvent
+from .delivery_scan import DeliveryScan
 from .entity import AfterPersist, Entity, EventContext, after_persist
 from .processor import Processor
 from .registry import EntityRegistry
@@ -26,6 +27,7 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "Delivery",
+    "DeliveryScan",
     "Destination",
     "Entity",
     "EntityRegistry",

@@ -27,9 +27,11 @@ from ..errors import (
     JournalUnavailable,
     RecoveryFailed,
     SequenceConflict,
+    StashTimeout,
 )
 from ..journal import Journal
 from ..settings import EntitySettings
+from ..vector_time import VectorTime
 from .circuit_breaker import CircuitBreaker
 from .conditional import TimedReply
 from .confirmed_delivery import Deliverer, Destination
@@ -45,10 +47,11 @@ from .entity import (
     end_command,
     outside_command,
     set_sequence_nr,
+    undo_behaviours,
 )
 from .recovery import recover
-from .reliable import ON_EVENT_KEY, with_marks
-from .routing import routes_metadata, snapshot_route_metadata, vector_time_of
+from .reliable import CONFIRMS_KEY, ON_EVENT_KEY, with_marks
+from .routing import routes_metadata, snapshot_route_metadata
 from .snapshot_result import SnapshotResult
 
 log = logging.getLogger("journal.entities")
@@ -63,6 +66,16 @@ class _Command:
     timed: bool = False
     trace: Any = None
     """The asker's trace context while tracing is on (:mod:`journal.tracing`), else None."""
+    undo: _Undo | None = None
+
+
+@dataclass
+class _Undo:
+    """What a command handler changed besides events, undone if the command's write fails."""
+
+    behaviours_before: tuple[Any, ...]
+    behaviours_after: tuple[Any, ...]
+    unstashed: list[_Command]
 
 
 _FLUSH = object()
@@ -99,6 +112,8 @@ class EntityCell:
         self._wake = asyncio.Event()
         self._pending: list[_Command] = []  # stateSync=False: handled, not yet written
         self._stash: deque[_Command] = deque()  # stashed by the entity, replies pending
+        self._stash_timers: dict[_Command, asyncio.TimerHandle] = {}
+        self.stash_timeout = settings.stash_timeout if cls.stash_timeout is None else cls.stash_timeout
         self._writer: asyncio.Task[None] | None = None
         self._needs_restart = False
         self._stopping = False
@@ -137,6 +152,10 @@ class EntityCell:
             and not self.deliveries.pending
         )
 
+    def unconfirmed_from(self) -> int | None:
+        """The seq_nr of the oldest event whose delivery is unconfirmed (None: none is)."""
+        return min((u.seq_nr for u in bookkeeping(self.entity).unconfirmed.values()), default=None)
+
     async def stop(self) -> None:
         """Finish queued commands and writes, then stop."""
         self._stopping = True
@@ -168,11 +187,8 @@ class EntityCell:
                 else:
                     await self._traced_step(cmd)
             await self._drain_writer()
-            self._fail(
-                list(self._stash),
-                EntityStopped(f"{self.persistence_id!r} stopped with this command stashed"),
-            )
-            self._stash.clear()
+            stashed = self._take_stash()
+            self._fail(stashed, EntityStopped(f"{self.persistence_id!r} stopped with this command stashed"))
             if self._background:
                 await asyncio.gather(*self._background, return_exceptions=True)
         finally:
@@ -190,7 +206,12 @@ class EntityCell:
                 RecoveryFailed(self.persistence_id, None, f"{type(e).__name__}: {e}")
             )
             return False
-        self.entity.on_recovery(None)
+        changes, token = begin_command(self.entity, after_write=True)  # may restore a behaviour
+        try:
+            self.entity.on_recovery(None)
+        finally:
+            end_command(token)
+        self._make_changes(changes)
         self.recovered.set()
         self._enqueue_follow_ups()
         self.deliveries.recovered()
@@ -256,18 +277,55 @@ class EntityCell:
         finally:
             end_command(token)
         cmd.collected, cmd.reply = collected, reply
-        apply_behaviours(self.entity, collected.behaviours)
-        if collected.unstash:
-            self._unstash()
+        undo = self._make_changes(collected)
         if collected.stash:
-            self._stash.append(cmd)
+            self._stash_one(cmd)
             return None
         if collected.events:
+            cmd.undo = undo  # if the write fails
             return cmd
         if collected.snapshot:
             await self._save_snapshot()
         self._reply(cmd)
         return None
+
+    def _make_changes(self, c: Collected) -> _Undo:
+        """What a handler asked for besides events: behaviour changes, unstashing, redelivery."""
+        before, after = apply_behaviours(self.entity, c.behaviours)
+        unstashed = self._unstash() if c.unstash else []
+        if c.redeliver:
+            self.deliveries.redeliver_now()
+        return _Undo(before, after, unstashed)
+
+    def _undo(self, batch: list[_Command]) -> None:
+        """The batch's write failed: its commands' behaviour changes and unstashing are undone
+        (the unstashed commands not handled yet go back to the stash)."""
+        for cmd in reversed(batch):
+            if cmd.undo is None:
+                continue
+            undo_behaviours(self.entity, cmd.undo.behaviours_before, cmd.undo.behaviours_after)
+            back = [c for c in cmd.undo.unstashed if c in self._queue]
+            for c in back:
+                self._queue.remove(c)
+            for c in reversed(back):
+                self._stash_one(c, first=True)
+            cmd.undo = None
+
+    def _stash_one(self, cmd: _Command, *, first: bool = False) -> None:
+        if first:
+            self._stash.appendleft(cmd)
+        else:
+            self._stash.append(cmd)
+        if self.stash_timeout:
+            loop = asyncio.get_running_loop()
+            self._stash_timers[cmd] = loop.call_later(self.stash_timeout, self._stash_expired, cmd)
+
+    def _stash_expired(self, cmd: _Command) -> None:
+        if cmd not in self._stash_timers:
+            return
+        del self._stash_timers[cmd]
+        self._stash.remove(cmd)
+        self._fail([cmd], StashTimeout(f"a command to {self.persistence_id!r} stayed stashed {self.stash_timeout}s"))
 
     def _flush(self, cmd: _Command) -> _Command | None:
         """Turn the follow-ups not yet written into this internal command's events."""
@@ -288,33 +346,51 @@ class EntityCell:
         if not bookkeeping(self.entity).has_follow_ups_to_write:
             return
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(self._flushed)
         self._queue.appendleft(_Command(_FLUSH, fut))
         self._wake.set()
 
-    def _flushed(self, fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled() or fut.exception() is None:
+    def _after_flush(self, error: BaseException | None) -> None:
+        """Right where the follow-ups' write ended, before the loop takes another command: a
+        failure restarts the entity first (a done-callback would run only after the next
+        command had been handled, on state that lacks the follow-ups)."""
+        if error is None:
             return
         # Eventuate restarts the actor: recovery finds the follow-ups still missing and retries
-        log.warning("follow-up write of %s failed (%s): restarting before the next command",
-                    self.persistence_id, fut.exception())  # fmt: skip
+        log.warning("follow-up write of %s failed (%s): restarting before the next command", self.persistence_id, error)
         bookkeeping(self.entity).release()
         self._needs_restart = True
+        self._wake.set()
 
-    def _unstash(self) -> None:
+    def _unstash(self) -> list[_Command]:
         """Stashed commands go to the front of the queue, in stash order."""
-        self._queue.extendleft(reversed(self._stash))
-        self._stash.clear()
+        stashed = self._take_stash()
+        self._queue.extendleft(reversed(stashed))
+        self._wake.set()  # also from a write that completed in the background
+        return stashed
 
-    def _reply(self, cmd: _Command) -> None:
+    def _take_stash(self) -> list[_Command]:
+        for timer in self._stash_timers.values():
+            timer.cancel()
+        self._stash_timers.clear()
+        stashed = list(self._stash)
+        self._stash.clear()
+        return stashed
+
+    def _reply(self, cmd: _Command, written: EventEnvelope | None = None) -> None:
+        """``written``: the command's last event (its write's vector time is the timed reply's)."""
         if cmd.future.done():
             return
         try:
             value = cmd.reply.fn() if isinstance(cmd.reply, AfterPersist) else cmd.reply
         except Exception as e:
             cmd.future.set_exception(e)
-        else:
-            cmd.future.set_result(TimedReply(value, vector_time_of(self.entity)) if cmd.timed else value)
+            return
+        if not cmd.timed:
+            cmd.future.set_result(value)
+            return
+        as_of = cmd.collected.as_of if cmd.collected is not None else None
+        seq_nr = written.seq_nr if written is not None else as_of if as_of is not None else self.entity.sequence_nr
+        cmd.future.set_result(TimedReply(value, VectorTime({self.persistence_id: seq_nr})))
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -348,10 +424,22 @@ class EntityCell:
         expected = self.entity.sequence_nr
         # also what _resolve re-checks
         metadata = with_marks(routes_metadata(expected + 1, dests, routed), expected + 1, event_marks)
+        book = bookkeeping(self.entity)
+        confirming = {str(m[CONFIRMS_KEY]) for m in event_marks.values() if CONFIRMS_KEY in m}
+        book.confirming |= confirming  # no redelivery while the confirmation may be stored
+        try:
+            await self._write_events(batch, events, expected, metadata)
+        finally:
+            book.confirming -= confirming
+        for cmd in batch:
+            if cmd.command is _FLUSH and cmd.future.done() and not cmd.future.cancelled():
+                self._after_flush(cmd.future.exception())
+
+    async def _write_events(self, batch: list[_Command], events: list[Any], expected: int, metadata: Any) -> None:
         try:
             self._breaker.check()
         except JournalUnavailable as e:
-            self._fail(batch, e)
+            self._write_failed(batch, e)
             return
         try:
             envs = await self._journal.persist(
@@ -369,7 +457,7 @@ class EntityCell:
         except JournalUnavailable as e:
             self._breaker.record_failure()
             if not e.outcome_unknown:  # known not written: report at once
-                self._fail(batch, e)
+                self._write_failed(batch, e)
                 return
             log.warning("write of %s interrupted (%s): resolving its outcome", self.persistence_id, e)
             try:
@@ -378,10 +466,10 @@ class EntityCell:
                 self._conflict(batch, c)
                 return
             except JournalError as n:
-                self._fail(batch, n)
+                self._write_failed(batch, n)
                 return
         except Exception as e:  # serialization or bad input: nothing was written
-            self._fail(batch, e)
+            self._write_failed(batch, e)
             return
         self._applied(batch, envs)
 
@@ -407,13 +495,18 @@ class EntityCell:
                     self._needs_restart = True
                     self._fail(batch[batch.index(cmd) :], e)
                     return
-                for env, cb in zip(mine, cmd.collected.callbacks, strict=True):
-                    if cb is not None:
-                        try:
-                            cb(env)
-                        except Exception:
-                            log.exception("on_persisted callback of %s raised", self.persistence_id)
-                self._reply(cmd)
+                handlers, persisting = begin_command(self.entity, after_write=True)  # the persist handler
+                try:
+                    for env, cb in zip(mine, cmd.collected.callbacks, strict=True):
+                        if cb is not None:
+                            try:
+                                cb(env)
+                            except Exception:
+                                log.exception("on_persisted callback of %s raised", self.persistence_id)
+                    self._reply(cmd, mine[-1])
+                finally:
+                    end_command(persisting)
+                self._make_changes(handlers)
         finally:
             end_command(token)
         self._enqueue_follow_ups()
@@ -481,6 +574,11 @@ class EntityCell:
         self._pending = []
         self._fail(stale, e)
         self._wake.set()
+
+    def _write_failed(self, batch: list[_Command], e: BaseException) -> None:
+        """Known not written: undo what the commands changed besides events, fail them."""
+        self._undo(batch)
+        self._fail(batch, e)
 
     @staticmethod
     def _fail(batch: list[_Command], e: BaseException) -> None:

@@ -63,6 +63,12 @@ class Deliverer:
                 self._tick(), name=f"deliveries of {self.sender}"
             )
 
+    def redeliver_now(self) -> None:
+        """Every unconfirmed delivery goes out again now (those in flight when their attempt
+        returns), then every ``interval`` again."""
+        self._last.clear()
+        self._wake.set()
+
     def send_fresh(self) -> None:
         """Send the deliveries that events just written asked for."""
         now = time.monotonic()
@@ -98,10 +104,13 @@ class Deliverer:
         running = self._running.get(delivery_id)
         if running is not None and not running.done():
             return  # the previous attempt has not returned yet
-        u = self._book().unconfirmed.get(delivery_id)
+        book = self._book()
+        u = book.unconfirmed.get(delivery_id)
         if u is None:
             return
         self._last[delivery_id] = now
+        if delivery_id in book.confirming:
+            return  # its confirmation may be stored already: try again an interval later
         n = self.attempts.get(delivery_id, 0) + 1
         self.attempts[delivery_id] = n
         delivery = Delivery(delivery_id, self.sender, u.message, n)

@@ -32,9 +32,12 @@ CommandHandler = Callable[[Any], Any]
 
 @dataclass
 class Collected:
-    """What one command handler asked for: events, their routes and callbacks, a snapshot."""
+    """What one command handler asked for: events, their routes and callbacks, a snapshot; or,
+    ``after_write``, what a persist handler (an ``on_persisted`` callback, an ``after_persist``
+    reply) or ``on_recovery`` asked for: behaviour changes, unstashing, redelivery only."""
 
     owner: Entity[Any]
+    after_write: bool = False
     events: list[Any] = field(default_factory=list)
     destinations: list[tuple[str, ...]] = field(default_factory=list)
     callbacks: list[Callback | None] = field(default_factory=list)
@@ -47,6 +50,10 @@ class Collected:
     """Index in ``events`` -> metadata marks of that event (see :mod:`.reliable`)."""
     routed: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Index in ``events`` -> (source pid, source seq_nr) of the routed copies (delivery.py)."""
+    redeliver: bool = False
+    """:meth:`Entity.redeliver_unconfirmed` was called."""
+    as_of: int | None = None
+    """:meth:`Entity.reply_as_of`: the seq_nr whose vector time a timed reply gets."""
 
 
 _current: contextvars.ContextVar[Collected | None] = contextvars.ContextVar(
@@ -126,7 +133,7 @@ class Entity(Generic[S]):
 
     Class attributes: ``entity_type`` (required: the pid prefix), and optional overrides of the
     registry's settings: ``state_sync``, ``snapshot_every``, ``redeliver_interval``,
-    ``replay_from_seq_nr``, ``tags``
+    ``stash_timeout`` (0: none), ``replay_from_seq_nr``, ``tags``
     (stored with every event), ``event_types`` (dataclasses registered with the JSON serializer
     so replay rebuilds them).
 
@@ -142,6 +149,7 @@ class Entity(Generic[S]):
     tags: ClassVar[tuple[str, ...]] = ()
     event_types: ClassVar[tuple[type, ...]] = ()
     redeliver_interval: ClassVar[float | None] = None
+    stash_timeout: ClassVar[float | None] = None
 
     def __init__(self, entity_id: str) -> None:
         self.entity_id = entity_id
@@ -204,7 +212,7 @@ class Entity(Generic[S]):
         for what, v in (("delivery_id", delivery_id), ("destination", destination)):
             if not isinstance(v, str) or not v:
                 raise InvalidArgument(f"{what} must be a non-empty string, got {v!r}")
-        self._book.add_delivery(delivery_id, destination, message, live=not ctx.replay)
+        self._book.add_delivery(delivery_id, destination, message, live=not ctx.replay, seq_nr=ctx.seq_nr)
 
     @property
     def unconfirmed(self) -> Mapping[str, Any]:
@@ -288,8 +296,9 @@ class Entity(Generic[S]):
     def stash(self) -> None:
         """Keep the current command for later, its reply pending, instead of handling it now.
 
-        A stashed command is delivered again (to the command handler current then) after a
-        later command that calls :meth:`unstash_all`. It cannot persist events itself.
+        A stashed command is delivered again (to the command handler current then) after
+        :meth:`unstash_all`; it fails with :class:`~journal.errors.StashTimeout` if it stays
+        stashed longer than ``stash_timeout`` seconds. It cannot persist events itself.
         """
         c = self._collector("stash")
         if c.events:
@@ -297,31 +306,62 @@ class Entity(Generic[S]):
         c.stash = True
 
     def unstash_all(self) -> None:
-        """Deliver every stashed command again, in stash order, right after the current one."""
-        self._collector("unstash_all").unstash = True
+        """Deliver every stashed command again, in stash order, before any other command.
+
+        In a command handler, in a persist handler (an ``on_persisted`` callback or an
+        :func:`after_persist` reply) or in :meth:`on_recovery`; like :meth:`become`, it takes
+        effect only once the command's events are written (at once for a command without
+        events): a failed write leaves the stash as it was."""
+        self._collector("unstash_all", after_write=True).unstash = True
 
     def become(self, handler: CommandHandler) -> None:
         """Handle the next commands with ``handler`` (sync or async, like :meth:`on_command`)
-        until :meth:`unbecome`; becomes stack. Takes effect when this handler returns without
-        raising. A restarted or recovered entity starts again with :meth:`on_command`."""
+        until :meth:`unbecome`; becomes stack.
+
+        In a command handler it takes effect once the command's events are written (at once
+        for a command without events): a failed write leaves the behaviour as it was. In a
+        persist handler (an ``on_persisted`` callback or an :func:`after_persist` reply), the
+        Eventuate way, it takes effect right after it, on success only. In :meth:`on_recovery`
+        it restores a behaviour from the recovered state (a recovered or restarted entity
+        starts with :meth:`on_command`)."""
         if not callable(handler):
             raise InvalidArgument(f"become() needs a callable command handler, got {handler!r}")
-        self._collector("become").behaviours.append(handler)
+        self._collector("become", after_write=True).behaviours.append(handler)
 
     def unbecome(self) -> None:
-        """Go back to the command handler before the last :meth:`become` (no-op at the bottom)."""
-        self._collector("unbecome").behaviours.append(None)
+        """Go back to the command handler before the last :meth:`become` (no-op at the bottom);
+        where and when as :meth:`become`."""
+        self._collector("unbecome", after_write=True).behaviours.append(None)
+
+    def redeliver_unconfirmed(self) -> None:
+        """Deliver every unconfirmed delivery again now, without waiting for its next interval
+        (Eventuate's ``redeliverUnconfirmed``); where and when as :meth:`become`."""
+        self._collector("redeliver_unconfirmed", after_write=True).redeliver = True
+
+    def reply_as_of(self, seq_nr: int) -> None:
+        """Give this command's timed reply (``registry.ask_timed``) the vector time of this
+        entity's event ``seq_nr`` instead of the latest one: for a command that repeats an
+        earlier write (a deduplicated retry) and writes nothing, the time of that write, which
+        a view or a routed destination does reach. Only in a command handler that persists
+        nothing; ``seq_nr`` at most :attr:`sequence_nr`."""
+        c = self._collector("reply_as_of")
+        if isinstance(seq_nr, bool) or not isinstance(seq_nr, int) or not 0 <= seq_nr <= self._seq_nr:
+            raise InvalidArgument(f"reply_as_of needs a seq_nr in 0..{self._seq_nr}, got {seq_nr!r}")
+        c.as_of = seq_nr
 
     def current_command_handler(self) -> CommandHandler:
         """The handler the next command goes to: the last :meth:`become`, else :meth:`on_command`."""
         return self._behaviours[-1] if self._behaviours else self.on_command
 
-    def _collector(self, what: str) -> Collected:
+    def _collector(self, what: str, *, after_write: bool = False) -> Collected:
+        """The current handler's collection; ``after_write``: persist handlers and
+        ``on_recovery`` may call it too."""
         c = _current.get()
-        if c is None or c.owner is not self:
+        if c is None or c.owner is not self or (c.after_write and not after_write):
+            where = "its own command or persist handler, or on_recovery" if after_write else "its own command handler"
             raise PersistNotAllowed(
-                f"{what}() on {self.persistence_id!r} is only allowed in its own command handler "
-                "(not from an event handler, a callback, another entity or outside a command)"
+                f"{what}() on {self.persistence_id!r} is only allowed in {where} "
+                "(not from an event handler, another entity or outside a command)"
             )
         return c
 
@@ -331,13 +371,24 @@ def _refuse_if_stashed(c: Collected) -> None:
         raise InvalidArgument("a stashed command cannot persist events")
 
 
-def apply_behaviours(entity: Entity[Any], changes: list[CommandHandler | None]) -> None:
-    """Apply a successful command's become/unbecome calls, in order."""
+def apply_behaviours(
+    entity: Entity[Any], changes: list[CommandHandler | None]
+) -> tuple[tuple[CommandHandler, ...], tuple[CommandHandler, ...]]:
+    """Apply a handler's become/unbecome calls, in order; returns the behaviours before and after."""
+    before = tuple(entity._behaviours)
     for h in changes:
         if h is not None:
             entity._behaviours.append(h)
         elif entity._behaviours:
             entity._behaviours.pop()
+    return before, tuple(entity._behaviours)
+
+
+def undo_behaviours(entity: Entity[Any], before: tuple[CommandHandler, ...], after: tuple[CommandHandler, ...]) -> None:
+    """A failed write undoes its command's become/unbecome calls, unless a later command changed
+    the behaviour again (``state_sync = False``)."""
+    if tuple(entity._behaviours) == after:
+        entity._behaviours[:] = before
 
 
 def _clean_destinations(destinations: Sequence[str]) -> tuple[str, ...]:
@@ -349,8 +400,11 @@ def _clean_destinations(destinations: Sequence[str]) -> tuple[str, ...]:
     return tuple(destinations)
 
 
-def begin_command(owner: Entity[Any]) -> tuple[Collected, contextvars.Token[Collected | None]]:
-    c = Collected(owner)
+def begin_command(
+    owner: Entity[Any], *, after_write: bool = False
+) -> tuple[Collected, contextvars.Token[Collected | None]]:
+    """A command handler's context; ``after_write``: a persist handler's or ``on_recovery``'s."""
+    c = Collected(owner, after_write=after_write)
     return c, _current.set(c)
 
 

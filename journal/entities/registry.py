@@ -84,6 +84,17 @@ class EntityRegistry:
         if cell.failure is not None:
             raise cell.failure
 
+    def lowest_unconfirmed(self, persistence_id: str) -> int | None:
+        """The sequence number of the oldest event whose delivery the live entity ``persistence_id``
+        has not seen confirmed; None when it has none, or is not live (an entity with unconfirmed
+        deliveries is never passivated; start it first) or not recovered yet (then 0)."""
+        cell = self._cells.get(persistence_id)
+        if cell is None:
+            return None
+        if not cell.recovered.is_set():
+            return 0
+        return cell.unconfirmed_from()
+
     async def ask_pid(self, persistence_id: str, command: Any) -> Any:
         """:meth:`ask` by persistence id (e.g. to confirm a :class:`Delivery` to its ``sender``);
         the entity type must be registered."""

@@ -54,6 +54,8 @@ class FollowUp:
 class Unconfirmed:
     destination: str
     message: Any
+    seq_nr: int = 0
+    """The event whose handler asked for the delivery (0: not known, from an older snapshot)."""
 
 
 def mark_of(envelope: EventEnvelope, key: str) -> Any:
@@ -90,6 +92,9 @@ class Bookkeeping:
         self.unconfirmed: dict[str, Unconfirmed] = {}
         self.fresh: list[str] = []
         """Delivery ids asked for by events just written: sent at once, not at the next tick."""
+        self.confirming: set[str] = set()
+        """Delivery ids whose confirmation is being written (or its outcome resolved): not sent
+        meanwhile, since the confirmation may already be stored."""
 
     def observe(self, envelope: EventEnvelope) -> None:
         """Read the marks of an event about to be applied."""
@@ -104,8 +109,8 @@ class Bookkeeping:
     def add_follow_up(self, follow_up: FollowUp) -> None:
         self.follow_ups.setdefault(follow_up.trigger, []).append(follow_up)
 
-    def add_delivery(self, delivery_id: str, destination: str, message: Any, *, live: bool) -> None:
-        self.unconfirmed[delivery_id] = Unconfirmed(destination, message)
+    def add_delivery(self, delivery_id: str, destination: str, message: Any, *, live: bool, seq_nr: int = 0) -> None:
+        self.unconfirmed[delivery_id] = Unconfirmed(destination, message, seq_nr)
         if live:
             self.fresh.append(delivery_id)
 
@@ -142,7 +147,7 @@ class Bookkeeping:
                     for f in self.follow_ups[t]
                 ],
                 "unconfirmed": [
-                    [d, u.destination, _encode(serializers, u.message)]
+                    [d, u.destination, _encode(serializers, u.message), u.seq_nr]
                     for d, u in self.unconfirmed.items()
                 ],
             }
@@ -160,9 +165,9 @@ class Bookkeeping:
         try:
             for trigger, event, dests in part.get("follow_ups", ()):
                 self.add_follow_up(FollowUp(int(trigger), _decode(serializers, event), tuple(dests)))
-            for delivery_id, destination, message in part.get("unconfirmed", ()):
+            for delivery_id, destination, message, *asked_by in part.get("unconfirmed", ()):
                 self.unconfirmed[str(delivery_id)] = Unconfirmed(
-                    str(destination), _decode(serializers, message)
+                    str(destination), _decode(serializers, message), int(asked_by[0]) if asked_by else 0
                 )
         except (TypeError, ValueError) as e:
             raise SerializationError(f"snapshot bookkeeping does not load: {e}") from e

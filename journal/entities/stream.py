@@ -1,9 +1,9 @@
 """Live events of several entity types, each resumed from its own offset (for views and the router).
 
-One live slice query per entity type over all slices; each envelope is handed to ``handle`` and
-only then becomes the type's offset, so an offset saved at any moment covers exactly the events
-already handled. Per persistence id the order is the journal's (seq_nr order); across types the
-streams run side by side.
+One live slice query per entity type over a slice range (all slices by default); each envelope
+is handed to ``handle`` and only then becomes the type's offset, so an offset saved at any moment
+covers exactly the events already handled. Per persistence id the order is the journal's (seq_nr
+order); across types the streams run side by side.
 """
 
 from __future__ import annotations
@@ -49,8 +49,11 @@ class TypeStreams:
         name: str,
         on_error: Callable[[BaseException], None] = lambda e: None,
         track_offsets: bool = True,
+        slices: tuple[int, int] = (0, NUMBER_OF_SLICES - 1),
     ) -> None:
+        """``slices``: the range each type is read over (default: all)."""
         self.journal = journal
+        self.slices = slices
         self.entity_types = tuple(sorted({validate_entity_type(t) for t in entity_types}))
         self.offsets = offsets
         """entity type -> offset of the last handled envelope (shared with the owner)."""
@@ -78,7 +81,8 @@ class TypeStreams:
 
     async def _run(self, entity_type: str) -> None:
         try:
-            query = self.journal.events_by_slices(entity_type, 0, NUMBER_OF_SLICES - 1, self.offsets.get(entity_type))
+            lo, hi = self.slices
+            query = self.journal.events_by_slices(entity_type, lo, hi, self.offsets.get(entity_type))
             async for env in query:
                 offset = env.offset  # the query's position (a loaded envelope carries its own)
                 if not isinstance(offset, TimestampOffset):

@@ -14,17 +14,15 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..backend import Backend, ManifestCount, SnapshotRow, WriteCheck, WriteRequest, WriteResult
+from ..backend import Backend, ManifestCount, SliceLeases, SnapshotRow, WriteCheck
 from ..errors import UnsupportedOperation
 from ..ids import slice_for
-from ..postgres.backend import PostgresBackend
-from ..postgres.dsn import redact
-from ..postgres.key_store import PostgresKeyStore
-from ..postgres.partitions import MOVED
+from ..postgres import MOVED, PostgresBackend, PostgresKeyStore, redact
 from ..settings import JournalSettings
+from ..write_batch import BatchResult, WriteBatch
 from .databases import Databases
 from .routing import Router
 from .slice_reads import PartitionedSliceReads
@@ -76,23 +74,33 @@ class PartitionedBackend:
 
     # -- writes -------------------------------------------------------------------------------
 
-    async def write_batch(self, requests: Sequence[WriteRequest]) -> list[WriteResult | Exception]:
-        return await self._writes.write_batch(requests)
+    async def write_batch(self, batch: WriteBatch) -> BatchResult:
+        return await self._writes.write_batch(batch)
 
-    async def write_on(self, conn: Any, request: WriteRequest) -> WriteResult:
-        """On the caller's connection, which must be to the database serving the request's
-        slice (``pool_for``); any other database refuses it (SliceRangeMoved)."""
-        backend = await self.dbs.usable(max(self.dbs.map.owner(request.slice), 0))
-        return await backend.write_on(conn, request)
+    async def write_chunks(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
+        return await self._writes.write_chunks(chunks)
+
+    async def write_on(self, conn: Any, batch: WriteBatch) -> BatchResult:
+        """On the caller's connection, which must be to the database serving the batch's
+        slices (``pool_for``); any other database refuses it (SliceRangeMoved)."""
+        backend = await self.dbs.usable(max(self.dbs.map.owner(batch.slices[0]), 0))
+        return await backend.write_on(conn, batch)
 
     def pool_for(self, persistence_id: str) -> Any:
         """The connection pool of the database serving the pid's slice now (for ``persist_in``)."""
         return self.dbs.backends[max(self.dbs.map.owner(slice_for(persistence_id)), 0)].pool
 
-    async def check_write(self, request: WriteRequest) -> WriteCheck:
-        return await self.router.on_owner(
-            request.slice, "resolve write", lambda b: b.check_write(request), check="read"
-        )
+    async def check_write(self, batch: WriteBatch) -> list[WriteCheck]:
+        """Each call where its slice is served."""
+
+        async def one(i: int) -> WriteCheck:
+            call = batch.select([i])
+            (got,) = await self.router.on_owner(
+                batch.slices[i], "resolve write", lambda b: b.check_write(call), check="read"
+            )
+            return got
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(batch)))))
 
     async def highest_seq_nr(self, persistence_id: str) -> int:
         return await self.router.on_owner(
@@ -188,13 +196,20 @@ class PartitionedBackend:
             "a log's events over several databases (see docs/scaling-out.md)"
         )
 
-    def key_store(self) -> PostgresKeyStore:
-        """The encryption keys live in the home database (they belong to subjects, not slices)."""
+    def _home_backend(self) -> PostgresBackend:
         if self.dsn in self.dbs.dsns:
-            return self.dbs.backends[self.dbs.dsns.index(self.dsn)].key_store()
+            return self.dbs.backends[self.dbs.dsns.index(self.dsn)]
         if self._home is None:
             raise UnsupportedOperation("the journal is not open")
-        return self._home.key_store()
+        return self._home
+
+    def key_store(self) -> PostgresKeyStore:
+        """The encryption keys live in the home database (they belong to subjects, not slices)."""
+        return self._home_backend().key_store()
+
+    def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
+        """Leases of a job over slices live in the home database (they belong to the job)."""
+        return self._home_backend().slice_leases(name, owner, ttl)
 
 
 _check: type[Backend] = PartitionedBackend

@@ -16,9 +16,7 @@ from collections.abc import Sequence
 
 from ..conditions import Condition
 from ..errors import JournalUnavailable
-from ..postgres.backend import PostgresBackend
-from ..postgres.dsn import redact, without_password
-from ..postgres.partitions import PartitionRow
+from ..postgres import PartitionRow, PostgresBackend, redact, without_password
 from ..settings import JournalSettings
 from .layout import PartitionMap
 
@@ -156,8 +154,9 @@ class Databases:
         """The index of a database (opened lazily if the journal did not know it)."""
         i = self._known(without_password(dsn))
         assert i is not None
-        if self.dsns[i] != dsn and without_password(self.dsns[i]) == self.dsns[i]:
-            self.dsns[i] = dsn  # the caller's DSN has the password the map's row lacks
+        if self.dsns[i] != dsn and without_password(self.dsns[i]) == self.dsns[i] and not self._started[i]:
+            # the caller's DSN has the password the map's row lacks (one already open stays)
+            self.dsns[i] = dsn
             self.backends[i] = self._backend(dsn)
         return i
 

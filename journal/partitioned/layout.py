@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..ids import NUMBER_OF_SLICES, slice_ranges
-from ..postgres.partitions import FENCED, SERVING, PartitionRow
+from ..postgres import FENCED, SERVING, PartitionRow
 
 NOWHERE = -1
 """The owner of a slice that no database serves right now."""

@@ -42,9 +42,7 @@ from datetime import UTC, datetime
 
 from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable
 from ..ids import validate_slice_range
-from ..postgres.backend import PostgresBackend
-from ..postgres.dsn import redact, without_password
-from ..postgres.partitions import FENCED, INCOMING, MOVED, MOVING, OWNED, MoveRecord
+from ..postgres import FENCED, INCOMING, MOVED, MOVING, OWNED, MoveRecord, PostgresBackend, redact, without_password
 from ..query.horizon import HorizonTracker
 from .backend import PartitionedBackend
 
@@ -154,7 +152,9 @@ class SliceMove:
     # -- the move -----------------------------------------------------------------------------
 
     async def run(self) -> MoveReport:
-        from ..postgres.migrations import upgrade
+        from ..postgres import schema_migrations
+
+        upgrade = schema_migrations().upgrade
 
         await asyncio.to_thread(upgrade, self.target_dsn, self.journal.settings.schema)
         s, t, rec = await self._find()

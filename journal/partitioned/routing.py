@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ..errors import JournalUnavailable, SliceRangeMoved
-from ..postgres.backend import PostgresBackend
+from ..postgres import PostgresBackend
 from .databases import Databases
 from .layout import NOWHERE
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from ..backend import HorizonReading, Listening, PageRequest, SliceRange, StoredEvent, stored_event
 from ..errors import JournalUnavailable, SliceRangeMoved
 from ..ids import slice_for
-from ..postgres.backend import PostgresBackend
+from ..postgres import PostgresBackend
 from ..query.horizon import HorizonTracker
 from .databases import Databases
 from .layout import NOWHERE, Piece

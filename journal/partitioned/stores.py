@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ..backend import PidFootprint, TaggedEvent, TagPageRow, TagProgress, TagRow
+from ..backend import PID, TIMEUUID, PidFootprint, TaggedEvent, TagPageRow, TagProgress, TagRow
 from ..ids import slice_for
 from ..timeuuid import ticks
 from .databases import Databases
@@ -22,7 +22,7 @@ from .routing import Router
 
 
 def _tag_key(r: TagPageRow) -> tuple[int, bytes]:
-    u: uuid.UUID = r[1]
+    u: uuid.UUID = r[TIMEUUID]
     return (ticks(u), u.bytes)
 
 
@@ -88,7 +88,7 @@ class PartitionedTagStore:
         async def one(db: int) -> list[Any]:
             b = await self.dbs.usable(db)
             rows = await b.tag_store().read_tag_rows(tag, bucket, after, before_ticks, limit)
-            return [r for r in rows if m.owner(slice_for(r[0])) == db]
+            return [r for r in rows if m.owner(slice_for(r[PID])) == db]
 
         got = await asyncio.gather(*(one(db) for db in served))
         if len(got) == 1:

@@ -10,9 +10,12 @@ the statements modules.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
-from ..backend import Backend, ReplicationStore, SliceQueryBackend
+from ..backend import Backend, ReplicationStore, SliceLeases, SliceQueryBackend
 from ..settings import JournalSettings
+from ..write_batch import BatchResult, WriteBatch
+from .bulk_writes import BulkWrite
 from .cleanup import PostgresCleanup
 from .connections import PostgresConnections
 from .info import PostgresInfo
@@ -57,6 +60,10 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
     async def close(self) -> None:
         await self.conns.close()
 
+    async def write_chunks(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
+        """A bulk write on up to ``write.bulk_in_flight`` connections (:mod:`.bulk_writes`)."""
+        return await BulkWrite(self, self.settings.write.bulk_in_flight).run(chunks)
+
     @property
     def writers(self) -> WriterConnections:
         """The group commit's write connections."""
@@ -78,6 +85,12 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
         from .replication_store import PostgresReplicationStore
 
         return PostgresReplicationStore(self, location)
+
+    def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
+        """Slice leases of the job ``name`` over the journal's pool (:mod:`.leases`)."""
+        from .leases import PostgresSliceLeases
+
+        return PostgresSliceLeases(lambda: self.conns.pool, self.settings.schema, name, owner, ttl)
 
     def key_store(self) -> PostgresKeyStore:
         """The ``encryption_key`` table (keys wrapped with ``codec.master_key`` when it is set)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -20,18 +20,23 @@ import asyncpg
 import orjson
 
 from ..buckets import bucket_millis
-from ..errors import ConfigurationError, LocationMismatch, ReplicationError, SequenceConflict
-from ..ids import entity_type_of, slice_for, validate_entity_type
+from ..errors import ConfigurationError, JournalUnavailable, LocationMismatch, ReplicationError, SequenceConflict
+from ..ids import validate_entity_type
 from ..replicated import ReplicatedEvent, WriteOutcome
 from ..serialization import Serialized
 from ..settings import validate_identifier
 from ..vector_time import VectorTime
+from ..write_batch import WriteBatch
+from ..write_validation import replicated_batch
 from . import recovery_guard
+from .errors import is_transient
 from .replicated_insert import insert_replicated
 from .statements import notify_groups
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .writes import PostgresWrites
 
+STAMP_LIMIT = 1000
+"""Local events stamped per statement."""
 SEQUENCE_RACE_ATTEMPTS = 3
 """Writes of a replicated batch that lost its sequence numbers to a local write, before giving up."""
 PRIMARY_KEY = "event_journal_pkey"
@@ -59,6 +64,7 @@ class ReplicationStatements:
         self.log_row = f"SELECT location, log_seq_nr, version_vector, recovering FROM {rl} WHERE log_name = $1"
         self.set_recovering = f"UPDATE {rl} SET recovering = $2 WHERE log_name = $1"
         self.any_recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering)"
+        self.recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering AND log_name = ANY($1::text[]))"
         self.lock_log = self.log_row + " FOR UPDATE"
         self.save_log = f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
         self.ej = ej
@@ -184,9 +190,21 @@ class PostgresReplicationStore:
         self.location = location
         self.sql = ReplicationStatements(backend.settings.schema)
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Any]:
+        """A pooled connection; the database being away (refused, lost, shutting down) becomes
+        :class:`JournalUnavailable`, which the endpoint answers as gRPC ``UNAVAILABLE``."""
+        try:
+            async with self.backend.pool.acquire() as conn:
+                yield conn
+        except Exception as e:
+            if is_transient(e):
+                raise JournalUnavailable(f"location {self.location!r}: database unavailable: {e}") from e
+            raise
+
     async def ensure_log(self, log_name: str) -> None:
         """Create the log's state row for this location; refuse a database of another location."""
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             try:
                 await conn.execute(self.sql.ensure_log, log_name, self.location)
             except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as e:
@@ -206,48 +224,62 @@ class PostgresReplicationStore:
             )
 
     async def version_vector(self, log_name: str) -> VectorTime:
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             row = await conn.fetchrow(self.sql.log_row, log_name)
         return VectorTime() if row is None else _vt(row["version_vector"])
 
     async def log_seq_nr(self, log_name: str) -> int:
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             row = await conn.fetchrow(self.sql.log_row, log_name)
         return 0 if row is None else int(row["log_seq_nr"])
 
-    async def stamp(self, log_name: str, limit: int = 1000) -> int:
+    async def stamp(self, log_name: str, limit: int = STAMP_LIMIT) -> int:
         """Give local events not yet in the log (written by the plain journal) their position,
-        origin and vector time, oldest first (the order of the slice queries). Returns how many."""
-        async with self.backend.pool.acquire() as conn, conn.transaction():
+        origin and vector time, oldest first (the order of the slice queries). Returns how many.
+
+        Nothing is stamped while the log is recovering: its positions are not yet past what the
+        peers have read of this location, and its version vector does not yet hold what the
+        location had; local events written before or during the recovery are stamped after it,
+        at new positions, with a vector time that covers everything recovered."""
+        async with self._connection() as conn, conn.transaction():
             head = await _head(conn, self.sql.lock_log, log_name)
-            rows = await conn.fetch(self.sql.unstamped(log_name), limit)
-            if not rows:
+            if head["recovering"]:
                 return 0
-            vv = _vt(head["version_vector"])
-            # never reuse a position of ours that the log (after a disaster recovery) has seen
-            pos = max(int(head["log_seq_nr"]), vv.get(self.location, 0))
-            cols: list[list[Any]] = [[], [], [], [], [], []]
-            for r in rows:
-                pos += 1
-                vv = vv.with_entry(self.location, pos)
-                for col, v in zip(
-                    cols, (r["persistence_id"], r["seq_nr"], self.location, pos, _dump(vv), pos), strict=True
-                ):
-                    col.append(v)
-            await conn.execute(self.sql.stamp, *cols)
-            await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
-            return len(rows)
+            pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
+            n, _, _ = await self._stamp_locked(conn, log_name, pos, vv, limit)
+            return n
+
+    async def _stamp_locked(
+        self, conn: Any, log_name: str, pos: int, vv: VectorTime, limit: int
+    ) -> tuple[int, int, VectorTime]:
+        """:meth:`stamp` under the log row lock the caller holds, from the log's position and
+        version vector: how many, and the position and version vector after them."""
+        rows = await conn.fetch(self.sql.unstamped(log_name), limit)
+        if not rows:
+            return 0, pos, vv
+        # never reuse a position of ours that the log (after a disaster recovery) has seen
+        pos = max(pos, vv.get(self.location, 0))
+        cols: list[list[Any]] = [[], [], [], [], [], []]
+        for r in rows:
+            pos += 1
+            vv = vv.with_entry(self.location, pos)
+            row = (r["persistence_id"], r["seq_nr"], self.location, pos, _dump(vv), pos)
+            for col, v in zip(cols, row, strict=True):
+                col.append(v)
+        await conn.execute(self.sql.stamp, *cols)
+        await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
+        return len(rows), pos, vv
 
     async def read_log(self, log_name: str, after: int, limit: int) -> tuple[list[ReplicatedEvent], int]:
         """Events of the log after position ``after`` in log order, and the last position
         scanned (``after`` when none)."""
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = await conn.fetch(self.sql.read_log, log_name, after, limit)
         return _events(rows), (int(rows[-1]["log_seq_nr"]) if rows else after)
 
     async def read_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[ReplicatedEvent]:
         """The log's events with these identities (origin location, origin seq nr), in log order."""
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = await conn.fetch(self.sql.read_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
         return _events(rows)
 
@@ -255,18 +287,18 @@ class PostgresReplicationStore:
         """Those of ``ids`` this location has not stored (in the order given)."""
         if not ids:
             return []
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
         stored = {(r[0], int(r[1])) for r in rows}
         return [i for i in ids if i not in stored]
 
     async def progress(self, log_name: str, source_location: str) -> int:
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             v = await conn.fetchval(self.sql.progress, log_name, source_location)
         return 0 if v is None else int(v)
 
     async def all_progress(self, log_name: str) -> dict[str, int]:
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = await conn.fetch(self.sql.all_progress, log_name)
         return {r["source_location"]: int(r["source_log_seq_nr"]) for r in rows}
 
@@ -285,11 +317,10 @@ class PostgresReplicationStore:
         A local write to one of the batch's pids that commits first takes the sequence number
         the batch computed; the batch is then written again at once (a few times at most, then
         :class:`~journal.errors.SequenceConflict`: the endpoint retries after ``retry_delay``)."""
-        for e in events:
-            _check_log(log_name, e)
+        batch = replicated_batch(log_name, events)  # the write path's one validator
         for attempt in range(SEQUENCE_RACE_ATTEMPTS):
             try:
-                return await self._write_replicated(log_name, source_location, events, last_scanned)
+                return await self._write_replicated(log_name, source_location, batch, events, last_scanned)
             except asyncpg.UniqueViolationError as e:
                 if e.constraint_name != PRIMARY_KEY or attempt + 1 == SEQUENCE_RACE_ATTEMPTS:
                     raise SequenceConflict(
@@ -299,37 +330,46 @@ class PostgresReplicationStore:
         raise AssertionError("unreachable")
 
     async def _write_replicated(
-        self, log_name: str, source_location: str, events: Sequence[ReplicatedEvent], last_scanned: int
-    ) -> WriteOutcome:
-        async with self.backend.pool.acquire() as conn, conn.transaction():
+        self, log_name: str, source_location: str, batch: WriteBatch, events: Sequence[ReplicatedEvent],
+        last_scanned: int,
+    ) -> WriteOutcome:  # fmt: skip
+        async with self._connection() as conn, conn.transaction():
             # this transaction's rows pass the recovery guard and the timestamp rule trigger (if any)
             await conn.execute(f"{recovery_guard.MARK_REPLICATED_SQL}; {MARK_WRITER_LOCAL_SQL}")
             head = await _head(conn, self.sql.lock_log, log_name)
             pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
+            while not head["recovering"]:
+                # local events committed before this batch are stamped first: their vector times
+                # never cover what arrives now, which their writers cannot have seen
+                n, pos, vv = await self._stamp_locked(conn, log_name, pos, vv, STAMP_LIMIT)
+                if n < STAMP_LIMIT:
+                    break
             new = await self._not_stored(conn, log_name, events)
             if new:
-                pos, vv = await self._insert(conn, log_name, new, pos, vv)
+                pos, vv = await self._insert(conn, log_name, batch.select(new), [events[i] for i in new], pos, vv)
                 await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
             await conn.execute(self.sql.save_progress, log_name, source_location, last_scanned)
         return WriteOutcome(written=len(new), dropped=len(events) - len(new), progress=last_scanned)
 
-    async def _not_stored(self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent]) -> list[ReplicatedEvent]:
-        """The events not stored here yet, each once (a batch never repeats one; be safe)."""
+    async def _not_stored(self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent]) -> list[int]:
+        """The positions of the events not stored here yet, each once (a batch never repeats
+        one; be safe)."""
         if not events:
             return []
         ids = [e.event_id for e in events]
         rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
-        seen = {(r[0], int(r[1])) for r in rows}
+        seen = {(r["origin"], int(r["origin_seq"])) for r in rows}
         out = []
-        for e in events:
+        for i, e in enumerate(events):
             if e.event_id not in seen:
                 seen.add(e.event_id)
-                out.append(e)
+                out.append(i)
         return out
 
     async def _insert(
-        self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent], pos: int, vv: VectorTime
+        self, conn: Any, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], pos: int, vv: VectorTime
     ) -> tuple[int, VectorTime]:
+        """The events (``batch``, checked, and the events it was made of) in one statement."""
         positions = list(range(pos + 1, pos + 1 + len(events)))
         highest: dict[str, int] = {}
         for e in events:
@@ -338,29 +378,19 @@ class PostgresReplicationStore:
                     highest[location] = counter
         vv = vv.merge(highest)
         b = self.backend
-        tagged = any(e.tags for e in events)
-        slices = [slice_for(e.persistence_id) for e in events]
+        tagged = any(batch.tags)
+        metas = batch.metadata
         params: list[Any] = [
-            [e.persistence_id for e in events],
-            slices,
-            [e.event.ser_id for e in events],
-            [e.event.manifest for e in events],
-            [e.event.payload for e in events],
-            [orjson.dumps(list(e.tags)).decode() if e.tags else None for e in events],
-            [e.metadata.ser_id if e.metadata else None for e in events],
-            [e.metadata.manifest if e.metadata else None for e in events],
-            [e.metadata.payload if e.metadata else None for e in events],
-            [e.origin_location for e in events],
-            [e.origin_seq_nr for e in events],
-            [_dump(e.vector_time) for e in events],
-            positions,
-            log_name,
-            b.writer_id,
-            b.conns.epoch,
-        ]
+            batch.persistence_ids, batch.slices, batch.ser_ids, batch.manifests, batch.payloads,
+            [orjson.dumps(list(t)).decode() if t else None for t in batch.tags],
+            [m.ser_id if m else None for m in metas], [m.manifest if m else None for m in metas],
+            [m.payload if m else None for m in metas],
+            [e.origin_location for e in events], [e.origin_seq_nr for e in events],
+            [_dump(e.vector_time) for e in events], positions, log_name, b.writer_id, b.conns.epoch,
+        ]  # fmt: skip
         notify = b.settings.write.notify
         if notify:
-            params.append(sorted(notify_groups(set(slices), repeat(log_name))))
+            params.append(sorted(notify_groups(set(batch.slices), repeat(log_name))))
         if tagged:
             params.append(bucket_millis(b.settings.tags.bucket_size))
         await conn.fetchrow(self.sql.insert(notify=notify, tagged=tagged), *params)
@@ -369,22 +399,27 @@ class PostgresReplicationStore:
     async def begin_recovery(self, log_names: Sequence[str]) -> None:
         """Flag the logs as recovering and install the recovery guard: from its commit on, every
         local write to them, by any process or writer, is refused (:mod:`.recovery_guard`)."""
-        async with self.backend.pool.acquire() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             for name in log_names:
                 await conn.execute(self.sql.set_recovering, name, True)
             await conn.execute(recovery_guard.install_sql(self.backend.settings.schema))
 
     async def end_recovery(self, log_names: Sequence[str]) -> None:
         """Clear the logs' recovering flags; drop the guard when no log is recovering any more."""
-        async with self.backend.pool.acquire() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             for name in log_names:
                 await conn.execute(self.sql.set_recovering, name, False)
             if not await conn.fetchval(self.sql.any_recovering):
                 await conn.execute(recovery_guard.remove_sql(self.backend.settings.schema))
 
+    async def recovering(self, log_names: Sequence[str]) -> bool:
+        """Is one of these logs flagged as recovering (a recovery began and has not completed)?"""
+        async with self._connection() as conn:
+            return bool(await conn.fetchval(self.sql.recovering, list(log_names)))
+
     async def guard_installed(self) -> bool:
         schema = self.backend.settings.schema
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             found = await conn.fetchval(
                 recovery_guard.INSTALLED_SQL, f'"{schema}".event_journal', recovery_guard.TRIGGER
             )
@@ -392,25 +427,25 @@ class PostgresReplicationStore:
 
     async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None:
         """A target read after ``log_seq_nr``: it has stored everything of this log up to there."""
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             await conn.execute(self.sql.save_target_progress, log_name, target_location, log_seq_nr)
 
     async def target_progress(self, log_name: str) -> dict[str, int]:
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = await conn.fetch(self.sql.target_progress, log_name)
         return {r["target_location"]: int(r["log_seq_nr"]) for r in rows}
 
     async def reserve_positions(self, log_name: str, at_least: int) -> None:
         """Make the log's next position greater than ``at_least`` (disaster recovery: peers may
         have read this location's old log that far)."""
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             await conn.execute(self.sql.reserve, log_name, at_least)
 
     async def delete_logically(self, log_name: str, to_log_seq_nr: int) -> int:
         """Mark the log's events up to ``to_log_seq_nr`` deleted: local reads (slice queries,
         entities) skip them, replication still sends them. Returns the position actually applied
         (no further than the log's current position)."""
-        async with self.backend.pool.acquire() as conn, conn.transaction():
+        async with self._connection() as conn, conn.transaction():
             head = await _head(conn, self.sql.lock_log, log_name)
             applied = min(to_log_seq_nr, int(head["log_seq_nr"]))
             await conn.execute(self.sql.delete_logically, log_name, applied)
@@ -423,19 +458,19 @@ class PostgresReplicationStore:
         progress = await self.target_progress(log_name)
         bound = min([to_log_seq_nr, *(progress.get(t, 0) for t in replicated_to)])
         if bound > 0:
-            async with self.backend.pool.acquire() as conn:
+            async with self._connection() as conn:
                 await conn.execute(self.sql.delete_physically, log_name, bound)
         return max(bound, 0)
 
     async def delete_invalid_snapshots(self, log_name: str) -> int:
         """Delete snapshots of the log's entities that cover events this location no longer has."""
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             status = await conn.execute(self.sql.delete_invalid_snapshots, log_name)
         return int(status.split()[-1])
 
     async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]:
         """A pid's stamped events in local order: payload, origin location and seq nr, vector time."""
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = await conn.fetch(self.sql.entity_events, persistence_id)
         return [
             (Serialized(r[0], r[1], bytes(r[2])), r["origin_location"], int(r["origin_seq_nr"]), _vt(r["vector_time"]))
@@ -444,14 +479,9 @@ class PostgresReplicationStore:
 
     async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]:
         """Every event id of the log with how many times it is stored (for checks and status)."""
-        async with self.backend.pool.acquire() as conn:
+        async with self._connection() as conn:
             rows = await conn.fetch(self.sql.event_ids, log_name)
         return {(r["origin_location"], int(r["origin_seq_nr"])): int(r["n"]) for r in rows}
-
-
-def _check_log(log_name: str, e: ReplicatedEvent) -> None:
-    if entity_type_of(e.persistence_id) != log_name:
-        raise ReplicationError(f"event {e.persistence_id!r} does not belong to log {log_name!r}")
 
 
 def _events(rows: Sequence[asyncpg.Record]) -> list[ReplicatedEvent]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..backend import SLICE_GROUP_SIZE, SLICE_ROW_COLUMNS
 from ..settings import validate_identifier
-from .timestamp_rule import clock, delete_check_sql, settle, stamp
+from .timestamp_rule import delete_check_sql
 
 EVENT_COLUMNS = ", ".join(SLICE_ROW_COLUMNS)
 """The event_journal columns every read selects, in the seam's row layout
@@ -54,119 +54,6 @@ class Statements:
     @property
     def channel(self) -> str:
         return notify_channel(self.schema)
-
-    def _event_rows(self) -> str:
-        """The rows a batch inserts, computed from the parameter arrays (shared by both inserts).
-
-        Parameters are parallel arrays, one element per event; the ordinal, manifest, tag and
-        metadata arrays may be sent empty when every element would be 1, '' or NULL (a multi-
-        argument unnest pads them with NULLs); an empty serializer-id array means JSON (id 1).
-        Each row's db_timestamp follows :mod:`.timestamp_rule` (its pid's newest stored event
-        is ``prev``; ``n`` its position in the arrays, so a call's events get consecutive
-        microseconds). A call whose ``base_seq_nr`` does not match the stored highest yields no
-        rows (reported as a conflict). Needs the statement's ``clock`` CTE (:meth:`clock`: $14 is
-        the writer's partition map epoch, checked with the slices of $3).
-        """
-        return f"""
-  SELECT i.slice, i.entity_type, i.persistence_id, COALESCE(prev.seq_nr, 0) + COALESCE(i.ordinal, 1) AS seq_nr,
-    {stamp("prev.db_timestamp", "i.n")} AS db_timestamp,
-    COALESCE(i.ser_id, 1) AS ser_id, COALESCE(i.ser_manifest, '') AS ser_manifest, i.payload,
-    CASE WHEN i.tags_json IS NULL THEN NULL
-         ELSE ARRAY(SELECT jsonb_array_elements_text(i.tags_json::jsonb)) END AS tags,
-    i.meta_ser_id, i.meta_ser_manifest, i.meta_payload
-  FROM unnest($1::text[], $2::text[], $3::int[], $4::int[], $5::bigint[], $6::int[],
-              $7::text[], $8::bytea[], $10::text[], $11::int[], $12::text[], $13::bytea[])
-    WITH ORDINALITY AS i(persistence_id, entity_type, slice, ordinal, base_seq_nr, ser_id, ser_manifest,
-                         payload, tags_json, meta_ser_id, meta_ser_manifest, meta_payload, n)
-  LEFT JOIN LATERAL (
-    SELECT e.seq_nr, e.db_timestamp FROM {self.ej} e
-    WHERE e.persistence_id = i.persistence_id ORDER BY e.seq_nr DESC LIMIT 1
-  ) prev ON true
-  WHERE i.base_seq_nr IS NULL OR i.base_seq_nr = COALESCE(prev.seq_nr, 0)"""
-
-    def _insert_from(self, source: str, conflict: str) -> str:
-        return f"""INSERT INTO {self.ej} (slice, entity_type, persistence_id, seq_nr, db_timestamp,
-    event_ser_id, event_ser_manifest, event_payload, deleted, writer, tags,
-    meta_ser_id, meta_ser_manifest, meta_payload)
-  SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, ser_id, ser_manifest, payload,
-    false, $9, tags, meta_ser_id, meta_ser_manifest, meta_payload
-  FROM {source}
-  {conflict}
-  RETURNING persistence_id, seq_nr, db_timestamp"""
-
-    def clock(self) -> str:
-        """The insert's clock CTE: the owner check of the batch's slices ($3) for the map epoch $14."""
-        return clock(self.schema, "$14", "$3")
-
-    def _result(self, notify: bool) -> str:
-        # $15: the batch's distinct "<slice // 64>:<entity_type>" groups, computed by the client
-        # (a DISTINCT over the inserted rows costs a text sort per row, a third of the statement)
-        notify_col = (
-            f", (SELECT count(pg_notify('{self.channel}', g)) FROM unnest($15::text[]) g) AS notified"
-            if notify
-            else ""
-        )
-        return f"""
-SELECT persistence_id, min(seq_nr) AS first_seq_nr, count(*) AS n, min(db_timestamp) AS db_timestamp,
-  {settle("ins")} AS settled{notify_col}
-FROM ins GROUP BY persistence_id"""
-
-    def insert_events(self, *, on_conflict_do_nothing: bool, notify: bool) -> str:
-        """Group-commit insert of many calls in one statement (see :meth:`_event_rows`).
-
-        Returns one row per written call: pid, first seq_nr, row count, the first row's
-        db_timestamp (each next row of the call is one microsecond later). $14 is the writer's
-        partition map epoch; with ``notify``, $15 is the text[] of notification payloads to send.
-        """
-        conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
-        rows = self._event_rows()
-        ins = self._insert_from(f"({rows}) src", conflict)
-        return f"WITH {self.clock()}, ins AS (\n  {ins}\n){self._result(notify)}"
-
-    def insert_events_tagged(self, *, on_conflict_do_nothing: bool, notify: bool, tag_rows: str) -> str:
-        """:meth:`insert_events` for batches with tags: the same event rows (from CTE ``src``) plus
-        a data-modifying CTE that inserts their tag rows in the same statement and transaction.
-        ``tag_rows`` is that CTE's body (``TagStatements.insert_from_events``), with its bucket
-        parameter after the epoch and the notification payloads (:meth:`tag_bucket_param`). Only
-        batches that carry tags use it; the untagged statement is unchanged."""
-        conflict = "ON CONFLICT DO NOTHING" if on_conflict_do_nothing else ""
-        return (
-            f"WITH {self.clock()}, src AS MATERIALIZED ({self._event_rows()}\n),"
-            f" ins AS (\n  {self._insert_from('src', conflict)}\n"
-            f"), tv AS ({tag_rows}\n){self._result(notify)}"
-        )
-
-    @staticmethod
-    def tag_bucket_param(notify: bool) -> str:
-        """The tagged insert's bucket-size parameter: after $15 (the notifications) when notifying."""
-        return "$16" if notify else "$15"
-
-    def insert_one(self, *, notify: bool) -> str:
-        """The same write rule for the most common batch: one call of one untagged event.
-
-        Scalar parameters instead of arrays, so a lone ``persist`` costs about what a plain
-        single-row INSERT does. Returns the same columns as :meth:`insert_events`; $12 is the
-        writer's partition map epoch.
-        """
-        notify_col = (
-            f", pg_notify('{self.channel}', (slice / 64)::text || ':' || entity_type) AS notified" if notify else ""
-        )
-        return f"""
-WITH {clock(self.schema, "$12", "ARRAY[$1::int]")}, prev AS (
-  SELECT e.seq_nr, e.db_timestamp FROM {self.ej} e
-  WHERE e.persistence_id = $3::text ORDER BY e.seq_nr DESC LIMIT 1
-), ins AS (
-  INSERT INTO {self.ej} (slice, entity_type, persistence_id, seq_nr, db_timestamp,
-    event_ser_id, event_ser_manifest, event_payload, deleted, writer,
-    meta_ser_id, meta_ser_manifest, meta_payload)
-  SELECT $1::int, $2::text, $3::text, COALESCE((SELECT seq_nr FROM prev), 0) + 1,
-    {stamp("(SELECT db_timestamp FROM prev)", "1")},
-    $5::int, $6::text, $7::bytea, false, $8::text, $9::int, $10::text, $11::bytea
-  WHERE $4::bigint IS NULL OR $4::bigint = COALESCE((SELECT seq_nr FROM prev), 0)
-  RETURNING persistence_id, seq_nr, db_timestamp, slice, entity_type
-)
-SELECT persistence_id, seq_nr AS first_seq_nr, 1::bigint AS n, db_timestamp,
-  {settle("ins")} AS settled{notify_col} FROM ins"""
 
     @property
     def delete_check(self) -> str:

@@ -30,9 +30,9 @@ TAG_ROW_COLUMNS = (
 
 TAG_PAGE_COLUMNS = (
     "persistence_id, timestamp, tag_pid_sequence_nr, sequence_nr, timebucket, ser_id, ser_manifest, "
-    "event, writer_uuid, ARRAY[tag_name], meta_ser_id, meta_ser_manifest, meta"
+    "event, writer_uuid, ARRAY[tag_name] AS tags, meta_ser_id, meta_ser_manifest, meta AS meta_payload"
 )
-"""The columns of a tag page, in the layout of ``journal.backend.TagPageRow``."""
+"""The columns of a tag page, named as ``journal.backend.TAG_PAGE_COLUMNS``."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 from .. import tracing
 from ..backend import PageRequest, SliceQueryBackend, SliceRange, StoredEvent
 from ..conditions import Condition
-from ..envelope import TRACE_MANIFEST, EventEnvelope, lazy_page_envelopes, with_trace
+from ..envelope import TRACE_MANIFEST, EventEnvelope, page_envelopes, with_trace
 from ..errors import JournalUnavailable, SerializationError
 from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
 from ..offsets import SequenceOffset as SeqOffset
@@ -31,6 +31,7 @@ from .pid_order import PidOrder
 from .slice_query import SliceQueryState, poll_delay
 
 log = logging.getLogger("journal.query.slices")
+
 
 def envelope_of(
     r: StoredEvent, serializers: SerializerRegistry, offset: TimestampOffset | SeqOffset, source: str = "query"
@@ -90,9 +91,7 @@ class SliceQueries:
 
     # -- envelopes ---------------------------------------------------------------------------
 
-    def envelope(
-        self, r: StoredEvent, offset: TimestampOffset | SeqOffset, source: str = "query"
-    ) -> EventEnvelope:
+    def envelope(self, r: StoredEvent, offset: TimestampOffset | SeqOffset, source: str = "query") -> EventEnvelope:
         return envelope_of(r, self.serializers, offset, source)
 
     @staticmethod
@@ -140,11 +139,11 @@ class SliceQueries:
                 rows = await pending
                 pending = None
                 if self.serializers.keyed:
-                    await self.serializers.load_keys((r[0], r[5]) for r in rows)
+                    await self.serializers.load_keys((r["persistence_id"], r["event_ser_id"]) for r in rows)
                 page = _Page(rows, state.offset, self.serializers)
                 if rows:
                     state.offset = page.offset_at(len(rows) - 1)
-                state.accept_page(req, len(rows), rows[-1][4] if rows else None, bound)
+                state.accept_page(req, len(rows), rows[-1]["db_timestamp"] if rows else None, bound)
                 if state.needs_probe:
                     found = await b.next_slice_timestamp(slices, state.probe_from, bound)
                     state.skip_to(found if found is not None else bound)
@@ -152,7 +151,7 @@ class SliceQueries:
                 if nxt is not None:
                     pending = read(nxt)
                     req = nxt
-                for env in lazy_page_envelopes(rows, page, page.metadata):
+                for env in page_envelopes(rows, page, page.metadata):
                     yield env
         finally:
             if pending is not None:
@@ -224,19 +223,11 @@ class SliceQueries:
                     down.clear(f"live slice query {et} {lo}-{hi}: database available again")
                 if heartbeats:
                     hb = self._heartbeat_offset(state, bt)
-                    if (
-                        hb is not None
-                        and hb != last_heartbeat
-                        and loop.time() - last_emit >= q.heartbeat_interval
-                    ):
+                    if hb is not None and hb != last_heartbeat and loop.time() - last_emit >= q.heartbeat_interval:
                         last_heartbeat = hb
                         last_emit = loop.time()
                         yield self.heartbeat(et, lo, hb)
-                delay = (
-                    poll_delay(state.last_count, q.buffer_size, q.refresh_interval)
-                    if state.caught_up
-                    else 0.0
-                )
+                delay = poll_delay(state.last_count, q.buffer_size, q.refresh_interval) if state.caught_up else 0.0
                 if heartbeats:
                     delay = min(delay, q.heartbeat_interval)
                 if bt is not None:
@@ -246,9 +237,7 @@ class SliceQueries:
         finally:
             sub.close()
 
-    async def _earlier(
-        self, order: PidOrder, pid: str, first: int, seq_nr: int, ts: datetime
-    ) -> list[StoredEvent]:
+    async def _earlier(self, order: PidOrder, pid: str, first: int, seq_nr: int, ts: datetime) -> list[StoredEvent]:
         """``order.before``, retried here until the database answers: the live page around it is
         already counted as read, so giving up would skip the rest of the page."""
         failures = 0
@@ -264,9 +253,7 @@ class SliceQueries:
                 log.log(level, "earlier events of %s: %s; retrying", pid, e)
                 await asyncio.sleep(delay)
 
-    def _heartbeat_offset(
-        self, state: SliceQueryState, bt: BacktrackingState | None
-    ) -> TimestampOffset | None:
+    def _heartbeat_offset(self, state: SliceQueryState, bt: BacktrackingState | None) -> TimestampOffset | None:
         hb = state.heartbeat_offset()
         if hb is None or bt is None:
             return hb
@@ -349,60 +336,74 @@ class SliceQueries:
 
 
 class _Page:
-    """One page of positional rows (``SLICE_ROW_COLUMNS``): decodes an envelope's event and
-    computes its offset when first asked (:class:`~journal.envelope.LazySource`).
+    """One page of rows (columns named as ``SLICE_ROW_COLUMNS``): decodes an envelope's event and
+    computes its offset when first asked, once (:class:`~journal.envelope.LazySource`).
 
     An envelope's offset is its timestamp and the highest seq_nr per pid among the rows at that
     timestamp up to it, plus ``base.seen`` (the offset before this page) when the page starts at
     that timestamp: what ``SliceQueryState.offset_for`` gives row by row, computed only on demand.
     """
 
-    __slots__ = ("_memo", "base", "rows", "serializers")
+    __slots__ = ("_events", "_memo", "_offsets", "base", "rows", "serializers")
 
-    def __init__(
-        self, rows: list[Any], base: TimestampOffset | None, serializers: SerializerRegistry
-    ) -> None:
+    def __init__(self, rows: list[Any], base: TimestampOffset | None, serializers: SerializerRegistry) -> None:
         self.rows = rows
         self.base = base
         self.serializers = serializers
         self._memo: tuple[int, TimestampOffset] | None = None
+        self._events: dict[int, Any] = {}
+        self._offsets: dict[int, TimestampOffset] = {}
 
     def event_at(self, i: int) -> Any:
+        if i in self._events:
+            return self._events[i]
         r = self.rows[i]
         try:
-            return self.serializers.deserialize(r[5], r[6], r[7], pid=r[0])
+            event = self.serializers.deserialize(
+                r["event_ser_id"], r["event_ser_manifest"], r["event_payload"], pid=r["persistence_id"]
+            )
         except SerializationError as e:
-            raise SerializationError(f"{r[0]}#{r[3]}: {e}") from e
+            raise SerializationError(f"{r['persistence_id']}#{r['seq_nr']}: {e}") from e
+        self._events[i] = event
+        return event
 
     def metadata(self, r: Any) -> Any:
         try:
-            return self.serializers.deserialize(r[10], r[11] or "", r[12] or b"", what="metadata")
+            return self.serializers.deserialize(
+                r["meta_ser_id"], r["meta_ser_manifest"] or "", r["meta_payload"] or b"", what="metadata"
+            )
         except SerializationError as e:
-            raise SerializationError(f"{r[0]}#{r[3]}: {e}") from e
+            raise SerializationError(f"{r['persistence_id']}#{r['seq_nr']}: {e}") from e
 
     def offset_at(self, i: int) -> TimestampOffset:
+        o = self._offsets.get(i)
+        if o is None:
+            o = self._offsets[i] = self._offset(i)
+        return o
+
+    def _offset(self, i: int) -> TimestampOffset:
         rows = self.rows
         r = rows[i]
-        ts = r[4]
+        ts = r["db_timestamp"]
         if ts.tzinfo is not UTC:
             ts = ts.astimezone(UTC)
         memo = self._memo
         seen: dict[str, int]
         if memo is not None and memo[0] == i - 1 and memo[1].timestamp == ts:
             seen = dict(memo[1].seen)  # consecutive access within one timestamp: no rescan
-            seen[r[0]] = r[3]
+            seen[r["persistence_id"]] = r["seq_nr"]
         else:
-            seen = {r[0]: r[3]}
+            seen = {r["persistence_id"]: r["seq_nr"]}
             j = i - 1
-            while j >= 0 and rows[j][4] == ts:
-                seen.setdefault(rows[j][0], rows[j][3])  # later rows hold the higher seq_nr
+            while j >= 0 and rows[j]["db_timestamp"] == ts:
+                seen.setdefault(rows[j]["persistence_id"], rows[j]["seq_nr"])  # later rows hold the higher seq_nr
                 j -= 1
             base = self.base
             if j < 0 and base is not None and base.timestamp == ts:
                 for pid, seq in base.seen.items():
                     seen.setdefault(pid, seq)
         o = TimestampOffset.trusted(ts, seen)
-        if i + 1 < len(rows) and rows[i + 1][4] == ts:
+        if i + 1 < len(rows) and rows[i + 1]["db_timestamp"] == ts:
             self._memo = (i, o)
         return o
 

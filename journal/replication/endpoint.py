@@ -24,6 +24,7 @@ from ..settings import JournalSettings
 from .availability import Availability, Available, FailureDetector, Unavailable
 from .config import Connection, EndpointConfig
 from .filters import EndpointFilters, not_private
+from .recovery import StepGate, recover_logs
 from .replicator import LocalSource, ReadRequest, Replicator
 from .transport import RemoteSource, generic_handler, server_credentials
 
@@ -34,9 +35,19 @@ class ReplicationEndpoint:
     """Start with :meth:`start` (or ``async with``), stop with :meth:`stop`."""
 
     def __init__(
-        self, config: EndpointConfig, settings: JournalSettings | None = None, filters: EndpointFilters | None = None
+        self,
+        config: EndpointConfig,
+        settings: JournalSettings | None = None,
+        filters: EndpointFilters | None = None,
+        *,
+        recover: bool = False,
     ) -> None:
+        """``recover``: this location's database was lost; :meth:`start` flags its logs as
+        recovering before anything is stamped, pulled or served, and :meth:`recover` must then
+        complete before the endpoint pulls or stamps (see :mod:`.recovery`)."""
         self.config = config
+        self._recover_at_start = recover
+        self._gate = StepGate()
         if filters is not None and (config.filters.source_logs or config.filters.target_locations):
             raise ConfigurationError("filters given both in the endpoint config and in code: give them in one place")
         self.filters = filters or config.filters
@@ -80,6 +91,10 @@ class ReplicationEndpoint:
         self._store = backend.replication_store(c.location)  # UnsupportedOperation off PostgreSQL
         for name in c.logs:
             await self._store.ensure_log(name)
+        if self._recover_at_start:  # first of all: nothing may stamp or pull before recovery is done
+            await self._store.begin_recovery(c.logs)
+        if await self._store.recovering(c.logs):
+            await self._gate.close()
         self._source = LocalSource(self._store, c.application, self.filters)
         self._listening = await backend.slice_queries().listen(self._on_notify, self._on_reconnect)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
@@ -221,9 +236,10 @@ class ReplicationEndpoint:
             await _wait(self._local_change, self.config.retry_delay)
             self._local_change.clear()
             try:
-                for name in self.config.logs:
-                    while await self.store.stamp(name) > 0:
-                        pass
+                async with self._gate.step():
+                    for name in self.config.logs:
+                        while await self.store.stamp(name) > 0:
+                            pass
             except Exception as e:  # the database may be briefly away: try again next round
                 log.warning("%s: stamping failed: %s", self.config.location, e)
 
@@ -257,10 +273,11 @@ class ReplicationEndpoint:
         while True:
             wake.clear()
             try:
-                before = None
-                if replicator.source_location is not None:
-                    before = await self.store.progress(log_name, replicator.source_location)
-                out = await replicator.step()
+                async with self._gate.step():
+                    before = None
+                    if replicator.source_location is not None:
+                        before = await self.store.progress(log_name, replicator.source_location)
+                    out = await replicator.step()
                 detector.success(time.monotonic())
                 if replicator.source_location is not None:
                     self._remote_location[conn.address] = replicator.source_location
@@ -275,34 +292,31 @@ class ReplicationEndpoint:
 
     # -- disaster recovery and deletion -------------------------------------------------------
 
+    @property
+    def recovering(self) -> bool:
+        """True until a recovery this endpoint started with (or found unfinished) has completed:
+        meanwhile it serves, but neither pulls nor stamps."""
+        return not self._gate.is_open
+
     async def recover(self) -> dict[str, int]:
         """Rebuild this location's logs from its connections after its database was lost.
 
-        Every connected endpoint must be reachable (else :class:`JournalUnavailable`: retry).
-        First the log positions are moved past what the peers have read of this location (so
-        they never skip its new events), then everything is pulled until caught up, then
-        snapshots that cover events this location no longer has are deleted. From its start
-        until it succeeds, the database refuses every local write to these logs, from any
-        process or writer (:class:`LocalWritesRefused`, nothing written; see
-        :mod:`journal.postgres.recovery_guard`); replicated writes pass. Returns the events
-        recovered per log.
+        Construct the endpoint with ``recover=True`` (``journal endpoint run --recover``), so
+        that nothing is stamped or pulled before this runs; called on a running endpoint, it
+        first waits for the pulls and stamping in progress to end and holds them back until it
+        completes. Every connected endpoint must be reachable (else :class:`JournalUnavailable`:
+        retry; the logs stay flagged, local writes refused, and this endpoint neither pulls nor
+        stamps). The order is :mod:`.recovery`'s: logs flagged and the guard installed; log
+        positions moved past what the peers hold of this location; everything pulled until
+        caught up; invalid snapshots deleted; flag and guard gone. Local events written before
+        the recovery are stamped after it. Returns the events recovered per log.
         """
+        await self._gate.close()
         await self.store.begin_recovery(self.config.logs)
         infos = [await source.info() for source in self._sources]
-        for conn, info in zip(self.config.connections, infos, strict=True):
-            for name in self.config.logs_of(conn):
-                seen = int(info["logs"].get(name, {}).get("progress", {}).get(self.config.location, 0))
-                await self.store.reserve_positions(name, seen)
-        recovered = dict.fromkeys(self.config.logs, 0)
-        for conn, source in zip(self.config.connections, self._sources, strict=True):
-            for name in self.config.logs_of(conn):
-                replicator = Replicator(
-                    self.store, source, name, batch_size=self.config.batch_size, application=self.config.application
-                )
-                recovered[name] += await replicator.catch_up()
-        for name in self.config.logs:
-            await self.store.delete_invalid_snapshots(name)
-        await self.store.end_recovery(self.config.logs)
+        recovered = await recover_logs(self.store, self.config, self._sources, infos)
+        self._gate.open()
+        self._local_change.set()  # stamp what was written before and during the recovery
         return recovered
 
     async def delete(self, log_name: str, to_log_seq_nr: int, *, physically_after: Sequence[str] = ()) -> int:
@@ -322,6 +336,7 @@ class ReplicationEndpoint:
         logs = {}
         for name in self.config.logs:
             logs[name] = {
+                "recovering": await self.store.recovering([name]),
                 "log_seq_nr": await self.store.log_seq_nr(name),
                 "version_vector": (await self.store.version_vector(name)).to_json(),
                 "progress": await self.store.all_progress(name),

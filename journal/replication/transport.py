@@ -60,10 +60,16 @@ def generic_handler(
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, _INCOMPATIBLE + str(e))
         except ReplicationError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except JournalUnavailable as e:  # this location's database is away: say so, no traceback
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         raise AssertionError("unreachable")
 
     async def on_info(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return orjson.dumps(await info())
+        try:
+            return orjson.dumps(await info())
+        except JournalUnavailable as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        raise AssertionError("unreachable")
 
     async def on_watch(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         async for log_name in watch():

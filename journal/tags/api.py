@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
 from typing import Any
 
 from ..backend import Backend, TagPageRow
-from ..envelope import EventEnvelope, lazy_tag_page_envelopes
+from ..envelope import EventEnvelope, tag_page_envelopes
 from ..errors import OffsetError
-from ..ids import validate_tags
+from ..ids import entity_type_of, slice_for, validate_tags
 from ..offsets import NoOffset, Offset, TimeUUIDOffset
 from ..serialization import SerializerRegistry
 from ..settings import JournalSettings
+from ..timeuuid import datetime_of
 from .query import TagQuery
 
 
@@ -40,23 +42,34 @@ def tag_query(
 
 class _TagPage:
     """One run of tag page rows (:data:`~journal.backend.TagPageRow`): decodes an envelope's
-    event and builds its offset when first asked (:class:`~journal.envelope.LazySource`)."""
+    event when first asked, once, and makes its offset and timestamp from the row's TimeUUID
+    (:class:`~journal.envelope.LazySource`)."""
 
-    __slots__ = ("rows", "serializers")
+    __slots__ = ("_events", "rows", "serializers")
 
     def __init__(self, rows: Sequence[TagPageRow], serializers: SerializerRegistry) -> None:
         self.rows = rows
         self.serializers = serializers
+        self._events: dict[int, Any] = {}
 
     def event_at(self, i: int) -> Any:
-        r = self.rows[i]
-        return self.serializers.deserialize(r[5], r[6], r[7], what=r[0], pid=r[0])
+        if i not in self._events:
+            r = self.rows[i]
+            pid = r["persistence_id"]
+            ser = self.serializers
+            self._events[i] = ser.deserialize(r["ser_id"], r["ser_manifest"], r["event"], what=pid, pid=pid)
+        return self._events[i]
 
     def offset_at(self, i: int) -> TimeUUIDOffset:
-        return TimeUUIDOffset(self.rows[i][1])
+        return TimeUUIDOffset(self.rows[i]["timestamp"])
+
+    def db_timestamp_at(self, i: int) -> datetime:
+        return datetime_of(self.rows[i]["timestamp"])
 
     def metadata(self, r: TagPageRow) -> Any:
-        return self.serializers.deserialize(r[10], r[11] or "", r[12] or b"", what="metadata")
+        return self.serializers.deserialize(
+            r["meta_ser_id"], r["meta_ser_manifest"] or "", r["meta_payload"] or b"", what="metadata"
+        )
 
 
 async def envelopes(query: TagQuery, serializers: SerializerRegistry) -> AsyncIterator[EventEnvelope]:
@@ -64,7 +77,7 @@ async def envelopes(query: TagQuery, serializers: SerializerRegistry) -> AsyncIt
     on first access): the catch-up hot path."""
     async for rows in query.pages():
         if serializers.keyed:
-            await serializers.load_keys((r[0], r[5]) for r in rows)
+            await serializers.load_keys((r["persistence_id"], r["ser_id"]) for r in rows)
         page = _TagPage(rows, serializers)
-        for env in lazy_tag_page_envelopes(rows, page, page.metadata):
+        for env in tag_page_envelopes(rows, page, page.metadata, entity_type_of, slice_for):
             yield env

@@ -159,8 +159,8 @@ class TagQuery:
         start = 0
         i = 0
         for row in rows:
-            pid = row[0]
-            n = row[2]
+            pid = row[PID]
+            n = row[TAG_PID_SEQ_NR]
             last = get(pid)
             if (last is not None and n == last + 1) or (last is None and (n == 1 or accept_unknown)):
                 expected[pid] = n

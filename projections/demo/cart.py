@@ -134,7 +134,7 @@ class CartWorkload:
         """A transaction that takes its db_timestamp now and commits ``hold`` seconds later:
         the case the slice query's horizon exists for (its events must not be skipped)."""
         from journal.partitioned.backend import PartitionedBackend
-        from journal.postgres.backend import PostgresBackend
+        from journal.postgres import PostgresBackend
 
         backend = self.journal.backend
         if not isinstance(backend, PostgresBackend | PartitionedBackend):

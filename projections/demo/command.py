@@ -47,12 +47,13 @@ def demo(
     ] = 1,
 ) -> None:
     """Write, project across processes (kill one, restart, rescale), verify: exit 1 on any loss or double."""
-    from journal.postgres import migrations
+    from journal.postgres import schema_migrations
 
     settings = settings_from(schema, data_dir)
     target, embedded = target_dsn(dsn, settings)
     typer.echo(f"database: {'embedded PostgreSQL ' + str(settings.connection.data_dir) if embedded else 'DSN'}")
     check_reachable(target, settings)
+    migrations = schema_migrations()
     migrations.upgrade(target, settings.schema)
     if databases > 1:
         parts = asyncio.run(_partition_databases(target, settings, databases))
@@ -60,9 +61,7 @@ def demo(
             migrations.upgrade(d, settings.schema)
         settings = settings_from(schema, data_dir, databases=parts)
         typer.echo(f"journal databases: {databases} on the same server, {1024 // databases} slices each")
-    ok = asyncio.run(
-        _demo(target, settings.with_dsn(target), entities, duration, workers, scale_to, rate, writers)
-    )
+    ok = asyncio.run(_demo(target, settings.with_dsn(target), entities, duration, workers, scale_to, rate, writers))
     raise typer.Exit(0 if ok else 1)
 
 
@@ -72,7 +71,7 @@ async def _partition_databases(home: str, settings: Any, n: int) -> tuple[str, .
     from urllib.parse import urlsplit, urlunsplit
 
     from journal.errors import ConfigurationError
-    from journal.postgres.connections import connect
+    from journal.postgres import connect
     from journal.settings import validate_identifier
 
     from . import statements
@@ -100,7 +99,7 @@ async def _demo(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from journal.journal import open_journal
-    from journal.postgres.connections import connect
+    from journal.postgres import connect
 
     from . import statements
     from .cart import CartWorkload, prepare, projected_count, verify
@@ -240,4 +239,3 @@ async def _demo(
     else:
         console.print("[bold red]VERIFICATION FAILED[/]: see the figures above and the worker logs")
     return ok
-

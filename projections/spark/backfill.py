@@ -124,7 +124,7 @@ async def backfill(
     model = produced if isinstance(produced, ReadModel) else _wrap(produced, table, key)
 
     async def hand_over(conn: Any) -> None:
-        if await store.live_workers(conn, name):
+        if await store.leases.live_workers(conn, name):
             raise ProjectionBusy(f"projection {name!r} has live workers: stop them, then backfill again")
         await store.delete_offsets(conn, name, list(range(NUMBER_OF_SLICES)))
         await store.save_offsets(conn, name, "spark-backfill", heartbeat_rows(cutoff))
@@ -159,14 +159,14 @@ def _wrap(frame: Any, table: str | None, key: Sequence[str]) -> ReadModel:
 async def _refuse_if_running(journal: Journal, store: ProjectionSql, name: str) -> None:
     import asyncpg
 
-    from journal.postgres.dsn import asyncpg_dsn
+    from journal.postgres import asyncpg_dsn
 
     dsn = journal.settings.connection.dsn
     if dsn is None:
         return
     conn = await asyncpg.connect(asyncpg_dsn(dsn))
     try:
-        if await store.live_workers(conn, name):
+        if await store.leases.live_workers(conn, name):
             raise ProjectionBusy(f"projection {name!r} has live workers: stop them, then backfill again")
     finally:
         await conn.close()

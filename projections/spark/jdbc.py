@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from journal.errors import SparkSetupError
-from journal.postgres.dsn import redact, validate_dsn
+from journal.postgres import redact, validate_dsn
 from journal.settings import validate_identifier
 
 DRIVER_CLASS = "org.postgresql.Driver"

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import asyncpg
 
 from journal.errors import InvalidArgument
-from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres import asyncpg_dsn
 from journal.settings import validate_identifier
 
 from . import sql

@@ -18,7 +18,8 @@ def with_database(dsn: str, database: str) -> str:
     return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
 
 
-async def _admin(server_dsn: str, sql: str) -> None:
+async def admin(server_dsn: str, sql: str) -> None:
+    """Run one statement on the server (CREATE/DROP DATABASE...)."""
     conn = await asyncpg.connect(asyncpg_dsn(server_dsn))
     try:
         await conn.execute(sql)
@@ -30,8 +31,8 @@ async def _admin(server_dsn: str, sql: str) -> None:
 def scratch_database(server_dsn: str, prefix: str = "sjtmp") -> Iterator[str]:
     """Create an empty database with a random name, yield its DSN, drop it afterwards (sync)."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(server_dsn, f'CREATE DATABASE "{name}"'))
+    asyncio.run(admin(server_dsn, f'CREATE DATABASE "{name}"'))
     try:
         yield with_database(server_dsn, name)
     finally:
-        asyncio.run(_admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        asyncio.run(admin(server_dsn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -1,0 +1,294 @@
+"""Slice leases: the live members of a named job (a projection, an event router) share its slices.
+
+One lease row per (job, slice) in ``projection_slice_lease`` and one membership row per member in
+``projection_worker``. Every round (:meth:`PostgresSliceLeases.rebalance`) a member heartbeats its
+membership, renews its leases, and rebalances: live members sorted by id split the slices into
+contiguous chunks (:func:`journal.ids.chunk`); a member gives away what is no longer its chunk (after its
+``give_up`` callback stopped the work on it) and takes free or expired leases of its chunk. A dead
+member's leases expire after the ttl and the others take its chunk. ``epoch`` grows with every
+acquisition: a job whose writes must be fenced checks it under a row lock (:meth:`LeaseSql.fence`).
+
+Also here, because a job that shares slices records what it has done per slice: the offset rows
+of ``projection_timestamp_offset_store`` (a heartbeat row, persistence id ``''``, says "every event
+of the slice before this timestamp is done").
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from ..ids import NUMBER_OF_SLICES, chunk
+from ..settings import validate_identifier
+
+HEARTBEAT_PID = ""
+"""persistence_id of heartbeat offset rows (seq_nr 0): the slice is done up to their timestamp."""
+
+FORGET_DEAD_AFTER = timedelta(hours=1)
+"""Membership rows of members gone this long are deleted (a failed one stays, for status)."""
+
+
+@dataclass(frozen=True)
+class OffsetRow:
+    slice: int
+    persistence_id: str
+    seq_nr: int
+    timestamp: datetime
+
+
+@dataclass(frozen=True)
+class LeaseSql:
+    """Statements of the leases, the membership and the offset rows, for one schema. Functions
+    take an asyncpg connection, so callers choose the transaction."""
+
+    schema: str
+
+    def __post_init__(self) -> None:
+        validate_identifier(self.schema, "schema")
+
+    def t(self, name: str) -> str:
+        return f'"{self.schema}".{name}'
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def ensure_leases(self, conn: Any, name: str, slices: int) -> None:
+        await conn.execute(
+            f"""INSERT INTO {self.t("projection_slice_lease")} (projection_name, slice, owner, epoch, expires_at)
+SELECT $1, s, NULL, 0, '-infinity' FROM generate_series(0, $2 - 1) AS s
+ON CONFLICT DO NOTHING""",
+            name,
+            slices,
+        )
+
+    async def renew_leases(self, conn: Any, name: str, owner: str, ttl: timedelta) -> dict[int, int]:
+        """Extend every lease ``owner`` holds; return slice -> epoch of what it still holds."""
+        lease = self.t("projection_slice_lease")
+        rows = await conn.fetch(
+            f"""UPDATE {lease} l SET expires_at = clock_timestamp() + $3::interval
+FROM (SELECT slice FROM {lease} WHERE projection_name = $1 AND owner = $2 ORDER BY slice FOR UPDATE) x
+WHERE l.projection_name = $1 AND l.slice = x.slice RETURNING l.slice, l.epoch""",
+            name,
+            owner,
+            ttl,
+        )
+        return {r["slice"]: r["epoch"] for r in rows}
+
+    async def acquire_leases(
+        self, conn: Any, name: str, owner: str, slices: list[int], ttl: timedelta
+    ) -> dict[int, int]:
+        """Take the free or expired leases among ``slices`` (never waits on a busy row)."""
+        lease = self.t("projection_slice_lease")
+        rows = await conn.fetch(
+            f"""UPDATE {lease} l SET owner = $2, epoch = l.epoch + 1, expires_at = clock_timestamp() + $4::interval
+FROM (SELECT slice FROM {lease} WHERE projection_name = $1 AND slice = ANY($3::int[])
+        AND (owner IS NULL OR expires_at < clock_timestamp())
+      ORDER BY slice FOR UPDATE SKIP LOCKED) x
+WHERE l.projection_name = $1 AND l.slice = x.slice RETURNING l.slice, l.epoch""",
+            name,
+            owner,
+            slices,
+            ttl,
+        )
+        return {r["slice"]: r["epoch"] for r in rows}
+
+    async def release_leases(self, conn: Any, name: str, owner: str, slices: list[int] | None) -> None:
+        await conn.execute(
+            f"""UPDATE {self.t("projection_slice_lease")} SET owner = NULL, expires_at = '-infinity'
+WHERE projection_name = $1 AND owner = $2 AND ($3::int[] IS NULL OR slice = ANY($3::int[]))""",
+            name,
+            owner,
+            slices,
+        )
+
+    async def fence(self, conn: Any, name: str, owner: str, epochs: dict[int, int]) -> list[int]:
+        """Inside the offset transaction: lock the leases of ``epochs`` (FOR SHARE) and return the
+        slices that are no longer ours at that epoch (empty: the transaction may commit)."""
+        slices = sorted(epochs)
+        rows = await conn.fetch(
+            f"""SELECT slice, epoch FROM {self.t("projection_slice_lease")}
+WHERE projection_name = $1 AND owner = $2 AND slice = ANY($3::int[]) ORDER BY slice FOR SHARE""",
+            name,
+            owner,
+            slices,
+        )
+        ok = {r["slice"] for r in rows if epochs.get(r["slice"]) == r["epoch"]}
+        return [s for s in slices if s not in ok]
+
+    async def lease_owners(self, conn: Any, name: str) -> list[asyncpg.Record]:
+        return list(
+            await conn.fetch(
+                f"""SELECT slice, owner, epoch, expires_at > clock_timestamp() AS live
+FROM {self.t("projection_slice_lease")} WHERE projection_name = $1 ORDER BY slice""",
+                name,
+            )
+        )
+
+    # -- members -----------------------------------------------------------------------------
+
+    async def heartbeat_worker(
+        self, conn: Any, name: str, worker_id: str, host: str, pid: int, ttl: timedelta,
+        state: str, events: int, error: str | None,
+    ) -> None:  # fmt: skip
+        await conn.execute(
+            f"""INSERT INTO {self.t("projection_worker")}
+  (projection_name, worker_id, host, pid, started_at, expires_at, state, events, error)
+VALUES ($1, $2, $3, $4, clock_timestamp(), clock_timestamp() + $5::interval, $6, $7, $8)
+ON CONFLICT (projection_name, worker_id) DO UPDATE
+SET expires_at = EXCLUDED.expires_at, state = $6, events = $7, error = $8""",
+            name, worker_id, host, pid, ttl, state, events, error,
+        )  # fmt: skip
+
+    async def live_workers(self, conn: Any, name: str) -> list[str]:
+        rows = await conn.fetch(
+            f"""SELECT worker_id FROM {self.t("projection_worker")}
+WHERE projection_name = $1 AND state = 'running' AND expires_at > clock_timestamp() ORDER BY worker_id""",
+            name,
+        )
+        return [r[0] for r in rows]
+
+    async def workers(self, conn: Any, name: str) -> list[asyncpg.Record]:
+        return list(
+            await conn.fetch(
+                f"""SELECT worker_id, host, pid, started_at, state, events, error,
+  expires_at > clock_timestamp() AS live
+FROM {self.t("projection_worker")} WHERE projection_name = $1 ORDER BY started_at""",
+                name,
+            )
+        )
+
+    async def forget_dead_workers(self, conn: Any, name: str, older_than: timedelta) -> None:
+        await conn.execute(
+            f"""DELETE FROM {self.t("projection_worker")} WHERE projection_name = $1
+AND state <> 'failed' AND expires_at < clock_timestamp() - $2::interval""",
+            name,
+            older_than,
+        )
+
+    # -- offset rows -------------------------------------------------------------------------
+
+    async def save_offsets(self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow]) -> None:
+        """Insert offset rows (insert-only; a repeat of an identical row is ignored)."""
+        if not rows:
+            return
+        await conn.execute(
+            f"""INSERT INTO {self.t("projection_timestamp_offset_store")}
+  (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
+SELECT $1, $2, u.s, u.p, u.n, u.t, clock_timestamp()
+FROM unnest($3::int[], $4::text[], $5::bigint[], $6::timestamptz[]) AS u(s, p, n, t)
+ON CONFLICT DO NOTHING""",
+            name,
+            key,
+            [r.slice for r in rows],
+            [r.persistence_id for r in rows],
+            [r.seq_nr for r in rows],
+            [r.timestamp for r in rows],
+        )
+        beats = [r for r in rows if r.persistence_id == HEARTBEAT_PID]
+        if beats:  # only the newest heartbeat row of a slice is worth keeping
+            await conn.execute(
+                f"""DELETE FROM {self.t("projection_timestamp_offset_store")} s
+USING unnest($2::int[], $3::timestamptz[]) AS u(sl, t)
+WHERE s.slice = u.sl AND s.projection_name = $1 AND s.persistence_id = '' AND s.timestamp_offset < u.t""",
+                name,
+                [r.slice for r in beats],
+                [r.timestamp for r in beats],
+            )
+
+    async def heartbeats(self, conn: Any, name: str, slices: Sequence[int]) -> dict[int, datetime]:
+        """Per slice of ``slices``: the timestamp of its newest heartbeat row (absent: none)."""
+        rows = await conn.fetch(
+            f"""SELECT slice, max(timestamp_offset) AS ts FROM {self.t("projection_timestamp_offset_store")}
+WHERE projection_name = $1 AND slice = ANY($2::int[]) AND persistence_id = '' GROUP BY slice""",
+            name,
+            list(slices),
+        )
+        return {r["slice"]: r["ts"] for r in rows}
+
+
+class PostgresSliceLeases:
+    """One member of the job ``name`` (:class:`~journal.backend.SliceLeases`), over ``pool``."""
+
+    def __init__(
+        self, pool: Callable[[], asyncpg.Pool], schema: str, name: str, owner: str, ttl: float,
+        slice_count: int = NUMBER_OF_SLICES,
+    ) -> None:  # fmt: skip
+        """``pool``: returns the pool to use (the journal's, or a worker's own)."""
+        self._pool = pool
+        self.sql = LeaseSql(schema)
+        self.name = name
+        self.owner = owner
+        self.ttl = timedelta(seconds=ttl)
+        self.slice_count = slice_count
+        self.held: dict[int, int] = {}
+        """Slice -> epoch of the leases held after the last round."""
+        self._forgot_dead_at = 0.0
+
+    async def join(self) -> None:
+        async with self._pool().acquire() as conn:
+            await self.sql.ensure_leases(conn, self.name, self.slice_count)
+
+    async def rebalance(
+        self,
+        give_up: Callable[[set[int]], Awaitable[None]],
+        *,
+        events: int = 0,
+        error: str | None = None,
+    ) -> Mapping[int, int]:
+        """One round: heartbeat, renew, give away (after ``give_up`` stopped the work on those
+        slices, and on slices lost to an expiry), take free leases of this member's chunk.
+        Returns slice -> epoch of what is held now."""
+        pool = self._pool()
+        async with pool.acquire() as conn:
+            await self.sql.heartbeat_worker(
+                conn, self.name, self.owner, socket.gethostname(), os.getpid(), self.ttl, "running", events, error
+            )
+            members = await self.sql.live_workers(conn, self.name)
+            held = await self.sql.renew_leases(conn, self.name, self.owner, self.ttl)
+            if time.monotonic() - self._forgot_dead_at > FORGET_DEAD_AFTER.total_seconds() / 4:
+                self._forgot_dead_at = time.monotonic()
+                await self.sql.forget_dead_workers(conn, self.name, FORGET_DEAD_AFTER)
+        desired: set[int] = set()
+        if self.owner in members:
+            desired = set(chunk(members.index(self.owner), len(members), self.slice_count))
+        lost = {s for s, e in self.held.items() if held.get(s) != e}
+        give = set(held) - desired
+        if lost or give:
+            await give_up(lost | give)
+        if give:
+            async with pool.acquire() as conn:
+                await self.sql.release_leases(conn, self.name, self.owner, sorted(give))
+            for s in give:
+                held.pop(s, None)
+        want = sorted(desired - set(held))
+        if want:
+            async with pool.acquire() as conn:
+                held.update(await self.sql.acquire_leases(conn, self.name, self.owner, want, self.ttl))
+        self.held = held
+        return held
+
+    async def leave(self, *, state: str = "stopped", events: int = 0, error: str | None = None) -> None:
+        """Release every lease and record the member's last state (it stops counting as live)."""
+        async with self._pool().acquire() as conn:
+            await self.sql.release_leases(conn, self.name, self.owner, None)
+            await self.sql.heartbeat_worker(
+                conn, self.name, self.owner, socket.gethostname(), os.getpid(), timedelta(0), state, events, error
+            )
+        self.held = {}
+
+    async def save_progress(self, key: str, done: Mapping[int, datetime]) -> None:
+        """Record per slice that every event before its timestamp is done (heartbeat rows of
+        the offset store under ``key``, the job's name for that stream)."""
+        rows = [OffsetRow(s, HEARTBEAT_PID, 0, ts) for s, ts in done.items()]
+        async with self._pool().acquire() as conn:
+            await self.sql.save_offsets(conn, key, f"{min(done)}-{max(done)}" if done else "", rows)
+
+    async def load_progress(self, key: str, slices: Sequence[int]) -> dict[int, datetime]:
+        async with self._pool().acquire() as conn:
+            return await self.sql.heartbeats(conn, key, slices)

@@ -1,0 +1,215 @@
+"""The INSERT of a :class:`~journal.write_batch.WriteBatch`: its SQL and its parameters.
+
+One statement writes a whole batch. Per call it reads the pid's newest stored event (one index
+descent), checks the call's ``expected_seq_nr`` against it (a call that names none appends after
+it), and numbers the call's events after it. When every call passes, every event is inserted,
+stamped by :mod:`.timestamp_rule` with ``prev`` the newest stored event of any of the batch's pids
+(one base for the statement; the n-th row gets base + (n - 1) µs); tagged calls get their tag
+rows in the same statement. When any call fails the check, nothing is inserted and the statement
+names those calls: the caller reports them as conflicts and sends the rest again. So each call
+stays atomic and conflict-checked on its own. A row the database refuses (a racing writer's
+primary key, a trigger) fails the statement: nothing of the batch is written.
+
+It returns one row: the first row's timestamp, the number of calls that failed the check and
+their positions (1-based), the previous highest sequence number of each call that appended (so
+the caller knows where it landed), and the settle column (the statement ends once the clock has
+passed its per-row steps).
+
+A batch of one call of one untagged event (a lone ``persist``) takes the same statement with
+scalar parameters (:meth:`WriteStatements.lone`): it costs about what a single-row INSERT does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..serialization import JSON_SERIALIZER_ID
+from ..write_batch import WriteBatch
+from .statements import Statements, notify_groups
+from .tag_statements import TagStatements
+from .timestamp_rule import clock, settle, stamp
+
+_COLUMNS = """slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest,
+    event_payload, deleted, writer, tags, meta_ser_id, meta_ser_manifest, meta_payload"""
+
+_CALL_ARRAYS = "$1::text[], $2::int[], $3::text[], $5::bigint[], $6::text[], $7::int[], $8::text[], $9::bytea[]"
+_CALL_COLUMNS = "persistence_id, slice, entity_type, expected, tags_json, meta_ser_id, meta_ser_manifest, meta_payload"
+_EVENT_ARRAYS = "$10::bytea[], $11::int[], $12::text[]"
+_EVENT_COLUMNS = "payload, ser_id, ser_manifest"
+
+
+def highest(pid: str, ej: str) -> str:
+    """The newest stored row of a pid (seq_nr, db_timestamp): one index descent."""
+    return f"SELECT e.seq_nr, e.db_timestamp FROM {ej} e WHERE e.persistence_id = {pid} ORDER BY e.seq_nr DESC LIMIT 1"
+
+
+class WriteStatements:
+    """The statements of this module for one schema, and their parameters for a batch.
+
+    Parameters of the batch statement. Per call: $1 pid, $2 slice, $3 entity type (empty: every
+    call is $4), $5 expected_seq_nr (NULL, or an empty array: append), $6 tags as JSON (empty:
+    none), $7-$9 metadata (empty: none). Per event: $10 payload, $11 serializer id (empty: JSON),
+    $12 manifest (empty: ''). $13 the writer id, $14 its partition map epoch (the database's owner
+    check of the batch's slices, :func:`.timestamp_rule.clock`). Then, in this order and only where they apply:
+    the notification payloads, the tag bucket size in milliseconds (tagged batches), and per event
+    its call and its position in it (1-based; batches with a call of several events). An array
+    whose every element would be the default is sent empty: the unnest pads it with NULLs, and
+    asyncpg encodes nothing.
+    """
+
+    def __init__(self, sql: Statements, *, notify: bool, bucket_millis: int) -> None:
+        self._ej = sql.ej
+        self._schema = sql.schema
+        self._channel = sql.channel
+        self._tags = TagStatements(sql.schema)
+        self._notify = notify
+        self._bucket = bucket_millis
+        self.lone = self._lone()
+        self._batch = {
+            (tagged, many): self._batch_sql(tagged, many) for tagged in (False, True) for many in (False, True)
+        }
+
+    def statement(self, batch: WriteBatch, writer: str, epoch: int) -> tuple[str, tuple[Any, ...]]:
+        """The statement for ``batch`` and its parameters (``epoch``: the writer's partition map epoch)."""
+        if len(batch.payloads) == 1 and not batch.tags[0]:
+            return self.lone, self._lone_params(batch, writer, epoch)
+        tagged = any(batch.tags)
+        many = len(batch.payloads) != len(batch)
+        return self._batch[tagged, many], self._params(batch, writer, epoch, tagged, many)
+
+    def _tail(self, tagged: bool, many: bool) -> tuple[str, str, str, str]:
+        """The numbers of the optional parameters: notifications, bucket, event calls, positions."""
+        names = [n for n, on in (("notify", self._notify), ("bucket", tagged), ("call", many), ("ordinal", many)) if on]
+        at = {name: f"${15 + i}" for i, name in enumerate(names)}
+        return at.get("notify", ""), at.get("bucket", ""), at.get("call", ""), at.get("ordinal", "")
+
+    def _batch_sql(self, tagged: bool, many: bool) -> str:
+        notify_at, bucket_at, call_at, ordinal_at = self._tail(tagged, many)
+        notify = (
+            f", CASE WHEN chk.bad = 0 THEN (SELECT count(pg_notify('{self._channel}', g))"
+            f" FROM unnest({notify_at}::text[]) g) END AS notified"
+            if self._notify
+            else ""
+        )
+        tags = f", tv AS ({self._tags.insert_from_events('src', '$13', bucket_at, '')}\n)" if tagged else ""
+        if many:  # the events apart from their calls, joined to them by their call's position
+            calls = f"unnest({_CALL_ARRAYS}) WITH ORDINALITY AS c({_CALL_COLUMNS}, i)"
+            events = (
+                f"chk, unnest({_EVENT_ARRAYS}, {call_at}::int[], {ordinal_at}::int[])"
+                f" WITH ORDINALITY AS e({_EVENT_COLUMNS}, call, ordinal, n) JOIN calls c ON c.i = e.call"
+            )
+            e, ordinal, n = "e", "e.ordinal", "e.n"
+        else:  # one event per call: the events are in the calls' rows
+            calls = (
+                f"unnest({_CALL_ARRAYS}, {_EVENT_ARRAYS}) WITH ORDINALITY AS c({_CALL_COLUMNS}, {_EVENT_COLUMNS}, i)"
+            )
+            events = "chk, calls c"
+            e, ordinal, n = "c", "1", "c.i"
+        return f"""
+WITH {clock(self._schema, "$14", "$2")}, calls AS MATERIALIZED (
+  SELECT c.*, h.seq_nr AS prev_seq, h.db_timestamp AS prev_ts,
+    c.expected IS NOT NULL AND c.expected <> COALESCE(h.seq_nr, 0) AS bad
+  FROM {calls}
+  LEFT JOIN LATERAL ({highest("c.persistence_id", self._ej)}) h ON true
+), chk AS (
+  SELECT count(*) FILTER (WHERE bad) AS bad, max(prev_ts) AS prev FROM calls
+), src AS {"MATERIALIZED " if tagged else ""}(
+  SELECT c.slice, COALESCE(c.entity_type, $4::text) AS entity_type, c.persistence_id,
+    COALESCE(c.prev_seq, 0) + {ordinal} AS seq_nr, {stamp("chk.prev", n)} AS db_timestamp,
+    COALESCE({e}.ser_id, {JSON_SERIALIZER_ID}) AS ser_id, COALESCE({e}.ser_manifest, '') AS ser_manifest, {e}.payload,
+    CASE WHEN c.tags_json IS NULL THEN NULL
+         ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags_json::jsonb)) END AS tags,
+    c.meta_ser_id, c.meta_ser_manifest, c.meta_payload
+  FROM {events}
+  WHERE chk.bad = 0
+), ins AS (
+  INSERT INTO {self._ej} ({_COLUMNS})
+  SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, ser_id, ser_manifest, payload, false, $13::text,
+    tags, meta_ser_id, meta_ser_manifest, meta_payload
+  FROM src
+  RETURNING 1
+){tags}
+SELECT {stamp("chk.prev", "1")} AS ts, chk.bad,
+  CASE WHEN chk.bad > 0 THEN (SELECT array_agg(i ORDER BY i) FROM calls WHERE bad) END AS bad_calls,
+  (SELECT array_agg(COALESCE(prev_seq, 0) ORDER BY i) FROM calls WHERE expected IS NULL) AS appended_after,
+  {settle("ins")} AS settled{notify}
+FROM chk"""
+
+    def _lone(self) -> str:
+        """One call of one untagged event, with scalar parameters: $1 slice, $2 entity type, $3 pid, $4 expected_seq_nr
+        (NULL: append), $5-$7 the event, $8 the writer, $9-$11 the metadata, $12 the writer's partition map epoch; the
+        same result columns as the batch statement. One row has no per-row step, so there is nothing to settle
+        (:func:`.timestamp_rule.settle` would wait for ``clock``, which has passed)."""
+        notify = (
+            f", CASE WHEN NOT chk.bad THEN pg_notify('{self._channel}', ($1::int / 64)::text || ':' || $2::text) END"
+            " AS notified"
+            if self._notify
+            else ""
+        )
+        return f"""
+WITH {clock(self._schema, "$12", "ARRAY[$1::int]")}, prev AS ({highest("$3::text", self._ej)}
+), chk AS (
+  SELECT $4::bigint IS NOT NULL AND $4::bigint <> COALESCE((SELECT seq_nr FROM prev), 0) AS bad
+), ins AS (
+  INSERT INTO {self._ej} ({_COLUMNS})
+  SELECT $1::int, $2::text, $3::text, COALESCE((SELECT seq_nr FROM prev), 0) + 1,
+    {stamp("(SELECT db_timestamp FROM prev)", "1")}, $5::int, $6::text, $7::bytea, false, $8::text, NULL,
+    $9::int, $10::text, $11::bytea
+  FROM chk WHERE NOT chk.bad
+)
+SELECT {stamp("(SELECT db_timestamp FROM prev)", "1")} AS ts, chk.bad::int AS bad,
+  CASE WHEN chk.bad THEN ARRAY[1] END AS bad_calls,
+  CASE WHEN $4::bigint IS NULL THEN ARRAY[COALESCE((SELECT seq_nr FROM prev), 0)] END AS appended_after{notify}
+FROM chk"""
+
+    @staticmethod
+    def _lone_params(b: WriteBatch, writer: str, epoch: int) -> tuple[Any, ...]:
+        m = b.metadata[0]
+        return (
+            b.slices[0], b.entity_types[0], b.persistence_ids[0], b.expected_seq_nrs[0], b.ser_ids[0],
+            b.manifests[0], b.payloads[0], writer, m.ser_id if m else None, m.manifest if m else None,
+            m.payload if m else None, epoch,
+        )  # fmt: skip
+
+    def _params(self, b: WriteBatch, writer: str, epoch: int, tagged: bool, many: bool) -> tuple[Any, ...]:
+        entity_type = b.entity_types[0]
+        params: tuple[Any, ...] = (
+            b.persistence_ids, b.slices, _unless_all(b.entity_types, entity_type), entity_type,
+            _unless_all(b.expected_seq_nrs, None), _tags_json(b.tags) if tagged else (), *_metadata(b.metadata),
+            b.payloads, _unless_all(b.ser_ids, JSON_SERIALIZER_ID), _unless_all(b.manifests, ""), writer, epoch,
+        )  # fmt: skip
+        if self._notify:
+            params += (notify_groups(b.slices, b.entity_types),)
+        if tagged:
+            params += (self._bucket,)
+        if many:
+            params += _positions(b.counts)
+        return params
+
+
+def _unless_all(column: Sequence[Any], value: Any) -> Sequence[Any]:
+    """``column``, or an empty one when every element is ``value`` (the statement's default)."""
+    return () if column.count(value) == len(column) else column
+
+
+def _positions(counts: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Per event: its call (1-based) and its position in the call (1-based)."""
+    calls = [c for c, k in enumerate(counts, 1) for _ in range(k)]
+    ordinals = [o for k in counts for o in range(1, k + 1)]
+    return calls, ordinals
+
+
+def _tags_json(tags: Sequence[tuple[str, ...]]) -> list[str | None]:
+    return [json.dumps(list(t)) if t else None for t in tags]
+
+
+def _metadata(metadata: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any], Sequence[Any]]:
+    if metadata.count(None) == len(metadata):
+        return (), (), ()
+    return (
+        [m.ser_id if m else None for m in metadata],
+        [m.manifest if m else None for m in metadata],
+        [m.payload if m else None for m in metadata],
+    )
