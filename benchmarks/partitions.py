@@ -35,7 +35,7 @@ import asyncpg
 from journal import JournalSettings, SequenceConflict, Write, failures, open_journal, runtime, slice_for, slice_ranges
 from journal.backends import open_partitioned
 from journal.partitioned.move import SliceMove
-from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres import asyncpg_dsn
 from journal.postgres.migrations import upgrade
 from tests.support.scratch import scratch_database
 
@@ -54,7 +54,7 @@ def databases(n: int) -> Iterator[list[str]]:
     with contextlib.ExitStack() as stack:
         server = os.environ.get("JOURNAL_DSN")
         if not server:
-            from journal.postgres.embedded import start_embedded
+            from journal.postgres import start_embedded
 
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="sj-bench-"))
             server = start_embedded(Path(tmp) / "pgdata")

@@ -10,7 +10,7 @@ import pytest
 from endpoint_processes import free_address
 
 from journal import JournalSettings, UnsupportedOperation
-from journal.postgres.dsn import asyncpg_dsn
+from journal.postgres import asyncpg_dsn
 from journal.replication.config import EndpointConfig
 from journal.replication.endpoint import ReplicationEndpoint
 from tests.support.waiting import wait_until
