@@ -2,7 +2,7 @@
 and the trigger that enforces it for other writers.
 
 The rule itself is defined in docs/concepts.md ("The write rule", with why horizon mode stays
-sound); here it is code: :data:`CLOCK` (one clock reading per statement, after its lock),
+sound); here it is code: :func:`clock` (one clock reading per statement, after its lock and the owner check),
 :func:`stamp` (per pid, per row) and :func:`settle` (the statement ends after its per-row steps).
 
 Writers that do not follow it (JVM services) get it enforced by the database: the rule installed
@@ -169,7 +169,7 @@ def drop_check_function_sql(schema: str) -> str:
 
 def stamp(prev: str, n: str) -> str:
     """The db_timestamp of the ``n``-th row (1-based) of a statement whose pid's (or pids')
-    newest stored timestamp is ``prev`` (NULL: none). Needs :data:`CLOCK` in the statement."""
+    newest stored timestamp is ``prev`` (NULL: none). Needs :func:`clock` in the statement."""
     return f"GREATEST((SELECT t FROM clock), {prev} + {MICROSECOND}) + ({n} - 1) * {MICROSECOND}"
 
 
