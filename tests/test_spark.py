@@ -444,3 +444,54 @@ def test_cli_export_backfill_and_unknown_entity_type(
     assert "16 events read in 4 partitions, 8 rows written to totals" in r.output
     rows = asyncio.run(_table(dsn, "SELECT sum(total), sum(n) FROM totals"))
     assert rows == [(sum(range(8)) + 8, 16)]
+
+
+async def test_reader_over_several_databases_reads_each_range_where_it_is_stored(
+    parts: list[str], spark: Any, tmp_path: Path
+) -> None:
+    """Two servers, then a range moved to a third: one Spark partition per slice range on the
+    database that holds it, every row read once (a read of the first database alone misses)."""
+    from journal import Write, open_journal
+    from journal.backends import open_partitioned
+    from journal.partitioned.move import SliceMove
+    from journal.postgres import without_password
+    from projections.spark import placement, spark_ranges
+
+    settings = JournalSettings.load(env={}, databases=parts[:2])
+    async with open_journal(settings=settings) as j:
+        quarters: dict[int, list[str]] = {0: [], 1: [], 2: [], 3: []}  # 20 pids in each quarter of the slices
+        for i in range(100_000):
+            if len(its := quarters[slice_for(f"acct|{i}") // 256]) < 20:
+                its.append(f"acct|{i}")
+        expected = {p: 2 for its in quarters.values() for p in its}
+        assert len(expected) == 80
+        await j.persist_many([Write(p, [{"amount": 1, "currency": "EUR"}] * 2) for p in expected])
+        placed = await placement(j)
+        assert [(p.source.dsn, p.min_slice, p.max_slice) for p in placed] == [(parts[0], 0, 511), (parts[1], 512, 1023)]
+        assert [(r.min_slice, r.max_slice) for r in spark_ranges(placed, 1)] == [(0, 511), (512, 1023)]
+
+        def keys(df: Any) -> list[tuple[str, int]]:
+            return [(r.persistence_id, r.seq_nr) for r in df.select("persistence_id", "seq_nr").collect()]
+
+        df = read_journal(spark, placed, "acct", partitions=4)
+        assert df.rdd.getNumPartitions() == 4
+        got = keys(df)
+        assert len(got) == len(set(got)) == sum(expected.values()) and {k[0] for k in got} == set(expected)
+        mover = await open_partitioned(parts[0], settings)
+        try:
+            await SliceMove(mover, 512, 767, parts[2]).run()
+        finally:
+            await mover.close()
+        placed = await placement(j)
+    # the target's DSN is the one its map row names (without a password)
+    assert [(without_password(p.source.dsn), p.min_slice, p.max_slice) for p in placed] == [
+        (without_password(d), lo, hi) for d, lo, hi in ((parts[0], 0, 511), (parts[2], 512, 767), (parts[1], 768, 1023))
+    ]
+    df = read_journal(spark, placed, "acct", partitions=2)  # 512-1023 spans two databases: cut in two
+    assert df.rdd.getNumPartitions() == 3
+    got = keys(df)
+    assert len(got) == len(set(got)) == sum(expected.values())
+    moved = {k for k in got if 512 <= slice_for(k[0]) <= 767}
+    assert moved and moved.isdisjoint(keys(read_journal(spark, jdbc_source(parts[1]), "acct")))
+    with pytest.raises(ValueError, match="cover slices 0-1023 once"):
+        read_journal(spark, placed[:2], "acct")

@@ -88,7 +88,11 @@ class ReplicationEndpoint:
         self._journal_cm = open_journal(c.dsn, settings=self._settings, migrate=c.migrate)
         self._journal = await self._journal_cm.__aenter__()
         backend = self._journal.backend
-        self._store = backend.replication_store(c.location)  # UnsupportedOperation off PostgreSQL
+        try:  # UnsupportedOperation off PostgreSQL, or on a location over several databases
+            self._store = backend.replication_store(c.location)
+        except BaseException:
+            await self.stop()  # the journal just opened is closed again
+            raise
         for name in c.logs:
             await self._store.ensure_log(name)
         if self._recover_at_start:  # first of all: nothing may stamp or pull before recovery is done

@@ -10,6 +10,7 @@ from .decode import decode_events, infer_schema, merge_schemas
 from .environment import JdbcDriver, find_java, find_jdbc_driver, spark_session
 from .export import export_parquet
 from .jdbc import JdbcSource, jdbc_source
+from .placement import SliceSource, placement, spark_ranges
 from .reader import JOURNAL_COLUMNS, journal_predicates, read_journal
 from .writer import WriteResult, drop_staging_tables, write_read_model
 
@@ -20,6 +21,7 @@ __all__ = [
     "JdbcSource",
     "ProjectionBusy",
     "ReadModel",
+    "SliceSource",
     "SparkSetupError",
     "WriteResult",
     "backfill",
@@ -32,7 +34,9 @@ __all__ = [
     "jdbc_source",
     "journal_predicates",
     "merge_schemas",
+    "placement",
     "read_journal",
+    "spark_ranges",
     "spark_session",
     "write_read_model",
 ]

@@ -27,6 +27,7 @@ from journal.journal import Journal
 from ..postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
 from .decode import decode_events
 from .jdbc import JdbcSource
+from .placement import SliceSource
 from .reader import read_journal
 from .writer import WriteMode, write_read_model
 
@@ -89,11 +90,15 @@ async def backfill(
     fetch_size: int = 10_000,
     batch_size: int = 10_000,
     schema: Any = None,
+    placed: Sequence[SliceSource] | None = None,
 ) -> BackfillResult:
     """Run ``job`` over the decoded events below the horizon and hand over to live workers.
 
     ``job(events)`` gets the decoded DataFrame (see :func:`decode_events`) and returns a
     :class:`ReadModel`, or a DataFrame written to ``table`` with primary key ``key``.
+    ``source`` is the journal's (home) database, where the read model and the offsets go;
+    ``placed``: where each slice range is read from, for a journal over several databases
+    (:func:`~projections.spark.placement.placement`; default: ``source``).
 
     Raises:
         InvalidArgument: bad name, entity type or partition count (before any Spark work).
@@ -107,7 +112,9 @@ async def backfill(
     await _refuse_if_running(journal, store, name)
     started = time.monotonic()
     cutoff = await journal.horizon(entity_type)
-    raw = read_journal(spark, source, entity_type, partitions=partitions, fetch_size=fetch_size, to_timestamp=cutoff)
+    raw = read_journal(
+        spark, placed or source, entity_type, partitions=partitions, fetch_size=fetch_size, to_timestamp=cutoff
+    )
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 

@@ -35,9 +35,18 @@ def _prepare(dsn: str | None, schema: str | None, data_dir: Path | None, master:
     from .jdbc import jdbc_source
 
     settings = settings_from(schema, data_dir, master=master, **over)
-    target, _embedded = target_dsn(dsn, settings)
+    target, _embedded = target_dsn(dsn, settings) if not settings.partitions.databases else (dsn, False)
+    target = target or settings.partitions.databases[0]  # several databases: the first is home by default
     settings = settings.with_dsn(target)
     return settings, jdbc_source(target, settings.schema, local=runs_on_this_host(settings.spark.master))
+
+
+async def _placed(journal: Any, settings: Any) -> Any:
+    """Where each slice range is read from: the database holding it (docs/scaling-out.md)."""
+    from .environment import runs_on_this_host
+    from .placement import placement
+
+    return await placement(journal, local=runs_on_this_host(settings.spark.master))
 
 
 def _say(msg: str) -> None:
@@ -74,6 +83,7 @@ def spark_backfill(
             return await backfill(
                 spark, j, source, name, entity_type, fn, table=table, key=tuple(key or ()),
                 partitions=sp.partitions, fetch_size=sp.fetch_size, batch_size=sp.batch_size,
+                placed=await _placed(j, settings),
             )  # fmt: skip
 
     r = asyncio.run(go())
@@ -104,17 +114,18 @@ def spark_export(
     from .export import export_parquet
     from .reader import read_journal
 
-    settings, source = _prepare(dsn, schema, data_dir, master, partitions=partitions)
+    settings, _ = _prepare(dsn, schema, data_dir, master, partitions=partitions)
     sp = settings.spark
 
-    async def check() -> int:
+    async def check() -> Any:
         async with open_journal(settings.connection.dsn, settings=settings) as j:
-            return await check_entity_type(j, entity_type)
+            await check_entity_type(j, entity_type)
+            return await _placed(j, settings)
 
-    asyncio.run(check())
+    placed = asyncio.run(check())
     started = time.monotonic()
     spark = spark_session(sp)
-    df = read_journal(spark, source, entity_type, partitions=sp.partitions, fetch_size=sp.fetch_size)
+    df = read_journal(spark, placed, entity_type, partitions=sp.partitions, fetch_size=sp.fetch_size)
     if decode:
         df = decode_events(df)
     export_parquet(df, out, partition_by=by, partitions=sp.partitions, overwrite=overwrite)  # type: ignore[arg-type]

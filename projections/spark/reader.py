@@ -3,11 +3,14 @@
 Each Spark partition runs ``SELECT <columns> FROM event_journal WHERE entity_type = 'T' AND
 slice BETWEEN a AND b [AND db_timestamp window]``: the same split the online workers use, so
 each partition is one index range scan of ``event_journal_slice_idx`` and a backfill's
-partitions line up with the live workers' slice ranges.
+partitions line up with the live workers' slice ranges. Over several databases
+(:mod:`.placement`), each partition runs on the database that holds its range: one JDBC read
+per database, their partitions united.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -16,6 +19,7 @@ from journal.errors import InvalidArgument
 from journal.ids import slice_ranges, validate_entity_type
 
 from .jdbc import JdbcSource
+from .placement import SliceSource, spark_ranges
 from .sql import slice_predicate
 
 JOURNAL_COLUMNS: tuple[str, ...] = (
@@ -61,7 +65,7 @@ def journal_predicates(
 
 def read_journal(
     spark: Any,
-    source: JdbcSource,
+    source: JdbcSource | Sequence[SliceSource],
     entity_type: str,
     *,
     partitions: int = 8,
@@ -73,25 +77,37 @@ def read_journal(
 ) -> Any:
     """The events of ``entity_type`` as a DataFrame with ``partitions`` slice-range partitions.
 
-    ``columns``: the journal columns to read (default: all); Spark pushes the projection into
-    each partition's SELECT. The time window is ``[from_timestamp, to_timestamp)``.
+    ``source``: the journal's database, or where each slice range is stored
+    (:func:`~projections.spark.placement.placement`: a journal over several databases); then
+    each range of ``partitions`` is read from the database holding it (cut in two where a range
+    spans two databases). ``columns``: the journal columns to read (default: all); Spark pushes
+    the projection into each partition's SELECT. The time window is ``[from_timestamp, to_timestamp)``.
 
     Raises:
         InvalidArgument: bad entity type, partition count, window or column name (no I/O done).
     """
     if not isinstance(fetch_size, int) or fetch_size < 1:
         raise InvalidArgument(f"fetch_size must be a positive int, got {fetch_size!r}")
-    predicates = journal_predicates(
-        entity_type, partitions, from_timestamp, to_timestamp, include_deleted=include_deleted
-    )
+    journal_predicates(entity_type, partitions, from_timestamp, to_timestamp)  # checks the arguments
     wanted = list(columns) if columns is not None else list(JOURNAL_COLUMNS)
     unknown = [c for c in wanted if c not in JOURNAL_COLUMNS]
     if unknown or not wanted:
         raise InvalidArgument(f"unknown journal columns {unknown}: choose from {list(JOURNAL_COLUMNS)}")
-    df = spark.read.jdbc(
-        url=source.url,
-        table=source.table("event_journal"),
-        predicates=predicates,
-        properties=source.with_properties(fetchsize=str(fetch_size)),
-    )
-    return df.select(*wanted)
+    placed = [SliceSource(source, 0, 1023)] if isinstance(source, JdbcSource) else list(source)
+    by_database: dict[str, tuple[JdbcSource, list[str]]] = {}
+    for r in spark_ranges(placed, partitions):
+        by_database.setdefault(r.source.url, (r.source, []))[1].append(
+            slice_predicate(
+                entity_type, r.min_slice, r.max_slice, from_timestamp, to_timestamp, include_deleted=include_deleted
+            )
+        )
+    frames = [
+        spark.read.jdbc(
+            url=db.url,
+            table=db.table("event_journal"),
+            predicates=predicates,
+            properties=db.with_properties(fetchsize=str(fetch_size)),
+        ).select(*wanted)
+        for db, predicates in by_database.values()
+    ]
+    return functools.reduce(lambda a, b: a.union(b), frames)
