@@ -1,10 +1,11 @@
 """The journal over several databases: the routing's cost, and a move's throughput and write pause.
 
 (a) The same rows written (many entities, pids spread evenly over the slices like UUIDs, one
-    event per call, expected_seq_nr known) and then caught up (``current_events_by_slices`` over 4 slice ranges at once) by a plain journal on
-    one database and by a partitioned journal over 1, 2 and 4 databases on the same server, in
-    alternating rounds (best of each). The figure is each layout's rows/s over the plain
-    journal's, measured in the same run: the routing's overhead (goal >= 0.95).
+    event per call, expected_seq_nr known) and then caught up (``current_events_by_slices``
+    over 4 slice ranges at once) by a plain journal on one database and by a partitioned
+    journal over 1, 2 and 4 databases on the same server, in alternating rounds (best of
+    each). The figure is each layout's rows/s over the plain journal's, measured in the same
+    run: the routing's overhead (goal >= 0.95).
 (b) A move of slices 512-767 to a fifth database while writers keep writing at a steady rate
     (``--rate``) over every slice: the move's copy throughput (rows/s while writes went on),
     the fence (writes of the range wait from the fence to the switch), and the latency of the
