@@ -47,7 +47,7 @@ async def statements(dsn: str, calls: int) -> None:
     validator = WriteValidator(SerializerRegistry())
     pay = payload(3)
     probe = "LEFT JOIN LATERAL (SELECT e.seq_nr"
-    full = sql.statement(validator.batch([("x|1", [1], 0), ("x|2", [1], 0)]), writer)[0]
+    full = sql.statement(validator.batch([("x|1", [1], 0), ("x|2", [1], 0)]), writer, 0)[0]
     start = full.index(probe)
     end = full.index(") h ON true", start)
     no_probe = "LEFT JOIN LATERAL (SELECT c.expected AS seq_nr, NULL::timestamptz AS db_timestamp"
@@ -56,7 +56,7 @@ async def statements(dsn: str, calls: int) -> None:
     def journal(text: str, expected: bool) -> Callable[[str, int], tuple[Any, ...]]:
         def args(prefix: str, n: int) -> tuple[Any, ...]:
             parts = [(f"{prefix}|{e}", [pay], n if expected else None) for e in range(N)]
-            return (text, *sql.statement(validator.batch(parts), writer)[1])
+            return (text, *sql.statement(validator.batch(parts), writer, 0)[1])
 
         return args
 
