@@ -110,6 +110,30 @@ async def test_one_base_per_statement_above_every_previous_event_of_its_pids(dsn
     assert stored[1].db_timestamp > stored[0].db_timestamp
 
 
+@pytest.mark.parametrize("expected", [2, None])
+async def test_a_lone_persist_is_stamped_above_its_pids_newest_event(
+    dsn: str, journal: Journal, expected: int | None
+) -> None:
+    """A lone persist (its own statement) reads the pid's newest event, from ``expected_seq_nr``
+    on when given, and stamps above it even when it is ahead of the clock; a stale or gapped
+    ``expected_seq_nr`` still fails."""
+    await journal.persist("l|ahead", ["a", "b"])
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "UPDATE event_journal SET db_timestamp = db_timestamp + interval '1 hour' WHERE persistence_id = 'l|ahead'"
+        )
+        ahead = await conn.fetchval("SELECT max(db_timestamp) FROM event_journal WHERE persistence_id = 'l|ahead'")
+    finally:
+        await conn.close()
+    for wrong in (1, 3):
+        with pytest.raises(SequenceConflict):
+            await journal.persist("l|ahead", ["x"], expected_seq_nr=wrong)
+    written = await journal.persist("l|ahead", ["c"], expected_seq_nr=expected)
+    assert [(e.seq_nr, e.db_timestamp) for e in written] == [(3, ahead + ROW_STEP)]
+    assert await seq_nrs(journal, "l|ahead") == [1, 2, 3]
+
+
 async def test_group_committed_calls_with_expected_seq_nr_fail_alone(dsn: str, journal: Journal) -> None:
     """The group commit's batches take the optimistic insert too (requests, not columns)."""
     await journal.persist("gc|taken", ["a"])
