@@ -203,6 +203,16 @@ CASES: dict[str, Callable[[World], Case]] = {
         2,
         r"cannot import handler module 'nowhere'",
     ),
+    "partitions move, inverted --slices (refused before connecting)": lambda w: Case(
+        [*JOURNAL, "partitions", "move", "--slices", "700-100", "--to", w.good, "--dsn", w.dsn(w.closed)],
+        2,
+        r"inverted slice range 700\.\.100",
+    ),
+    "partitions move, --slices past 1023": lambda w: Case(
+        [*JOURNAL, "partitions", "move", "--slices", "512-2047", "--to", w.good, "--dsn", w.dsn(w.closed)],
+        2,
+        r"max_slice must be an int in 0\.\.1023, got 2047",
+    ),
     "cleanup --pids-from a binary file": lambda w: Case(
         [*JOURNAL, "cleanup", "delete-all", "--pids-from", w.file("pids.bin", bytes(range(256))), "--dsn", w.good],
         2,
