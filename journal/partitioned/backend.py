@@ -24,6 +24,7 @@ from ..postgres import MOVED, PostgresBackend, PostgresKeyStore, redact
 from ..settings import JournalSettings
 from ..write_batch import BatchResult, WriteBatch
 from .databases import Databases
+from .replication import PartitionedReplicationStore
 from .routing import Router
 from .slice_reads import PartitionedSliceReads
 from .stores import PartitionedCleanup, PartitionedTagStore
@@ -189,12 +190,9 @@ class PartitionedBackend:
     def cleanup_store(self) -> PartitionedCleanup:
         return self._cleanup
 
-    def replication_store(self, location: str) -> Any:
-        raise UnsupportedOperation(
-            "replication needs a location in one database: a replicated log's positions and version "
-            "vector are written in the transaction of its events, and a partitioned location spreads "
-            "a log's events over several databases (see docs/scaling-out.md)"
-        )
+    def replication_store(self, location: str) -> PartitionedReplicationStore:
+        """The location's logs: their state in the home database, their events by slice."""
+        return PartitionedReplicationStore(self.dbs, self.router, self._home_backend, location)
 
     def _home_backend(self) -> PostgresBackend:
         if self.dsn in self.dbs.dsns:

@@ -23,6 +23,17 @@ from .errors import driver_error, is_transient, mapped_errors
 from .key_store import PostgresKeyStore
 from .leases import HEARTBEAT_PID, LeaseSql, OffsetRow, PostgresSliceLeases
 from .partitions import FENCED, INCOMING, MOVED, MOVING, OWNED, SERVING, MoveRecord, PartitionRow, PostgresPartitions
+from .replication_part import ReplicationPart
+from .replication_store import (
+    STAMP_LIMIT,
+    PostgresReplicationStore,
+    dump_vt,
+    events_of,
+    log_head,
+    merged,
+    racing_local_writes,
+    vector_time_of,
+)
 from .timestamp_rule import install as install_timestamp_rule
 from .timestamp_rule import installed as timestamp_rule_installed
 from .timestamp_rule import remove as remove_timestamp_rule
@@ -35,6 +46,7 @@ __all__ = [
     "MOVING",
     "OWNED",
     "SERVING",
+    "STAMP_LIMIT",
     "LeaseSql",
     "MoveRecord",
     "OffsetRow",
@@ -42,13 +54,20 @@ __all__ = [
     "PostgresBackend",
     "PostgresKeyStore",
     "PostgresPartitions",
+    "PostgresReplicationStore",
     "PostgresSliceLeases",
+    "ReplicationPart",
     "asyncpg_dsn",
     "connect",
     "driver_error",
+    "dump_vt",
+    "events_of",
     "install_timestamp_rule",
     "is_transient",
+    "log_head",
     "mapped_errors",
+    "merged",
+    "racing_local_writes",
     "redact",
     "remove_timestamp_rule",
     "schema_migrations",
@@ -56,6 +75,7 @@ __all__ = [
     "target_of",
     "timestamp_rule_installed",
     "validate_dsn",
+    "vector_time_of",
     "without_password",
 ]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -29,7 +29,7 @@ from ..vector_time import VectorTime
 from ..write_batch import WriteBatch
 from ..write_validation import replicated_batch
 from . import recovery_guard
-from .errors import is_transient
+from .errors import is_transient, partition_refusal
 from .replicated_insert import insert_replicated
 from .statements import notify_groups
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
@@ -129,6 +129,29 @@ class ReplicationStatements:
             f"AND log_seq_nr IS NOT NULL GROUP BY origin_location, origin_seq_nr"
         )
 
+        # a database's part of a partitioned location's log ($N::int[]: the slices it serves)
+        self.read_log_within = (
+            f"SELECT {columns} FROM {ej} WHERE entity_type = $1 AND log_seq_nr > $2 AND log_seq_nr <= $3 "
+            f"AND slice = ANY($5::int[]) ORDER BY log_seq_nr LIMIT $4"
+        )
+        self.read_ids_within = (
+            f"SELECT {columns} FROM {ej} e JOIN unnest($2::text[], $3::bigint[]) AS s(origin, origin_seq) "
+            f"ON e.entity_type = $1 AND e.origin_location = s.origin AND e.origin_seq_nr = s.origin_seq "
+            f"WHERE e.log_seq_nr <= $4 AND e.slice = ANY($5::int[]) ORDER BY e.log_seq_nr"
+        )
+        self.event_ids_within = (
+            f"SELECT origin_location, origin_seq_nr, count(*) AS n FROM {ej} WHERE entity_type = $1 "
+            f"AND log_seq_nr IS NOT NULL AND slice = ANY($2::int[]) GROUP BY origin_location, origin_seq_nr"
+        )
+        self.above = f"SELECT log_seq_nr, vector_time FROM {ej} WHERE entity_type = $1 AND log_seq_nr > $2"
+        self.delete_logically_within = self.delete_logically + " AND slice = ANY($3::int[])"
+        self.delete_physically_within = self.delete_physically + " AND e.slice = ANY($3::int[])"
+        self.mark_recovering = (
+            f"INSERT INTO {rl} (log_name, location, log_seq_nr, version_vector, recovering) "
+            f"VALUES ($1, $2, 0, '{{}}', true) ON CONFLICT (log_name) DO UPDATE SET recovering = true"
+        )
+        self.unmark_recovering = f"DELETE FROM {rl} WHERE log_name = $1"
+
     def insert(self, *, notify: bool, tagged: bool) -> str:
         key = (notify, tagged)
         if key not in self._inserts:
@@ -141,6 +164,14 @@ class ReplicationStatements:
         return (
             f"SELECT persistence_id, seq_nr FROM {self.ej} WHERE entity_type = {_literal(log_name)} "
             f"AND log_seq_nr IS NULL ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $1"
+        )
+
+    def unstamped_within(self, log_name: str) -> str:
+        """:meth:`unstamped` of the slices ``$2`` only, with each event's slice and timestamp."""
+        return (
+            f"SELECT persistence_id, seq_nr, slice, db_timestamp FROM {self.ej} "
+            f"WHERE entity_type = {_literal(log_name)} AND log_seq_nr IS NULL AND slice = ANY($2::int[]) "
+            f"ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $1"
         )
 
     def unstamped_index(self, log_name: str) -> str:
@@ -167,18 +198,18 @@ def _literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def _vt(value: Any) -> VectorTime:
+def vector_time_of(value: Any) -> VectorTime:
     return VectorTime.from_json(orjson.loads(value) if isinstance(value, str | bytes) else value)
 
 
-async def _head(conn: Any, sql: str, log_name: str) -> asyncpg.Record:
+async def log_head(conn: Any, sql: str, log_name: str) -> asyncpg.Record:
     row: asyncpg.Record | None = await conn.fetchrow(sql, log_name)
     if row is None:
         raise ReplicationError(f"log {log_name!r} is not set up at this location (ensure_log first)")
     return row
 
 
-def _dump(vt: VectorTime) -> str:
+def dump_vt(vt: VectorTime) -> str:
     return orjson.dumps(vt.to_json()).decode()
 
 
@@ -191,45 +222,53 @@ class PostgresReplicationStore:
         self.sql = ReplicationStatements(backend.settings.schema)
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Any]:
+    async def connection(self) -> AsyncIterator[Any]:
         """A pooled connection; the database being away (refused, lost, shutting down) becomes
-        :class:`JournalUnavailable`, which the endpoint answers as gRPC ``UNAVAILABLE``."""
+        :class:`JournalUnavailable`, which the endpoint answers as gRPC ``UNAVAILABLE``; the owner
+        check's refusal (a partitioned database) becomes :class:`SliceRangeMoved`."""
         try:
             async with self.backend.pool.acquire() as conn:
                 yield conn
         except Exception as e:
             if is_transient(e):
                 raise JournalUnavailable(f"location {self.location!r}: database unavailable: {e}") from e
+            moved = partition_refusal(e)
+            if moved is not None:  # the owner check of a partitioned database
+                raise moved from e
             raise
 
     async def ensure_log(self, log_name: str) -> None:
         """Create the log's state row for this location; refuse a database of another location."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             try:
                 await conn.execute(self.sql.ensure_log, log_name, self.location)
             except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as e:
                 raise ConfigurationError(
                     "this database has no replication tables: run `journal migrate` (migration 0005) first"
                 ) from e
-            row = await _head(conn, self.sql.log_row, log_name)
-            if await conn.fetchval("SELECT to_regclass($1)", self.sql.origin_index) is None:
-                raise ConfigurationError(
-                    "this database lacks the replication indexes: run `journal migrate` (migration 0006) first"
-                )
-            with contextlib.suppress(asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
-                await conn.execute(self.sql.unstamped_index(log_name))  # another process won the race
+            row = await log_head(conn, self.sql.log_row, log_name)
+            await self.ensure_indexes(conn, log_name)
         if row["location"] != self.location:
             raise LocationMismatch(
                 f"log {log_name!r} of this database belongs to location {row['location']!r}, not {self.location!r}"
             )
 
+    async def ensure_indexes(self, conn: Any, log_name: str) -> None:
+        """Refuse a database without the replication indexes; create the log's unstamped index."""
+        if await conn.fetchval("SELECT to_regclass($1)", self.sql.origin_index) is None:
+            raise ConfigurationError(
+                "this database lacks the replication indexes: run `journal migrate` (migration 0006) first"
+            )
+        with contextlib.suppress(asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
+            await conn.execute(self.sql.unstamped_index(log_name))  # another process won the race
+
     async def version_vector(self, log_name: str) -> VectorTime:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             row = await conn.fetchrow(self.sql.log_row, log_name)
-        return VectorTime() if row is None else _vt(row["version_vector"])
+        return VectorTime() if row is None else vector_time_of(row["version_vector"])
 
     async def log_seq_nr(self, log_name: str) -> int:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             row = await conn.fetchrow(self.sql.log_row, log_name)
         return 0 if row is None else int(row["log_seq_nr"])
 
@@ -241,11 +280,11 @@ class PostgresReplicationStore:
         peers have read of this location, and its version vector does not yet hold what the
         location had; local events written before or during the recovery are stamped after it,
         at new positions, with a vector time that covers everything recovered."""
-        async with self._connection() as conn, conn.transaction():
-            head = await _head(conn, self.sql.lock_log, log_name)
+        async with self.connection() as conn, conn.transaction():
+            head = await log_head(conn, self.sql.lock_log, log_name)
             if head["recovering"]:
                 return 0
-            pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
+            pos, vv = int(head["log_seq_nr"]), vector_time_of(head["version_vector"])
             n, _, _ = await self._stamp_locked(conn, log_name, pos, vv, limit)
             return n
 
@@ -263,42 +302,42 @@ class PostgresReplicationStore:
         for r in rows:
             pos += 1
             vv = vv.with_entry(self.location, pos)
-            row = (r["persistence_id"], r["seq_nr"], self.location, pos, _dump(vv), pos)
+            row = (r["persistence_id"], r["seq_nr"], self.location, pos, dump_vt(vv), pos)
             for col, v in zip(cols, row, strict=True):
                 col.append(v)
         await conn.execute(self.sql.stamp, *cols)
-        await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
+        await conn.execute(self.sql.save_log, log_name, pos, dump_vt(vv))
         return len(rows), pos, vv
 
     async def read_log(self, log_name: str, after: int, limit: int) -> tuple[list[ReplicatedEvent], int]:
         """Events of the log after position ``after`` in log order, and the last position
         scanned (``after`` when none)."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(self.sql.read_log, log_name, after, limit)
-        return _events(rows), (int(rows[-1]["log_seq_nr"]) if rows else after)
+        return events_of(rows), (int(rows[-1]["log_seq_nr"]) if rows else after)
 
     async def read_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[ReplicatedEvent]:
         """The log's events with these identities (origin location, origin seq nr), in log order."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(self.sql.read_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
-        return _events(rows)
+        return events_of(rows)
 
     async def missing_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
         """Those of ``ids`` this location has not stored (in the order given)."""
         if not ids:
             return []
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
         stored = {(r[0], int(r[1])) for r in rows}
         return [i for i in ids if i not in stored]
 
     async def progress(self, log_name: str, source_location: str) -> int:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             v = await conn.fetchval(self.sql.progress, log_name, source_location)
         return 0 if v is None else int(v)
 
     async def all_progress(self, log_name: str) -> dict[str, int]:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(self.sql.all_progress, log_name)
         return {r["source_location"]: int(r["source_log_seq_nr"]) for r in rows}
 
@@ -318,26 +357,19 @@ class PostgresReplicationStore:
         the batch computed; the batch is then written again at once (a few times at most, then
         :class:`~journal.errors.SequenceConflict`: the endpoint retries after ``retry_delay``)."""
         batch = replicated_batch(log_name, events)  # the write path's one validator
-        for attempt in range(SEQUENCE_RACE_ATTEMPTS):
-            try:
-                return await self._write_replicated(log_name, source_location, batch, events, last_scanned)
-            except asyncpg.UniqueViolationError as e:
-                if e.constraint_name != PRIMARY_KEY or attempt + 1 == SEQUENCE_RACE_ATTEMPTS:
-                    raise SequenceConflict(
-                        events[0].persistence_id if events else "", None,
-                        f"a replicated batch of {log_name!r} kept racing local writes: {e}",
-                    ) from e  # fmt: skip
-        raise AssertionError("unreachable")
+        return await racing_local_writes(
+            log_name, events, lambda: self._write_replicated(log_name, source_location, batch, events, last_scanned)
+        )
 
     async def _write_replicated(
         self, log_name: str, source_location: str, batch: WriteBatch, events: Sequence[ReplicatedEvent],
         last_scanned: int,
     ) -> WriteOutcome:  # fmt: skip
-        async with self._connection() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             # this transaction's rows pass the recovery guard and the timestamp rule trigger (if any)
             await conn.execute(f"{recovery_guard.MARK_REPLICATED_SQL}; {MARK_WRITER_LOCAL_SQL}")
-            head = await _head(conn, self.sql.lock_log, log_name)
-            pos, vv = int(head["log_seq_nr"]), _vt(head["version_vector"])
+            head = await log_head(conn, self.sql.lock_log, log_name)
+            pos, vv = int(head["log_seq_nr"]), vector_time_of(head["version_vector"])
             while not head["recovering"]:
                 # local events committed before this batch are stamped first: their vector times
                 # never cover what arrives now, which their writers cannot have seen
@@ -346,8 +378,11 @@ class PostgresReplicationStore:
                     break
             new = await self._not_stored(conn, log_name, events)
             if new:
-                pos, vv = await self._insert(conn, log_name, batch.select(new), [events[i] for i in new], pos, vv)
-                await conn.execute(self.sql.save_log, log_name, pos, _dump(vv))
+                stored = [events[i] for i in new]
+                positions = list(range(pos + 1, pos + 1 + len(stored)))
+                await self.insert(conn, log_name, batch.select(new), stored, positions)
+                pos, vv = positions[-1], merged(vv, stored)
+                await conn.execute(self.sql.save_log, log_name, pos, dump_vt(vv))
             await conn.execute(self.sql.save_progress, log_name, source_location, last_scanned)
         return WriteOutcome(written=len(new), dropped=len(events) - len(new), progress=last_scanned)
 
@@ -366,17 +401,11 @@ class PostgresReplicationStore:
                 out.append(i)
         return out
 
-    async def _insert(
-        self, conn: Any, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], pos: int, vv: VectorTime
-    ) -> tuple[int, VectorTime]:
-        """The events (``batch``, checked, and the events it was made of) in one statement."""
-        positions = list(range(pos + 1, pos + 1 + len(events)))
-        highest: dict[str, int] = {}
-        for e in events:
-            for location, counter in e.vector_time.items():
-                if counter > highest.get(location, 0):
-                    highest[location] = counter
-        vv = vv.merge(highest)
+    async def insert(
+        self, conn: Any, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], positions: Sequence[int]
+    ) -> None:
+        """The events (``batch``, checked, and the events it was made of) at these log
+        positions, in one statement."""
         b = self.backend
         tagged = any(batch.tags)
         metas = batch.metadata
@@ -386,7 +415,7 @@ class PostgresReplicationStore:
             [m.ser_id if m else None for m in metas], [m.manifest if m else None for m in metas],
             [m.payload if m else None for m in metas],
             [e.origin_location for e in events], [e.origin_seq_nr for e in events],
-            [_dump(e.vector_time) for e in events], positions, log_name, b.writer_id, b.conns.epoch,
+            [dump_vt(e.vector_time) for e in events], positions, log_name, b.writer_id, b.conns.epoch,
         ]  # fmt: skip
         notify = b.settings.write.notify
         if notify:
@@ -394,19 +423,18 @@ class PostgresReplicationStore:
         if tagged:
             params.append(bucket_millis(b.settings.tags.bucket_size))
         await conn.fetchrow(self.sql.insert(notify=notify, tagged=tagged), *params)
-        return positions[-1], vv
 
     async def begin_recovery(self, log_names: Sequence[str]) -> None:
         """Flag the logs as recovering and install the recovery guard: from its commit on, every
         local write to them, by any process or writer, is refused (:mod:`.recovery_guard`)."""
-        async with self._connection() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             for name in log_names:
                 await conn.execute(self.sql.set_recovering, name, True)
             await conn.execute(recovery_guard.install_sql(self.backend.settings.schema))
 
     async def end_recovery(self, log_names: Sequence[str]) -> None:
         """Clear the logs' recovering flags; drop the guard when no log is recovering any more."""
-        async with self._connection() as conn, conn.transaction():
+        async with self.connection() as conn, conn.transaction():
             for name in log_names:
                 await conn.execute(self.sql.set_recovering, name, False)
             if not await conn.fetchval(self.sql.any_recovering):
@@ -414,12 +442,12 @@ class PostgresReplicationStore:
 
     async def recovering(self, log_names: Sequence[str]) -> bool:
         """Is one of these logs flagged as recovering (a recovery began and has not completed)?"""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             return bool(await conn.fetchval(self.sql.recovering, list(log_names)))
 
     async def guard_installed(self) -> bool:
         schema = self.backend.settings.schema
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             found = await conn.fetchval(
                 recovery_guard.INSTALLED_SQL, f'"{schema}".event_journal', recovery_guard.TRIGGER
             )
@@ -427,26 +455,26 @@ class PostgresReplicationStore:
 
     async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None:
         """A target read after ``log_seq_nr``: it has stored everything of this log up to there."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             await conn.execute(self.sql.save_target_progress, log_name, target_location, log_seq_nr)
 
     async def target_progress(self, log_name: str) -> dict[str, int]:
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(self.sql.target_progress, log_name)
         return {r["target_location"]: int(r["log_seq_nr"]) for r in rows}
 
     async def reserve_positions(self, log_name: str, at_least: int) -> None:
         """Make the log's next position greater than ``at_least`` (disaster recovery: peers may
         have read this location's old log that far)."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             await conn.execute(self.sql.reserve, log_name, at_least)
 
     async def delete_logically(self, log_name: str, to_log_seq_nr: int) -> int:
         """Mark the log's events up to ``to_log_seq_nr`` deleted: local reads (slice queries,
         entities) skip them, replication still sends them. Returns the position actually applied
         (no further than the log's current position)."""
-        async with self._connection() as conn, conn.transaction():
-            head = await _head(conn, self.sql.lock_log, log_name)
+        async with self.connection() as conn, conn.transaction():
+            head = await log_head(conn, self.sql.lock_log, log_name)
             applied = min(to_log_seq_nr, int(head["log_seq_nr"]))
             await conn.execute(self.sql.delete_logically, log_name, applied)
         return applied
@@ -458,33 +486,65 @@ class PostgresReplicationStore:
         progress = await self.target_progress(log_name)
         bound = min([to_log_seq_nr, *(progress.get(t, 0) for t in replicated_to)])
         if bound > 0:
-            async with self._connection() as conn:
+            async with self.connection() as conn:
                 await conn.execute(self.sql.delete_physically, log_name, bound)
         return max(bound, 0)
 
     async def delete_invalid_snapshots(self, log_name: str) -> int:
         """Delete snapshots of the log's entities that cover events this location no longer has."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             status = await conn.execute(self.sql.delete_invalid_snapshots, log_name)
         return int(status.split()[-1])
 
     async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]:
         """A pid's stamped events in local order: payload, origin location and seq nr, vector time."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(self.sql.entity_events, persistence_id)
         return [
-            (Serialized(r[0], r[1], bytes(r[2])), r["origin_location"], int(r["origin_seq_nr"]), _vt(r["vector_time"]))
+            (
+                Serialized(r[0], r[1], bytes(r[2])),
+                r["origin_location"],
+                int(r["origin_seq_nr"]),
+                vector_time_of(r["vector_time"]),
+            )
             for r in rows
         ]
 
     async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]:
         """Every event id of the log with how many times it is stored (for checks and status)."""
-        async with self._connection() as conn:
+        async with self.connection() as conn:
             rows = await conn.fetch(self.sql.event_ids, log_name)
         return {(r["origin_location"], int(r["origin_seq_nr"])): int(r["n"]) for r in rows}
 
 
-def _events(rows: Sequence[asyncpg.Record]) -> list[ReplicatedEvent]:
+async def racing_local_writes(
+    log_name: str, events: Sequence[ReplicatedEvent], write: Callable[[], Awaitable[WriteOutcome]]
+) -> WriteOutcome:
+    """``write()`` again while a local write took a sequence number the batch computed (a few
+    times, then :class:`~journal.errors.SequenceConflict`: the endpoint retries later)."""
+    for attempt in range(SEQUENCE_RACE_ATTEMPTS):
+        try:
+            return await write()
+        except asyncpg.UniqueViolationError as e:
+            if e.constraint_name != PRIMARY_KEY or attempt + 1 == SEQUENCE_RACE_ATTEMPTS:
+                raise SequenceConflict(
+                    events[0].persistence_id if events else "", None,
+                    f"a replicated batch of {log_name!r} kept racing local writes: {e}",
+                ) from e  # fmt: skip
+    raise AssertionError("unreachable")
+
+
+def merged(vv: VectorTime, events: Sequence[ReplicatedEvent]) -> VectorTime:
+    """The version vector with the vector times of ``events`` folded in."""
+    highest: dict[str, int] = {}
+    for e in events:
+        for location, counter in e.vector_time.items():
+            if counter > highest.get(location, 0):
+                highest[location] = counter
+    return vv.merge(highest)
+
+
+def events_of(rows: Sequence[asyncpg.Record]) -> list[ReplicatedEvent]:
     out: list[ReplicatedEvent] = []
     for r in rows:
         if r["deleted"] and not r["event_payload"]:
@@ -498,7 +558,7 @@ def _events(rows: Sequence[asyncpg.Record]) -> list[ReplicatedEvent]:
                 event=Serialized(r["event_ser_id"], r["event_ser_manifest"], bytes(r["event_payload"])),
                 origin_location=r["origin_location"],
                 origin_seq_nr=r["origin_seq_nr"],
-                vector_time=_vt(r["vector_time"]),
+                vector_time=vector_time_of(r["vector_time"]),
                 log_seq_nr=r["log_seq_nr"],
                 tags=tuple(r["tags"] or ()),
                 metadata=meta,
