@@ -207,3 +207,67 @@ async def test_a_writer_that_dies_between_its_partitions_and_home_is_repaired(
         await write_in_order(eb.journal, b_pids, 4, "e")
         await wait_until(lambda: converged(ea, eb, 56), 60, "convergence", every=0.2)
         await assert_converged(ea, eb, [*ps, *b_pids], 4)
+
+
+@pytest.mark.timeout(120)
+async def test_a_replicated_batch_whose_home_commit_failed_is_adopted_and_not_written_again(
+    parts: list[str], pg_servers: list[Any]
+) -> None:
+    a_dbs, home, b_db = parts[:2], parts[2], parts[3]
+    sa, sb = a_settings(a_dbs, home), JournalSettings.load(env={}, dsn=b_db)
+    ps = pids("f", 8)
+    async with open_journal(b_db, settings=sb, migrate=False) as jb:
+        b = jb.backend.replication_store("B")
+        await b.ensure_log(LOG)
+        await write_in_order(jb, ps, 2, "f")
+        assert await b.stamp(LOG) == 16
+        events, last = await b.read_log(LOG, 0, 100)
+        b_vv = await b.version_vector(LOG)
+    async with open_journal(home, settings=sa, migrate=False) as journal:
+        store = journal.backend.replication_store("A")
+        await store.ensure_log(LOG)
+        # an uncommitted row with the key of one of the batch's events: the batch's insert waits on it
+        victim = next(p for p in ps if slice_for(p) >= 512)
+        blocker = await asyncpg.connect(asyncpg_dsn(a_dbs[1]))
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute(
+            "INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, "
+            "event_ser_manifest, event_payload, writer) VALUES ($1, $2, $3, 1, now(), 1, '', ''::bytea, 'test')",
+            slice_for(victim), LOG, victim,
+        )  # fmt: skip
+        writing = asyncio.create_task(store.write_replicated(LOG, "B", events, last))
+
+        async def waiting() -> bool:
+            return bool(
+                await blocker.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            )
+
+        await wait_until(waiting, 30, "the batch waiting on the held key", every=0.05)
+        crash(pg_servers[2])
+        await tx.rollback()
+        await blocker.close()
+        with pytest.raises(JournalError):
+            await writing
+        assert len(await stamped(a_dbs)) == 16, "both partitions committed the batch"
+        await running(pg_servers[2])
+
+        async def write_again() -> Any:
+            try:
+                return await store.write_replicated(LOG, "B", events, last)
+            except JournalError:
+                return None  # the home pool reconnecting
+
+        outcome = await wait_until(write_again, 30, "the batch written again", every=0.1)
+        assert (outcome.written, outcome.dropped) == (0, 16)  # stored already: skipped by identity
+        rows = await stamped(a_dbs)
+        assert len(rows) == 16
+        assert_positions_once(rows)
+        # adopted: served by position and in the version vector (without the repair: neither)
+        assert await store.log_seq_nr(LOG) == 16 and await store.progress(LOG, "B") == last
+        got, _ = await store.read_log(LOG, 0, 100)
+        assert sorted(e.event_id for e in got) == sorted(e.event_id for e in events)
+        assert await store.version_vector(LOG) == b_vv
