@@ -161,8 +161,8 @@ class SliceMove:
         src, dst = await self.dbs.usable(s), await self.dbs.usable(t)
         if await src.partitions().has_replication():
             raise ConfigurationError(
-                "the source database holds replicated logs: a partitioned location cannot replicate "
-                "(see docs/scaling-out.md)"
+                "the source database holds replicated logs' state (a replicating location's home "
+                "database, or one recovering): its ranges stay (see docs/scaling-out.md)"
             )
         epoch = rec.epoch if rec is not None else self.dbs.map.epoch + 1
         report = MoveReport(self.lo, self.hi, self.dbs.names[s], self.dbs.names[t], epoch, rec.step if rec else None)

@@ -1,6 +1,6 @@
 """A replication endpoint: serves this location's logs over gRPC and pulls its connections' logs.
 
-One endpoint per location. It owns the location's journal (its own database only), stamps the
+One endpoint per location. It owns the location's journal (its database, or databases), stamps the
 local events into the logs, answers reads, wakes connected endpoints on changes (``Watch``), pulls
 every (connection, log) pair in its own loop and publishes availability. Surfaces layer.
 """
@@ -88,7 +88,7 @@ class ReplicationEndpoint:
         self._journal_cm = open_journal(c.dsn, settings=self._settings, migrate=c.migrate)
         self._journal = await self._journal_cm.__aenter__()
         backend = self._journal.backend
-        try:  # UnsupportedOperation off PostgreSQL, or on a location over several databases
+        try:  # UnsupportedOperation off PostgreSQL
             self._store = backend.replication_store(c.location)
         except BaseException:
             await self.stop()  # the journal just opened is closed again
