@@ -21,7 +21,8 @@ import pytest
 from endpoint_processes import free_address
 
 from journal import Journal, JournalSettings, open_journal, slice_for
-from journal.errors import JournalError
+from journal.errors import ConfigurationError, JournalError, LocalWritesRefused
+from journal.partitioned.move import SliceMove
 from journal.partitioned.replication import PartitionedReplicationStore
 from journal.postgres import PostgresReplicationStore, asyncpg_dsn
 from journal.replication.config import EndpointConfig
@@ -271,3 +272,25 @@ async def test_a_replicated_batch_whose_home_commit_failed_is_adopted_and_not_wr
         got, _ = await store.read_log(LOG, 0, 100)
         assert sorted(e.event_id for e in got) == sorted(e.event_id for e in events)
         assert await store.version_vector(LOG) == b_vv
+
+
+async def test_a_recovery_refuses_local_writes_on_every_database_and_keeps_moves_away(parts: list[str]) -> None:
+    a_dbs = parts[:2]
+    low, high = (next(p for p in pids("g", 40) if (slice_for(p) >= 512) == up) for up in (False, True))
+    async with open_journal(a_dbs[0], settings=a_settings(a_dbs, a_dbs[0]), migrate=False) as journal:
+        store = journal.backend.replication_store("A")
+        await store.ensure_log(LOG)
+        await journal.persist(low, [{"v": "g-0"}])
+        await store.begin_recovery([LOG])
+        assert await store.recovering([LOG]) and await store.guard_installed()
+        for pid in (low, high):  # the home database and the other one
+            with pytest.raises(LocalWritesRefused):
+                await journal.persist(pid, [{"v": "g-1"}])
+        assert await store.stamp(LOG) == 0  # nothing stamped while recovering
+        with pytest.raises(ConfigurationError, match="replicated logs' state"):
+            await SliceMove(journal.backend, 512, 767, parts[3]).run()  # the marker keeps a move away
+        await store.end_recovery([LOG])
+        assert not await store.recovering([LOG]) and not await store.guard_installed()
+        await journal.persist(high, [{"v": "g-1"}])
+        assert await store.stamp(LOG) == 2
+        assert not await fetch(a_dbs[1], "SELECT 1 FROM replication_log")  # the marker is gone

@@ -82,6 +82,10 @@ class PartitionedReplicationStore:
         self._home_backend = home
         self._home: PostgresReplicationStore | None = None
         self._parts: dict[int, ReplicationPart] = {}
+        self._writers: dict[str, asyncio.Lock] = {}
+        """Per log: one writer of this process at a time waits for the home row. A writer holds a
+        home connection while it waits and takes a second one when the home database is also a
+        partition; without this, enough waiters could hold every pooled connection."""
 
     # -- where things are -------------------------------------------------------------------
 
@@ -192,7 +196,11 @@ class PartitionedReplicationStore:
         the block leaves are saved in H, which commits after the block (and its parts)."""
         home = self.home
         try:
-            async with home.connection() as conn, conn.transaction():
+            async with (
+                self._writers.setdefault(log_name, asyncio.Lock()),
+                home.connection() as conn,
+                conn.transaction(),
+            ):
                 head = await log_head(conn, home.sql.lock_log, log_name)
                 saved = (int(head["log_seq_nr"]), vector_time_of(head["version_vector"]))
                 held = _Held(conn, saved[0], saved[1], bool(head["recovering"]))
