@@ -47,6 +47,7 @@ from ..postgres import (
     events_of,
     log_head,
     merged,
+    not_in,
     racing_local_writes,
     vector_time_of,
 )
@@ -54,7 +55,6 @@ from ..replicated import ReplicatedEvent, WriteOutcome
 from ..serialization import Serialized
 from ..vector_time import VectorTime
 from ..write_batch import WriteBatch
-from ..write_validation import replicated_batch
 from .databases import Databases
 from .layout import NOWHERE, PartitionMap
 from .routing import Router
@@ -258,9 +258,8 @@ class PartitionedReplicationStore:
     ) -> WriteOutcome:
         """As :meth:`PostgresReplicationStore.write_replicated`, each event in the database of
         its slice, the progress saved in H after every part committed."""
-        batch = replicated_batch(log_name, events)
         return await racing_local_writes(
-            log_name, events, lambda: self._write_replicated(log_name, source_location, batch, events, last_scanned)
+            log_name, events, lambda b: self._write_replicated(log_name, source_location, b, events, last_scanned)
         )
 
     async def _write_replicated(
@@ -280,15 +279,10 @@ class PartitionedReplicationStore:
         if not events:
             return []
         ids = [e.event_id for e in events]
-        seen: set[tuple[str, int]] = set()
+        stored: set[tuple[str, int]] = set()
         for got in await asyncio.gather(*(p.stored_ids(log_name, ids) for p in await self._all_parts())):
-            seen |= got
-        out = []
-        for i, e in enumerate(events):
-            if e.event_id not in seen:
-                seen.add(e.event_id)
-                out.append(i)
-        return out
+            stored |= got
+        return not_in(events, stored)
 
     async def _insert(
         self, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], new: list[int], held: _Held

@@ -31,6 +31,7 @@ from .replication_store import (
     events_of,
     log_head,
     merged,
+    not_in,
     racing_local_writes,
     vector_time_of,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "log_head",
     "mapped_errors",
     "merged",
+    "not_in",
     "racing_local_writes",
     "redact",
     "remove_timestamp_rule",

@@ -356,9 +356,8 @@ class PostgresReplicationStore:
         A local write to one of the batch's pids that commits first takes the sequence number
         the batch computed; the batch is then written again at once (a few times at most, then
         :class:`~journal.errors.SequenceConflict`: the endpoint retries after ``retry_delay``)."""
-        batch = replicated_batch(log_name, events)  # the write path's one validator
         return await racing_local_writes(
-            log_name, events, lambda: self._write_replicated(log_name, source_location, batch, events, last_scanned)
+            log_name, events, lambda b: self._write_replicated(log_name, source_location, b, events, last_scanned)
         )
 
     async def _write_replicated(
@@ -393,13 +392,7 @@ class PostgresReplicationStore:
             return []
         ids = [e.event_id for e in events]
         rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
-        seen = {(r["origin"], int(r["origin_seq"])) for r in rows}
-        out = []
-        for i, e in enumerate(events):
-            if e.event_id not in seen:
-                seen.add(e.event_id)
-                out.append(i)
-        return out
+        return not_in(events, {(r["origin"], int(r["origin_seq"])) for r in rows})
 
     async def insert(
         self, conn: Any, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], positions: Sequence[int]
@@ -518,13 +511,15 @@ class PostgresReplicationStore:
 
 
 async def racing_local_writes(
-    log_name: str, events: Sequence[ReplicatedEvent], write: Callable[[], Awaitable[WriteOutcome]]
+    log_name: str, events: Sequence[ReplicatedEvent], write: Callable[[WriteBatch], Awaitable[WriteOutcome]]
 ) -> WriteOutcome:
-    """``write()`` again while a local write took a sequence number the batch computed (a few
-    times, then :class:`~journal.errors.SequenceConflict`: the endpoint retries later)."""
+    """``write(batch)`` of the events checked as a batch (the write path's one validator), again
+    while a local write took a sequence number the batch computed (a few times, then
+    :class:`~journal.errors.SequenceConflict`: the endpoint retries later)."""
+    batch = replicated_batch(log_name, events)
     for attempt in range(SEQUENCE_RACE_ATTEMPTS):
         try:
-            return await write()
+            return await write(batch)
         except asyncpg.UniqueViolationError as e:
             if e.constraint_name != PRIMARY_KEY or attempt + 1 == SEQUENCE_RACE_ATTEMPTS:
                 raise SequenceConflict(
@@ -532,6 +527,18 @@ async def racing_local_writes(
                     f"a replicated batch of {log_name!r} kept racing local writes: {e}",
                 ) from e  # fmt: skip
     raise AssertionError("unreachable")
+
+
+def not_in(events: Sequence[ReplicatedEvent], stored: set[tuple[str, int]]) -> list[int]:
+    """The positions in ``events`` of those not in ``stored``, each identity once (a batch never
+    repeats one; be safe)."""
+    seen = set(stored)
+    out = []
+    for i, e in enumerate(events):
+        if e.event_id not in seen:
+            seen.add(e.event_id)
+            out.append(i)
+    return out
 
 
 def merged(vv: VectorTime, events: Sequence[ReplicatedEvent]) -> VectorTime:
