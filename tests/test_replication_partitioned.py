@@ -22,9 +22,10 @@ from endpoint_processes import free_address
 
 from journal import Journal, JournalSettings, open_journal, slice_for
 from journal.errors import ConfigurationError, JournalError, LocalWritesRefused
+from journal.partitioned.backend import PartitionedBackend
 from journal.partitioned.move import SliceMove
 from journal.partitioned.replication import PartitionedReplicationStore
-from journal.postgres import PostgresReplicationStore, asyncpg_dsn
+from journal.postgres import MOVING, OWNED, PostgresReplicationStore, asyncpg_dsn
 from journal.replication.config import EndpointConfig
 from journal.replication.endpoint import ReplicationEndpoint
 from tests.partition_fixtures import running
@@ -294,3 +295,28 @@ async def test_a_recovery_refuses_local_writes_on_every_database_and_keeps_moves
         await journal.persist(high, [{"v": "g-1"}])
         assert await store.stamp(LOG) == 2
         assert not await fetch(a_dbs[1], "SELECT 1 FROM replication_log")  # the marker is gone
+
+
+async def test_a_range_being_moved_is_stamped_only_once_the_move_is_over(parts: list[str]) -> None:
+    """A stamp changes rows a move's copy may have taken: a moving range's events wait."""
+    a_dbs = parts[:2]
+    spread = pids("h", 80)
+    moving = [p for p in spread if 512 <= slice_for(p) <= 767][:3]
+    others = [p for p in spread if slice_for(p) < 512 or slice_for(p) > 767][:3]
+    async with open_journal(a_dbs[0], settings=a_settings(a_dbs, a_dbs[0]), migrate=False) as journal:
+        backend = journal.backend
+        assert isinstance(backend, PartitionedBackend)
+        store = backend.replication_store("A")
+        await store.ensure_log(LOG)
+        await write_in_order(journal, [*moving, *others], 1, "h")
+        second = backend.dbs.backends[1].partitions()
+        await second.set_range(512, 767, MOVING, 1)  # as a move's first step records it
+        await backend.dbs.reload()
+        assert await store.stamp(LOG) == 3  # the other slices' events only
+        assert {r["persistence_id"] for r in await stamped(a_dbs)} == set(others)
+        await second.set_range(512, 767, OWNED, 1)  # the move abandoned: the range is owned again
+        await backend.dbs.reload()
+        assert await store.stamp(LOG) == 3
+        rows = await stamped(a_dbs)
+        assert {r["persistence_id"] for r in rows} == {*moving, *others}
+        assert_positions_once(rows)

@@ -87,16 +87,20 @@ class ReplicationPart:
         """The oldest local events of the log not stamped yet, of the slices given, after the
         delete check of their slices (it takes the write lock, so a move's drain waits for this
         transaction; it refuses a range being moved, whose rows a move's copy may have taken
-        already: then none, until the move is over)."""
+        already: its events are left out until the move is over)."""
         rows: list[asyncpg.Record] = await conn.fetch(self.sql.unstamped_within(log_name), limit, list(slices))
-        if rows:
+        while rows:
             try:
                 async with conn.transaction():  # a savepoint: a refusal leaves the transaction usable
                     await conn.execute(self.delete_check, epoch, sorted({int(r["slice"]) for r in rows}))
+                return rows
             except asyncpg.PostgresError as e:
-                if partition_refusal(e) is None:
+                moved = partition_refusal(e)
+                if moved is None:
                     raise
-                return []  # a range of them is being moved: they are stamped where it lands
+                # the refused range is being moved: its events are stamped where it lands
+                kept = [r for r in rows if not moved.min_slice <= r["slice"] <= moved.max_slice]
+                rows = kept if len(kept) < len(rows) else []
         return rows
 
     async def stamp(self, conn: Any, log_name: str, rows: Sequence[tuple[str, int, int, VectorTime]]) -> None:
