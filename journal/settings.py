@@ -46,6 +46,10 @@ class ConnectionSettings:
     pool_min_size: int = 0
     """Idle connections are kept for reuse anyway; 0 avoids background reconnect loops during outages."""
     pool_max_size: int = 10
+    """The journal's pool: reads, small statements, and the projection workers of the process
+    (their lease rounds, offset reads and one transaction per range being committed; a worker
+    over N databases runs up to N). Group commit writes on connections of its own. Size it for
+    queries in flight plus the workers' ranges; a worker waits for a connection when it is full."""
     connect_timeout: float = 10.0
     """Seconds to wait for a server to answer a connection attempt (a silent server, a firewall
     that drops packets) before that attempt counts as failed."""

@@ -640,8 +640,8 @@ class RangeProcessor:
         """Wait until the server process that ran a COMMIT whose answer was lost is done with it
         (it may still be committing: reading before that could see "not committed" for a batch
         that commits a moment later). After ``patience`` seconds it is terminated, which rolls a
-        COMMIT still in its deferred work back; only a process of this worker's own pool
-        (``application_name``) is ever terminated."""
+        COMMIT still in its deferred work back; only a process of the pool the worker runs on
+        (the journal's or its own, told by ``application_name``) is ever terminated."""
         deadline = time.monotonic() + patience
         while await self.sql.backend_busy(conn, server_pid, self.application_name):
             if time.monotonic() > deadline:

@@ -23,7 +23,8 @@ from typing import Any
 
 import asyncpg
 
-from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
+from journal.backend import Backend, SharedConnections
+from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost, UnsupportedOperation
 from journal.ids import NUMBER_OF_SLICES, runs, validate_entity_type, validate_name
 from journal.postgres import PostgresSliceLeases, asyncpg_dsn, driver_error, target_of
 from journal.settings import JournalSettings, QueryMode
@@ -82,6 +83,7 @@ class Worker:
         self.processors: dict[tuple[int, int], tuple[RangeProcessor, asyncio.Task[None]]] = {}
         self._stop = asyncio.Event()
         self._pool: asyncpg.Pool | None = None
+        self._owns_pool = False
         self.leases = PostgresSliceLeases(
             self._own_pool, settings.schema, name, self.worker_id, self.ps.lease_ttl, self.slice_count
         )
@@ -89,7 +91,8 @@ class Worker:
         self.outage = Outage(log, self.worker_id, quiet=self.ps.handler_max_backoff + self.ps.lease_renew_interval)
         """Database outages, shared with the processors (logged once each; shown by status)."""
         self.application_name = f"sj-projection {self.worker_id}"[:63]
-        """Of the worker's connections (a server process of ours is told apart by it)."""
+        """Of the worker's connections (a server process of ours is told apart by it): its own
+        pool's, or the journal's pool's when it runs on that (:meth:`_shared_connections`)."""
         metrics.track(self)
 
     def stop(self) -> None:
@@ -108,9 +111,14 @@ class Worker:
         dsn = self.settings.connection.dsn
         if dsn is None:
             raise ConfigurationError("Worker needs settings with a DSN (open the journal first)")
-        self._pool = await asyncpg.create_pool(
-            asyncpg_dsn(dsn), min_size=0, max_size=8, server_settings={"application_name": self.application_name}
-        )
+        shared = self._shared_connections(dsn)
+        if shared is not None:
+            self._pool, self.application_name = shared.pool, shared.application_name
+        else:
+            self._owns_pool = True
+            self._pool = await asyncpg.create_pool(
+                asyncpg_dsn(dsn), min_size=0, max_size=8, server_settings={"application_name": self.application_name}
+            )
         try:
             await self._start_up(dsn)
             last_prune = 0.0
@@ -137,6 +145,19 @@ class Worker:
             await self._shutdown()
         if self.error is not None:
             raise HandlerFailed(self.error)
+
+    def _shared_connections(self, dsn: str) -> SharedConnections | None:
+        """The journal's pool when the offsets live in its database (one pool per process; a
+        partitioned journal's: the home database's). A source without one (a Cassandra journal,
+        an EventSource of the caller's) or offsets kept elsewhere: the worker opens its own."""
+        backend = getattr(self.journal, "backend", None)
+        if not isinstance(backend, Backend):
+            return None
+        try:
+            shared = backend.shared_connections()
+        except UnsupportedOperation:
+            return None
+        return shared if shared.dsn == asyncpg_dsn(dsn) else None
 
     async def _start_up(self, dsn: str) -> None:
         """Create the lease rows; a database that is down is waited for, however long."""
@@ -254,7 +275,9 @@ class Worker:
             log.warning("%s: could not release leases (they expire in %ss): %s", self.worker_id, self.ps.lease_ttl, e)
         finally:
             self._pool = None
-            await pool.close()
+            if self._owns_pool:  # the journal's pool is the journal's to close
+                self._owns_pool = False
+                await pool.close()
 
 
 async def run_workers(workers: list[Worker], on_tick: Callable[[], Any] | None = None) -> None:
