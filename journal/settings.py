@@ -47,9 +47,11 @@ class ConnectionSettings:
     """Idle connections are kept for reuse anyway; 0 avoids background reconnect loops during outages."""
     pool_max_size: int = 10
     """The journal's pool: reads, small statements, and the projection workers of the process
-    (their lease rounds, offset reads and one transaction per range being committed; a worker
-    over N databases runs up to N). Group commit writes on connections of its own. Size it for
-    queries in flight plus the workers' ranges; a worker waits for a connection when it is full."""
+    (their lease rounds, offset reads and one transaction per slice range being processed; a
+    worker over N databases runs a range per database). Group commit writes on connections of its
+    own. A handler that reads the journal inside its transaction (the entities' writers) holds
+    two at once, so keep it above twice the ranges the process's workers run together, plus the
+    queries in flight: a full pool makes callers wait for a connection."""
     connect_timeout: float = 10.0
     """Seconds to wait for a server to answer a connection attempt (a silent server, a firewall
     that drops packets) before that attempt counts as failed."""
