@@ -115,8 +115,10 @@ def main() -> None:
     line("events_by_slices with NOTIFY", with_notify)
     line(f"events_by_slices polling only ({args.poll_refresh}s)", polling)
     p99 = pct(with_notify, 99)
-    print(f"# NOTIFY p99 {p99 * 1000:.1f} ms: {'OK' if p99 <= 0.05 else 'ABOVE'} target 50 ms;"
-          f" p50 ratio raw/journal {statistics.median(raw) / max(statistics.median(with_notify), 1e-9):.2f}")
+    print(
+        f"# NOTIFY p99 {p99 * 1000:.1f} ms: {'OK' if p99 <= 0.05 else 'ABOVE'} target 50 ms;"
+        f" p50 ratio raw/journal {statistics.median(raw) / max(statistics.median(with_notify), 1e-9):.2f}"
+    )
 
 
 if __name__ == "__main__":

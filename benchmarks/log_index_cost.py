@@ -95,5 +95,6 @@ def main() -> None:
     with fresh_databases(list(VARIANTS)) as dsns:
         runtime.run(run(dsns, args))
 
+
 if __name__ == "__main__":
     main()

@@ -66,9 +66,7 @@ async def main(dsn: str, n: int, entities: int, group_size: int, workers: int) -
         read_rate = count / (time.perf_counter() - t0)
 
         t0 = time.perf_counter()
-        rows = await conn.fetch(
-            "SELECT * FROM event_journal WHERE entity_type = $1 ORDER BY db_timestamp, seq_nr", et
-        )
+        rows = await conn.fetch("SELECT * FROM event_journal WHERE entity_type = $1 ORDER BY db_timestamp, seq_nr", et)
         raw_rate = len(rows) / (time.perf_counter() - t0)
         del rows
 

@@ -92,5 +92,6 @@ def main() -> None:
     with fresh_databases(["A", "B"]) as dsns:
         asyncio.run(run(dsns, args.seconds))
 
+
 if __name__ == "__main__":
     main()

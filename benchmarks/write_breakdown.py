@@ -46,17 +46,18 @@ async def statements(dsn: str, calls: int) -> None:
     sql = WriteStatements(Statements(JournalSettings.load(env={}, dsn=dsn).schema), notify=True, bucket_millis=1)
     validator = WriteValidator(SerializerRegistry())
     pay = payload(3)
-    probe = "LEFT JOIN LATERAL (SELECT e.seq_nr"
-    full = sql.statement(validator.batch([("x|1", [1], 0), ("x|2", [1], 0)]), writer)[0]
-    start = full.index(probe)
-    end = full.index(") h ON true", start)
-    no_probe = "LEFT JOIN LATERAL (SELECT c.expected AS seq_nr, NULL::timestamptz AS db_timestamp"
-    unchecked = full[:start] + no_probe + full[end:]
 
-    def journal(text: str, expected: bool) -> Callable[[str, int], tuple[Any, ...]]:
+    def without_probe(text: str) -> str:
+        start = text.index("LEFT JOIN LATERAL (SELECT e.seq_nr")
+        end = text.index(") h ON true", start)
+        no_probe = "LEFT JOIN LATERAL (SELECT c.expected AS seq_nr, NULL::timestamptz AS db_timestamp"
+        return text[:start] + no_probe + text[end:]
+
+    def journal(expected: bool, probe: bool = True) -> Callable[[str, int], tuple[Any, ...]]:
         def args(prefix: str, n: int) -> tuple[Any, ...]:
             parts = [(f"{prefix}|{e}", [pay], n if expected else None) for e in range(N)]
-            return (text, *sql.statement(validator.batch(parts), writer)[1])
+            text, params = sql.statement(validator.batch(parts), writer, 0)
+            return (text if probe else without_probe(text), *params)
 
         return args
 
@@ -66,9 +67,9 @@ async def statements(dsn: str, calls: int) -> None:
 
     variants = {
         "bare INSERT (ceiling)": raw,
-        "journal, expected_seq_nr": journal(full, True),
-        "journal, appending": journal(full, False),
-        "without the probe": journal(unchecked, True),
+        "journal, expected_seq_nr": journal(True),
+        "journal, appending": journal(False),
+        "without the probe": journal(True, probe=False),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for n in range(calls):

@@ -39,7 +39,7 @@ def loop_factory(uvloop: bool = True) -> Callable[[], asyncio.AbstractEventLoop]
 
 
 def loop_name(uvloop: bool = True) -> str:
-    """"uvloop" or "asyncio": what :func:`run` would use (benchmarks print it)."""
+    """ "uvloop" or "asyncio": what :func:`run` would use (benchmarks print it)."""
     return "uvloop" if loop_factory(uvloop) is not None else "asyncio"
 
 

@@ -239,9 +239,7 @@ class SerializerRegistry:
             raise ConfigurationError(f"serializer id {ident} is the payload codec's (sealed payloads)")
         existing = self._by_id.get(ident)
         if existing is not None and existing is not serializer:
-            raise ConfigurationError(
-                f"serializer id {ident} is already taken by {type(existing).__name__}"
-            )
+            raise ConfigurationError(f"serializer id {ident} is already taken by {type(existing).__name__}")
         self._by_id[ident] = serializer
         for t in types if isinstance(types, tuple) else (types,):
             self._by_type[t] = serializer

@@ -377,14 +377,10 @@ class JournalSettings:
         _non_negative(self.write, "max_batch_wait")
         _positive(self.retry, "attempts", "initial_backoff", "max_backoff", "budget")
         _positive(self.query, "buffer_size", "catch_up_buffer_size", "refresh_interval", "heartbeat_interval")
-        _non_negative(
-            self.query, "behind_current_time", "backtracking_window", "backtracking_behind_current_time"
-        )
+        _non_negative(self.query, "behind_current_time", "backtracking_window", "backtracking_behind_current_time")
         _positive(self.spark, "partitions", "fetch_size", "batch_size", "shuffle_partitions")
         if 1024 % self.spark.partitions:
-            raise ConfigurationError(
-                f"spark partitions must divide 1024, got {self.spark.partitions}"
-            )
+            raise ConfigurationError(f"spark partitions must divide 1024, got {self.spark.partitions}")
         p = self.projection
         _positive(
             p, "offset_time_window", "offset_delete_after", "offset_prune_interval",
@@ -411,11 +407,26 @@ class JournalSettings:
         t = self.tags
         if t.bucket_size not in get_args(TagBucketSize):
             raise ConfigurationError(f"tags bucket_size must be one of Day, Hour, Minute; got {t.bucket_size!r}")
-        _positive(t, "max_message_batch_size", "tag_write_timeout", "max_buffered_events", "retry_initial_backoff",
-                  "retry_max_backoff", "gap_timeout", "max_missing_to_search", "query_refresh_interval",
-                  "back_track_interval")
-        _non_negative(t, "flush_interval", "eventual_consistency_delay", "new_persistence_id_scan_timeout",
-                      "offset_scanning_period", "back_track_period")
+        _positive(
+            t,
+            "max_message_batch_size",
+            "tag_write_timeout",
+            "max_buffered_events",
+            "retry_initial_backoff",
+            "retry_max_backoff",
+            "gap_timeout",
+            "max_missing_to_search",
+            "query_refresh_interval",
+            "back_track_interval",
+        )
+        _non_negative(
+            t,
+            "flush_interval",
+            "eventual_consistency_delay",
+            "new_persistence_id_scan_timeout",
+            "offset_scanning_period",
+            "back_track_period",
+        )
         _positive(t, "max_message_batch_bytes")
         c = self.cassandra
         _positive(c, "target_partition_size", "max_write_bytes", "request_timeout")

@@ -19,6 +19,7 @@ from journal.settings import validate_identifier
 
 __all__ = ["HEARTBEAT_PID", "OffsetRow", "ProjectionSql"]
 
+
 @dataclass(frozen=True)
 class ProjectionSql:
     """Statements for one schema."""

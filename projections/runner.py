@@ -119,6 +119,7 @@ class RangeProcessor:
     async def run(self) -> None:
         slices = list(range(self.lo, self.hi + 1))
         window = timedelta(seconds=self.s.offset_time_window)
+
         async def load() -> dict[int, tuple[datetime, list[tuple[str, int, datetime]]]]:
             async with self.pool.acquire() as conn:
                 return await self.sql.load_offsets(conn, self.name, slices, window)
@@ -151,9 +152,7 @@ class RangeProcessor:
 
     async def _read(self, offset: TimestampOffset | None, queue: ReadAhead[Any]) -> None:
         try:
-            async for env in self.journal.events_by_slices(
-                self.entity_type, self.lo, self.hi, offset, heartbeats=True
-            ):
+            async for env in self.journal.events_by_slices(self.entity_type, self.lo, self.hi, offset, heartbeats=True):
                 await queue.put(env)
         except asyncio.CancelledError:
             raise

@@ -78,7 +78,5 @@ WHERE {self.table}.seq_nr < EXCLUDED.seq_nr""",
         )
 
     async def delete(self, conn: Any, name: str, tag: str) -> int:
-        status: str = await conn.execute(
-            f"DELETE FROM {self.table} WHERE projection_name = $1 AND tag = $2", name, tag
-        )
+        status: str = await conn.execute(f"DELETE FROM {self.table} WHERE projection_name = $1 AND tag = $2", name, tag)
         return int(status.split()[-1])

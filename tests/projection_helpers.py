@@ -26,7 +26,6 @@ def spawn_worker(dsn: str, name: str, entity_type: str, handler: str = "projecti
     )  # fmt: skip
 
 
-
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:

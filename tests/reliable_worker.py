@@ -46,9 +46,7 @@ async def main(mode: str, dsn: str, entity_id: str, file: str) -> None:
             await reg.ask(Sender, entity_id, ("send", "m1"))
             await asyncio.Event().wait()  # until killed
         await reg.start(Sender, entity_id)
-        await wait_until(
-            lambda: _none(reg.ask(Sender, entity_id, ("unconfirmed",))), 60, "the confirmation"
-        )
+        await wait_until(lambda: _none(reg.ask(Sender, entity_id, ("unconfirmed",))), 60, "the confirmation")
         print("confirmed", flush=True)
 
 

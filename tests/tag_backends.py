@@ -154,9 +154,9 @@ class TagBackend:
 
 
 @asynccontextmanager
-async def open_tag_backend(target: str, cassandra_session: Any, clean: bool = True, **more: Any) -> AsyncIterator[
-    TagBackend
-]:
+async def open_tag_backend(
+    target: str, cassandra_session: Any, clean: bool = True, **more: Any
+) -> AsyncIterator[TagBackend]:
     """``target`` from the ``journal_target`` fixture; ``cassandra_session`` only used on Cassandra."""
     async with open_test_journal(target, clean=clean, **{**FAST, **more}) as j:
         if target.startswith("cassandra://"):

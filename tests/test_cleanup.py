@@ -290,7 +290,7 @@ async def test_dry_run_deletes_nothing_and_reports(env: Env) -> None:
 
 @pytest.mark.parametrize("action", list(CleanupAction))
 async def test_a_dry_run_predicts_what_the_real_run_leaves(env: Env, action: CleanupAction) -> None:
-    """"would delete N" must be what the real run then deletes (it counted a kept tombstone row)."""
+    """ "would delete N" must be what the real run then deletes (it counted a kept tombstone row)."""
     await _populate(env)
     await env.journal.delete_events_to("Cart|v2", 2)  # earlier deletes: a tombstone row on Postgres
     dry = await Cleanup(env.journal.backend, dry_run=True).run(action, VICTIMS)

@@ -59,7 +59,6 @@ async def stored(journal: Journal, pid: str) -> list[object]:
     return [e.event async for e in journal.current_events_by_persistence_id(pid)]
 
 
-
 async def test_event_handler_runs_before_callback_and_reply(registry: EntityRegistry, journal: Journal) -> None:
     reply = await registry.ask(Counter, "a", ("add", "x"))
     assert reply == ["x"]  # after_persist sees the applied event
@@ -132,9 +131,7 @@ async def test_recovery_replays_in_batches(journal: Journal) -> None:
 async def test_commands_wait_for_recovery_and_failure_is_reported(journal: Journal) -> None:
     await journal.persist("counter|p", ["ok", "poison", "later"])
     async with EntityRegistry(journal) as reg:
-        results = await asyncio.gather(
-            *(reg.ask(Counter, "p", ("read",)) for _ in range(3)), return_exceptions=True
-        )
+        results = await asyncio.gather(*(reg.ask(Counter, "p", ("read",)) for _ in range(3)), return_exceptions=True)
         assert all(isinstance(r, RecoveryFailed) for r in results)
         err = results[0]
         assert isinstance(err, RecoveryFailed)

@@ -22,9 +22,7 @@ async def events_of(journal: Journal, pid: str) -> list[Any]:
 async def test_follow_ups_are_written_once_and_marked(journal: Journal) -> None:
     async with EntityRegistry(journal) as reg:
         assert await reg.ask(Order, "o1", ("place", "x")) == ["placed:x"]
-        state = await wait_until(
-            lambda: _len_is(reg.ask(Order, "o1", ("read",)), 3), what="the follow-up chain"
-        )
+        state = await wait_until(lambda: _len_is(reg.ask(Order, "o1", ("read",)), 3), what="the follow-up chain")
         assert state == ["placed:x", "reserved:x", "shipped:x"]
     envs = await events_of(journal, "order|o1")
     assert [e.event for e in envs] == ["placed:x", "reserved:x", "shipped:x"]
@@ -122,9 +120,7 @@ async def test_redelivered_at_the_interval_until_confirmed_once(journal: Journal
 
         reg.add_destination("sink", sink)
         await reg.ask(Sender, "s1", ("send", "hello"))
-        await wait_until(
-            lambda: _empty(reg.ask(Sender, "s1", ("unconfirmed",))), what="the confirmation"
-        )
+        await wait_until(lambda: _empty(reg.ask(Sender, "s1", ("unconfirmed",))), what="the confirmation")
         assert await reg.ask(Sender, "s1", ("confirm", "d-1")) is None  # late: writes nothing
     assert [(d.delivery_id, d.sender, d.message, d.attempt) for _, d in attempts] == [
         ("d-1", "sender|s1", "hello", 1), ("d-1", "sender|s1", "hello", 2), ("d-1", "sender|s1", "hello", 3),

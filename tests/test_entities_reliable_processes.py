@@ -31,9 +31,7 @@ async def test_process_killed_between_trigger_and_follow_up(journal: Journal, ds
 
     async with EntityRegistry(journal) as reg:  # the restarted service
         await reg.start(Order, "k1")
-        await wait_until(
-            lambda: _events(journal, "order|k1", 3), what="follow-ups written by recovery", timeout=60
-        )
+        await wait_until(lambda: _events(journal, "order|k1", 3), what="follow-ups written by recovery", timeout=60)
     for _ in range(2):  # recovered again: nothing written again
         async with EntityRegistry(journal) as reg:
             assert await reg.ask(Order, "k1", ("read",)) == ["placed:x", "reserved:x", "shipped:x"]

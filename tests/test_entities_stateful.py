@@ -140,9 +140,7 @@ async def outputs(journal: Journal, pid: str) -> list[int]:
     return [e.event["count"] async for e in journal.current_events_by_persistence_id(pid)]
 
 
-async def test_stateful_processor_recovers_state_including_events_without_output(
-    journal: Journal, dsn: str
-) -> None:
+async def test_stateful_processor_recovers_state_including_events_without_output(journal: Journal, dsn: str) -> None:
     await journal.persist("src|a", [{"i": i} for i in range(3)])  # counts 1, 2, 3: output at 2
     settings = fast(dsn, group_size=10)
     first = counter_processor(journal)

@@ -23,7 +23,6 @@ def fast(dsn: str, **more: Any) -> JournalSettings:
     )  # fmt: skip
 
 
-
 class CountingSource:
     """The journal as the runner's event source, counting the envelopes its reader has taken."""
 

@@ -164,9 +164,7 @@ CASES: dict[str, Callable[[World], Case]] = {
     "info, unmigrated database": lambda w: Case(
         [*JOURNAL, "info", "--dsn", w.pg.dsn(database="empty")], 2, r"/empty has no event_journal table.*migrate"
     ),
-    "run, wrong password": lambda w: Case(
-        run_p(w, w.pg.dsn(password="no"), "--entity-type", "Cart"), 2, BAD_PASSWORD
-    ),
+    "run, wrong password": lambda w: Case(run_p(w, w.pg.dsn(password="no"), "--entity-type", "Cart"), 2, BAD_PASSWORD),
     "run, missing database": lambda w: Case(
         run_p(w, w.pg.dsn(database="nope"), "--entity-type", "Cart"), 2, NO_DATABASE
     ),
@@ -178,7 +176,8 @@ CASES: dict[str, Callable[[World], Case]] = {
     ),
     "endpoint run, wrong password": lambda w: Case(
         [*JOURNAL, "endpoint", "run", "--config", w.endpoint("badpw.toml", dsn=w.pg.dsn(password="no"))],
-        2, BAD_PASSWORD,
+        2,
+        BAD_PASSWORD,
     ),
     "timestamp-rule, wrong password": lambda w: Case(
         [*JOURNAL, "timestamp-rule", "status", "--dsn", w.pg.dsn(password="no")], 2, BAD_PASSWORD
@@ -190,61 +189,95 @@ CASES: dict[str, Callable[[World], Case]] = {
     "status, silent server": lambda w: Case([*PROJECTIONS, "status", "--dsn", w.dsn(w.silent)], 3, NO_ANSWER),
     # files and ports
     "metrics port in use": lambda w: Case(
-        run_p(w, w.good, "--entity-type", "Cart", "--metrics-port", str(w.busy)), 2,
+        run_p(w, w.good, "--entity-type", "Cart", "--metrics-port", str(w.busy)),
+        2,
         rf"cannot serve metrics on 127\.0\.0\.1:{w.busy}: Address already in use",
     ),
     "handler with a syntax error": lambda w: Case(
-        run_p(w, w.good, "--entity-type", "Cart", handler="broken:handler"), 2,
+        run_p(w, w.good, "--entity-type", "Cart", handler="broken:handler"),
+        2,
         r"handler module 'broken' has a syntax error: '\(' was never closed \(.*broken\.py, line 1\)",
     ),
     "handler module missing": lambda w: Case(
-        run_p(w, w.good, "--entity-type", "Cart", handler="nowhere:handler"), 2,
+        run_p(w, w.good, "--entity-type", "Cart", handler="nowhere:handler"),
+        2,
         r"cannot import handler module 'nowhere'",
+    ),
+    "partitions move, inverted --slices (refused before connecting)": lambda w: Case(
+        [*JOURNAL, "partitions", "move", "--slices", "700-100", "--to", w.good, "--dsn", w.dsn(w.closed)],
+        2,
+        r"inverted slice range 700\.\.100",
+    ),
+    "partitions move, --slices past 1023": lambda w: Case(
+        [*JOURNAL, "partitions", "move", "--slices", "512-2047", "--to", w.good, "--dsn", w.dsn(w.closed)],
+        2,
+        r"max_slice must be an int in 0\.\.1023, got 2047",
     ),
     "cleanup --pids-from a binary file": lambda w: Case(
         [*JOURNAL, "cleanup", "delete-all", "--pids-from", w.file("pids.bin", bytes(range(256))), "--dsn", w.good],
-        2, r"pids\.bin' is not a text file of persistence ids",
+        2,
+        r"pids\.bin' is not a text file of persistence ids",
     ),
     "cleanup --pids-from a missing file": lambda w: Case(
         [*JOURNAL, "cleanup", "delete-all", "--pids-from", str(w.tmp / "nope.txt"), "--dsn", w.good],
-        2, r"cannot read persistence ids from .*nope\.txt': No such file",
+        2,
+        r"cannot read persistence ids from .*nope\.txt': No such file",
     ),
     "cassandra-schema --create, no node": lambda w: Case(
-        [*JOURNAL, "cassandra-schema", "--create", "--dsn", f"cassandra://127.0.0.1:{w.closed}/ks"], 3,
+        [*JOURNAL, "cassandra-schema", "--create", "--dsn", f"cassandra://127.0.0.1:{w.closed}/ks"],
+        3,
         rf"cannot connect to Cassandra at 127\.0\.0\.1:{w.closed}: 127\.0\.0\.1:{w.closed}: .*[Cc]onnection refused",
     ),
     "cassandra-schema --create, no node (old flags)": lambda w: Case(
-        [*JOURNAL, "cassandra-schema", "--create", "--contact-points", "127.0.0.1", "--port", str(w.closed)], 3,
+        [*JOURNAL, "cassandra-schema", "--create", "--contact-points", "127.0.0.1", "--port", str(w.closed)],
+        3,
         rf"cannot connect to Cassandra at 127\.0\.0\.1:{w.closed}",
     ),
     "cassandra local status, corrupt state file": lambda w: Case(
-        [*JOURNAL, "cassandra", "local", "status", "--state-dir", str(w.tmp / "cassandra-state")], 2,
+        [*JOURNAL, "cassandra", "local", "status", "--state-dir", str(w.tmp / "cassandra-state")],
+        2,
         r"the local Cassandra state file .*cassandra-local\.json is unreadable",
     ),
     "endpoint TLS without ca": lambda w: Case(
-        [*JOURNAL, "endpoint", "run", "--config",
-         w.endpoint("tls.toml", 'logs = ["Order"]\n[tls]\ncert = "c.pem"\nkey = "k.pem"\n')],
-        2, r"endpoint config .*tls\.toml: tls\.ca: missing",
+        [
+            *JOURNAL,
+            "endpoint",
+            "run",
+            "--config",
+            w.endpoint("tls.toml", 'logs = ["Order"]\n[tls]\ncert = "c.pem"\nkey = "k.pem"\n'),
+        ],
+        2,
+        r"endpoint config .*tls\.toml: tls\.ca: missing",
     ),
     "endpoint TLS file missing": lambda w: Case(
-        [*JOURNAL, "endpoint", "run", "--config",
-         w.endpoint("tlsmiss.toml", 'logs = ["Order"]\n[tls]\ncert = "c.pem"\nkey = "k.pem"\nca = "ca.pem"\n')],
-        2, r"tls\.key: cannot read .*k\.pem: No such file",
+        [
+            *JOURNAL,
+            "endpoint",
+            "run",
+            "--config",
+            w.endpoint("tlsmiss.toml", 'logs = ["Order"]\n[tls]\ncert = "c.pem"\nkey = "k.pem"\nca = "ca.pem"\n'),
+        ],
+        2,
+        r"tls\.key: cannot read .*k\.pem: No such file",
     ),
     "endpoint port in use": lambda w: Case(
-        [*JOURNAL, "endpoint", "run", "--config", w.endpoint("busy.toml", listen=f"127.0.0.1:{w.busy}")], 2,
+        [*JOURNAL, "endpoint", "run", "--config", w.endpoint("busy.toml", listen=f"127.0.0.1:{w.busy}")],
+        2,
         rf"cannot listen on 127\.0\.0\.1:{w.busy}: the port is in use",
     ),
     'endpoint logs = "Order"': lambda w: Case(
-        [*JOURNAL, "endpoint", "run", "--config", w.endpoint("logs.toml", 'logs = "Order"\n')], 2,
+        [*JOURNAL, "endpoint", "run", "--config", w.endpoint("logs.toml", 'logs = "Order"\n')],
+        2,
         r"endpoint config .*logs\.toml: logs: expected a list \(got 'Order'\)",
     ),
     "endpoint config key missing": lambda w: Case(
-        [*JOURNAL, "endpoint", "run", "--config", w.endpoint("nolisten.toml", listen="-")], 2,
+        [*JOURNAL, "endpoint", "run", "--config", w.endpoint("nolisten.toml", listen="-")],
+        2,
         r"endpoint config .*nolisten\.toml: listen: missing",
     ),
     "endpoint config key unknown": lambda w: Case(
-        [*JOURNAL, "endpoint", "run", "--config", w.endpoint("extra.toml", 'logs = ["Order"]\nlsiten = "x"\n')], 2,
+        [*JOURNAL, "endpoint", "run", "--config", w.endpoint("extra.toml", 'logs = ["Order"]\nlsiten = "x"\n')],
+        2,
         r"lsiten: unknown key",
     ),
     # bad input, refused before anything runs
@@ -266,11 +299,13 @@ CASES: dict[str, Callable[[World], Case]] = {
         run_p(w, w.good, "--entity-type", "Cart", "--tag", "t"), 2, "give exactly one of --entity-type and --tag"
     ),
     "run, sync handler": lambda w: Case(
-        run_p(w, w.good, "--entity-type", "Cart", handler="handlers:sync"), 2,
+        run_p(w, w.good, "--entity-type", "Cart", handler="handlers:sync"),
+        2,
         r"handler 'handlers:sync' is a plain function: .* must be `async def`",
     ),
     "run, handler of the wrong arity": lambda w: Case(
-        run_p(w, w.good, "--entity-type", "Cart", handler="handlers:wrong"), 2,
+        run_p(w, w.good, "--entity-type", "Cart", handler="handlers:wrong"),
+        2,
         r"handler 'handlers:wrong' takes \(envelope\) but grouped mode calls it as handler\(conn, envelopes\)",
     ),
     "status of an unknown projection": lambda w: Case(
@@ -302,7 +337,8 @@ CASES: dict[str, Callable[[World], Case]] = {
         [*JOURNAL, "cassandra-schema", "--dsn", "cassandra://127.0.0.1:9042/shop"], 0, r"KEYSPACE IF NOT EXISTS shop"
     ),
     "migrate reaches the revision asked for": lambda w: Case(
-        [*JOURNAL, "migrate", "--dsn", w.pg.dsn(database="partial"), "--revision", "0003"], 0,
+        [*JOURNAL, "migrate", "--dsn", w.pg.dsn(database="partial"), "--revision", "0003"],
+        0,
         rf"from nothing to 0003 \(head is {head_revision()}\)$",
     ),
 }

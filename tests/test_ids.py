@@ -40,7 +40,7 @@ def test_known_values() -> None:
     assert java_string_hash("") == 0
     assert java_string_hash("a") == 97
     assert java_string_hash("hello") == 99162322
-    assert java_string_hash("polygenelubricants") == -2**31  # Integer.MIN_VALUE
+    assert java_string_hash("polygenelubricants") == -(2**31)  # Integer.MIN_VALUE
     assert slice_for("polygenelubricants") == 0
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import asyncpg
 import pytest
@@ -88,19 +88,26 @@ async def test_a_refused_row_leaves_nothing_of_its_part(dsn: str, journal: Journ
         await conn.close()
 
 
+async def an_hour_ahead(dsn: str, pid: str) -> datetime:
+    """Moves the pid's events an hour ahead of the clock (a clock step back); their newest stamp."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        sql = "UPDATE event_journal SET db_timestamp = db_timestamp + interval '1 hour' WHERE persistence_id = $1"
+        await conn.execute(sql, pid)
+        newest: datetime = await conn.fetchval(
+            "SELECT max(db_timestamp) FROM event_journal WHERE persistence_id = $1", pid
+        )
+        return newest
+    finally:
+        await conn.close()
+
+
 async def test_one_base_per_statement_above_every_previous_event_of_its_pids(dsn: str, journal: Journal) -> None:
     """The per-pid monotonic rule holds even when a previous event's timestamp is ahead of the
     database clock (a clock step back): the statement's one base timestamp is raised above it,
     and its rows follow one microsecond apart."""
     await journal.persist("ts|ahead", ["old"])
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(
-            "UPDATE event_journal SET db_timestamp = db_timestamp + interval '1 hour' WHERE persistence_id = 'ts|ahead'"
-        )
-        ahead = await conn.fetchval("SELECT db_timestamp FROM event_journal WHERE persistence_id = 'ts|ahead'")
-    finally:
-        await conn.close()
+    ahead = await an_hour_ahead(dsn, "ts|ahead")
     out = await journal.persist_many([Write(f"ts|{i}", [i], 0) for i in range(20)] + [Write("ts|ahead", ["new"], 1)])
     assert failures(out) == []
     stamps = [o.db_timestamp for o in out if isinstance(o, Written)]
@@ -108,6 +115,23 @@ async def test_one_base_per_statement_above_every_previous_event_of_its_pids(dsn
     assert stamps == [base + i * ROW_STEP for i in range(21)]  # one statement, one base
     stored = [e async for e in journal.current_events_by_persistence_id("ts|ahead")]
     assert stored[1].db_timestamp > stored[0].db_timestamp
+
+
+@pytest.mark.parametrize("expected", [2, None])
+async def test_a_lone_persist_is_stamped_above_its_pids_newest_event(
+    dsn: str, journal: Journal, expected: int | None
+) -> None:
+    """A lone persist (its own statement) reads the pid's newest event, from ``expected_seq_nr``
+    on when given, and stamps above it even when it is ahead of the clock; a stale or gapped
+    ``expected_seq_nr`` still fails."""
+    await journal.persist("l|ahead", ["a", "b"])
+    ahead = await an_hour_ahead(dsn, "l|ahead")
+    for wrong in (1, 3):
+        with pytest.raises(SequenceConflict):
+            await journal.persist("l|ahead", ["x"], expected_seq_nr=wrong)
+    written = await journal.persist("l|ahead", ["c"], expected_seq_nr=expected)
+    assert [(e.seq_nr, e.db_timestamp) for e in written] == [(3, ahead + ROW_STEP)]
+    assert await seq_nrs(journal, "l|ahead") == [1, 2, 3]
 
 
 async def test_group_committed_calls_with_expected_seq_nr_fail_alone(dsn: str, journal: Journal) -> None:

@@ -193,4 +193,3 @@ async def test_a_bulk_write_behind_a_busy_queue_is_queued_not_lost(dsn: str, jou
     assert await count_rows(dsn) == 300
     for i in (0, 2, 198):
         assert await events_of(journal, f"q|{i}") in ([i, "bulk"], ["bulk", i])
-

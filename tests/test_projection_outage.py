@@ -128,7 +128,6 @@ async def test_a_worker_rides_through_a_60_second_outage_under_load(private_serv
                 assert (v.written, v.missing, v.duplicates, v.view_mismatches) == (stored, 0, 0, 0), v
                 assert worker.poll() is None, _tail(log_path)
 
-
                 async def noted() -> list[str]:  # once the outage has cleared (a few quiet seconds)
                     rows = await ProjectionSql("public").leases.workers(conn, NAME)
                     notes = [r["error"] or "" for r in rows if r["state"] == "running"]

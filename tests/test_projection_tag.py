@@ -35,9 +35,7 @@ FAST: dict[str, Any] = dict(
 async def tj(dsn: str) -> AsyncIterator[Journal]:
     await truncate_all(dsn)
     conn = await asyncpg.connect(dsn)
-    await conn.execute(
-        "CREATE TABLE IF NOT EXISTS tag_proj_out (pid text, seq_nr bigint, PRIMARY KEY (pid, seq_nr))"
-    )
+    await conn.execute("CREATE TABLE IF NOT EXISTS tag_proj_out (pid text, seq_nr bigint, PRIMARY KEY (pid, seq_nr))")
     await conn.execute("TRUNCATE tag_proj_out")
     await conn.close()
     async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn, **FAST)) as j:
@@ -51,7 +49,6 @@ async def exactly_once(conn: Any, env: EventEnvelope) -> None:
 
 async def grouped(conn: Any, envs: list[EventEnvelope]) -> None:
     await conn.executemany("INSERT INTO tag_proj_out VALUES ($1, $2)", [(e.persistence_id, e.seq_nr) for e in envs])
-
 
 
 async def write(j: Journal, rounds: range, pids: int = 8) -> int:

@@ -87,9 +87,7 @@ def test_any_delivery_order_with_duplicates_processes_each_event_once_in_order(
 ) -> None:
     """Deliveries may repeat and skip; with gap replay every event is handled once, per pid in order."""
     pids = [f"p{i}" for i in range(len(lengths))]
-    stream = data.draw(
-        st.lists(st.tuples(st.integers(0, len(pids) - 1), st.integers(1, 8)), min_size=1, max_size=40)
-    )
+    stream = data.draw(st.lists(st.tuples(st.integers(0, len(pids) - 1), st.integers(1, 8)), min_size=1, max_size=40))
     commit_every = data.draw(st.integers(1, 5))
     v = Validator(timedelta(minutes=5))
     handled: list[tuple[str, int]] = []

@@ -29,6 +29,12 @@ def test_ruff() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_ruff_format() -> None:
+    """One layout everywhere (the pinned ruff's), so a diff shows only what changed."""
+    out = subprocess.run([_tool("ruff"), "format", "--check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_mypy_strict() -> None:
     out = subprocess.run([_tool("mypy")], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -53,9 +53,7 @@ async def test_writer_start_invisible_falls_back_to_previous_check(
             got = [e.persistence_id for e in await collect(reader.current_events_by_slices("role", 0, 1023))]
             assert got == ["role|before", "role|late", "role|after"]
     finally:
-        await admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role
-        )
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", role)
         await admin.execute(f"DROP OWNED BY {role}")
         await admin.execute(f"DROP ROLE IF EXISTS {role}")
         await admin.close()

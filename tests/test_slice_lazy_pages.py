@@ -81,7 +81,13 @@ def test_page_envelopes_read_the_row_and_look_like_eager_ones() -> None:
     assert [repr(e) for e in got] == [repr(e) for e in eager]
     b = got[1]
     assert (b.persistence_id, b.seq_nr, b.db_timestamp, b.writer, b.has_payload, b.source, b.tags) == (
-        "b", 1, T0, "w2", False, "query", ("t1",)
+        "b",
+        1,
+        T0,
+        "w2",
+        False,
+        "query",
+        ("t1",),
     )
     for e in got:
         assert copy.copy(e) == e

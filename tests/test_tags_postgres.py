@@ -61,7 +61,9 @@ async def test_tagged_persist_writes_tag_rows_in_the_same_statement(tj: Journal,
     await tj.persist("Acc|3", [{"n": 4}])  # untagged: the fast path, no tag rows
     blue = await collect(tj.current_events_by_tag("blue"))
     assert [(e.persistence_id, e.seq_nr, e.event) for e in blue] == [
-        ("Acc|1", 1, {"n": 1}), ("Acc|1", 2, {"n": 2}), ("Acc|2", 1, {"n": 3})
+        ("Acc|1", 1, {"n": 1}),
+        ("Acc|1", 2, {"n": 2}),
+        ("Acc|2", 1, {"n": 3}),
     ]
     assert all(isinstance(e.offset, TimeUUIDOffset) for e in blue)
     # the UUID is the deterministic one the Python side computes (so resends are idempotent)
@@ -79,8 +81,11 @@ async def test_tagged_persist_writes_tag_rows_in_the_same_statement(tj: Journal,
     finally:
         await conn.close()
     assert [tuple(r) for r in rows] == [
-        ("blue", "Acc|1", 1, 1), ("blue", "Acc|1", 2, 2), ("blue", "Acc|2", 1, 1),
-        ("red", "Acc|1", 1, 1), ("red", "Acc|1", 2, 2),
+        ("blue", "Acc|1", 1, 1),
+        ("blue", "Acc|1", 2, 2),
+        ("blue", "Acc|2", 1, 1),
+        ("red", "Acc|1", 1, 1),
+        ("red", "Acc|1", 2, 2),
     ]
 
 

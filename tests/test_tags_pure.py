@@ -65,8 +65,11 @@ def test_timeuuid_order_follows_time(a: int, b: int) -> None:
     assert ua.version == 1 and ua.variant == uuid.RFC_4122
 
 
-@given(st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)),
-       st.text(min_size=1, max_size=20), st.integers(min_value=1, max_value=2**62))
+@given(
+    st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)),
+    st.text(min_size=1, max_size=20),
+    st.integers(min_value=1, max_value=2**62),
+)
 def test_event_timeuuid_is_deterministic_and_keeps_the_time(ts: datetime, pid: str, seq: int) -> None:
     u = timeuuid_for_event(ts, pid, seq)
     assert u == timeuuid_for_event(ts, pid, seq)

@@ -30,7 +30,11 @@ def upgrade() -> None:
         sa.Column("timestamp_offset", TS, nullable=False),
         sa.Column("timestamp_consumed", TS, nullable=False),
         sa.PrimaryKeyConstraint(
-            "slice", "projection_name", "timestamp_offset", "persistence_id", "seq_nr",
+            "slice",
+            "projection_name",
+            "timestamp_offset",
+            "persistence_id",
+            "seq_nr",
             name="projection_timestamp_offset_store_pkey",
         ),
     )

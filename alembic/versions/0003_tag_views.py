@@ -36,7 +36,12 @@ def upgrade() -> None:
         sa.Column("meta_ser_manifest", sa.String(length=255), nullable=True),
         sa.Column("meta", sa.LargeBinary(), nullable=True),
         sa.PrimaryKeyConstraint(
-            "tag_name", "timebucket", "uuid_time", "timestamp", "persistence_id", "tag_pid_sequence_nr",
+            "tag_name",
+            "timebucket",
+            "uuid_time",
+            "timestamp",
+            "persistence_id",
+            "tag_pid_sequence_nr",
             name="tag_views_pkey",
         ),
     )

@@ -27,9 +27,7 @@ def upgrade() -> None:
         sa.Column("tag_offset", postgresql.UUID(as_uuid=True), nullable=False),
         sa.Column("offset_time", sa.BigInteger(), nullable=False),
         sa.Column("timestamp_consumed", postgresql.TIMESTAMP(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint(
-            "projection_name", "tag", "persistence_id", name="projection_tag_offset_store_pkey"
-        ),
+        sa.PrimaryKeyConstraint("projection_name", "tag", "persistence_id", name="projection_tag_offset_store_pkey"),
     )
 
 

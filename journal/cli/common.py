@@ -20,9 +20,7 @@ DsnOption = Annotated[
 SchemaOption = Annotated[
     str | None, typer.Option("--schema", help="Schema of the journal tables (default: $JOURNAL_SCHEMA or public).")
 ]
-DataDirOption = Annotated[
-    Path | None, typer.Option("--data-dir", help="Data directory of the embedded PostgreSQL.")
-]
+DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help="Data directory of the embedded PostgreSQL.")]
 
 
 def show_version(value: bool) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ..errors import InvalidArgument
+from ..ids import validate_slice_range
 from ..settings import JournalSettings
 from . import app
 from .common import DataDirOption, DsnOption, SchemaOption, settings_from
@@ -39,6 +40,7 @@ def parse_slices(text: str) -> tuple[int, int]:
         got = (int(lo), int(hi if sep else lo))
     except ValueError:
         raise InvalidArgument(f"--slices must look like 512-767, got {text!r}") from None
+    validate_slice_range(*got)
     return got
 
 

@@ -105,9 +105,7 @@ class EntityCell:
         self._on_stopped = on_stopped
         cls = type(self.entity)
         self.state_sync = settings.state_sync if cls.state_sync is None else cls.state_sync
-        self.snapshot_every = (
-            settings.snapshot_every if cls.snapshot_every is None else cls.snapshot_every
-        )
+        self.snapshot_every = settings.snapshot_every if cls.snapshot_every is None else cls.snapshot_every
         self._queue: deque[_Command] = deque()
         self._wake = asyncio.Event()
         self._pending: list[_Command] = []  # stateSync=False: handled, not yet written
@@ -125,12 +123,8 @@ class EntityCell:
         self.restarts = 0
         self.last_used = time.monotonic()
         interval = cls.redeliver_interval or settings.redeliver_interval
-        self.deliveries = Deliverer(
-            self.persistence_id, lambda: bookkeeping(self.entity), destinations or {}, interval
-        )
-        self._task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"entity {self.persistence_id}"
-        )
+        self.deliveries = Deliverer(self.persistence_id, lambda: bookkeeping(self.entity), destinations or {}, interval)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"entity {self.persistence_id}")
 
     # -- API used by the registry ----------------------------------------------------------
 
@@ -202,9 +196,7 @@ class EntityCell:
             self._fail_recovery(e)
             return False
         except Exception as e:  # a bug in restore/initial_state: still reported, never used
-            self._fail_recovery(
-                RecoveryFailed(self.persistence_id, None, f"{type(e).__name__}: {e}")
-            )
+            self._fail_recovery(RecoveryFailed(self.persistence_id, None, f"{type(e).__name__}: {e}"))
             return False
         changes, token = begin_command(self.entity, after_write=True)  # may restore a behaviour
         try:
@@ -488,9 +480,7 @@ class EntityCell:
                         set_sequence_nr(self.entity, env.seq_nr)
                 except Exception as e:
                     # stored but not applicable: the journal is the truth, rebuild from it
-                    log.exception(
-                        "event handler of %s raised on a stored event", self.persistence_id
-                    )
+                    log.exception("event handler of %s raised on a stored event", self.persistence_id)
                     set_sequence_nr(self.entity, envs[-1].seq_nr)
                     self._needs_restart = True
                     self._fail(batch[batch.index(cmd) :], e)

@@ -27,9 +27,7 @@ class CircuitBreaker:
     database answered.
     """
 
-    def __init__(
-        self, failures: int, reset_timeout: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, failures: int, reset_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.failures_to_open = failures
         self.reset_timeout = reset_timeout
         self._clock = clock
@@ -42,10 +40,7 @@ class CircuitBreaker:
 
     @property
     def state(self) -> BreakerState:
-        if (
-            self._state is BreakerState.OPEN
-            and self._clock() - self._opened_at >= self.reset_timeout
-        ):
+        if self._state is BreakerState.OPEN and self._clock() - self._opened_at >= self.reset_timeout:
             return BreakerState.HALF_OPEN
         return self._state
 

@@ -59,9 +59,7 @@ class Deliverer:
         self._book().fresh = []
         self._wake.set()
         if self._timer is None or self._timer.done():
-            self._timer = asyncio.get_running_loop().create_task(
-                self._tick(), name=f"deliveries of {self.sender}"
-            )
+            self._timer = asyncio.get_running_loop().create_task(self._tick(), name=f"deliveries of {self.sender}")
 
     def redeliver_now(self) -> None:
         """Every unconfirmed delivery goes out again now (those in flight when their attempt

@@ -100,4 +100,3 @@ class DeliveryScan(OnSlices):
             with contextlib.suppress(KeyError):
                 if not self._waiting[pid]:
                     del self._waiting[pid]
-

@@ -153,9 +153,7 @@ class Entity(Generic[S]):
 
     def __init__(self, entity_id: str) -> None:
         self.entity_id = entity_id
-        self.persistence_id = validate_persistence_id(
-            persistence_id_of(self.entity_type, entity_id)
-        )
+        self.persistence_id = validate_persistence_id(persistence_id_of(self.entity_type, entity_id))
         self.state: S = self.initial_state()
         self._seq_nr = 0
         self._behaviours: list[CommandHandler] = []
@@ -221,9 +219,7 @@ class Entity(Generic[S]):
 
     def _in_event_handler(self, what: str) -> EventContext:
         if self._event is None:
-            raise PersistNotAllowed(
-                f"{what}() on {self.persistence_id!r} is only allowed inside its on_event"
-            )
+            raise PersistNotAllowed(f"{what}() on {self.persistence_id!r} is only allowed inside its on_event")
         return self._event
 
     @property
@@ -264,9 +260,7 @@ class Entity(Generic[S]):
         c.destinations.append(_clean_destinations(destinations))
         c.callbacks.append(on_persisted)
 
-    def persist_confirmation(
-        self, event: Any, delivery_id: str, *, destinations: Sequence[str] = ()
-    ) -> None:
+    def persist_confirmation(self, event: Any, delivery_id: str, *, destinations: Sequence[str] = ()) -> None:
         """Persist ``event`` as the confirmation of ``delivery_id`` (see :meth:`deliver`): once it
         is written the delivery is never sent again, also after a restart."""
         if not isinstance(delivery_id, str) or not delivery_id:

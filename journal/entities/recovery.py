@@ -28,9 +28,7 @@ async def recover(entity: Entity[Any], journal: Journal, settings: EntitySetting
             return
         except JournalUnavailable as e:
             if attempt >= settings.replay_retry_max:
-                raise RecoveryFailed(
-                    pid, None, f"journal unavailable after {attempt} attempts: {e}"
-                ) from e
+                raise RecoveryFailed(pid, None, f"journal unavailable after {attempt} attempts: {e}") from e
             log.warning(
                 "recovery of %s: %s; retry %d in %.1fs",
                 pid,
@@ -56,9 +54,7 @@ async def _recover_once(entity: Entity[Any], journal: Journal, settings: EntityS
             bookkeeping(entity).load_metadata(snap.metadata, journal.serializers)
             restore_route_marks(entity, snap.metadata)
         except Exception as e:
-            log.warning(
-                "snapshot of %s at %d does not restore (%s): trying an older one", pid, snap.seq_nr, e
-            )
+            log.warning("snapshot of %s at %d does not restore (%s): trying an older one", pid, snap.seq_nr, e)
             entity.state = entity.initial_state()
             bookkeeping(entity).load_metadata(None, journal.serializers)
             continue
@@ -75,9 +71,7 @@ async def _recover_once(entity: Entity[Any], journal: Journal, settings: EntityS
                 try:
                     apply_event(entity, env, replay=True)
                 except Exception as e:
-                    raise RecoveryFailed(
-                        pid, env.seq_nr, f"event handler raised {type(e).__name__}: {e}"
-                    ) from e
+                    raise RecoveryFailed(pid, env.seq_nr, f"event handler raised {type(e).__name__}: {e}") from e
                 set_sequence_nr(entity, env.seq_nr)
             start = upper + 1
     finally:

@@ -36,9 +36,7 @@ class EntityRegistry:
     def __init__(self, journal: Journal, settings: EntitySettings | None = None) -> None:
         self.journal = journal
         self.settings = settings or journal.settings.entities
-        self.breaker = CircuitBreaker(
-            self.settings.breaker_failures, self.settings.breaker_reset_timeout
-        )
+        self.breaker = CircuitBreaker(self.settings.breaker_failures, self.settings.breaker_reset_timeout)
         self._types: dict[str, type[Entity[Any]]] = {}
         self._cells: dict[str, EntityCell] = {}
         self.destinations: dict[str, Destination] = {}
@@ -50,17 +48,10 @@ class EntityRegistry:
     def register(self, cls: type[E]) -> type[E]:
         """Make ``cls`` (an Entity subclass with ``entity_type``) known. Usable as a decorator."""
         et = getattr(cls, "entity_type", None)
-        if (
-            not isinstance(cls, type)
-            or not issubclass(cls, Entity)
-            or not isinstance(et, str)
-            or not et
-        ):
+        if not isinstance(cls, type) or not issubclass(cls, Entity) or not isinstance(et, str) or not et:
             raise ConfigurationError(f"{cls!r} must subclass Entity and set entity_type")
         if et in self._types and self._types[et] is not cls:
-            raise ConfigurationError(
-                f"entity type {et!r} is already registered to {self._types[et].__name__}"
-            )
+            raise ConfigurationError(f"entity type {et!r} is already registered to {self._types[et].__name__}")
         self._types[et] = cls
         for t in cls.event_types:
             self.journal.serializers.register_type(t)

@@ -147,8 +147,7 @@ class Bookkeeping:
                     for f in self.follow_ups[t]
                 ],
                 "unconfirmed": [
-                    [d, u.destination, _encode(serializers, u.message), u.seq_nr]
-                    for d, u in self.unconfirmed.items()
+                    [d, u.destination, _encode(serializers, u.message), u.seq_nr] for d, u in self.unconfirmed.items()
                 ],
             }
         }
@@ -180,6 +179,4 @@ def _encode(serializers: SerializerRegistry, value: Any) -> list[Any]:
 
 def _decode(serializers: SerializerRegistry, encoded: Sequence[Any]) -> Any:
     ser_id, manifest, payload = encoded
-    return serializers.deserialize(
-        int(ser_id), str(manifest), base64.b64decode(payload), what="snapshot bookkeeping"
-    )
+    return serializers.deserialize(int(ser_id), str(manifest), base64.b64decode(payload), what="snapshot bookkeeping")

@@ -58,9 +58,7 @@ class StatefulWriter(Writer, Generic[S]):
     ``read``/``write`` as for any writer (``write`` may use ``self.state``, which already covers
     the events it is given). Run it with ``WriterHandler(writer)`` like any writer."""
 
-    def __init__(
-        self, source: Journal, entity_type: str, slice_range: tuple[int, int] = (0, 1023)
-    ) -> None:
+    def __init__(self, source: Journal, entity_type: str, slice_range: tuple[int, int] = (0, 1023)) -> None:
         self.source = source
         self.entity_type = validate_entity_type(entity_type)
         validate_slice_range(*slice_range)

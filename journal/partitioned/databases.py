@@ -172,7 +172,7 @@ class Databases:
 
     def failed(self, i: int, error: BaseException) -> None:
         """An operation on database ``i`` ended in JournalUnavailable: probe it before asking again."""
-        if isinstance(error, JournalUnavailable) and not getattr(error, "outcome_unknown", False):
+        if isinstance(error, JournalUnavailable) and not error.outcome_unknown:
             self._mark_down(i)
 
     def _mark_down(self, i: int) -> None:

@@ -99,9 +99,7 @@ ON CONFLICT (persistence_id, tag) DO UPDATE SET
 class PostgresCleanup:
     """``delete_events_to``: the backend's own (the highest row kept as the tombstone)."""
 
-    def __init__(
-        self, conns: PostgresConnections, delete_events_to: Callable[[str, int], Awaitable[None]]
-    ) -> None:
+    def __init__(self, conns: PostgresConnections, delete_events_to: Callable[[str, int], Awaitable[None]]) -> None:
         self.conns = conns
         self.sql = CleanupStatements(conns.settings.schema)
         self._run = conns.run

@@ -133,7 +133,12 @@ tag_views = Table(
     Column("meta_ser_manifest", String(255)),
     Column("meta", LargeBinary),
     PrimaryKeyConstraint(
-        "tag_name", "timebucket", "uuid_time", "timestamp", "persistence_id", "tag_pid_sequence_nr",
+        "tag_name",
+        "timebucket",
+        "uuid_time",
+        "timestamp",
+        "persistence_id",
+        "tag_pid_sequence_nr",
         name="tag_views_pkey",
     ),
     Index("tag_views_pid_idx", "tag_name", "persistence_id", "tag_pid_sequence_nr", unique=True),
@@ -178,7 +183,11 @@ projection_timestamp_offset_store = Table(
     Column("timestamp_offset", TIMESTAMP(timezone=True), nullable=False),
     Column("timestamp_consumed", TIMESTAMP(timezone=True), nullable=False),
     PrimaryKeyConstraint(
-        "slice", "projection_name", "timestamp_offset", "persistence_id", "seq_nr",
+        "slice",
+        "projection_name",
+        "timestamp_offset",
+        "persistence_id",
+        "seq_nr",
         name="projection_timestamp_offset_store_pkey",
     ),
 )

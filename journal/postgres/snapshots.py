@@ -41,9 +41,7 @@ class PostgresSnapshots(PostgresPart):
         newest = await self.load_snapshot(persistence_id)
         if newest is None or limit <= 1:
             return [newest] if newest is not None else []
-        rows = await self.conns.fetch(
-            "load older snapshots", self.sql.load_older_snapshots, persistence_id, limit - 1
-        )
+        rows = await self.conns.fetch("load older snapshots", self.sql.load_older_snapshots, persistence_id, limit - 1)
         return [newest, *(_snapshot_row(r) for r in rows if r["seq_nr"] < newest.seq_nr)]
 
     async def delete_snapshot(self, persistence_id: str) -> None:

@@ -1,8 +1,9 @@
 """The INSERT of a :class:`~journal.write_batch.WriteBatch`: its SQL and its parameters.
 
 One statement writes a whole batch. Per call it reads the pid's newest stored event (one index
-descent), checks the call's ``expected_seq_nr`` against it (a call that names none appends after
-it), and numbers the call's events after it. When every call passes, every event is inserted,
+descent; from the call's ``expected_seq_nr`` on when every call names one), checks the call's
+``expected_seq_nr`` against it (a call that names none appends after it), and numbers the call's
+events after it. When every call passes, every event is inserted,
 stamped by :mod:`.timestamp_rule` with ``prev`` the newest stored event of any of the batch's pids
 (one base for the statement; the n-th row gets base + (n - 1) µs); tagged calls get their tag
 rows in the same statement. When any call fails the check, nothing is inserted and the statement
@@ -16,7 +17,7 @@ the caller knows where it landed), and the settle column (the statement ends onc
 passed its per-row steps).
 
 A batch of one call of one untagged event (a lone ``persist``) takes the same statement with
-scalar parameters (:meth:`WriteStatements.lone`): it costs about what a single-row INSERT does.
+scalar parameters (:meth:`WriteStatements._lone_sql`): it costs about what a single-row INSERT does.
 """
 
 from __future__ import annotations
@@ -40,9 +41,16 @@ _EVENT_ARRAYS = "$10::bytea[], $11::int[], $12::text[]"
 _EVENT_COLUMNS = "payload, ser_id, ser_manifest"
 
 
-def highest(pid: str, ej: str) -> str:
-    """The newest stored row of a pid (seq_nr, db_timestamp): one index descent."""
-    return f"SELECT e.seq_nr, e.db_timestamp FROM {ej} e WHERE e.persistence_id = {pid} ORDER BY e.seq_nr DESC LIMIT 1"
+def highest(pid: str, ej: str, expected: str | None) -> str:
+    """The newest stored row of a pid (seq_nr, db_timestamp): one index descent. When the call
+    names its ``expected`` sequence number, only the rows from it on are looked at (the newest of
+    them must be ``expected`` itself): the scan then reads that one index entry, not all of the
+    pid's entries on its leaf page."""
+    at_least = f" AND e.seq_nr >= {expected}" if expected else ""
+    return (
+        f"SELECT e.seq_nr, e.db_timestamp FROM {ej} e WHERE e.persistence_id = {pid}{at_least}"
+        " ORDER BY e.seq_nr DESC LIMIT 1"
+    )
 
 
 class WriteStatements:
@@ -66,18 +74,22 @@ class WriteStatements:
         self._tags = TagStatements(sql.schema)
         self._notify = notify
         self._bucket = bucket_millis
-        self.lone = self._lone()
+        self._lone = {known: self._lone_sql(known) for known in (False, True)}
         self._batch = {
-            (tagged, many): self._batch_sql(tagged, many) for tagged in (False, True) for many in (False, True)
+            (tagged, many, known): self._batch_sql(tagged, many, known)
+            for tagged in (False, True)
+            for many in (False, True)
+            for known in (False, True)
         }
 
     def statement(self, batch: WriteBatch, writer: str, epoch: int) -> tuple[str, tuple[Any, ...]]:
         """The statement for ``batch`` and its parameters (``epoch``: the writer's partition map epoch)."""
+        known = None not in batch.expected_seq_nrs
         if len(batch.payloads) == 1 and not batch.tags[0]:
-            return self.lone, self._lone_params(batch, writer, epoch)
+            return self._lone[known], self._lone_params(batch, writer, epoch)
         tagged = any(batch.tags)
         many = len(batch.payloads) != len(batch)
-        return self._batch[tagged, many], self._params(batch, writer, epoch, tagged, many)
+        return self._batch[tagged, many, known], self._params(batch, writer, epoch, tagged, many)
 
     def _tail(self, tagged: bool, many: bool) -> tuple[str, str, str, str]:
         """The numbers of the optional parameters: notifications, bucket, event calls, positions."""
@@ -85,7 +97,8 @@ class WriteStatements:
         at = {name: f"${15 + i}" for i, name in enumerate(names)}
         return at.get("notify", ""), at.get("bucket", ""), at.get("call", ""), at.get("ordinal", "")
 
-    def _batch_sql(self, tagged: bool, many: bool) -> str:
+    def _batch_sql(self, tagged: bool, many: bool, known: bool) -> str:
+        """The batch statement; ``known``: every call names its expected_seq_nr."""
         notify_at, bucket_at, call_at, ordinal_at = self._tail(tagged, many)
         notify = (
             f", CASE WHEN chk.bad = 0 THEN (SELECT count(pg_notify('{self._channel}', g))"
@@ -112,7 +125,7 @@ WITH {clock(self._schema, "$14", "$2")}, calls AS MATERIALIZED (
   SELECT c.*, h.seq_nr AS prev_seq, h.db_timestamp AS prev_ts,
     c.expected IS NOT NULL AND c.expected <> COALESCE(h.seq_nr, 0) AS bad
   FROM {calls}
-  LEFT JOIN LATERAL ({highest("c.persistence_id", self._ej)}) h ON true
+  LEFT JOIN LATERAL ({highest("c.persistence_id", self._ej, "c.expected" if known else None)}) h ON true
 ), chk AS (
   SELECT count(*) FILTER (WHERE bad) AS bad, max(prev_ts) AS prev FROM calls
 ), src AS {"MATERIALIZED " if tagged else ""}(
@@ -137,19 +150,20 @@ SELECT {stamp("chk.prev", "1")} AS ts, chk.bad,
   {settle("ins")} AS settled{notify}
 FROM chk"""
 
-    def _lone(self) -> str:
+    def _lone_sql(self, known: bool) -> str:
         """One call of one untagged event, with scalar parameters: $1 slice, $2 entity type, $3 pid, $4 expected_seq_nr
-        (NULL: append), $5-$7 the event, $8 the writer, $9-$11 the metadata, $12 the writer's partition map epoch; the
-        same result columns as the batch statement. One row has no per-row step, so there is nothing to settle
-        (:func:`.timestamp_rule.settle` would wait for ``clock``, which has passed)."""
+        (NULL: append; given when ``known``), $5-$7 the event, $8 the writer, $9-$11 the metadata, $12 the writer's
+        partition map epoch; the same result columns as the batch statement. One row has no per-row step, so there is
+        nothing to settle (:func:`.timestamp_rule.settle` would wait for ``clock``, which has passed)."""
         notify = (
             f", CASE WHEN NOT chk.bad THEN pg_notify('{self._channel}', ($1::int / 64)::text || ':' || $2::text) END"
             " AS notified"
             if self._notify
             else ""
         )
+        prev = highest("$3::text", self._ej, "$4::bigint" if known else None)
         return f"""
-WITH {clock(self._schema, "$12", "ARRAY[$1::int]")}, prev AS ({highest("$3::text", self._ej)}
+WITH {clock(self._schema, "$12", "ARRAY[$1::int]")}, prev AS ({prev}
 ), chk AS (
   SELECT $4::bigint IS NOT NULL AND $4::bigint <> COALESCE((SELECT seq_nr FROM prev), 0) AS bad
 ), ins AS (

@@ -17,9 +17,7 @@ log = logging.getLogger("journal.query.notifications")
 
 
 class Subscription:
-    def __init__(
-        self, hub: NotificationHub, entity_type: str, min_slice: int, max_slice: int
-    ) -> None:
+    def __init__(self, hub: NotificationHub, entity_type: str, min_slice: int, max_slice: int) -> None:
         self.hub = hub
         self.entity_type = entity_type
         self.min_group = min_slice // SLICE_GROUP_SIZE

@@ -30,9 +30,7 @@ class SliceQueryState:
     """Paging over one slice range. Drive it: ``request(bound)`` -> read -> ``accept(...)``;
     when ``needs_probe``: probe ``[probe_from, bound)`` -> ``skip_to(found or bound)``."""
 
-    def __init__(
-        self, offset: TimestampOffset | None, buffer_size: int, catch_up_size: int | None = None
-    ) -> None:
+    def __init__(self, offset: TimestampOffset | None, buffer_size: int, catch_up_size: int | None = None) -> None:
         self.offset = offset
         self.floor = offset.timestamp if offset is not None else EPOCH
         self.buffer_size = buffer_size
@@ -81,9 +79,7 @@ class SliceQueryState:
         """Record a page's outcome (after its rows went through ``offset_for``)."""
         self.accept_page(req, len(rows), rows[-1].db_timestamp if rows else None, bound)
 
-    def accept_page(
-        self, req: PageRequest, n: int, last_timestamp: datetime | None, bound: datetime
-    ) -> None:
+    def accept_page(self, req: PageRequest, n: int, last_timestamp: datetime | None, bound: datetime) -> None:
         """Record a page of ``n`` rows whose last is at ``last_timestamp``, after ``offset``
         was advanced past its last row."""
         self.last_count = n

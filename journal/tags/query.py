@@ -222,9 +222,7 @@ class TagQuery:
             if time.monotonic() >= deadline:
                 if unknown:
                     break  # a pid first seen mid-stream: accept it after the scan timeout
-                raise TagEventsMissing(
-                    pid, self.tag, lo, hi, f"not found within gap_timeout={self.s.gap_timeout}s"
-                )
+                raise TagEventsMissing(pid, self.tag, lo, hi, f"not found within gap_timeout={self.s.gap_timeout}s")
             await asyncio.sleep(min(SEARCH_POLL, max(0.0, deadline - time.monotonic())))
         self.tracker.delivered(pid, held[TAG_PID_SEQ_NR])
         self.delivered += 1

@@ -116,10 +116,7 @@ class TagWriterState:
         for row in self.in_flight:
             last[row.persistence_id] = row
         self.in_flight = None
-        return [
-            TagProgress(r.persistence_id, self.tag, r.seq_nr, r.tag_pid_seq_nr, r.timeuuid)
-            for r in last.values()
-        ]
+        return [TagProgress(r.persistence_id, self.tag, r.seq_nr, r.tag_pid_seq_nr, r.timeuuid) for r in last.values()]
 
     def failed(self) -> None:
         """The in-flight batch failed: it goes back to the front, to be retried as is."""
