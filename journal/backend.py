@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from .codec import KeyStore
 from .serialization import Serialized
+from .transaction_slots import TransactionSlots
 from .write_batch import BatchResult, WriteBatch
 
 if TYPE_CHECKING:
@@ -517,6 +518,9 @@ class SharedConnections(Protocol):
     application_name: str
     """Set on every pooled connection and unique to the journal: a caller that lost a
     connection finds its server process by pid *and* this name (never another client's)."""
+    transactions: TransactionSlots
+    """Projection transactions on this pool go through it: at most half the pool at once, so a
+    handler that reads the journal inside one always gets its second connection."""
 
     @property
     def pool(self) -> Any:

@@ -22,6 +22,7 @@ from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
 from journal.settings import ProjectionSettings, QueryMode
+from journal.transaction_slots import TransactionSlots
 from journal.waits import wait_set, within
 
 from .dead_letter_store import DeadLetter, DeadLetterSql
@@ -82,9 +83,13 @@ class RangeProcessor:
         outage: Outage | None = None,
         application_name: str | None = None,
         recovery: HandlerRecovery | None = None,
+        transactions: TransactionSlots,
     ) -> None:
         self.journal = journal
         self.pool = pool
+        self.transactions = transactions
+        """Every transaction of this processor takes its connection through it: when the pool is
+        the journal's, a handler's reads of the journal need connections left over."""
         self.sql = sql
         self.s = settings
         self.name = name
@@ -581,7 +586,7 @@ class RangeProcessor:
                         handler_exc = e
                         raise
                     return
-                async with self.pool.acquire() as conn:
+                async with self.transactions, self.pool.acquire() as conn:
                     if unsure and committed is not None:
                         # outside a transaction: pg_stat_activity is read once per transaction
                         await self._settle(conn, server_pid)
