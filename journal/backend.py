@@ -519,7 +519,7 @@ class SharedConnections(Protocol):
     """Set on every pooled connection and unique to the journal: a caller that lost a
     connection finds its server process by pid *and* this name (never another client's)."""
     transactions: TransactionSlots
-    """Projection transactions on this pool go through it: at most half the pool at once, so a
+    """Projection transactions on this pool go through it: fewer than half the pool at once, so a
     handler that reads the journal inside one always gets its second connection."""
 
     @property

@@ -49,9 +49,11 @@ class ConnectionSettings:
     """The journal's pool: reads, small statements, and the projection workers of the process
     (their lease rounds, offset reads and one transaction per slice range being processed; a
     worker over N databases runs a range per database). Group commit writes on connections of its
-    own. A handler that reads the journal inside its transaction (the entities' writers) holds
-    two at once, so keep it above twice the ranges the process's workers run together, plus the
-    queries in flight: a full pool makes callers wait for a connection."""
+    own. Fewer than half of it (``(pool_max_size - 1) // 2``, 4 of the default 10) is ever held by
+    the workers' transactions at once, the other ranges wait their turn, so a handler's reads of
+    the journal inside its transaction (the entities' writers do them) always find a connection:
+    more ranges wait rather than hang (docs/projections.md). Raise it to commit more ranges at
+    once; a worker on this pool needs at least 3."""
     connect_timeout: float = 10.0
     """Seconds to wait for a server to answer a connection attempt (a silent server, a firewall
     that drops packets) before that attempt counts as failed."""

@@ -4,9 +4,12 @@ A projection's handler runs inside its batch's transaction, on a pooled connecti
 read the journal there (the entities' writers read each target's highest sequence number): that
 read takes a second connection of the same pool when the worker runs on the journal's pool (one
 pool per process). If every connection of the pool were held by such a transaction, each would
-wait for its second connection forever. Admitting at most half the pool into transactions leaves
-every admitted transaction its second connection and the rest of the process (reads, lease
-rounds, the readers' pages) room too: a wait, never a hang.
+wait for its second connection forever. Its worker's lease round may hold one more while it
+waits for the transaction's lease locks (renewing a lease waits for the ``FOR SHARE`` of the
+offset transaction). So fewer than half the pool is admitted into transactions: those and one
+lease round per transaction leave at least one connection for the handlers' reads, which hold
+it for one statement and never wait for another meanwhile, so they finish, a transaction
+commits, and its lease round goes on: a wait, never a hang.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ class TransactionSlots:
 
     @classmethod
     def of_shared_pool(cls, pool_size: int) -> TransactionSlots:
-        """Half of a pool that handlers may also read from (0 for a pool of 1: too small to share)."""
-        return cls(pool_size // 2)
+        """Fewer than half of a pool that handlers also read from (0 below 3: too small to share)."""
+        return cls((pool_size - 1) // 2)
 
     async def __aenter__(self) -> None:
         await self._free.acquire()

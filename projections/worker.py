@@ -123,7 +123,7 @@ class Worker:
         if shared is not None:
             if shared.transactions.limit < 1:
                 raise ConfigurationError(
-                    "connection.pool_max_size must be at least 2 for a projection worker on the journal's pool "
+                    "connection.pool_max_size must be at least 3 for a projection worker on the journal's pool "
                     "(a handler may read the journal inside its transaction)"
                 )
             self._pool, self.application_name = shared.pool, shared.application_name
