@@ -75,6 +75,11 @@ class WriteSettings:
     the client encodes the next chunk while the server writes the last one."""
     notify: bool = True
     """Send NOTIFY in the write transaction so live queries wake at once."""
+    freeze_heap: bool = True
+    """At the first open in a process, collect once and ``gc.freeze()`` what is alive then (the
+    imported modules, the journal's pools), unless something froze the heap already
+    (:func:`journal.runtime.freeze_heap`): the collector's full passes then skip it. False
+    leaves the collector alone."""
     writer_id: str | None = None
     """Value of the ``writer`` column (default: a fresh UUID per journal instance)."""
     max_event_bytes: int = 8 * 1024 * 1024
