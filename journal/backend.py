@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from .codec import KeyStore
 from .serialization import Serialized
+from .transaction_slots import TransactionSlots
 from .write_batch import BatchResult, WriteBatch
 
 if TYPE_CHECKING:
@@ -508,6 +509,25 @@ class ReplicationStore(Protocol):
     async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]: ...
 
 
+class SharedConnections(Protocol):
+    """The journal's connection pool, lent to the projection workers and tools of its process
+    (one pool per process): they take connections from ``pool`` and never close it."""
+
+    dsn: str
+    """The database (asyncpg form): a caller whose own DSN names another one keeps its own."""
+    application_name: str
+    """Set on every pooled connection and unique to the journal: a caller that lost a
+    connection finds its server process by pid *and* this name (never another client's)."""
+    transactions: TransactionSlots
+    """Projection transactions on this pool go through it: fewer than half the pool at once, so a
+    handler that reads the journal inside one always gets its second connection."""
+
+    @property
+    def pool(self) -> Any:
+        """An asyncpg pool (``async with pool.acquire() as conn``)."""
+        ...
+
+
 class SliceLeases(Protocol):
     """One member of a named job whose live members share the slices through leases (projection
     workers, event routers), and the progress it records per slice (PostgreSQL)."""
@@ -574,6 +594,11 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
     def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
         """Membership ``owner`` of the job ``name``, its leases expiring ``ttl`` seconds after
         the last round (PostgreSQL)."""
+        ...
+
+    def shared_connections(self) -> SharedConnections:
+        """The journal's pool in the database that keeps its projections' offsets (PostgreSQL;
+        a partitioned journal's: the home database's)."""
         ...
 
     def key_store(self) -> KeyStore:

@@ -32,11 +32,12 @@ CallResult = tuple[int, datetime]
 
 class Pending(msgspec.Struct):
     """A queued batch (a ``persist`` call, or a chunk of a ``persist_many``) and the future its
-    caller awaits: a :data:`CallResult` (or the call's error) for a batch of one call, else a
-    :class:`BatchResult`."""
+    caller awaits: a :data:`CallResult` (or the call's error) for a ``persist`` call, a
+    :class:`BatchResult` for a chunk (of any size: a chunk of one call too)."""
 
     batch: WriteBatch
     future: asyncio.Future[Any]
+    chunk: bool = False
 
 
 @dataclass
@@ -123,7 +124,7 @@ def _settle(batch: Sequence[Pending], result: BatchResult) -> None:
         fut = p.future
         if fut.done():
             pass
-        elif n != 1:
+        elif n != 1 or p.chunk:
             fut.set_result(result.part(i, i + n))
         elif errors and i in errors:
             fut.set_exception(errors[i])
@@ -172,10 +173,10 @@ class GroupCommit:
             return self._write_now(batch)
         return self._enqueue(batch, self._max_batch_wait)
 
-    def _enqueue(self, batch: WriteBatch, wait: float = 0.0) -> asyncio.Future[Any]:
+    def _enqueue(self, batch: WriteBatch, wait: float = 0.0, *, chunk: bool = False) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._planner.queue.append(Pending(batch, fut))
+        self._planner.queue.append(Pending(batch, fut, chunk))
         if not self._scheduled:
             self._scheduled = True
             if wait > 0 and not self._running:
@@ -203,7 +204,7 @@ class GroupCommit:
         else:
             rest = list(self._split(chunks))
         if rest:
-            got = await asyncio.gather(*[self._enqueue(c) for c in rest], return_exceptions=True)
+            got = await asyncio.gather(*[self._enqueue(c, chunk=True) for c in rest], return_exceptions=True)
             results += [
                 _failed_whole(c, r) if isinstance(r, BaseException) else r for c, r in zip(rest, got, strict=True)
             ]

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from . import tracing
+from . import runtime, tracing
 from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
 from .bulk import Outcome, Write, outcomes
@@ -596,6 +596,8 @@ async def open_journal(
     except BaseException:
         await backend.close()
         raise
+    if settings.write.freeze_heap:
+        runtime.freeze_heap()
     try:
         yield journal
     finally:

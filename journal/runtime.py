@@ -13,7 +13,9 @@ objects, ~25 ms a pass on the 2-core test machine, about a third of ``persist_ma
 time. :func:`tune_gc` (which :func:`run` calls unless ``gc_tuning=False``) freezes the heap that
 exists at startup out of those passes (``gc.freeze``: it lives as long as the process anyway)
 and lets the young generation grow larger between passes. Nothing is leaked that would have
-been freed: cyclic garbage created later is still collected.
+been freed: cyclic garbage created later is still collected. The freeze alone is what a
+library may do for its process, and :func:`journal.open_journal` does it (:func:`freeze_heap`,
+once per process, setting ``write.freeze_heap``); the threshold stays the application's choice.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ def loop_name(uvloop: bool = True) -> str:
 
 GEN0_THRESHOLD = 10_000
 """Young-generation threshold :func:`tune_gc` sets (CPython 3.11's default is 700, 3.12's 2000)."""
+
+
+def freeze_heap() -> None:
+    """Collect once, then freeze what is alive out of the collector's later passes, unless
+    something froze the heap already. :func:`journal.open_journal` calls it (the setting
+    ``write.freeze_heap``): a process that writes through the journal pays for the full passes
+    its writes trigger, and the heap those passes walk is mostly what was imported before."""
+    if gc.get_freeze_count() == 0:
+        gc.collect()
+        gc.freeze()
 
 
 def tune_gc(gen0_threshold: int = GEN0_THRESHOLD) -> None:

@@ -46,6 +46,14 @@ class ConnectionSettings:
     pool_min_size: int = 0
     """Idle connections are kept for reuse anyway; 0 avoids background reconnect loops during outages."""
     pool_max_size: int = 10
+    """The journal's pool: reads, small statements, and the projection workers of the process
+    (their lease rounds, offset reads and one transaction per slice range being processed; a
+    worker over N databases runs a range per database). Group commit writes on connections of its
+    own. Fewer than half of it (``(pool_max_size - 1) // 2``, 4 of the default 10) is ever held by
+    the workers' transactions at once, the other ranges wait their turn, so a handler's reads of
+    the journal inside its transaction (the entities' writers do them) always find a connection:
+    more ranges wait rather than hang (docs/projections.md). Raise it to commit more ranges at
+    once; a worker on this pool needs at least 3."""
     connect_timeout: float = 10.0
     """Seconds to wait for a server to answer a connection attempt (a silent server, a firewall
     that drops packets) before that attempt counts as failed."""
@@ -67,6 +75,11 @@ class WriteSettings:
     the client encodes the next chunk while the server writes the last one."""
     notify: bool = True
     """Send NOTIFY in the write transaction so live queries wake at once."""
+    freeze_heap: bool = True
+    """At the first open in a process, collect once and ``gc.freeze()`` what is alive then (the
+    imported modules, the journal's pools), unless something froze the heap already
+    (:func:`journal.runtime.freeze_heap`): the collector's full passes then skip it. False
+    leaves the collector alone."""
     writer_id: str | None = None
     """Value of the ``writer`` column (default: a fresh UUID per journal instance)."""
     max_event_bytes: int = 8 * 1024 * 1024

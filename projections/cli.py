@@ -148,11 +148,11 @@ def run(
             tasks = [asyncio.create_task(w.run()) for w in ws]
             reporter = asyncio.create_task(_report(ws, show))
             sampler = None
-            if port is not None:
+            if port is not None and any(w.lag_by_slice for w in ws):  # a tag projection's lag is not by slice
                 from . import metrics
 
                 sampler = metrics.LagSampler(
-                    ws, j.settings.connection.dsn or "", j.settings.schema, interval=metrics_interval
+                    ws, j.backend.shared_connections().pool, j.settings.schema, interval=metrics_interval
                 )
                 sampler_task = asyncio.create_task(sampler.run())
             results = await asyncio.gather(*tasks, return_exceptions=True)

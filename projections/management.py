@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from journal import Journal
 from journal.errors import InvalidArgument, ProjectionError
 from journal.ids import NUMBER_OF_SLICES, slice_for
 from journal.postgres import LeaseSql, connect
@@ -190,24 +191,32 @@ async def clear(conn: Any, sql: ManagementStore, name: str, lo: int, hi: int) ->
     return await sql.delete_offsets(conn, name, list(range(lo, hi + 1)))
 
 
-async def processed_up_to(settings: JournalSettings, name: str, targets: Mapping[str, int]) -> bool:
+async def processed_up_to(source: Journal | JournalSettings, name: str, targets: Mapping[str, int]) -> bool:
     """True when projection ``name`` has committed offsets for ``targets`` (pid -> seq_nr) or beyond.
 
     A catch-up check for tools and tests (e.g. run a writer until it is caught up, then stop).
+    ``source``: an open journal on PostgreSQL (a connection of its pool: one pool per process;
+    a partitioned journal's home database), or settings with a DSN (a connection of its own).
     """
-    dsn = settings.connection.dsn
-    if dsn is None:
-        raise InvalidArgument("processed_up_to needs settings with a DSN")
-    sql = ProjectionSql(settings.schema)
-    conn = await connect(dsn, settings)
-    try:
-        for pid, seq_nr in targets.items():
-            stored = await sql.load_pid(conn, name, slice_for(pid), pid)
-            if stored is None or stored[0] < seq_nr:
-                return False
-        return True
-    finally:
-        await conn.close()
+    if isinstance(source, JournalSettings):
+        settings, dsn = source, source.connection.dsn
+        if dsn is None:
+            raise InvalidArgument("processed_up_to needs settings with a DSN")
+        conn = await connect(dsn, settings)
+        try:
+            return await _stored_up_to(conn, ProjectionSql(settings.schema), name, targets)
+        finally:
+            await conn.close()
+    async with source.backend.shared_connections().pool.acquire() as conn:
+        return await _stored_up_to(conn, ProjectionSql(source.settings.schema), name, targets)
+
+
+async def _stored_up_to(conn: Any, sql: ProjectionSql, name: str, targets: Mapping[str, int]) -> bool:
+    for pid, seq_nr in targets.items():
+        stored = await sql.load_pid(conn, name, slice_for(pid), pid)
+        if stored is None or stored[0] < seq_nr:
+            return False
+    return True
 
 
 _store_conforms: type[ManagementStore] = ProjectionSql

@@ -170,12 +170,13 @@ class LagSampler:
     """Every ``interval`` seconds, measures the lag of each slice range the workers process:
     events after each slice's offset (up to ``cap`` per slice) and the oldest one's age."""
 
-    def __init__(self, workers: Iterable[TrackedWorker], dsn: str, schema: str, *, interval: float = 5.0,
+    def __init__(self, workers: Iterable[TrackedWorker], pool: Any, schema: str, *, interval: float = 5.0,
                  cap: int = 100_000) -> None:  # fmt: skip
         from .postgres_store import ProjectionSql
 
         self.workers = list(workers)
-        self.dsn = dsn
+        self.pool = pool
+        """The journal's (:meth:`journal.backend.Backend.shared_connections`): one pool per process."""
         self.sql = ProjectionSql(schema)
         self.interval = interval
         self.cap = cap
@@ -187,21 +188,13 @@ class LagSampler:
     async def run(self) -> None:
         import asyncpg
 
-        from journal.postgres import asyncpg_dsn
-
-        conn: Any = None
-        try:
-            while not self._stop.is_set():
-                try:
-                    if conn is None or conn.is_closed():
-                        conn = await asyncpg.connect(asyncpg_dsn(self.dsn))
+        while not self._stop.is_set():
+            try:
+                async with self.pool.acquire() as conn:
                     await self.sample(conn)
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-                    log.warning("lag sample failed (will retry): %s", e)
-                await wait_set(self._stop, self.interval)
-        finally:
-            if conn is not None:
-                await conn.close()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+                log.warning("lag sample failed (will retry): %s", e)
+            await wait_set(self._stop, self.interval)
 
     async def sample(self, conn: Any) -> None:
         """One measurement of every range the workers process now."""

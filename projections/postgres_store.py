@@ -72,7 +72,7 @@ WHERE slice = $1 AND projection_name = $2 AND persistence_id = $3 ORDER BY seq_n
         return None if r is None else (r["seq_nr"], r["timestamp_offset"])
 
     async def backend_busy(self, conn: Any, pid: int, app: str | None) -> bool:
-        """Is this server process (of our own pool, by application_name) still running a statement?"""
+        """Is this server process (of the pool we run on, by application_name) still running a statement?"""
         found = await conn.fetchval(
             "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND ($2::text IS NULL OR application_name = $2) "
             "AND state = 'active'",

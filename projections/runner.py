@@ -22,6 +22,7 @@ from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
 from journal.settings import ProjectionSettings, QueryMode
+from journal.transaction_slots import TransactionSlots
 from journal.waits import wait_set, within
 
 from .dead_letter_store import DeadLetter, DeadLetterSql
@@ -82,9 +83,13 @@ class RangeProcessor:
         outage: Outage | None = None,
         application_name: str | None = None,
         recovery: HandlerRecovery | None = None,
+        transactions: TransactionSlots,
     ) -> None:
         self.journal = journal
         self.pool = pool
+        self.transactions = transactions
+        """Every transaction of this processor takes its connection through it: when the pool is
+        the journal's, a handler's reads of the journal need connections left over."""
         self.sql = sql
         self.s = settings
         self.name = name
@@ -581,7 +586,7 @@ class RangeProcessor:
                         handler_exc = e
                         raise
                     return
-                async with self.pool.acquire() as conn:
+                async with self.transactions, self.pool.acquire() as conn:
                     if unsure and committed is not None:
                         # outside a transaction: pg_stat_activity is read once per transaction
                         await self._settle(conn, server_pid)
@@ -639,8 +644,8 @@ class RangeProcessor:
         """Wait until the server process that ran a COMMIT whose answer was lost is done with it
         (it may still be committing: reading before that could see "not committed" for a batch
         that commits a moment later). After ``patience`` seconds it is terminated, which rolls a
-        COMMIT still in its deferred work back; only a process of this worker's own pool
-        (``application_name``) is ever terminated."""
+        COMMIT still in its deferred work back; only a process of the pool the worker runs on
+        (the journal's or its own, told by ``application_name``) is ever terminated."""
         deadline = time.monotonic() + patience
         while await self.sql.backend_busy(conn, server_pid, self.application_name):
             if time.monotonic() > deadline:

@@ -196,7 +196,7 @@ class TagWorker(Worker):
             tag=self.tag, tag_sql=self.tag_sql, epoch=self.epochs[0], journal=self.journal, pool=self._pool,
             sql=self.sql, settings=self.ps, name=self.name, owner=self.worker_id, handler=self.handler,
             mode=self.mode, stats=self.stats, outage=self.outage, application_name=self.application_name,
-            recovery=self.recovery,
+            recovery=self.recovery, transactions=self._transactions,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:tag:{self.tag}")
         self.processors[(0, 0)] = (proc, task)

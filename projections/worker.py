@@ -23,10 +23,13 @@ from typing import Any
 
 import asyncpg
 
-from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost
+from journal import Journal
+from journal.backend import SharedConnections
+from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost, UnsupportedOperation
 from journal.ids import NUMBER_OF_SLICES, runs, validate_entity_type, validate_name
 from journal.postgres import PostgresSliceLeases, asyncpg_dsn, driver_error, target_of
 from journal.settings import JournalSettings, QueryMode
+from journal.transaction_slots import TransactionSlots
 from journal.waits import wait_set
 
 from . import metrics
@@ -38,6 +41,9 @@ from .runner import EventSource, RangeProcessor
 from .stats import Stats
 
 log = logging.getLogger("projections.worker")
+
+OWN_POOL_SIZE = 8
+"""Connections of the pool a worker opens when it cannot run on the journal's."""
 
 
 def parse_key(key: str) -> range:
@@ -82,6 +88,10 @@ class Worker:
         self.processors: dict[tuple[int, int], tuple[RangeProcessor, asyncio.Task[None]]] = {}
         self._stop = asyncio.Event()
         self._pool: asyncpg.Pool | None = None
+        self._owns_pool = False
+        self._transactions = TransactionSlots(OWN_POOL_SIZE)
+        """Its processors' transactions at once: the whole of its own pool (a handler's reads of
+        the journal go to the journal's pool), or the shared pool's limit (:meth:`run`)."""
         self.leases = PostgresSliceLeases(
             self._own_pool, settings.schema, name, self.worker_id, self.ps.lease_ttl, self.slice_count
         )
@@ -89,7 +99,8 @@ class Worker:
         self.outage = Outage(log, self.worker_id, quiet=self.ps.handler_max_backoff + self.ps.lease_renew_interval)
         """Database outages, shared with the processors (logged once each; shown by status)."""
         self.application_name = f"sj-projection {self.worker_id}"[:63]
-        """Of the worker's connections (a server process of ours is told apart by it)."""
+        """Of the worker's connections (a server process of ours is told apart by it): its own
+        pool's, or the journal's pool's when it runs on that (:meth:`_shared_connections`)."""
         metrics.track(self)
 
     def stop(self) -> None:
@@ -108,9 +119,21 @@ class Worker:
         dsn = self.settings.connection.dsn
         if dsn is None:
             raise ConfigurationError("Worker needs settings with a DSN (open the journal first)")
-        self._pool = await asyncpg.create_pool(
-            asyncpg_dsn(dsn), min_size=0, max_size=8, server_settings={"application_name": self.application_name}
-        )
+        shared = self._shared_connections(dsn)
+        if shared is not None:
+            if shared.transactions.limit < 1:
+                raise ConfigurationError(
+                    "connection.pool_max_size must be at least 3 for a projection worker on the journal's pool "
+                    "(a handler may read the journal inside its transaction)"
+                )
+            self._pool, self.application_name = shared.pool, shared.application_name
+            self._transactions = shared.transactions
+        else:
+            self._owns_pool = True
+            self._pool = await asyncpg.create_pool(
+                asyncpg_dsn(dsn), min_size=0, max_size=OWN_POOL_SIZE,
+                server_settings={"application_name": self.application_name},
+            )  # fmt: skip
         try:
             await self._start_up(dsn)
             last_prune = 0.0
@@ -137,6 +160,18 @@ class Worker:
             await self._shutdown()
         if self.error is not None:
             raise HandlerFailed(self.error)
+
+    def _shared_connections(self, dsn: str) -> SharedConnections | None:
+        """The journal's pool when the offsets live in its database (one pool per process; a
+        partitioned journal's: the home database's). A source without one (a Cassandra journal,
+        an EventSource of the caller's) or offsets kept elsewhere: the worker opens its own."""
+        if not isinstance(self.journal, Journal):
+            return None
+        try:
+            shared = self.journal.backend.shared_connections()
+        except UnsupportedOperation:
+            return None
+        return shared if shared.dsn == asyncpg_dsn(dsn) else None
 
     async def _start_up(self, dsn: str) -> None:
         """Create the lease rows; a database that is down is waited for, however long."""
@@ -182,10 +217,9 @@ class Worker:
         one database down stops only the processors of its slices (docs/scaling-out.md)."""
         from journal.partitioned.backend import PartitionedBackend
 
-        backend = getattr(self.journal, "backend", None)
-        if not isinstance(backend, PartitionedBackend):
+        if not isinstance(self.journal, Journal) or not isinstance(self.journal.backend, PartitionedBackend):
             return ranges
-        m = backend.dbs.map
+        m = self.journal.backend.dbs.map
         return [(p.min_slice, p.max_slice) for lo, hi in ranges for p in m.pieces(lo, hi)]
 
     def _start(self, lo: int, hi: int) -> None:
@@ -195,7 +229,7 @@ class Worker:
             entity_type=self.entity_type, lo=lo, hi=hi, owner=self.worker_id,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
             mode=self.mode, stats=self.stats, query_mode=self._query_mode(), outage=self.outage,
-            application_name=self.application_name, recovery=self.recovery,
+            application_name=self.application_name, recovery=self.recovery, transactions=self._transactions,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
         self.processors[(lo, hi)] = (proc, task)
@@ -254,7 +288,9 @@ class Worker:
             log.warning("%s: could not release leases (they expire in %ss): %s", self.worker_id, self.ps.lease_ttl, e)
         finally:
             self._pool = None
-            await pool.close()
+            if self._owns_pool:  # the journal's pool is the journal's to close
+                self._owns_pool = False
+                await pool.close()
 
 
 async def run_workers(workers: list[Worker], on_tick: Callable[[], Any] | None = None) -> None:

@@ -41,7 +41,7 @@ async def main(dsn: str, crash: str) -> None:
         targets = {pid: await j.highest_seq_nr(pid) async for pid in j.current_persistence_ids("src")}
 
         async def caught_up_or_failed() -> bool:
-            return task.done() or await processed_up_to(settings, "doubler", targets)
+            return task.done() or await processed_up_to(j, "doubler", targets)
 
         try:
             await wait_until(caught_up_or_failed, 30, "the processor to catch up", every=0.05)

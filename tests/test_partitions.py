@@ -244,3 +244,31 @@ async def test_entities_write_and_recover_where_their_slice_is(parts: list[str])
 
 async def _has(state: object, n: int) -> bool:
     return len(await state) == n  # type: ignore[misc,arg-type]
+
+
+async def test_a_worker_over_a_partitioned_journal_runs_on_the_home_databases_pool(parts: list[str]) -> None:
+    from projections import Worker
+    from tests.support.waiting import wait_until
+
+    dbs = parts[:2]
+    fast = {"lease_ttl": 1.5, "lease_renew_interval": 0.3, "handler_backoff": 0.02}
+    async with partitioned(dbs, **fast) as j:
+        pids = [p.replace("route|", "pooled|") for p in PIDS[:20]]
+        await j.persist_many([Write(p, [{"n": 1}]) for p in pids])
+        seen: list[asyncpg.Record] = []
+
+        async def handler(conn: asyncpg.Connection, envs: Sequence[object]) -> None:
+            row = await conn.fetchrow("SELECT current_setting('application_name'), current_database()")
+            seen.extend([row] * len(envs))
+
+        w = Worker(j, j.settings, "p-home-pool", "pooled", handler, "grouped")
+        task = asyncio.create_task(w.run())
+        try:
+            await wait_until(lambda: len(seen) >= len(pids), 30, "the projection")
+        finally:
+            w.stop()
+            await task
+        home = await stored(dbs[0], "SELECT current_setting('application_name'), current_database()")
+        assert {tuple(r) for r in seen} == {(j.backend.shared_connections().application_name, home[0][1])}
+        assert not await stored(dbs[0], "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'sj-projection%'")
+        await j.persist("pooled|after", [{"n": 1}])  # the journal's pools stay open

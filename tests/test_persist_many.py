@@ -193,3 +193,12 @@ async def test_a_bulk_write_behind_a_busy_queue_is_queued_not_lost(dsn: str, jou
     assert await count_rows(dsn) == 300
     for i in (0, 2, 198):
         assert await events_of(journal, f"q|{i}") in ([i, "bulk"], ["bulk", i])
+
+
+async def test_a_one_part_bulk_write_behind_a_busy_queue_gets_its_outcome(journal: Journal) -> None:
+    """A queued chunk of one call is answered as a chunk (the entities' Processor writes one
+    target pid this way under load); it got a persist call's answer and failed with AttributeError."""
+    singles = [journal.persist(f"q1|{i}", [i]) for i in range(20)]
+    *_, out = await asyncio.gather(*singles, journal.persist_many([Write("q1|bulk", ["bulk"])]))
+    assert [type(o) for o in out] == [Written]
+    assert await events_of(journal, "q1|bulk") == ["bulk"]

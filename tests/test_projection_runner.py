@@ -223,3 +223,29 @@ async def test_a_stopped_range_stores_its_position_for_every_slice(
 
 async def _equals(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
+
+
+async def test_a_worker_takes_its_connections_from_the_journals_pool(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
+) -> None:
+    """One pool per process: leases, offsets and the handler's transactions run on the journal's
+    pooled connections (told apart by its application_name); the pool stays the journal's."""
+    total = await write(journal, "OnePool", 10, 2)
+    apps: set[str] = set()
+
+    async def handler(c: Any, envs: Sequence[EventEnvelope]) -> None:
+        apps.add(await c.fetchval("SELECT current_setting('application_name')"))
+        await grouped(c, envs)
+
+    w = Worker(journal, fast, "p-one-pool", "OnePool", handler, "grouped")
+    task = asyncio.create_task(w.run())
+    try:
+        await wait_until(lambda: _eq(conn, total), 20, "the projection")
+        own = await conn.fetchval("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'sj-projection%'")
+        assert own == 0, "the worker opened a pool of its own"
+    finally:
+        w.stop()
+        await task
+    assert apps == {journal.backend.shared_connections().application_name}
+    await journal.persist("OnePool|after", [{"n": 1}])  # the worker did not close the journal's pool
+    assert await journal.highest_seq_nr("OnePool|after") == 1

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..backend import Backend, ReplicationStore, SliceLeases, SliceQueryBackend, TagRowWriter, TagStore
+from ..backend import (
+    Backend,
+    ReplicationStore,
+    SharedConnections,
+    SliceLeases,
+    SliceQueryBackend,
+    TagRowWriter,
+    TagStore,
+)
 from ..codec import KeyStore
 from ..errors import UnsupportedOperation
 from ..settings import JournalSettings
@@ -67,6 +75,9 @@ class CassandraBackend(CassandraWrites, CassandraSnapshots, CassandraInfo):
 
     def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
         raise UnsupportedOperation("slice leases are not supported on the cassandra backend")
+
+    def shared_connections(self) -> SharedConnections:
+        raise UnsupportedOperation("the cassandra backend has no PostgreSQL pool to share")
 
     def key_store(self) -> KeyStore:
         raise UnsupportedOperation(

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..backend import Backend, ManifestCount, SliceLeases, SnapshotRow, WriteCheck
+from ..backend import Backend, ManifestCount, SharedConnections, SliceLeases, SnapshotRow, WriteCheck
 from ..errors import UnsupportedOperation
 from ..ids import slice_for
 from ..postgres import MOVED, PostgresBackend, PostgresKeyStore, redact
@@ -204,6 +204,10 @@ class PartitionedBackend:
     def key_store(self) -> PostgresKeyStore:
         """The encryption keys live in the home database (they belong to subjects, not slices)."""
         return self._home_backend().key_store()
+
+    def shared_connections(self) -> SharedConnections:
+        """The home database's pool (projections keep their offsets and read models there)."""
+        return self._home_backend().shared_connections()
 
     def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
         """Leases of a job over slices live in the home database (they belong to the job)."""

@@ -92,6 +92,10 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
 
         return PostgresSliceLeases(lambda: self.conns.pool, self.settings.schema, name, owner, ttl)
 
+    def shared_connections(self) -> PostgresConnections:
+        """The journal's pool, lent to the projection workers and tools of this process."""
+        return self.conns
+
     def key_store(self) -> PostgresKeyStore:
         """The ``encryption_key`` table (keys wrapped with ``codec.master_key`` when it is set)."""
         from ..codec import MasterKey

@@ -15,6 +15,7 @@ import asyncpg
 
 from ..errors import ConfigurationError, JournalUnavailable
 from ..settings import JournalSettings
+from ..transaction_slots import TransactionSlots
 from .dsn import asyncpg_dsn, target_of
 from .errors import with_retries
 from .statements import Statements
@@ -33,6 +34,11 @@ class PostgresConnections:
         self.settings = settings
         self.writer_id = writer_id
         self.sql = Statements(settings.schema)
+        self.application_name = f"slice-journal pool {writer_id}"[:63]
+        """Of every pooled connection: the workers and tools this pool is lent to
+        (:meth:`~.backend.PostgresBackend.shared_connections`) find their server processes by it."""
+        self.transactions = TransactionSlots.of_shared_pool(settings.connection.pool_max_size)
+        """The projection transactions on this pool (:mod:`journal.transaction_slots`)."""
         self.epoch = 0
         """The partition map epoch this journal's writes and slice reads send (the database
         refuses a range whose last change is newer: :mod:`.timestamp_rule`)."""
@@ -50,6 +56,7 @@ class PostgresConnections:
                 max_size=c.pool_max_size,
                 timeout=c.connect_timeout,
                 command_timeout=None,
+                server_settings={"application_name": self.application_name},
             )
 
         self._pool = await self.retrying("connect", connect, announce=True)
