@@ -278,11 +278,7 @@ class PartitionedReplicationStore:
     async def _not_stored(self, log_name: str, events: Sequence[ReplicatedEvent]) -> list[int]:
         if not events:
             return []
-        ids = [e.event_id for e in events]
-        stored: set[tuple[str, int]] = set()
-        for got in await asyncio.gather(*(p.stored_ids(log_name, ids) for p in await self._all_parts())):
-            stored |= got
-        return not_in(events, stored)
+        return not_in(events, await self._stored(log_name, [e.event_id for e in events]))
 
     async def _insert(
         self, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], new: list[int], held: _Held
@@ -327,10 +323,13 @@ class PartitionedReplicationStore:
     async def missing_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
         if not ids:
             return []
-        stored: set[tuple[str, int]] = set()
-        for got in await asyncio.gather(*(p.stored_ids(log_name, ids) for p in await self._all_parts())):
-            stored |= got
+        stored = await self._stored(log_name, ids)
         return [i for i in ids if i not in stored]
+
+    async def _stored(self, log_name: str, ids: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+        """Those of ``ids`` stored in any database (in any slice: a move's copy counts)."""
+        got = await asyncio.gather(*(p.stored_ids(log_name, ids) for p in await self._all_parts()))
+        return set().union(*got)
 
     async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]:
         out: dict[tuple[str, int], int] = {}

@@ -19,7 +19,7 @@ import asyncpg
 from ..vector_time import VectorTime
 from . import recovery_guard
 from .errors import partition_refusal
-from .replication_store import PostgresReplicationStore, dump_vt, vector_time_of
+from .replication_store import PostgresReplicationStore, stamp_columns, stored_ids, vector_time_of
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL, delete_check_sql
 from .writes import PostgresWrites
 
@@ -64,8 +64,7 @@ class ReplicationPart:
     async def stored_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
         """Those of ``ids`` stored here (in any slice: a move's copy counts)."""
         async with self.store.connection() as conn:
-            rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
-        return {(r[0], int(r[1])) for r in rows}
+            return await stored_ids(conn, self.sql, log_name, ids)
 
     async def event_ids(self, log_name: str, slices: Sequence[int]) -> dict[tuple[str, int], int]:
         async with self.store.connection() as conn:
@@ -105,12 +104,7 @@ class ReplicationPart:
 
     async def stamp(self, conn: Any, log_name: str, rows: Sequence[tuple[str, int, int, VectorTime]]) -> None:
         """Stamp these local events (pid, seq nr, position, vector time) as this location's."""
-        location = self.store.location
-        cols: list[list[Any]] = [[], [], [], [], [], []]
-        for pid, seq_nr, pos, vt in rows:
-            for col, v in zip(cols, (pid, seq_nr, location, pos, dump_vt(vt), pos), strict=True):
-                col.append(v)
-        await conn.execute(self.sql.stamp, *cols)
+        await conn.execute(self.sql.stamp, *stamp_columns(self.store.location, rows))
 
     async def delete_logically(self, log_name: str, to: int, slices: Sequence[int], epoch: int) -> None:
         async with self.store.connection() as conn, conn.transaction():

@@ -298,14 +298,12 @@ class PostgresReplicationStore:
             return 0, pos, vv
         # never reuse a position of ours that the log (after a disaster recovery) has seen
         pos = max(pos, vv.get(self.location, 0))
-        cols: list[list[Any]] = [[], [], [], [], [], []]
+        stamped = []
         for r in rows:
             pos += 1
             vv = vv.with_entry(self.location, pos)
-            row = (r["persistence_id"], r["seq_nr"], self.location, pos, dump_vt(vv), pos)
-            for col, v in zip(cols, row, strict=True):
-                col.append(v)
-        await conn.execute(self.sql.stamp, *cols)
+            stamped.append((r["persistence_id"], r["seq_nr"], pos, vv))
+        await conn.execute(self.sql.stamp, *stamp_columns(self.location, stamped))
         await conn.execute(self.sql.save_log, log_name, pos, dump_vt(vv))
         return len(rows), pos, vv
 
@@ -327,8 +325,7 @@ class PostgresReplicationStore:
         if not ids:
             return []
         async with self.connection() as conn:
-            rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
-        stored = {(r[0], int(r[1])) for r in rows}
+            stored = await stored_ids(conn, self.sql, log_name, ids)
         return [i for i in ids if i not in stored]
 
     async def progress(self, log_name: str, source_location: str) -> int:
@@ -390,9 +387,7 @@ class PostgresReplicationStore:
         one; be safe)."""
         if not events:
             return []
-        ids = [e.event_id for e in events]
-        rows = await conn.fetch(self.sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
-        return not_in(events, {(r["origin"], int(r["origin_seq"])) for r in rows})
+        return not_in(events, await stored_ids(conn, self.sql, log_name, [e.event_id for e in events]))
 
     async def insert(
         self, conn: Any, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], positions: Sequence[int]
@@ -527,6 +522,24 @@ async def racing_local_writes(
                     f"a replicated batch of {log_name!r} kept racing local writes: {e}",
                 ) from e  # fmt: skip
     raise AssertionError("unreachable")
+
+
+async def stored_ids(
+    conn: Any, sql: ReplicationStatements, log_name: str, ids: Sequence[tuple[str, int]]
+) -> set[tuple[str, int]]:
+    """Those of ``ids`` (origin location, origin seq nr) stored in this database's log."""
+    rows = await conn.fetch(sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
+    return {(r["origin"], int(r["origin_seq"])) for r in rows}
+
+
+def stamp_columns(location: str, rows: Sequence[tuple[str, int, int, VectorTime]]) -> list[list[Any]]:
+    """The parameters of :attr:`ReplicationStatements.stamp` for local events (pid, seq nr,
+    position, vector time) stamped as ``location``'s."""
+    cols: list[list[Any]] = [[], [], [], [], [], []]
+    for pid, seq_nr, pos, vt in rows:
+        for col, v in zip(cols, (pid, seq_nr, location, pos, dump_vt(vt), pos), strict=True):
+            col.append(v)
+    return cols
 
 
 def not_in(events: Sequence[ReplicatedEvent], stored: set[tuple[str, int]]) -> list[int]:
