@@ -8,6 +8,8 @@ Build with :meth:`JournalSettings.load`: defaults, then environment (``JOURNAL_<
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -476,10 +478,11 @@ class JournalSettings:
         values: dict[str, dict[str, Any]] = {g.name: {} for g in fields(cls)}
         for group in fields(cls):
             for f in fields(group.type if isinstance(group.type, type) else _GROUPS[group.name]):
-                for key in (f"JOURNAL_{group.name}_{f.name}".upper(), f"JOURNAL_{f.name}".upper()):
+                for key in _env_names(group.name, f.name):
                     if key in env:
                         values[group.name][f.name] = _coerce(key, env[key], f)
                         break
+        _warn_unknown_env(env)
         leaf_owner = _leaf_owners()
         for key, value in overrides.items():
             if value is None and key != "dsn":
@@ -504,6 +507,38 @@ class JournalSettings:
 
     def with_dsn(self, dsn: str | None) -> JournalSettings:
         return replace(self, connection=replace(self.connection, dsn=dsn))
+
+
+_log = logging.getLogger("journal.settings")
+_OTHER_ENV = frozenset({"JOURNAL_TEST_DSN"})
+"""``JOURNAL_`` variables read by others than the settings (the test suite's server)."""
+_warned: set[str] = set()
+
+
+def _env_names(group: str, name: str) -> tuple[str, str]:
+    """The environment variables a setting is read from, the first one winning."""
+    return f"JOURNAL_{group}_{name}".upper(), f"JOURNAL_{name}".upper()
+
+
+def _env_keys() -> list[str]:
+    return [key for g, group in _GROUPS.items() for f in fields(group) for key in _env_names(g, f.name)]
+
+
+def _warn_unknown_env(env: Mapping[str, str]) -> None:
+    """A ``JOURNAL_`` variable that names no setting is a typo more often than not: say so once
+    per process, with the closest setting, rather than ignore it silently (a warning, not an
+    error: an application may use the prefix for variables of its own)."""
+    unknown = [k for k in env if k.startswith("JOURNAL_") and k not in _OTHER_ENV and k not in _warned]
+    if not unknown:
+        return
+    known = set(_env_keys())
+    for key in unknown:
+        if key in known:
+            continue
+        _warned.add(key)
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        _log.warning("environment variable %s names no setting and is ignored%s", key, hint)
 
 
 _GROUPS: dict[str, type] = {

@@ -59,3 +59,24 @@ def test_cassandra_defaults_and_validation() -> None:
     ]:
         with pytest.raises(ConfigurationError, match=match):
             JournalSettings.load(env={}, **bad)
+
+
+def test_a_misspelled_environment_variable_is_named_with_the_setting_it_likely_meant(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {
+        "JOURNAL_WRITE_FREEZ_HEAP": "false",  # a typo: ignored, but said
+        "JOURNAL_WRITE_FREEZE_HEAP": "false",
+        "JOURNAL_DSN": "postgresql://h/db",
+        "JOURNAL_TEST_DSN": "postgresql://t/db",  # the test suite's, not a setting's
+        "JOURNAL_ORDERS_TOPIC": "x",  # an application's own: no guess
+    }
+    with caplog.at_level("WARNING", logger="journal.settings"):
+        s = JournalSettings.load(env=env)
+        JournalSettings.load(env=env)  # once per process
+    assert s.write.freeze_heap is False
+    assert [r.getMessage() for r in caplog.records] == [
+        "environment variable JOURNAL_WRITE_FREEZ_HEAP names no setting and is ignored "
+        "(did you mean JOURNAL_WRITE_FREEZE_HEAP?)",
+        "environment variable JOURNAL_ORDERS_TOPIC names no setting and is ignored",
+    ]
