@@ -7,6 +7,8 @@ Driver errors are mapped into this tree in one place per backend, with ``raise .
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "CassandraSetupError",
     "CassandraStartError",
@@ -43,8 +45,22 @@ __all__ = [
 ]
 
 
+_PASSWORD_IN_URL = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]*:)[^\s@]*@")
+_PASSWORD_PARAMETER = re.compile(r"(\bpassword=)[^&\s]*", re.IGNORECASE)
+
+
+def mask_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it (``scheme://user:password@``) shown as
+    ``***``: what every error message of this library and every line of its command lines'
+    logs pass through, so that no password is printed (docs/scaling-out.md, "Credentials")."""
+    return _PASSWORD_PARAMETER.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", text))
+
+
 class JournalError(Exception):
-    """Root of every error this library raises."""
+    """Root of every error this library raises. A DSN's password in the message is masked."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(mask_passwords(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigurationError(JournalError, ValueError):

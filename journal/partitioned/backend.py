@@ -39,8 +39,8 @@ class PartitionedBackend:
     def __init__(self, databases: Sequence[str], settings: JournalSettings, home: str | None = None) -> None:
         self.settings = settings
         self.writer_id = settings.write.writer_id or str(uuid.uuid4())
-        self.dbs = Databases(databases, settings.with_dsn(None), self.writer_id)
         self.dsn = home or databases[0]
+        self.dbs = Databases(databases, settings.with_dsn(None), self.writer_id, given=(self.dsn,))
         self.router = Router(self.dbs)
         self.slices = PartitionedSliceReads(self.dbs, self.router)
         self._writes = PartitionedWrites(self.dbs, self.router)

@@ -1,7 +1,8 @@
 """The databases of a partitioned journal: one PostgreSQL backend each, their health, and the map.
 
 The configured databases (``partitions.databases``, in order) come first; a database that a
-map row names (the target of a move) is opened when the map is loaded. Every database's
+map row names (the target of a move) is opened when the map is loaded, with a password
+found as :mod:`journal.postgres.credentials` says (a map row never holds one). Every database's
 backend writes with the same writer id and sends the map's epoch. A database that failed is
 not asked again until a probe finds it back (its slices fail fast with JournalUnavailable
 meanwhile, so the group commit's batches of the other databases do not wait on its retries).
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 from ..conditions import Condition
 from ..errors import JournalUnavailable
-from ..postgres import PartitionRow, PostgresBackend, redact, without_password
+from ..postgres import PartitionRow, Passwords, PostgresBackend, redact, without_password
 from ..settings import JournalSettings
 from .layout import PartitionMap
 
@@ -29,9 +30,14 @@ PROBE_INTERVAL = 0.2
 class Databases:
     """One backend per database, the partition map built from their rows, and who is down."""
 
-    def __init__(self, configured: Sequence[str], settings: JournalSettings, writer_id: str) -> None:
+    def __init__(
+        self, configured: Sequence[str], settings: JournalSettings, writer_id: str, given: Sequence[str] = ()
+    ) -> None:
+        """``given``: other DSNs this process was given (the home one), whose passwords the
+        databases that map rows name may need."""
         self.settings = settings
         self.writer_id = writer_id
+        self.passwords = Passwords([*configured, *given])
         self.seeded = len(configured)
         self.dsns: list[str] = list(configured)
         self.backends: list[PostgresBackend] = [self._backend(d) for d in configured]
@@ -144,20 +150,23 @@ class Databases:
         for i, d in enumerate(self.dsns):
             if without_password(d) == location:
                 return i
-        self.dsns.append(location)
-        self.backends.append(self._backend(location))
+        dsn = self.passwords.fill(location)
+        self.dsns.append(dsn)
+        self.backends.append(self._backend(dsn))
         self._started.append(False)
         self._conditions.append(Condition(log, logging.WARNING))
         return len(self.dsns) - 1
 
     def index_of(self, dsn: str) -> int:
-        """The index of a database (opened lazily if the journal did not know it)."""
+        """The index of a database (opened lazily if the journal did not know it); the password
+        of ``dsn`` is known from now on (a move's ``--to``)."""
+        self.passwords.learn(dsn)
         i = self._known(without_password(dsn))
         assert i is not None
-        if self.dsns[i] != dsn and without_password(self.dsns[i]) == self.dsns[i] and not self._started[i]:
+        if self.dsns[i] != dsn and not self._started[i] and i not in self._down:
             # the caller's DSN has the password the map's row lacks (one already open stays)
-            self.dsns[i] = dsn
-            self.backends[i] = self._backend(dsn)
+            self.dsns[i] = self.passwords.fill(dsn)
+            self.backends[i] = self._backend(self.dsns[i])
         return i
 
     # -- health -------------------------------------------------------------------------------

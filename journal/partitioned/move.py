@@ -96,8 +96,8 @@ class SliceMove:
     async def _find(self) -> tuple[int, int, MoveRecord | None]:
         """The source (the database with a record of this move, else the one serving the range)
         and the target's index."""
+        t = self.dbs.index_of(self.target_dsn)  # first: the map's row of the target needs its password
         await self.dbs.reload()
-        t = self.dbs.index_of(self.target_dsn)
         for i in range(len(self.dbs.backends)):
             if i == t:
                 continue

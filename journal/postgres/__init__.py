@@ -17,6 +17,7 @@ from types import ModuleType
 
 from .backend import PostgresBackend
 from .connections import connect
+from .credentials import Passwords
 from .dsn import asyncpg_dsn, redact, target_of, validate_dsn, without_password
 from .embedded import start_embedded
 from .errors import driver_error, is_transient, mapped_errors
@@ -52,6 +53,7 @@ __all__ = [
     "MoveRecord",
     "OffsetRow",
     "PartitionRow",
+    "Passwords",
     "PostgresBackend",
     "PostgresKeyStore",
     "PostgresPartitions",

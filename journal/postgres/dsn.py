@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, mask_passwords
 
 
 def validate_dsn(dsn: str) -> str:
@@ -43,12 +43,8 @@ def without_password(dsn: str) -> str:
 
 
 def redact(dsn: str) -> str:
-    """The DSN without its password, for logs and CLI output."""
-    parts = urlsplit(dsn)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return parts._replace(netloc=netloc).geturl()
-    return dsn
+    """The DSN with its password masked (``***``), for logs and CLI output."""
+    return mask_passwords(dsn)
 
 
 def target_of(dsn: str) -> str:

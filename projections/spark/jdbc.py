@@ -3,7 +3,8 @@
 The DSN is the one the rest of the library uses (``postgresql://user:pw@host:port/db``). A DSN
 that names a Unix socket (the embedded server) is reached through a loopback TCP bridge when
 Spark's executors run on this machine (local mode, or a cluster on loopback); a remote cluster
-cannot reach it, which is a clear error.
+cannot reach it, which is a clear error. A DSN without a password gets the one libpq would find
+(:class:`journal.postgres.Passwords`: the password file, ``PGPASSWORD``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from journal.errors import SparkSetupError
-from journal.postgres import redact, validate_dsn
+from journal.postgres import Passwords, redact, validate_dsn
 from journal.settings import validate_identifier
 
 DRIVER_CLASS = "org.postgresql.Driver"
@@ -58,7 +59,8 @@ def jdbc_source(dsn: str, schema: str = "public", *, local: bool = True) -> Jdbc
     """
     validate_dsn(dsn)
     validate_identifier(schema, "schema")
-    parts = urlsplit(dsn)
+    # JDBC reads neither PGPASSWORD nor every libpq password file: the password is found here
+    parts = urlsplit(Passwords().fill(dsn))
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     host = parts.hostname or query.get("host", "")
     port = parts.port or int(query.get("port", "5432"))

@@ -1,0 +1,254 @@
+"""The journal over several databases as an operator meets it (issue 31, items 4-8), on two real
+PostgreSQL servers that ask every client for a password (SCRAM over TCP), through the real
+command lines run as subprocesses: credentials that survive a move without being stored, the
+demo's databases its own, every command following the layout, one database down failing its
+own slices only, and bad input said in one line with the right exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from journal import JournalSettings, open_journal, slice_for
+from journal.postgres import asyncpg_dsn, schema_migrations
+from tests.support.password_server import PasswordServer, password_server
+from tests.support.scratch import scratch_database
+
+PASSWORDS = ("s3cret-a", "s3cret-b")
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[PasswordServer, PasswordServer]]:
+    """Two servers, each with its own password for the role ``app``."""
+    with password_server(password=PASSWORDS[0]) as a, password_server(password=PASSWORDS[1]) as b:
+        yield a, b
+
+
+@dataclass
+class Layout:
+    """Two journal databases (one per server), a move's target beside the second, a home of its own."""
+
+    a: str
+    b: str
+    target: str
+    env: dict[str, str]
+
+    def run(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", *args], env=env or self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+
+def clean_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The environment of a command: no JOURNAL_ or PG variable of this process, a data home of
+    its own (the embedded server, if anything started it, is a throwaway one)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JOURNAL_", "PG"))}
+    return {**env, "XDG_DATA_HOME": str(tmp / "xdg"), "HOME": str(tmp), **extra}
+
+
+@pytest.fixture
+def layout(servers: tuple[PasswordServer, PasswordServer], tmp_path: Path) -> Iterator[Layout]:
+    a, b = servers
+    with contextlib.ExitStack() as stack:
+        da = stack.enter_context(scratch_database(a.dsn(), "sjopa"))
+        db = stack.enter_context(scratch_database(b.dsn(), "sjopb"))
+        target = stack.enter_context(scratch_database(b.dsn(), "sjope"))
+        for d in (da, db):
+            schema_migrations().upgrade(d)
+        yield Layout(da, db, target, clean_env(tmp_path, JOURNAL_DATABASES=f"{da} {db}"))
+
+
+def no_password(*texts: str) -> None:
+    for t in texts:
+        for p in PASSWORDS:
+            assert p not in t, f"a password was printed: {t!r}"
+
+
+def pids_in(lo: int, hi: int, n: int, prefix: str = "Cart") -> list[str]:
+    out = []
+    i = 0
+    while len(out) < n:
+        p = f"{prefix}|{i:x}-{i * 7919:x}"
+        if lo <= slice_for(p) <= hi:
+            out.append(p)
+        i += 1
+    return out
+
+
+# -- 4: credentials survive a move without being stored -------------------------------------------
+
+
+def test_a_move_to_a_password_protected_database_is_served_with_the_listed_passwords(layout: Layout) -> None:
+    moved = pids_in(512, 767, 5)
+    settings = JournalSettings.load(env={}, databases=[layout.a, layout.b])
+
+    async def write(pids: list[str]) -> None:
+        async with open_journal(layout.a, settings=settings) as j:
+            for p in pids:
+                await j.persist(p, [{"n": 1}])
+
+    asyncio.run(write(moved))
+    r = layout.run("journal", "partitions", "move", "--slices", "512-767", "--to", layout.target)
+    no_password(r.stdout, r.stderr)
+    assert r.returncode == 0, r.stderr
+    assert "moved slices 512-767" in r.stdout
+
+    # the map names the target without its password
+    async def stored_locations() -> list[str]:
+        conn = await asyncpg.connect(asyncpg_dsn(layout.b))
+        try:
+            return [
+                str(x[0]) for x in await conn.fetch("SELECT location FROM slice_partition WHERE location IS NOT NULL")
+            ]
+        finally:
+            await conn.close()
+
+    locations = asyncio.run(stored_locations())
+    assert locations and all(PASSWORDS[1] not in loc for loc in locations)
+
+    # a new process finds the target's password among the listed DSNs (same server and role)
+    show = layout.run("journal", "partitions", "show")
+    no_password(show.stdout, show.stderr)
+    assert show.returncode == 0, show.stderr
+    assert "(being switched)" not in show.stdout and "password authentication failed" not in show.stdout
+    assert "unavailable" not in show.stdout
+    assert "sjope" in show.stdout
+
+    async def write_and_read() -> tuple[int, int]:
+        async with open_journal(layout.a, settings=settings) as j:
+            for p in moved:
+                await j.persist(p, [{"n": 2}])
+            return len([e async for e in j.current_events_by_persistence_id(moved[0])]), j.backend.dbs.map.epoch  # type: ignore[attr-defined]
+
+    events, epoch = asyncio.run(write_and_read())
+    assert (events, epoch) == (2, 1)
+
+    # running the same move again says it is done, not "not served by one database"
+    again = layout.run("journal", "partitions", "move", "--slices", "512-767", "--to", layout.target)
+    no_password(again.stdout, again.stderr)
+    assert again.returncode == 2 and "already served by" in again.stderr, again.stderr
+
+
+def test_spark_reads_every_database_with_its_password(layout: Layout, tmp_path: Path) -> None:
+    """The JDBC sources of a moved range carry the password found for it (JDBC ignores
+    PGPASSWORD); a password-less list finds them in libpq's password file."""
+    from projections.spark.placement import placement
+
+    settings = JournalSettings.load(env={}, databases=[layout.a, layout.b])
+
+    async def move_and_place() -> list[tuple[int, int, str | None]]:
+        from journal.backends import open_partitioned
+        from journal.partitioned.move import SliceMove
+
+        backend = await open_partitioned(layout.a, settings)
+        try:
+            await SliceMove(backend, 512, 767, layout.target, say=lambda _: None).run()
+        finally:
+            await backend.close()
+        async with open_journal(layout.a, settings=settings) as j:
+            return [(p.min_slice, p.max_slice, p.source.properties.get("password")) for p in await placement(j)]
+
+    assert asyncio.run(move_and_place()) == [
+        (0, 511, PASSWORDS[0]),
+        (512, 767, PASSWORDS[1]),
+        (768, 1023, PASSWORDS[1]),
+    ]
+
+
+# -- 8: bad input ---------------------------------------------------------------------------------
+
+
+def test_databases_separated_by_commas_are_one_line_without_a_password(layout: Layout) -> None:
+    env = {**layout.env, "JOURNAL_DATABASES": f"{layout.a},{layout.b}"}
+    for args in (("journal", "info"), ("journal", "partitions", "show"), ("projections", "status")):
+        r = layout.run(*args, env=env)
+        no_password(r.stdout, r.stderr)
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "separate" in r.stderr and "spaces" in r.stderr
+
+
+def test_a_move_to_a_database_that_does_not_exist_is_bad_input(layout: Layout) -> None:
+    missing = layout.target.rsplit("/", 1)[0] + "/no_such_database"
+    r = layout.run("journal", "partitions", "move", "--slices", "512-767", "--to", missing)
+    no_password(r.stdout, r.stderr)
+    assert r.returncode == 2, r.stderr
+    assert 'database "no_such_database" does not exist' in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_move_to_a_silent_server_says_what_it_waits_for_within_10_s(layout: Layout) -> None:
+    """A server that accepts TCP and never answers: the tool names what it waits for at once,
+    then fails as unavailable (exit 3) instead of hanging."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        to = f"postgresql://app:{PASSWORDS[1]}@127.0.0.1:{port}/journal_e"
+        env = {**layout.env, "JOURNAL_CONNECT_TIMEOUT": "2", "JOURNAL_RETRY_BUDGET": "3"}
+        started = time.monotonic()
+        p = subprocess.Popen(
+            [sys.executable, "-m", "journal", "partitions", "move", "--slices", "512-767", "--to", to],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            assert p.stdout is not None
+            first = p.stdout.readline()
+            said_after = time.monotonic() - started
+            rest, _ = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+    no_password(first, rest)
+    assert said_after < 10, (said_after, first)
+    assert f"127.0.0.1:{port}/journal_e" in first, first
+    assert p.returncode == 3, rest
+    assert "no answer within 2 s" in rest, rest
+
+
+def test_a_password_less_dsn_finds_its_password_in_libpqs_password_file(
+    layout: Layout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq's password file (escapes and ``*`` as libpq reads them) for asyncpg and for JDBC."""
+    from urllib.parse import urlsplit
+
+    from journal.postgres import Passwords
+    from projections.spark.jdbc import jdbc_source
+
+    parts = urlsplit(layout.b)
+    bare = layout.b.replace(f":{PASSWORDS[1]}@", "@")
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(
+        f"# a comment\nother\\:host:*:*:app:wrong\n{parts.hostname}:{parts.port}:*:app:{PASSWORDS[1]}\n"
+    )
+    passfile.chmod(0o600)
+    filled = Passwords(env={"PGPASSFILE": str(passfile)}).fill(bare)
+    assert filled == layout.b
+
+    async def connects() -> int:
+        conn = await asyncpg.connect(asyncpg_dsn(filled))
+        try:
+            return int(await conn.fetchval("SELECT 1"))
+        finally:
+            await conn.close()
+
+    assert asyncio.run(connects()) == 1
+    monkeypatch.setenv("PGPASSFILE", str(passfile))
+    assert jdbc_source(bare).properties["password"] == PASSWORDS[1]
+    assert "password" not in jdbc_source(bare.replace("app@", "nobody@")).properties
