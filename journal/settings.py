@@ -458,6 +458,11 @@ class JournalSettings:
         d = self.partitions.databases
         if not isinstance(d, tuple) or not all(isinstance(x, str) and x.strip() for x in d):
             raise ConfigurationError(f"partitions databases must be a tuple of DSNs, got {d!r}")
+        if any(x.count("://") > 1 for x in d):
+            raise ConfigurationError(
+                "partitions databases (JOURNAL_DATABASES, --databases) has several DSNs in one: "
+                "separate the DSNs with spaces, not commas"
+            )
         if d and 1024 % len(d):
             raise ConfigurationError(f"the number of databases must divide 1024, got {len(d)}")
         if len(set(d)) != len(d):

@@ -42,7 +42,19 @@ from datetime import UTC, datetime
 
 from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable
 from ..ids import validate_slice_range
-from ..postgres import FENCED, INCOMING, MOVED, MOVING, OWNED, MoveRecord, PostgresBackend, redact, without_password
+from ..postgres import (
+    FENCED,
+    INCOMING,
+    MOVED,
+    MOVING,
+    OWNED,
+    MoveRecord,
+    PostgresBackend,
+    connect,
+    redact,
+    target_of,
+    without_password,
+)
 from ..query.horizon import HorizonTracker
 from .backend import PartitionedBackend
 
@@ -126,6 +138,15 @@ class SliceMove:
             raise InvalidArgument(f"slices {self.lo}-{self.hi} are already served by {redact(self.target_dsn)}")
         return owners[0], t, None
 
+    async def _reach_target(self) -> None:
+        """Connect to the target once before anything else, saying what the move waits for: a
+        silent server fails as unavailable within the retry budget (the migrations' own
+        connection has no timeout), a missing database or a wrong password is bad input."""
+        settings = self.journal.settings
+        target = self.dbs.passwords.fill(self.target_dsn)
+        self.say(f"target {target_of(target)}: connecting (connect timeout {settings.connection.connect_timeout:g} s)")
+        await (await connect(target, settings, what="connect")).close()
+
     async def plan(self) -> list[str]:
         """What the move would do (``--dry-run``), with nothing changed."""
         s, t, rec = await self._find()
@@ -156,7 +177,8 @@ class SliceMove:
 
         upgrade = schema_migrations().upgrade
 
-        await asyncio.to_thread(upgrade, self.target_dsn, self.journal.settings.schema)
+        await self._reach_target()
+        await asyncio.to_thread(upgrade, self.dbs.passwords.fill(self.target_dsn), self.journal.settings.schema)
         s, t, rec = await self._find()
         src, dst = await self.dbs.usable(s), await self.dbs.usable(t)
         if await src.partitions().has_replication():

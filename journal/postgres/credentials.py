@@ -93,7 +93,7 @@ class Passwords:
         return with_password(dsn, found)
 
     def find(self, server: Server) -> str | None:
-        host, port, database, user = server
+        host, port, _, user = server
         given = self._given.get((host, port, user))
         if given is not None:
             return given
