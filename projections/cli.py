@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from journal.cli.common import DataDirOption, DsnOption, SchemaOption, VersionOption
+from journal.cli.common import DatabasesOption, DataDirOption, DsnOption, SchemaOption, VersionOption
 from journal.cli.failures import DebugOption, HandledGroup, configure_logging, run_app, set_debug
 
 from .spark import cli as spark_cli
@@ -38,10 +38,12 @@ def _root(version: bool = VersionOption, debug: bool = DebugOption) -> None:
     set_debug(debug)
 
 
-def _settings(schema: str | None, data_dir: Path | None) -> Any:
+def _settings(schema: str | None, data_dir: Path | None, databases: str | None = None) -> Any:
+    """The settings of every command: the environment (``JOURNAL_DATABASES`` included), then
+    the options; the home database is found as the library finds it (``target_dsn``)."""
     from journal.cli.common import settings_from
 
-    return settings_from(schema, data_dir)
+    return settings_from(schema, data_dir, databases)
 
 
 def _range(slices: str) -> tuple[int, int]:
@@ -65,6 +67,7 @@ def run(
     ] = None,
     tag: Annotated[str | None, typer.Option("--tag", help="Project the events of this tag instead.")] = None,
     dsn: DsnOption = None,
+    databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help="Live display.")] = None,
@@ -105,7 +108,7 @@ def run(
         validate_entity_type(entity_type, required=True)
     else:
         validate_tags([tag])
-    settings = _settings(schema, data_dir)
+    settings = _settings(schema, data_dir, databases)
     fn = load_handler(handler, mode)
     recovery = HandlerRecovery.parse(on_failure, settings.projection)
     show = sys.stdout.isatty() if progress is None else progress
@@ -197,14 +200,17 @@ async def _report(ws: list[Any], show: bool) -> None:
                 log.info("%s", line())
 
 
-def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: Any, what: str) -> Any:
-    """``fn(conn, sql)`` on a connection of its own; failures come out as the library's errors."""
+def _with_conn(
+    dsn: str | None, schema: str | None, data_dir: Path | None, fn: Any, what: str, databases: str | None = None
+) -> Any:
+    """``fn(conn, sql)`` on a connection of its own to the home database (where offsets, leases
+    and dead letters are); failures come out as the library's errors."""
     from journal.cli.common import target_dsn
     from journal.postgres import connect, mapped_errors, target_of
 
     from .postgres_store import ProjectionSql
 
-    settings = _settings(schema, data_dir)
+    settings = _settings(schema, data_dir, databases)
     target, _ = target_dsn(dsn, settings)
 
     async def go() -> Any:
@@ -218,13 +224,15 @@ def _with_conn(dsn: str | None, schema: str | None, data_dir: Path | None, fn: A
     return asyncio.run(go())
 
 
-def _journal_databases(dsn: str | None, schema: str | None, data_dir: Path | None) -> list[tuple[int, int, str]]:
+def _journal_databases(
+    dsn: str | None, schema: str | None, data_dir: Path | None, databases: str | None
+) -> list[tuple[int, int, str]]:
     """The journal's ``(min_slice, max_slice, database)`` runs when it has several databases
     (``JOURNAL_DATABASES``), from their partition map; else none."""
     from journal.backends import open_partitioned
     from journal.cli.common import target_dsn
 
-    settings = _settings(schema, data_dir)
+    settings = _settings(schema, data_dir, databases)
     if not settings.partitions.databases:
         return []
     home, _ = target_dsn(dsn, settings)
@@ -243,6 +251,7 @@ def _journal_databases(dsn: str | None, schema: str | None, data_dir: Path | Non
 def status(
     name: Annotated[str | None, typer.Argument(help="Projection (default: all).")] = None,
     dsn: DsnOption = None,
+    databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (for scripts and monitoring).")] = False,
@@ -254,14 +263,14 @@ def status(
     from . import management
     from .dead_letter_store import DeadLetterSql
 
-    databases = _journal_databases(dsn, schema, data_dir)
+    served = _journal_databases(dsn, schema, data_dir, databases)
 
     async def go(conn: Any, sql: Any) -> list[Any]:
         names = [name] if name else await sql.projection_names(conn)
         dead = DeadLetterSql(sql.schema)
-        return [await management.status(conn, sql, n, dead, databases) for n in names]
+        return [await management.status(conn, sql, n, dead, served) for n in names]
 
-    results = _with_conn(dsn, schema, data_dir, go, "projections status")
+    results = _with_conn(dsn, schema, data_dir, go, "projections status", databases)
     if as_json:
         typer.echo(management.status_json(results))
         return
@@ -270,13 +279,13 @@ def status(
         console.print("no projections")
     for st in results:
         t = Table(title=f"projection {st.name}")
-        for c in ("slices", "owner", "offset", "lag", "paused", *(("database",) if databases else ())):
+        for c in ("slices", "owner", "offset", "lag", "paused", *(("database",) if served else ())):
             t.add_column(c)
         for r in st.ranges:
             t.add_row(
                 f"{r.lo}-{r.hi}", r.owner or "-", r.offset.isoformat() if r.offset else "-",
                 f"{r.lag_seconds:.1f}s" if r.lag_seconds is not None else "-", "yes" if r.paused else "",
-                *((r.database or "-",) if databases else ()),
+                *((r.database or "-",) if served else ()),
             )  # fmt: skip
         console.print(t)
         w = Table(title=f"workers of {st.name}")
@@ -293,26 +302,28 @@ def status(
 @app.command()
 def pause(
     name: str, slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
-    data_dir: DataDirOption = None,
+    data_dir: DataDirOption = None, databases: DatabasesOption = None,
 ) -> None:  # fmt: skip
     """Pause a projection (or a slice range): workers commit their batch and stop processing it."""
     from . import management
 
     lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, True), "pause")
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, True), "pause", databases)
     typer.echo(f"paused {name} slices {lo}-{hi}")
 
 
 @app.command()
 def resume(
     name: str, slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
-    data_dir: DataDirOption = None,
+    data_dir: DataDirOption = None, databases: DatabasesOption = None,
 ) -> None:  # fmt: skip
     """Resume a paused projection (or slice range): workers reload offsets and go on."""
     from . import management
 
     lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, False), "resume")
+    _with_conn(
+        dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, False), "resume", databases
+    )
     typer.echo(f"resumed {name} slices {lo}-{hi}")
 
 
@@ -321,26 +332,26 @@ def reset(
     name: str,
     to: Annotated[datetime, typer.Option("--to", help="Restart at this timestamp (ISO 8601; UTC if naive).")],
     slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
-    data_dir: DataDirOption = None,
+    data_dir: DataDirOption = None, databases: DatabasesOption = None,
 ) -> None:  # fmt: skip
     """Set the offset of a (paused) projection: events before --to count as done."""
     from . import management
 
     lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.reset(c, s, name, lo, hi, to), "reset")
+    _with_conn(dsn, schema, data_dir, lambda c, s: management.reset(c, s, name, lo, hi, to), "reset", databases)
     typer.echo(f"reset {name} slices {lo}-{hi} to {to.isoformat()}")
 
 
 @app.command()
 def clear(
     name: str, slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
-    data_dir: DataDirOption = None,
+    data_dir: DataDirOption = None, databases: DatabasesOption = None,
 ) -> None:  # fmt: skip
     """Forget the offsets of a (paused) projection: it starts again from the first event."""
     from . import management
 
     lo, hi = _range(slices)
-    n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi), "clear")
+    n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi), "clear", databases)
     typer.echo(f"cleared {n} offset rows of {name} slices {lo}-{hi}")
 
 
@@ -355,13 +366,16 @@ SeqNrOption = Annotated[int | None, typer.Option("--seq-nr", min=1, help="Only t
 @dead_letters_app.command("list")
 def dead_letters_list(
     name: str, dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,
+    databases: DatabasesOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, with the tracebacks.")] = False,
 ) -> None:  # fmt: skip
     """List a projection's dead letters, in the order a retry applies them."""
     from .dead_letter_store import DeadLetterSql
     from .dead_letters import letters_json
 
-    letters = _with_conn(dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).letters(c, name), "dead-letters")
+    letters = _with_conn(
+        dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).letters(c, name), "dead-letters", databases
+    )
     if as_json:
         typer.echo(letters_json(letters))
         return
@@ -379,7 +393,7 @@ def dead_letters_retry(
     handler: Annotated[str, typer.Option("--handler", help="The (fixed) handler, as package.module:callable.")],
     mode: Annotated[str, typer.Option("--mode", help="exactly-once | grouped | at-least-once")] = "grouped",
     pid: PidOption = None, seq_nr: SeqNrOption = None, dsn: DsnOption = None, schema: SchemaOption = None,
-    data_dir: DataDirOption = None,
+    data_dir: DataDirOption = None, databases: DatabasesOption = None,
 ) -> None:  # fmt: skip
     """Apply the dead letters with the handler, in order, each once; exit 1 if any failed again."""
     from journal.cli.common import target_dsn
@@ -391,14 +405,14 @@ def dead_letters_retry(
 
     fn = load_handler(handler, mode)
     kind = validate_mode(mode)
-    settings = _settings(schema, data_dir)
+    settings = _settings(schema, data_dir, databases)
     target, _ = target_dsn(dsn, settings)
 
     async def go(conn: Any, sql: Any) -> Any:
         async with open_journal(target, settings=settings) as j:
             return await retry(j, conn, DeadLetterSql(sql.schema), name, fn, kind, persistence_id=pid, seq_nr=seq_nr)
 
-    result = _with_conn(target, schema, data_dir, go, "dead-letters retry")
+    result = _with_conn(target, schema, data_dir, go, "dead-letters retry", databases)
     for letter, error in result.failed:
         typer.echo(f"failed again: {letter.persistence_id} #{letter.seq_nr}: {error}", err=True)
     for letter in result.missing:
@@ -415,6 +429,7 @@ def dead_letters_discard(
     name: str, pid: PidOption = None, seq_nr: SeqNrOption = None,
     everything: Annotated[bool, typer.Option("--all", help="Discard every dead letter of the projection.")] = False,
     dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,
+    databases: DatabasesOption = None,
 ) -> None:  # fmt: skip
     """Delete dead letters without applying them (--pid [--seq-nr], or --all)."""
     from journal.errors import InvalidArgument
@@ -423,7 +438,9 @@ def dead_letters_discard(
 
     if (pid is None) == (not everything) or (seq_nr is not None and pid is None):
         raise InvalidArgument("give --pid (and optionally --seq-nr), or --all")
-    n = _with_conn(dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).discard(c, name, pid, seq_nr), "discard")
+    n = _with_conn(
+        dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).discard(c, name, pid, seq_nr), "discard", databases
+    )
     typer.echo(f"discarded {n} dead letters of {name}")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -251,3 +252,65 @@ def test_a_password_less_dsn_finds_its_password_in_libpqs_password_file(
     monkeypatch.setenv("PGPASSFILE", str(passfile))
     assert jdbc_source(bare).properties["password"] == PASSWORDS[1]
     assert "password" not in jdbc_source(bare.replace("app@", "nobody@")).properties
+
+
+# -- 6: every command follows the layout ----------------------------------------------------------
+
+
+async def _home_rows(home: str, name: str) -> None:
+    """A projection's offset and one dead letter in the home database, as a worker leaves them."""
+    conn = await asyncpg.connect(asyncpg_dsn(home))
+    try:
+        await conn.execute(
+            "INSERT INTO projection_timestamp_offset_store VALUES ($1, '0-1023', 3, 'x', 1, now(), now())", name
+        )
+        await conn.execute(
+            "INSERT INTO projection_dead_letter (projection_name, persistence_id, seq_nr, slice, db_timestamp, "
+            "error, traceback, attempts, first_failure, last_failure, projection_key) "
+            "VALUES ($1, 'Cart|x', 1, 3, now(), 'boom', '', 3, now(), now(), '')",
+            name,
+        )
+    finally:
+        await conn.close()
+
+
+async def _paused(home: str, name: str) -> list[bool]:
+    conn = await asyncpg.connect(asyncpg_dsn(home))
+    try:
+        return [
+            bool(r[0])
+            for r in await conn.fetch("SELECT paused FROM projection_management WHERE projection_name = $1", name)
+        ]
+    finally:
+        await conn.close()
+
+
+def test_every_command_finds_the_home_database_of_the_layout(layout: Layout) -> None:
+    """JOURNAL_DATABASES (or --databases) alone: the commands read and change the home database
+    (the first one), as `projections run` and the library do; no embedded server is started."""
+    asyncio.run(_home_rows(layout.a, "p-home"))
+    env = layout.env
+    by_option = {k: v for k, v in env.items() if k != "JOURNAL_DATABASES"}
+    option = ("--databases", f"{layout.a} {layout.b}")
+
+    status = layout.run("projections", "status", "p-home", "--json")
+    assert status.returncode == 0, status.stderr
+    ranges = json.loads(status.stdout)[0]["ranges"]
+    assert [r["slices"] for r in ranges] == ["0-511", "512-1023"]
+    status2 = layout.run("projections", "status", "p-home", "--json", *option, env=by_option)
+    assert status2.returncode == 0 and json.loads(status2.stdout)[0]["name"] == "p-home", status2.stderr
+
+    assert layout.run("projections", "pause", "p-home").returncode == 0
+    assert asyncio.run(_paused(layout.a, "p-home")) == [True]
+    assert layout.run("projections", "resume", "p-home", *option, env=by_option).returncode == 0
+    assert asyncio.run(_paused(layout.a, "p-home")) == [False]
+
+    letters = layout.run("projections", "dead-letters", "list", "p-home")
+    assert letters.returncode == 0 and "1 dead letters of p-home" in letters.stdout, letters.stderr
+    for args in (("journal", "manifests"), ("journal", "timestamp-rule", "status"), ("journal", "info")):
+        r = layout.run(*args)
+        assert r.returncode == 0, (args, r.stderr)
+        no_password(r.stdout, r.stderr)
+    rule = layout.run("journal", "timestamp-rule", "status").stdout
+    assert rule.count("not installed") == 2 and "sjopa" in rule and "sjopb" in rule
+    assert not (Path(env["XDG_DATA_HOME"]) / "slice-journal").exists(), "an embedded server was started"

@@ -12,7 +12,7 @@ import typer
 from ..cleanup import Cleanup, CleanupAction, PidResult, read_pids, validate_pids
 from ..errors import InvalidArgument
 from . import app
-from .common import DataDirOption, SchemaOption, settings_from
+from .common import DatabasesOption, DataDirOption, SchemaOption, settings_from
 
 cleanup_app = typer.Typer(
     help="Delete events, tag rows and snapshots of given persistence ids (entities must not be running). "
@@ -73,6 +73,7 @@ def _run(
     done_file: Path | None,
     verbose: bool,
     reset_seq_nr: bool = False,
+    databases: str | None = None,
 ) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -85,7 +86,7 @@ def _run(
         done = set(read_pids(done_file))
     skipped_done = sum(1 for p in todo if p in done)
     todo = [p for p in todo if p not in done]
-    settings = settings_from(schema, data_dir)
+    settings = settings_from(schema, data_dir, databases)
     results: list[PidResult] = []
 
     async def go() -> None:
@@ -134,6 +135,7 @@ def delete_all(
     pids: PidsArg = None,
     pids_from: PidsFromOption = None,
     dsn: TargetOption = None,
+    databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
     dry_run: DryRunOption = False,
@@ -146,7 +148,19 @@ def delete_all(
 ) -> None:
     """Delete all events, tag rows and snapshots of the pids (their sequence and tag numbering is
     kept, so a pid started again continues after it, unless --reset-seq-nr)."""
-    _run(CleanupAction.DELETE_ALL, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose, reset_seq_nr)
+    _run(
+        CleanupAction.DELETE_ALL,
+        pids,
+        pids_from,
+        dsn,
+        schema,
+        data_dir,
+        dry_run,
+        done_file,
+        verbose,
+        reset_seq_nr,
+        databases,
+    )
 
 
 @cleanup_app.command("delete-snapshots")
@@ -154,6 +168,7 @@ def delete_snapshots(
     pids: PidsArg = None,
     pids_from: PidsFromOption = None,
     dsn: TargetOption = None,
+    databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
     dry_run: DryRunOption = False,
@@ -161,7 +176,10 @@ def delete_snapshots(
     verbose: VerboseOption = False,
 ) -> None:
     """Delete only the snapshots of the pids."""
-    _run(CleanupAction.DELETE_SNAPSHOTS, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose)
+    _run(
+        CleanupAction.DELETE_SNAPSHOTS, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose,
+        databases=databases,
+    )  # fmt: skip
 
 
 @cleanup_app.command("delete-before-snapshot")
@@ -169,6 +187,7 @@ def delete_before_snapshot(
     pids: PidsArg = None,
     pids_from: PidsFromOption = None,
     dsn: TargetOption = None,
+    databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
     dry_run: DryRunOption = False,
@@ -176,4 +195,7 @@ def delete_before_snapshot(
     verbose: VerboseOption = False,
 ) -> None:
     """Delete the events of each pid up to its snapshot's sequence number (pids without one are skipped)."""
-    _run(CleanupAction.DELETE_BEFORE_SNAPSHOT, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose)
+    _run(
+        CleanupAction.DELETE_BEFORE_SNAPSHOT, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose,
+        databases=databases,
+    )  # fmt: skip

