@@ -314,3 +314,48 @@ def test_every_command_finds_the_home_database_of_the_layout(layout: Layout) -> 
     rule = layout.run("journal", "timestamp-rule", "status").stdout
     assert rule.count("not installed") == 2 and "sjopa" in rule and "sjopb" in rule
     assert not (Path(env["XDG_DATA_HOME"]) / "slice-journal").exists(), "an embedded server was started"
+
+
+# -- 7: one database down fails its own slices only -----------------------------------------------
+
+
+def test_one_database_down_fails_its_own_slices_only(
+    layout: Layout, servers: tuple[PasswordServer, PasswordServer]
+) -> None:
+    from journal import JournalUnavailable
+    from tests.support.password_server import start, stop
+
+    low, high = pids_in(0, 511, 3), pids_in(512, 1023, 3)
+    quick = dict(attempts=2, initial_backoff=0.05, max_backoff=0.1, connect_timeout=2.0)
+    settings = JournalSettings.load(env={}, databases=[layout.a, layout.b], **quick)
+    env = {**layout.env, "JOURNAL_RETRY_ATTEMPTS": "2", "JOURNAL_CONNECT_TIMEOUT": "2"}
+    down = layout.b.split("@")[1]  # host:port/database, as the reports name it
+
+    async def write_both() -> tuple[int, str]:
+        async with open_journal(layout.a, settings=settings) as j:
+            for p in low:
+                await j.persist(p, [{"n": 1}])
+            failed = ""
+            try:
+                await j.persist(high[0], [{"n": 1}])
+            except JournalUnavailable as e:
+                failed = str(e)
+            return len([e async for e in j.current_events_by_persistence_id(low[0])]), failed
+
+    asyncio.run(write_both())  # both up: the map is recorded in each database
+    stop(servers[1])
+    try:
+        events, failed = asyncio.run(write_both())
+        assert events == 2  # the other database's slices keep writing and reading
+        assert down in failed, failed
+        for args in (("journal", "info"), ("journal", "partitions", "show")):
+            r = layout.run(*args, env=env, timeout=60)
+            no_password(r.stdout, r.stderr)
+            assert r.returncode == 3, (args, r.stdout, r.stderr)
+            assert "sjopa" in r.stdout and "0-511" in r.stdout, (args, r.stdout)
+            assert down in r.stdout and "unavailable" in r.stdout, (args, r.stdout)
+            assert down in r.stderr.strip().splitlines()[-1] and "error: unavailable" in r.stderr, (args, r.stderr)
+    finally:
+        start(servers[1])
+    events, failed = asyncio.run(write_both())
+    assert (events, failed) == (3, "")

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, JournalUnavailable
 from ..postgres import redact
 from ..settings import JournalSettings
 from . import app
@@ -130,6 +130,8 @@ def info(
         typer.echo(f"database:        {name}")
         if "error" in d:
             typer.echo(f"  unavailable:   {d['error']}")
+            if d.get("slices"):
+                typer.echo(f"slices:          {', '.join(d['slices'])} (their operations fail until it answers)")
             continue
         typer.echo(f"server:          PostgreSQL {d['server_version']}")
         typer.echo(f"schema:          {settings.schema} (revision {d['schema_revision']}, head {head_revision()})")
@@ -142,3 +144,6 @@ def info(
             typer.echo(f"  {et or '(none: pids without an entity type)':<20} {n}")
     if isinstance(reports, list):
         typer.echo(f"map epoch:       {data['epoch']}; home database {data['home']}")
+        down = [str(d["database"]) for d in reports if "error" in d]
+        if down:  # the others are reported above; the exit code says that one is missing
+            raise JournalUnavailable(f"unavailable: {', '.join(down)} (the other databases are reported above)")

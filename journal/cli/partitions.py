@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, JournalUnavailable
 from ..ids import validate_slice_range
 from ..settings import JournalSettings
 from . import app
@@ -48,6 +48,8 @@ def show(
 
     settings = partition_settings(schema, data_dir, databases)
 
+    down: list[str] = []
+
     async def go() -> list[str]:
         backend = await open_partitioned(resolve_dsn(dsn, settings), settings)
         try:
@@ -61,6 +63,7 @@ def show(
                     moves = await b.partitions().moves()
                 except Exception as e:
                     lines.append(f"{name}: unavailable ({e})")
+                    down.append(name)
                     continue
                 lines.append(f"{name}:")
                 lines += [f"  {r.min_slice}-{r.max_slice} {r.state} epoch {r.epoch}" for r in rows]
@@ -74,6 +77,8 @@ def show(
 
     for line in asyncio.run(go()):
         typer.echo(line)
+    if down:  # the others are reported above; the exit code says that one is missing
+        raise JournalUnavailable(f"unavailable: {', '.join(down)} (the other databases are reported above)")
 
 
 @partitions_app.command("move")

@@ -48,6 +48,8 @@ class Databases:
         """Grows with every map load (a caller refused at generation g reloads only if still g)."""
         self._reload_lock = asyncio.Lock()
         self._down: dict[int, asyncio.Task[None]] = {}
+        self._why: dict[int, str] = {}
+        """Per database that is down: what its last failure said."""
         self._conditions = [Condition(log, logging.WARNING) for _ in configured]
         self._listeners: list[object] = []
 
@@ -84,8 +86,8 @@ class Databases:
     async def _start(self, i: int) -> None:
         try:
             await self.backends[i].start()
-        except JournalUnavailable:
-            self._mark_down(i)
+        except JournalUnavailable as e:
+            self._mark_down(i, e)
             raise
         self._started[i] = True
 
@@ -139,8 +141,8 @@ class Databases:
         b = await self.usable(i)
         try:
             return await b.partitions().rows()
-        except JournalUnavailable:
-            self._mark_down(i)
+        except JournalUnavailable as e:
+            self._mark_down(i, e)
             raise
 
     def _known(self, location: str | None) -> int | None:
@@ -174,7 +176,9 @@ class Databases:
     async def usable(self, i: int) -> PostgresBackend:
         """Database ``i``'s backend, started; JournalUnavailable at once while it is known down."""
         if i in self._down:
-            raise JournalUnavailable(f"database {self.names[i]} is unavailable (probing until it answers)")
+            raise JournalUnavailable(
+                f"database {self.names[i]} is unavailable ({self._why.get(i, 'it failed')}; probing until it answers)"
+            )
         if not self._started[i]:
             await self._start(i)
         return self.backends[i]
@@ -182,10 +186,11 @@ class Databases:
     def failed(self, i: int, error: BaseException) -> None:
         """An operation on database ``i`` ended in JournalUnavailable: probe it before asking again."""
         if isinstance(error, JournalUnavailable) and not error.outcome_unknown:
-            self._mark_down(i)
+            self._mark_down(i, error)
 
-    def _mark_down(self, i: int) -> None:
+    def _mark_down(self, i: int, error: JournalUnavailable) -> None:
         if i not in self._down:
+            self._why[i] = str(error)
             self._conditions[i].occurred("database %s is unavailable; its slices fail until it answers", self.names[i])
             self._down[i] = asyncio.create_task(self._probe(i), name=f"journal-probe-{i}")
 

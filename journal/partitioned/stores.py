@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..backend import PID, TIMEUUID, PidFootprint, TaggedEvent, TagPageRow, TagProgress, TagRow
+from ..errors import JournalUnavailable
 from ..ids import slice_for
 from ..timeuuid import ticks
 from .databases import Databases
@@ -104,8 +105,14 @@ class PartitionedTagStore:
         return min(found) if found else None
 
     async def ensure_bucket_size(self, size: str) -> None:
+        """Each database that answers; one that is down is checked when the journal is opened
+        while it answers (it fails its own slices meanwhile, the others go on)."""
         for db in self.dbs.map.served():
-            await (await self.dbs.usable(db)).tag_store().ensure_bucket_size(size)
+            try:
+                backend = await self.dbs.usable(db)
+            except JournalUnavailable:
+                continue
+            await backend.tag_store().ensure_bucket_size(size)
 
 
 class PartitionedCleanup:
