@@ -359,3 +359,51 @@ def test_one_database_down_fails_its_own_slices_only(
         start(servers[1])
     events, failed = asyncio.run(write_both())
     assert (events, failed) == (3, "")
+
+
+# -- 5: the demo's databases are its own ----------------------------------------------------------
+
+
+def test_the_demo_over_several_databases_leaves_the_servers_journal_alone(
+    servers: tuple[PasswordServer, PasswordServer], tmp_path: Path
+) -> None:
+    from tests.support.scratch import admin
+
+    a = servers[0]
+    with scratch_database(a.dsn(), "sjopd") as journal_db:
+        schema_migrations().upgrade(journal_db)
+
+        async def first_demo_events() -> None:  # what the first `journal demo` left in it
+            async with open_journal(journal_db, settings=JournalSettings.load(env={})) as j:
+                await j.persist("DemoCart|1", [{"n": 1}])
+
+        asyncio.run(first_demo_events())
+        env = clean_env(tmp_path)
+        name = journal_db.rsplit("/", 1)[1]
+        try:
+            demo = subprocess.run(
+                [sys.executable, "-m", "journal", "demo", "--dsn", journal_db, "--databases", "2", "--duration", "5",
+                 "--entities", "40", "--rate", "50", "--writers", "4", "--workers", "1", "--scale-to", "1"],
+                env=env, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            no_password(demo.stdout, demo.stderr)
+            assert demo.returncode == 0, demo.stdout + demo.stderr
+            assert "VERIFIED" in demo.stdout
+            info = subprocess.run(
+                [sys.executable, "-m", "journal", "info", "--dsn", journal_db],
+                env=env, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert info.returncode == 0, info.stderr
+            assert "DemoCart             1" in info.stdout
+
+            async def map_rows() -> int:
+                conn = await asyncpg.connect(asyncpg_dsn(journal_db))
+                try:
+                    return int(await conn.fetchval("SELECT count(*) FROM slice_partition"))
+                finally:
+                    await conn.close()
+
+            assert asyncio.run(map_rows()) == 0  # the demo recorded nothing in the server's journal
+        finally:
+            for i in range(2):
+                asyncio.run(admin(a.dsn(), f'DROP DATABASE IF EXISTS "{name}_d2_p{i}" WITH (FORCE)'))

@@ -54,20 +54,25 @@ def demo(
     typer.echo(f"database: {'embedded PostgreSQL ' + str(settings.connection.data_dir) if embedded else 'DSN'}")
     check_reachable(target, settings)
     migrations = schema_migrations()
-    migrations.upgrade(target, settings.schema)
+    home = target
     if databases > 1:
+        # the demo's own databases, the first its home: the server's journal is never touched
         parts = asyncio.run(_partition_databases(target, settings, databases))
         for d in parts:
             migrations.upgrade(d, settings.schema)
-        settings = settings_from(schema, data_dir, databases=parts)
-        typer.echo(f"journal databases: {databases} on the same server, {1024 // databases} slices each")
-    ok = asyncio.run(_demo(target, settings.with_dsn(target), entities, duration, workers, scale_to, rate, writers))
+        settings = settings_from(schema, data_dir, " ".join(parts))
+        home = parts[0]
+        typer.echo(f"journal databases: {databases} of its own on the same server, {1024 // databases} slices each")
+    else:
+        migrations.upgrade(target, settings.schema)
+    ok = asyncio.run(_demo(home, settings.with_dsn(home), entities, duration, workers, scale_to, rate, writers))
     raise typer.Exit(0 if ok else 1)
 
 
-async def _partition_databases(home: str, settings: Any, n: int) -> tuple[str, ...]:
-    """``n`` databases beside the home one (``<home>_p0``..), created when missing; the home
-    database keeps the read model and the projection offsets."""
+async def _partition_databases(server: str, settings: Any, n: int) -> tuple[str, ...]:
+    """The demo's ``n`` databases on the server of ``server`` (``<database>_d<n>_p0``.., one set
+    per count, created when missing); the first is the demo journal's home (the read model and
+    the projection offsets). The database of ``server`` itself is not changed."""
     from urllib.parse import urlsplit, urlunsplit
 
     from journal.errors import ConfigurationError
@@ -78,11 +83,11 @@ async def _partition_databases(home: str, settings: Any, n: int) -> tuple[str, .
 
     if 1024 % n:
         raise ConfigurationError(f"--databases must divide 1024, got {n}")
-    parts = urlsplit(home)
-    conn = await connect(home, settings)
+    parts = urlsplit(server)
+    conn = await connect(server, settings)
     try:
         base = parts.path.lstrip("/") or str(await conn.fetchval(statements.CURRENT_DATABASE))
-        names = [validate_identifier(f"{base}_p{i}", "database") for i in range(n)]
+        names = [validate_identifier(f"{base}_d{n}_p{i}", "database") for i in range(n)]
         for name in names:
             if not await conn.fetchval(statements.DATABASE_EXISTS, name):
                 await conn.execute(statements.create_database(name))
@@ -145,14 +150,18 @@ async def _demo(
         events.append(f"{0.0:5.1f}s started {n_workers} worker processes")
         load = asyncio.create_task(workload.run())
 
+        one_at_a_time = asyncio.Lock()  # the progress loop and the script share the connection
+
         async def projected() -> int:
-            return await projected_count(conn, entity_type)
+            async with one_at_a_time:
+                return await projected_count(conn, entity_type)
 
         async def script() -> None:
             await asyncio.sleep(duration * 0.3)
             victim = procs[0]
             nonlocal killed_at
-            killed_at = await conn.fetchval(statements.NOW)
+            async with one_at_a_time:
+                killed_at = await conn.fetchval(statements.NOW)
             victim.send_signal(signal.SIGKILL)
             await victim.wait()
             events.append(f"{time.monotonic() - t0:5.1f}s SIGKILL worker pid {victim.pid} (mid-batch, no goodbye)")
