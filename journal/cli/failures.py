@@ -26,7 +26,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from ..errors import ConfigurationError, InvalidArgument, JournalError, JournalUnavailable
+from ..errors import ConfigurationError, InvalidArgument, JournalError, JournalUnavailable, mask_passwords
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -68,7 +68,7 @@ def message(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) if isinstance(exc, JournalError) else f"{type(exc).__name__}: {exc}"
     if not isinstance(exc, JournalError):
         text += " (an unexpected error: run again with --debug for the traceback)"
-    return text
+    return mask_passwords(text)
 
 
 def report(exc: BaseException) -> int:
@@ -106,11 +106,25 @@ def configure_logging(fmt: str) -> None:
     """WARNING for everything (the libraries underneath stay quiet); a command raises its own
     loggers when it has something to say."""
     logging.basicConfig(level=logging.WARNING, format=fmt)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_MaskPasswords())
     if "GRPC_VERBOSITY" not in os.environ:
         os.environ["GRPC_VERBOSITY"] = "NONE"
         _quieted.append("GRPC_VERBOSITY")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+class _MaskPasswords(logging.Filter):
+    """Every log line a command prints has a URL's password masked (a driver's message, a
+    library's, ours): no password is ever printed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        masked = mask_passwords(text)
+        if masked != text:
+            record.msg, record.args = masked, None
+        return True
 
 
 def run_app(app: Callable[..., object], prog: str) -> None:
