@@ -355,7 +355,10 @@ class PartitionSettings:
     1024 slices split over them in contiguous, equal ranges in this order: with N databases
     (N must divide 1024), database i holds slices ``[i*1024/N, (i+1)*1024/N - 1]``. Empty: one
     database, ``dsn``. With databases, ``dsn`` is the journal's home database (projection
-    offsets, read models, leases, dead letters, encryption keys); default: the first one."""
+    offsets, read models, leases, dead letters, encryption keys); default: the first one. Their
+    passwords are never stored: a database the partition map names (a move's target) gets the
+    password of a DSN given here for the same host, port and user, else libpq's password file or
+    ``PGPASSWORD`` (docs/scaling-out.md, "Credentials")."""
     fence_wait: float = 30.0
     """Seconds a write to a range that a move is switching (or a delete of a range being moved)
     waits for the move before it fails with JournalUnavailable."""

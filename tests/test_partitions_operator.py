@@ -252,6 +252,7 @@ def test_a_password_less_dsn_finds_its_password_in_libpqs_password_file(
     monkeypatch.setenv("PGPASSFILE", str(passfile))
     assert jdbc_source(bare).properties["password"] == PASSWORDS[1]
     assert "password" not in jdbc_source(bare.replace("app@", "nobody@")).properties
+    assert Passwords(env={"PGPASSWORD": "from-env"}).fill(bare) == bare.replace("app@", "app:from-env@")
 
 
 # -- 6: every command follows the layout ----------------------------------------------------------
@@ -407,3 +408,30 @@ def test_the_demo_over_several_databases_leaves_the_servers_journal_alone(
         finally:
             for i in range(2):
                 asyncio.run(admin(a.dsn(), f'DROP DATABASE IF EXISTS "{name}_d2_p{i}" WITH (FORCE)'))
+
+
+@pytest.mark.spark
+def test_spark_export_reads_a_moved_range_with_the_password_found_for_it(layout: Layout, tmp_path: Path) -> None:
+    """`projections spark-export` over the layout after a move: JDBC reads each database,
+    the target with the password of the listed DSN of its server (JDBC ignores PGPASSWORD)."""
+
+    pids = pids_in(0, 511, 4) + pids_in(512, 767, 4) + pids_in(768, 1023, 4)
+    settings = JournalSettings.load(env={}, databases=[layout.a, layout.b])
+
+    async def write() -> None:
+        async with open_journal(layout.a, settings=settings) as j:
+            for p in pids:
+                await j.persist(p, [{"n": 1}, {"n": 2}])
+
+    asyncio.run(write())
+    assert layout.run("journal", "partitions", "move", "--slices", "512-767", "--to", layout.target).returncode == 0
+    out = tmp_path / "export"
+    r = layout.run(
+        "projections", "spark-export", "--entity-type", "Cart", "--out", str(out), "--master", "local[1]",
+        "--partitions", "4", timeout=600,
+    )  # fmt: skip
+    no_password(r.stdout, r.stderr)
+    if r.returncode == 2 and "Java" in r.stderr and not os.environ.get("CI"):
+        pytest.skip(f"Spark cannot start here: {r.stderr}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"exported {2 * len(pids)} events of Cart" in r.stdout + r.stderr
