@@ -12,8 +12,8 @@ from ..errors import ConfigurationError, JournalUnavailable
 from ..postgres import redact
 from ..settings import JournalSettings
 from . import app
-from .common import DataDirOption, DsnOption, SchemaOption, check_reachable, target_dsn
-from .partitions import DatabasesOption, partition_settings
+from .common import DatabasesOption, DataDirOption, DsnOption, SchemaOption, check_reachable, target_dsn
+from .partitions import partition_settings
 
 
 @app.command()

@@ -135,7 +135,9 @@ def _from_passfile(path: Path | None, server: Server) -> str | None:
 
 def _split_passfile_line(line: str) -> list[str]:
     """Fields separated by ``:``; ``\\:`` and ``\\\\`` stand for ``:`` and ``\\``."""
-    fields, current, escaped = [], [], False
+    fields: list[str] = []
+    current: list[str] = []
+    escaped = False
     for ch in line:
         if escaped:
             current.append(ch)
