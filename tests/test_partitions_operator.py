@@ -191,7 +191,8 @@ def test_a_move_to_a_database_that_does_not_exist_is_bad_input(layout: Layout) -
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-def test_a_move_to_a_silent_server_says_what_it_waits_for_within_10_s(layout: Layout) -> None:
+@pytest.mark.parametrize("dry_run", [(), ("--dry-run",)], ids=["move", "dry run"])
+def test_a_move_to_a_silent_server_says_what_it_waits_for_within_10_s(layout: Layout, dry_run: tuple[str, ...]) -> None:
     """A server that accepts TCP and never answers: the tool names what it waits for at once,
     then fails as unavailable (exit 3) instead of hanging."""
     import socket
@@ -204,7 +205,7 @@ def test_a_move_to_a_silent_server_says_what_it_waits_for_within_10_s(layout: La
         env = {**layout.env, "JOURNAL_CONNECT_TIMEOUT": "2", "JOURNAL_RETRY_BUDGET": "3"}
         started = time.monotonic()
         p = subprocess.Popen(
-            [sys.executable, "-m", "journal", "partitions", "move", "--slices", "512-767", "--to", to],
+            [sys.executable, "-m", "journal", "partitions", "move", "--slices", "512-767", "--to", to, *dry_run],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:

@@ -149,6 +149,7 @@ class SliceMove:
 
     async def plan(self) -> list[str]:
         """What the move would do (``--dry-run``), with nothing changed."""
+        await self._reach_target()
         s, t, rec = await self._find()
         src = await self.dbs.usable(s)
         lines = [
