@@ -436,3 +436,15 @@ def test_spark_export_reads_a_moved_range_with_the_password_found_for_it(layout:
         pytest.skip(f"Spark cannot start here: {r.stderr}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"exported {2 * len(pids)} events of Cart" in r.stdout + r.stderr
+
+
+def test_the_command_lines_mask_a_password_in_every_log_line() -> None:
+    """A log line of any library under a command (here a driver's) has a URL's password masked."""
+    code = (
+        "import logging; from journal.cli.failures import configure_logging; configure_logging('%(message)s'); "
+        "logging.getLogger('asyncpg').warning('lost %s', 'postgresql://app:s3cret-a@db:5432/j?password=s3cret-b')"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    no_password(r.stderr)
+    assert "postgresql://app:***@db:5432/j?password=***" in r.stderr

@@ -114,10 +114,10 @@ def info(
     head_revision = schema_migrations().head_revision
 
     settings = partition_settings(schema, data_dir, databases)
-    target, embedded = (None, False) if settings.partitions.databases else target_dsn(dsn, settings)
+    target, embedded = target_dsn(dsn, settings)  # with several databases: the home one
 
     async def go() -> dict[str, Any]:
-        backend, _ = await open_backend(target or dsn, settings, migrate=False)
+        backend, _ = await open_backend(target, settings, migrate=False)
         try:
             return await backend.info()
         finally:
