@@ -131,7 +131,7 @@ class Journal:
         if tracing.ON:
             return await self._persist_traced(persistence_id, events, expected_seq_nr, tags, metadata)
         if self.serializers.keyed:
-            await self.serializers.load_write_keys((persistence_id,))
+            _held = await self.serializers.load_write_keys((persistence_id,))
         batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
         first, db_timestamp = await self._group_commit.submit(batch)
         return self._written(batch, first, db_timestamp, events, metadata)
@@ -144,7 +144,7 @@ class Journal:
         attributes = {"persistence_id": pid, "events": len(events)}
         with tracing.span("journal.persist", kind="PRODUCER", attributes=attributes):
             if self.serializers.keyed:
-                await self.serializers.load_write_keys((pid,))
+                _held = await self.serializers.load_write_keys((pid,))
             batch = self._validator.call(pid, events, expected, tags, metadata)
             if metadata is None:
                 carried = Serialized(JSON_SERIALIZER_ID, TRACE_MANIFEST, tracing.carrier())
@@ -175,7 +175,7 @@ class Journal:
             return []
         if self.serializers.keyed:
             pids = (p[0] for p in parts if isinstance(p, tuple) and p and type(p[0]) is str)
-            await self.serializers.load_write_keys(pids)  # the validator raises for any other part
+            _held = await self.serializers.load_write_keys(pids)  # the validator raises for any other part
         chunks = self._validator.chunks(parts, self._group_commit.bulk_chunk_calls(len(parts)))
         batches, results = await self._group_commit.submit_chunks(chunks)
         return [o for b, r in zip(batches, results, strict=True) for o in outcomes(b, r)]
@@ -201,7 +201,7 @@ class Journal:
         transaction is aborted and must be rolled back.
         """
         if self.serializers.keyed:
-            await self.serializers.load_write_keys((persistence_id,))
+            _held = await self.serializers.load_write_keys((persistence_id,))
         batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
         result = await self.backend.write_on(conn, batch)
         return self._written(batch, result.first_seq_nrs[0], result.db_timestamps[0], events, metadata)
@@ -233,7 +233,7 @@ class Journal:
         if expected_seq_nr is None:
             raise InvalidArgument("resolve_persist needs the expected_seq_nr the write was made with")
         if self.serializers.keyed:
-            await self.serializers.load_write_keys((persistence_id,))
+            _held = await self.serializers.load_write_keys((persistence_id,))
         batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
         try:
             (got,) = await self.backend.check_write(batch)
@@ -280,7 +280,7 @@ class Journal:
         while nxt <= upper:
             rows = await self.backend.read_events(persistence_id, nxt, upper, page)
             if self.serializers.keyed:
-                await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
+                _held = await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
             for r in rows:
                 yield self.envelope(r)
             if len(rows) < page:
@@ -447,7 +447,7 @@ class Journal:
         if r is None:
             return None
         if self.serializers.keyed:
-            await self.serializers.load_keys([(r.persistence_id, r.ser_id)])
+            _held = await self.serializers.load_keys([(r.persistence_id, r.ser_id)])
         return sq.envelope(r, TimestampOffset(r.db_timestamp, {r.persistence_id: r.seq_nr}))
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -473,7 +473,7 @@ class Journal:
             raise InvalidArgument(f"keep must be an int >= 1, got {keep!r}")
         clean_tags = validate_tags(tags)
         if self.serializers.keyed:
-            await self.serializers.load_write_keys((persistence_id,))
+            _held = await self.serializers.load_write_keys((persistence_id,))
         ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}", pid=persistence_id)
         meta: Serialized | None = (
             self.serializers.serialize(metadata, what="snapshot metadata") if metadata is not None else None
@@ -498,7 +498,7 @@ class Journal:
         if row is None:
             return None
         if self.serializers.keyed:
-            await self.serializers.load_keys([(row.persistence_id, row.state.ser_id)])
+            _held = await self.serializers.load_keys([(row.persistence_id, row.state.ser_id)])
         return self._snapshot(row)
 
     async def load_snapshots(self, persistence_id: str, limit: int = 16) -> list[Snapshot | SerializationError]:
@@ -510,7 +510,7 @@ class Journal:
         out: list[Snapshot | SerializationError] = []
         rows = await self.backend.load_snapshots(persistence_id, limit)
         if self.serializers.keyed:
-            await self.serializers.load_keys((r.persistence_id, r.state.ser_id) for r in rows)
+            _held = await self.serializers.load_keys((r.persistence_id, r.state.ser_id) for r in rows)
         for row in rows:
             try:
                 out.append(self._snapshot(row))

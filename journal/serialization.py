@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import orjson
 
-from .codec import CODEC_SERIALIZER_ID, Forgotten, PayloadCodec
+from .codec import CODEC_SERIALIZER_ID, Forgotten, KeysInUse, PayloadCodec
 from .errors import ConfigurationError, SerializationError
 from .upcasting import EventSeq, Upcasters, versioned
 
@@ -266,17 +266,21 @@ class SerializerRegistry:
         """True when payloads are encrypted: reads and writes load their subjects' keys first."""
         return self.codec is not None and self.codec.encrypts
 
-    async def load_keys(self, rows: Iterable[tuple[str, int]]) -> None:
+    async def load_keys(self, rows: Iterable[tuple[str, int]]) -> KeysInUse:
         """Before decoding rows, given as (persistence id, serializer id): load the keys their
-        encrypted payloads need (no I/O when they are cached and fresh)."""
-        if self.codec is not None:
-            await self.codec.load((pid for pid, ser_id in rows if ser_id == CODEC_SERIALIZER_ID), create=False)
+        encrypted payloads need (no I/O when they are cached and fresh). Hold the result until
+        the rows are decoded: a key held is not evicted from the cache."""
+        if self.codec is None:
+            return ()
+        return await self.codec.load((pid for pid, ser_id in rows if ser_id == CODEC_SERIALIZER_ID), create=False)
 
-    async def load_write_keys(self, pids: Iterable[str]) -> None:
+    async def load_write_keys(self, pids: Iterable[str]) -> KeysInUse:
         """Before serializing a write: the keys of its persistence ids' subjects (made when
-        missing). Raises SubjectForgotten for a forgotten subject."""
-        if self.codec is not None:
-            await self.codec.load(pids, create=True)
+        missing); hold the result until it is serialized. Raises SubjectForgotten for a
+        forgotten subject."""
+        if self.codec is None:
+            return ()
+        return await self.codec.load(pids, create=True)
 
     @property
     def plain_json_types(self) -> frozenset[type]:

@@ -340,7 +340,8 @@ class CodecSettings:
     """Seconds a cached data key is used before it is checked with the key store again: a subject
     forgotten by another process stops being readable here within this time."""
     key_cache_size: int = 100_000
-    """Data keys kept in memory (least recently used go first)."""
+    """Data keys kept in memory between calls (least recently used go first). Keys in use (by a
+    write or a page being decoded) are kept too, so any size reads and writes correctly."""
     master_key: str | None = None
     """Base64 of 32 bytes: data keys are stored wrapped with it (env ``JOURNAL_CODEC_MASTER_KEY``).
     None: stored as they are (whoever reads the key table can decrypt)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import tracing
 from ..backend import PageRequest, SliceQueryBackend, SliceRange, StoredEvent
+from ..codec import KeysInUse
 from ..conditions import Condition
 from ..envelope import TRACE_MANIFEST, EventEnvelope, page_envelopes, with_trace
 from ..errors import JournalUnavailable, SerializationError
@@ -138,9 +139,12 @@ class SliceQueries:
             while pending is not None:
                 rows = await pending
                 pending = None
-                if self.serializers.keyed:
+                keys = (
                     await self.serializers.load_keys((r["persistence_id"], r["event_ser_id"]) for r in rows)
-                page = _Page(rows, state.offset, self.serializers)
+                    if self.serializers.keyed
+                    else ()
+                )
+                page = _Page(rows, state.offset, self.serializers, keys)
                 if rows:
                     state.offset = page.offset_at(len(rows) - 1)
                 state.accept_page(req, len(rows), rows[-1]["db_timestamp"] if rows else None, bound)
@@ -282,12 +286,12 @@ class SliceQueries:
                     continue
                 earlier = await order.before(pid, first, seq_nr, r.db_timestamp)
                 if self.serializers.keyed:
-                    await self.serializers.load_keys((e.persistence_id, e.ser_id) for e in earlier)
+                    _held = await self.serializers.load_keys((e.persistence_id, e.ser_id) for e in earlier)
                 for e in earlier:
                     yield self.envelope(e, bt.offset_for(e), source="backtracking")
                 full = await b.load_event(pid, seq_nr)
                 if full is not None and self.serializers.keyed:
-                    await self.serializers.load_keys([(full.persistence_id, full.ser_id)])
+                    _held = await self.serializers.load_keys([(full.persistence_id, full.ser_id)])
                 bt.mark(pid, seq_nr, r.db_timestamp)
                 if full is None:  # deleted meanwhile
                     continue
@@ -325,7 +329,7 @@ class SliceQueries:
                 if down.active:
                     down.clear(f"live events of {pid}: database available again")
                 if self.serializers.keyed:
-                    await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
+                    _held = await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
                 for r in rows:
                     yield self.envelope(r, SeqOffset(r.seq_nr))
                     nxt = r.seq_nr + 1
@@ -344,10 +348,14 @@ class _Page:
     that timestamp: what ``SliceQueryState.offset_for`` gives row by row, computed only on demand.
     """
 
-    __slots__ = ("_events", "_memo", "_offsets", "base", "rows", "serializers")
+    __slots__ = ("_events", "_memo", "_offsets", "base", "keys", "rows", "serializers")
 
-    def __init__(self, rows: list[Any], base: TimestampOffset | None, serializers: SerializerRegistry) -> None:
+    def __init__(
+        self, rows: list[Any], base: TimestampOffset | None, serializers: SerializerRegistry, keys: KeysInUse = ()
+    ) -> None:
         self.rows = rows
+        self.keys = keys
+        """The page's keys, held while its envelopes may still be decoded (not evicted meanwhile)."""
         self.base = base
         self.serializers = serializers
         self._memo: tuple[int, TimestampOffset] | None = None
