@@ -25,7 +25,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from .errors import ConfigurationError, SerializationError, SubjectForgotten
 
@@ -65,6 +65,11 @@ class KeyStore(Protocol):
     async def forget(self, subject: str) -> bool:
         """Delete the subject's key for good; True if it had one."""
         ...
+
+
+KeyState = Literal["kept", "forgotten", "none"]
+"""A subject's key in the store: kept (its payloads read), forgotten (a tombstone), or none (no
+payload of it was ever encrypted, and it is not forgotten)."""
 
 
 class MasterKey:
@@ -220,6 +225,15 @@ class PayloadCodec:
                 if key is None:
                     raise SubjectForgotten(s)
         return tuple(held)
+
+    async def key_state(self, subject: str) -> KeyState:
+        """What the key store holds for ``subject`` (asked, not cached)."""
+        if self.keys is None:
+            raise ConfigurationError("this journal does not encrypt: there are no keys")
+        got = await self.keys.data_keys([subject], create=False)
+        if subject not in got:
+            return "none"
+        return "forgotten" if got[subject] is None else "kept"
 
     async def forget(self, subject: str) -> bool:
         if self.keys is None:

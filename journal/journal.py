@@ -17,7 +17,7 @@ from . import runtime, tracing
 from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
 from .bulk import Outcome, Write, outcomes
-from .codec import KeyStore, PayloadCodec, inner_manifest
+from .codec import KeyState, KeyStore, PayloadCodec, inner_manifest
 from .envelope import TRACE_MANIFEST, EventEnvelope
 from .errors import (
     ConfigurationError,
@@ -327,12 +327,26 @@ class Journal:
         Raises:
             ConfigurationError: this journal does not encrypt.
         """
+        return await self._codec_for(subject).forget(subject)
+
+    async def key_state(self, subject: str) -> KeyState:
+        """What the key store holds for ``subject``: ``"kept"`` (a key: its payloads read),
+        ``"forgotten"``, or ``"none"`` (nothing of it was ever encrypted; :meth:`forget` would
+        only mark it forgotten ahead). ``journal forget`` asks it first, so that a mistyped
+        subject is not reported as forgotten.
+
+        Raises:
+            ConfigurationError: this journal does not encrypt.
+        """
+        return await self._codec_for(subject).key_state(subject)
+
+    def _codec_for(self, subject: str) -> PayloadCodec:
         codec = self.serializers.codec
         if codec is None or not codec.encrypts:
             raise ConfigurationError("this journal does not encrypt (codec.encrypt): there is no key to forget")
         if not isinstance(subject, str) or not subject or len(subject) > 255:
             raise InvalidArgument(f"subject must be a non-empty string of at most 255 characters, got {subject!r}")
-        return await codec.forget(subject)
+        return codec
 
     def envelope(self, r: StoredEvent) -> EventEnvelope:
         """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""
