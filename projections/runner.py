@@ -21,11 +21,12 @@ from journal import tracing
 from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
+from journal.serialization import SerializerRegistry
 from journal.settings import ProjectionSettings, QueryMode
 from journal.transaction_slots import TransactionSlots
 from journal.waits import wait_set, within
 
-from .dead_letter_store import DeadLetter, DeadLetterSql
+from .dead_letter_store import DeadLetter, DeadLetterSql, sealed
 from .handlers import Mode
 from .outage import Outage, database_unavailable
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
@@ -84,8 +85,12 @@ class RangeProcessor:
         application_name: str | None = None,
         recovery: HandlerRecovery | None = None,
         transactions: TransactionSlots,
+        serializers: SerializerRegistry | None = None,
     ) -> None:
         self.journal = journal
+        self.serializers = serializers
+        """The journal's: a dead letter's error and traceback are sealed with the event's subject's
+        key when it encrypts (:mod:`journal.sealed_text`)."""
         self.pool = pool
         self.transactions = transactions
         """Every transaction of this processor takes its connection through it: when the pool is
@@ -501,9 +506,12 @@ class RangeProcessor:
         dead = self.recovery.kind == "retry-and-dead-letter"
         first, last = failures.first, failures.last
         assert first is not None and last is not None
+        error, tb = failures.message, failures.traceback
+        if dead and self.serializers is not None:
+            error, tb = await sealed(self.serializers, env.persistence_id, error, tb)
         letter = DeadLetter(
-            self.name, env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, failures.message,
-            failures.traceback, failures.attempts, first, last, self.key,
+            self.name, env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, error, tb, failures.attempts,
+            first, last, self.key,
         )  # fmt: skip
 
         async def body(conn: Any) -> None:

@@ -1,0 +1,104 @@
+"""Forget reaches every copy of a subject's data the library writes (issue 32): the events, their
+tag rows, snapshots, and the dead letters whose error and traceback quote the event (sealed with
+the subject's key). After ``forget``, a scan of every table of the database, all columns cast to
+text (and bytea in hex), finds the subject's secret nowhere."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from journal import EventEnvelope, Forgotten, Journal, JournalSettings, open_journal
+from journal.sealed_text import FORGOTTEN_TEXT, is_sealed
+from projections import Worker
+from projections.dead_letter_store import DeadLetterSql, opened
+from projections.dead_letters import retry
+from tests.support.waiting import wait_until
+
+DEAD = DeadLetterSql("public")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def enc(dsn: str) -> JournalSettings:
+    return JournalSettings.load(
+        env={}, dsn=dsn, encrypt=True, eventual_consistency_delay=0.0, lease_ttl=1.5, lease_renew_interval=0.3,
+        handler_backoff=0.01, heartbeat_offset_interval=0.5, handler_attempts=2,
+    )  # fmt: skip
+
+
+async def validating(_conn: Any, env: EventEnvelope) -> None:
+    """A handler whose validation error quotes the event's field (as pydantic's does)."""
+    email = env.event["email"]
+    if "secret" in email:
+        raise ValueError(f"1 validation error for Customer\nemail\n  value is not an email [input_value={email!r}]")
+
+
+def listed(dsn: str, name: str) -> str:
+    """``projections dead-letters list NAME``, run as an operator runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOURNAL_")}
+    env.update(JOURNAL_DSN=dsn, JOURNAL_CODEC_ENCRYPT="true", PYTHONPATH=str(ROOT), COLUMNS="200")
+    out = subprocess.run(
+        [sys.executable, "-m", "projections", "dead-letters", "list", name], capture_output=True, text=True, env=env,
+        timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+async def tables_holding(conn: asyncpg.Connection, secret: str) -> list[str]:
+    """Every table of the database (all schemas but the system's) with a row that holds ``secret``
+    in any column: as text, or as the hex that a bytea column casts to."""
+    tables = await conn.fetch(
+        "SELECT schemaname, tablename FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')"
+    )
+    assert len(tables) > 15, tables  # the journal's, the projections', the keys', replication's
+    hexed = secret.encode().hex()
+    found = []
+    for schema, table in tables:
+        q = f'SELECT count(*) FROM "{schema}"."{table}" t WHERE strpos(t::text, $1) > 0 OR strpos(t::text, $2) > 0'
+        if await conn.fetchval(q, secret, hexed):
+            found.append(f"{schema}.{table}")
+    return found
+
+
+async def test_after_forget_no_table_holds_the_subjects_plaintext(journal: Journal, dsn: str) -> None:
+    secret = f"ann-secret-{uuid.uuid4().hex[:8]}@example.com"
+    settings = enc(dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with open_journal(dsn, settings=settings) as j:
+            await j.persist("Customer|ann", [{"email": secret}], tags=["customers"])
+            await j.persist("Customer|bob", [{"email": "bob@example.com"}], tags=["customers"])
+            await j.save_snapshot("Customer|ann", 1, {"email": secret})
+            assert await tables_holding(conn, "bob@example.com") == []  # sealed where stored
+
+            w = Worker(j, settings, "fe", "Customer", validating, "exactly-once", recovery="retry-and-dead-letter")
+            task = asyncio.create_task(w.run())
+            await wait_until(lambda: w.stats.dead_lettered == 1 or task.done(), 30, "the dead letter")
+            w.stop()
+            await task
+            assert await retry(j, conn, DEAD, "fe", validating, "exactly-once")  # fails again: stored again
+            assert await tables_holding(conn, secret) == []
+            [letter] = await DEAD.letters(conn, "fe")
+            assert letter.attempts == 3 and is_sealed(letter.error) and is_sealed(letter.traceback)
+            [readable] = await opened(j.serializers, [letter])
+            assert secret in readable.error and secret in readable.traceback  # the operator reads it
+            assert secret in listed(dsn, "fe")  # and so does `projections dead-letters list`
+
+            assert await j.forget("Customer|ann") is True
+            [readable] = await opened(j.serializers, await DEAD.letters(conn, "fe"))
+            assert (readable.error, readable.traceback) == (FORGOTTEN_TEXT, FORGOTTEN_TEXT)
+            assert FORGOTTEN_TEXT in listed(dsn, "fe") and secret not in listed(dsn, "fe")
+            [event] = [e.event async for e in j.current_events_by_persistence_id("Customer|ann")]
+            assert isinstance(event, Forgotten)
+        assert await tables_holding(conn, secret) == []
+        assert await tables_holding(conn, "Customer|ann")  # (the scan finds what is there in clear)
+    finally:
+        await conn.close()
