@@ -11,14 +11,12 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import msgspec
-
 from . import runtime, tracing
 from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
 from .bulk import Outcome, Write, outcomes
 from .codec import KeyState, KeyStore, PayloadCodec, inner_manifest
-from .envelope import TRACE_MANIFEST, EventEnvelope
+from .envelope import EventEnvelope
 from .errors import (
     ConfigurationError,
     InvalidArgument,
@@ -42,11 +40,12 @@ from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries, envelope_of
 from .query.validation import check_slice_query
-from .serialization import JSON_SERIALIZER_ID, Serialized, SerializerRegistry
+from .serialization import Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
 from .upcasting import StoredManifest, split_version
-from .write_batch import BatchResult, WriteBatch, WriteFn
+from .write_batch import WriteBatch
+from .write_tracing import carrying, carrying_chunks, trace_metadata, traced_batches
 from .write_validation import WriteValidator
 
 log = logging.getLogger("journal")
@@ -145,10 +144,7 @@ class Journal:
         with tracing.span("journal.persist", kind="PRODUCER", attributes=attributes):
             if self.serializers.keyed:
                 _held = await self.serializers.load_write_keys((pid,))
-            batch = self._validator.call(pid, events, expected, tags, metadata)
-            if metadata is None:
-                carried = Serialized(JSON_SERIALIZER_ID, TRACE_MANIFEST, tracing.carrier())
-                batch = msgspec.structs.replace(batch, metadata=(carried,))
+            batch = carrying(self._validator.call(pid, events, expected, tags, metadata), trace_metadata())
             tracing.note(batch.persistence_ids[0])  # the batch that writes it links to this span
             try:
                 first, db_timestamp = await self._group_commit.submit(batch)
@@ -173,11 +169,25 @@ class Journal:
         parts = writes if type(writes) is list else list(writes)
         if not parts:
             return []
+        if tracing.ON:
+            with tracing.span("journal.persist_many", kind="PRODUCER", attributes={"parts": len(parts)}):
+                return await self._persist_many(parts, trace_metadata())
+        return await self._persist_many(parts, None)
+
+    async def _persist_many(self, parts: list[Any], carried: Serialized | None) -> list[Outcome]:
+        """:meth:`persist_many`; ``carried``: the trace context its parts without metadata carry."""
         if self.serializers.keyed:
             pids = (p[0] for p in parts if isinstance(p, tuple) and p and type(p[0]) is str)
             _held = await self.serializers.load_write_keys(pids)  # the validator raises for any other part
         chunks = self._validator.chunks(parts, self._group_commit.bulk_chunk_calls(len(parts)))
-        batches, results = await self._group_commit.submit_chunks(chunks)
+        noted: list[str] = []
+        if carried is not None:
+            chunks = carrying_chunks(chunks, carried, noted)
+        try:
+            batches, results = await self._group_commit.submit_chunks(chunks)
+        finally:
+            for pid in noted:
+                tracing.forget(pid)
         return [o for b, r in zip(batches, results, strict=True) for o in outcomes(b, r)]
 
     async def persist_in(
@@ -200,9 +210,22 @@ class Journal:
         Raises as :meth:`persist`; after a SequenceConflict caused by a concurrent writer the
         transaction is aborted and must be rolled back.
         """
+        if not tracing.ON:
+            return await self._persist_in(conn, persistence_id, events, expected_seq_nr, tags, metadata, None)
+        attributes = {"persistence_id": persistence_id, "events": len(events)}
+        with tracing.span("journal.persist_in", kind="PRODUCER", attributes=attributes):
+            carried = trace_metadata()
+            return await self._persist_in(conn, persistence_id, events, expected_seq_nr, tags, metadata, carried)
+
+    async def _persist_in(
+        self, conn: Any, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any,
+        carried: Serialized | None,
+    ) -> list[EventEnvelope]:  # fmt: skip
         if self.serializers.keyed:
-            _held = await self.serializers.load_write_keys((persistence_id,))
-        batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
+            _held = await self.serializers.load_write_keys((pid,))
+        batch = self._validator.call(pid, events, expected, tags, metadata)
+        if carried is not None:
+            batch = carrying(batch, carried)
         result = await self.backend.write_on(conn, batch)
         return self._written(batch, result.first_seq_nrs[0], result.db_timestamps[0], events, metadata)
 
@@ -551,20 +574,6 @@ class Journal:
 
     async def delete_snapshot(self, persistence_id: str) -> None:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
-
-
-def traced_batches(write: WriteFn) -> WriteFn:
-    """The group commit's batch writer, in a span linked to the persist spans of its calls
-    (a batch serves calls of many traces) while tracing is on."""
-
-    async def write_batch(batch: WriteBatch) -> BatchResult:
-        if not tracing.ON:
-            return await write(batch)
-        attributes = {"calls": len(batch), "events": batch.events}
-        with tracing.span("journal.write_batch", links=tracing.links_of(batch.persistence_ids), attributes=attributes):
-            return await write(batch)
-
-    return write_batch
 
 
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:
