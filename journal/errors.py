@@ -72,6 +72,17 @@ class InvalidArgument(JournalError, ValueError):
 class SerializationError(JournalError):
     """An event, metadata or snapshot could not be serialized or deserialized."""
 
+    def located(self, where: str) -> SerializationError:
+        """The same error, of the same type, with where it happened before its message."""
+        return type(self)(f"{where}: {self}")
+
+
+class UnknownVersion(SerializationError):
+    """A stored row names a newer version of a registered type than this release reads
+    (``shop:Placed#4`` while ``shop:Placed`` is registered at version 3): it was written by a
+    newer release. Reading it as plain data would hand handlers a shape they do not expect; to
+    read such rows, register a step from that version to yours (docs/schema-evolution.md)."""
+
 
 class SubjectForgotten(InvalidArgument):
     """The subject's encryption key was deleted for good (crypto-shredding): nothing more is

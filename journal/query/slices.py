@@ -48,7 +48,7 @@ def envelope_of(
         traced = m is not None and m.manifest == TRACE_MANIFEST
         meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None and not traced else None
     except SerializationError as e:
-        raise SerializationError(f"{r.persistence_id}#{r.seq_nr}: {e}") from e
+        raise e.located(f"{r.persistence_id}#{r.seq_nr}") from e
     env = EventEnvelope(
         r.persistence_id, r.entity_type, r.slice, r.seq_nr, r.db_timestamp, event, offset,
         r.tags, meta, r.writer, r.payload is not None, source,
@@ -371,7 +371,7 @@ class _Page:
                 r["event_ser_id"], r["event_ser_manifest"], r["event_payload"], pid=r["persistence_id"]
             )
         except SerializationError as e:
-            raise SerializationError(f"{r['persistence_id']}#{r['seq_nr']}: {e}") from e
+            raise e.located(f"{r['persistence_id']}#{r['seq_nr']}") from e
         self._events[i] = event
         return event
 
@@ -381,7 +381,7 @@ class _Page:
                 r["meta_ser_id"], r["meta_ser_manifest"] or "", r["meta_payload"] or b"", what="metadata"
             )
         except SerializationError as e:
-            raise SerializationError(f"{r['persistence_id']}#{r['seq_nr']}: {e}") from e
+            raise e.located(f"{r['persistence_id']}#{r['seq_nr']}") from e
 
     def offset_at(self, i: int) -> TimestampOffset:
         o = self._offsets.get(i)

@@ -62,7 +62,7 @@ class _TagPage:
             try:
                 self._events[i] = self.serializers.deserialize(r["ser_id"], r["ser_manifest"], r["event"], pid=pid)
             except SerializationError as e:  # named as the slice queries name it: pid#seq_nr
-                raise SerializationError(f"{pid}#{r[SEQ_NR]}: {e}") from e
+                raise e.located(f"{pid}#{r[SEQ_NR]}") from e
         return self._events[i]
 
     def offset_at(self, i: int) -> TimeUUIDOffset:
