@@ -5,12 +5,21 @@ upcaster that raises is named with its error; every read path names the row as `
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from journal import Journal, JournalSettings, SerializationError, SerializerRegistry, UnknownVersion, open_journal
+from journal import (
+    EventEnvelope,
+    Journal,
+    JournalSettings,
+    SerializationError,
+    SerializerRegistry,
+    UnknownVersion,
+    open_journal,
+)
 
 NAME = "shop:Placed"
 
@@ -37,11 +46,12 @@ def release(version: int) -> SerializerRegistry:
 async def read_every_way(j: Journal, pid: str) -> list[BaseException | list[Any]]:
     """The pid query, the slice query and the tag query: each one's events, or its error."""
     out: list[BaseException | list[Any]] = []
-    for query in (
+    queries: list[Callable[[], AsyncIterator[EventEnvelope]]] = [
         lambda: j.current_events_by_persistence_id(pid),
         lambda: j.current_events_by_slices(pid.split("|")[0], 0, 1023),
         lambda: j.current_events_by_tag("placed"),
-    ):
+    ]
+    for query in queries:
         try:
             out.append([e.event async for e in query()])
         except SerializationError as e:
