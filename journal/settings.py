@@ -269,7 +269,8 @@ class ProjectionSettings:
     """Default failure strategy of a projection (each may set its own): ``fail`` (stop at the first
     failure), ``retry-and-fail`` (``handler_attempts`` tries with backoff, then stop),
     ``retry-and-skip`` or ``retry-and-dead-letter`` (then the one poisoned event is isolated and
-    skipped, or parked in ``projection_dead_letter``, and the offset moves past it)."""
+    skipped, or parked in ``projection_dead_letter``, and the offset moves past it). Projections
+    over a slice range and over a tag take every strategy."""
     handler_backoff: float = 0.2
     """Seconds before the first retry; doubles up to ``handler_max_backoff``."""
     handler_max_backoff: float = 5.0

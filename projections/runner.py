@@ -37,6 +37,9 @@ from .validation import Validator, Verdict
 
 log = logging.getLogger("projections.runner")
 T = TypeVar("T")
+Rows = Any
+"""The offset rows of a processor's kind: ``list[OffsetRow]`` for slices (here), ``{pid: (seq_nr,
+TimeUUID)}`` for a tag (:mod:`.tag_runner`). The isolation of poisoned events works on either."""
 
 
 class EventSource(Protocol):
@@ -405,10 +408,9 @@ class RangeProcessor:
         self.stats.committed(len(accepted) - parked, newest, time.monotonic() - started, key=self.key)
 
     async def _commit_rows(
-        self, envs: Sequence[EventEnvelope], rows: list[OffsetRow], attempts: int, failures: Failures | None = None
+        self, envs: Sequence[EventEnvelope], rows: Rows, attempts: int, failures: Failures | None = None
     ) -> None:
         """One transaction: the handler on ``envs`` and the offset ``rows``."""
-        touched = {r.slice: self.epochs[r.slice] for r in rows}
 
         async def body(conn: Any) -> None:
             if envs and self.mode == "grouped":
@@ -416,12 +418,30 @@ class RangeProcessor:
             else:
                 for env in envs:
                     await self.handler(conn, env)
-            await self.sql.save_offsets(conn, self.name, self.key, rows)
+            await self._store(conn, rows)
 
         await self._retrying(
-            body if not tracing.ON else self._traced(body, envs), transactional=True, fence=touched,
+            body if not tracing.ON else self._traced(body, envs), transactional=True, fence=self._fence(rows),
             committed=self._proven_by(rows), attempts=attempts, failures=failures,
         )  # fmt: skip
+
+    # -- the offset rows of this kind of processor (a tag processor has its own) ----------
+
+    async def _store(self, conn: Any, rows: Rows) -> None:
+        """Store offset rows in the transaction on ``conn``."""
+        await self.sql.save_offsets(conn, self.name, self.key, rows)
+
+    def _fence(self, rows: Rows, env: EventEnvelope | None = None) -> dict[int, int]:
+        """The leases (slice -> epoch) a transaction storing ``rows`` (for ``env``) must hold."""
+        touched = {r.slice: self.epochs[r.slice] for r in rows}
+        if not touched and env is not None:
+            touched[env.slice] = self.epochs[env.slice]
+        return touched
+
+    def _rest(self, rows: Rows) -> Rows:
+        """What of a batch's rows is left to store once its events were committed or set aside
+        half by half (the heartbeat rows)."""
+        return [r for r in rows if r.persistence_id == HEARTBEAT_PID]
 
     def _traced(
         self, body: Callable[[Any], Awaitable[None]], envs: Sequence[EventEnvelope]
@@ -448,7 +468,7 @@ class RangeProcessor:
 
         return traced
 
-    def _proven_by(self, rows: list[OffsetRow]) -> Callable[[Any], Awaitable[bool]]:
+    def _proven_by(self, rows: Rows) -> Callable[[Any], Awaitable[bool]]:
         """Did a transaction that stores ``rows`` commit? (asked when its COMMIT got no answer)"""
         proof = next((r for r in rows if r.persistence_id != HEARTBEAT_PID), None)
 
@@ -457,14 +477,13 @@ class RangeProcessor:
 
         return committed
 
-    @staticmethod
-    def _rows_of(envs: Sequence[EventEnvelope]) -> list[OffsetRow]:
+    def _rows_of(self, envs: Sequence[EventEnvelope]) -> Rows:
         latest: dict[str, EventEnvelope] = {}
         for e in envs:
             latest[e.persistence_id] = e
         return [OffsetRow(e.slice, pid, e.seq_nr, e.db_timestamp) for pid, e in latest.items()]
 
-    async def _commit_isolating(self, accepted: Sequence[EventEnvelope], rows: list[OffsetRow]) -> int:
+    async def _commit_isolating(self, accepted: Sequence[EventEnvelope], rows: Rows) -> int:
         """``retry-and-skip`` / ``retry-and-dead-letter``: the batch as one transaction; when it
         fails, halves committed on their own until the poisoned events are alone, each retried
         and then set aside. Returns how many were set aside."""
@@ -477,9 +496,9 @@ class RangeProcessor:
                 await self._park(accepted[0], whole, rows)
                 return 1
         parked = await self._bisect(accepted)
-        beats = [r for r in rows if r.persistence_id == HEARTBEAT_PID]
-        if beats:
-            await self._commit_rows([], beats, self._tries)
+        rest = self._rest(rows)
+        if rest:
+            await self._commit_rows([], rest, self._tries)
         return parked
 
     async def _bisect(self, envs: Sequence[EventEnvelope]) -> int:
@@ -500,7 +519,7 @@ class RangeProcessor:
                 parked += await self._bisect(half)
         return parked
 
-    async def _park(self, env: EventEnvelope, failures: Failures, rows: list[OffsetRow]) -> None:
+    async def _park(self, env: EventEnvelope, failures: Failures, rows: Rows) -> None:
         """Set a poisoned event aside: its dead letter (``retry-and-dead-letter``) and the offset
         ``rows`` that move past it, in one transaction."""
         dead = self.recovery.kind == "retry-and-dead-letter"
@@ -517,10 +536,9 @@ class RangeProcessor:
         async def body(conn: Any) -> None:
             if dead:
                 await self.dead_letters.park(conn, letter)
-            await self.sql.save_offsets(conn, self.name, self.key, rows)
+            await self._store(conn, rows)
 
-        touched = {r.slice: self.epochs[r.slice] for r in rows} or {env.slice: self.epochs[env.slice]}
-        await self._retrying(body, transactional=True, fence=touched, committed=self._proven_by(rows))
+        await self._retrying(body, transactional=True, fence=self._fence(rows, env), committed=self._proven_by(rows))
         if dead:
             self.stats.dead_lettered += 1
         else:
