@@ -143,26 +143,29 @@ class KeyCache:
 
     def get(self, subject: str) -> tuple[bytes | None, bool]:
         """(key, or None if forgotten; known): an unknown subject was never loaded."""
-        entry = self._live.get(subject)
+        entry = self._recent.get(subject)
+        if entry is not None:
+            self._recent.move_to_end(subject)
+            return entry.key, True
+        entry = self._live.get(subject)  # evicted from the recent ones, still held by its user
         if entry is None:
             return None, False
-        if subject in self._recent:
-            self._recent.move_to_end(subject)
         return entry.key, True
 
-    def held(self, subjects: Iterable[str]) -> list[_Key]:
-        """The cached keys of these subjects (holding them keeps them while a load awaits)."""
-        live = self._live
-        return [e for e in map(live.get, subjects) if e is not None]
-
-    def stale(self, subjects: Iterable[str], now: float) -> list[str]:
-        """Those to ask the store about: never loaded, or a key older than the ttl."""
-        out = []
+    def lookup(self, subjects: Iterable[str], now: float) -> tuple[list[_Key], list[str]]:
+        """The cached keys of these subjects (hold them while a load awaits: no other load evicts
+        them meanwhile), and the subjects to ask the store about: never loaded, or a key older
+        than the ttl."""
+        live, held, stale = self._live, [], []
         for s in subjects:
-            entry = self._live.get(s)
-            if entry is None or (entry.key is not None and now - entry.at > self.ttl):
-                out.append(s)
-        return out
+            entry = live.get(s)
+            if entry is None:
+                stale.append(s)
+                continue
+            held.append(entry)
+            if entry.key is not None and now - entry.at > self.ttl:
+                stale.append(s)
+        return held, stale
 
     def put(self, keys: dict[str, bytes | None], now: float) -> list[_Key]:
         """Cache loaded keys and return them (the caller holds them while it uses them)."""
@@ -213,8 +216,7 @@ class PayloadCodec:
             return ()
         subjects = {self.subject_of(p) for p in pids}
         now = time.monotonic()
-        held = self.cache.held(subjects)  # held across the await: another load cannot evict them
-        missing = self.cache.stale(subjects, now)
+        held, missing = self.cache.lookup(subjects, now)  # held across the await
         if missing:
             held += self.cache.put(await self.keys.data_keys(sorted(missing), create=create), now)
         if create:
