@@ -203,6 +203,13 @@ class LeaseLost(ProjectionError):
 class HandlerFailed(ProjectionError):
     """A projection handler kept failing after its bounded retries; the projection stopped."""
 
+    def __init__(self, message: str, *, stored: str | None = None) -> None:
+        super().__init__(message)
+        self.stored = message if stored is None else stored
+        """What is kept in the database for ``projections status``: without the handler's own
+        error text when the journal encrypts (that text may quote an event's data, and a stored
+        copy would survive forgetting its subject)."""
+
 
 class ProjectionBusy(ProjectionError):
     """Live workers hold the projection: stop ``projections run NAME`` before a backfill."""

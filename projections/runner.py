@@ -655,16 +655,21 @@ class RangeProcessor:
                 if failures is not None:
                     failures.failed(e)
                 if attempt >= tries:
-                    raise HandlerFailed(
-                        f"projection {self.name!r} slices {self.key}: batch failed {attempt} times, "
-                        f"last error: {type(e).__name__}: {e}"
-                    ) from e
+                    said = f"projection {self.name!r} slices {self.key}: batch failed {attempt} times, last error: "
+                    raise HandlerFailed(f"{said}{type(e).__name__}: {e}", stored=self._stored(said, e)) from e
                 log.warning(
                     "%s %s: batch failed (attempt %d/%d), rolled back, retrying in %.2fs: %s: %s",
                     self.name, self.key, attempt, tries, backoff, type(e).__name__, e,
                 )  # fmt: skip
                 await self._pause(backoff, e)
                 backoff = min(backoff * 2, s.handler_max_backoff)
+
+    def _stored(self, said: str, e: BaseException) -> str | None:
+        """A HandlerFailed's text as stored for ``projections status``: without the handler's
+        error message when the journal encrypts (it may quote the event; see docs/encryption.md)."""
+        if self.serializers is None or not self.serializers.keyed:
+            return None
+        return f"{said}{type(e).__name__} (its message is in the worker's log, not stored: the journal encrypts)"
 
     async def _settle(self, conn: Any, server_pid: int, patience: float = 10.0) -> None:
         """Wait until the server process that ran a COMMIT whose answer was lost is done with it

@@ -85,6 +85,8 @@ class Worker:
         self.sql = ProjectionSql(settings.schema)
         self.stats = Stats(name)
         self.error: str | None = None
+        self._stored_error: str | None = None
+        """What of ``error`` the worker's row keeps (:attr:`HandlerFailed.stored`)."""
         self.epochs: dict[int, int] = {}
         self.processors: dict[tuple[int, int], tuple[RangeProcessor, asyncio.Task[None]]] = {}
         self._stop = asyncio.Event()
@@ -257,6 +259,7 @@ class Worker:
             exc = task.exception() if not task.cancelled() else None
             if isinstance(exc, HandlerFailed | EventsMissing):
                 self.error = str(exc)
+                self._stored_error = exc.stored if isinstance(exc, HandlerFailed) else self.error
                 log.error("%s: projection stopped: %s", self.worker_id, exc)
             elif isinstance(exc, LeaseLost):
                 log.info("%s: %s", self.worker_id, exc)
@@ -290,7 +293,7 @@ class Worker:
             return
         try:
             self.state = "failed" if self.error else "stopped"
-            await self.leases.leave(state=self.state, events=self.stats.events, error=self.error)
+            await self.leases.leave(state=self.state, events=self.stats.events, error=self._stored_error)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             log.warning("%s: could not release leases (they expire in %ss): %s", self.worker_id, self.ps.lease_ttl, e)
         finally:

@@ -1,7 +1,8 @@
 """Forget reaches every copy of a subject's data the library writes (issue 32): the events, their
-tag rows, snapshots, and the dead letters whose error and traceback quote the event (sealed with
-the subject's key). After ``forget``, a scan of every table of the database, all columns cast to
-text (and bytea in hex), finds the subject's secret nowhere."""
+tag rows, snapshots, the dead letters whose error and traceback quote the event (sealed with the
+subject's key), and a stopped worker's error (stored without the handler's message). After
+``forget``, a scan of every table of the database, all columns cast to text (and bytea in hex),
+finds the subject's secret nowhere."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
-from journal import EventEnvelope, Forgotten, Journal, JournalSettings, open_journal
+from journal import EventEnvelope, Forgotten, HandlerFailed, Journal, JournalSettings, open_journal
 from journal.sealed_text import FORGOTTEN_TEXT, is_sealed
 from projections import Worker
 from projections.dead_letter_store import DeadLetterSql, opened
@@ -85,6 +87,12 @@ async def test_after_forget_no_table_holds_the_subjects_plaintext(journal: Journ
             w.stop()
             await task
             assert await retry(j, conn, DEAD, "fe", validating, "exactly-once")  # fails again: stored again
+            stopping = Worker(j, settings, "fe-stop", "Customer", validating, "exactly-once", recovery="retry-and-fail")
+            with pytest.raises(HandlerFailed) as failed:
+                await asyncio.wait_for(stopping.run(), 60)
+            assert secret in str(failed.value)  # the caller is told; projections status is not
+            [status] = await conn.fetch("SELECT state, error FROM projection_worker WHERE projection_name = 'fe-stop'")
+            assert status["state"] == "failed" and "ValueError (its message is in the worker's log" in status["error"]
             assert await tables_holding(conn, secret) == []
             [letter] = await DEAD.letters(conn, "fe")
             assert letter.attempts == 3 and is_sealed(letter.error) and is_sealed(letter.traceback)
