@@ -2,11 +2,12 @@
 tag rows, snapshots, the dead letters whose error and traceback quote the event (sealed with the
 subject's key), and a stopped worker's error (stored without the handler's message). After
 ``forget``, a scan of every table of the database, all columns cast to text (and bytea in hex),
-finds the subject's secret nowhere."""
+finds the subject's secret nowhere (as text, in hex or in base64)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import subprocess
 import sys
@@ -17,11 +18,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from journal import EventEnvelope, Forgotten, HandlerFailed, Journal, JournalSettings, open_journal
+from journal import EntityRegistry, EventEnvelope, Forgotten, HandlerFailed, Journal, JournalSettings, open_journal
+from journal.entities import Delivery
 from journal.sealed_text import FORGOTTEN_TEXT, is_sealed
 from projections import Worker
 from projections.dead_letter_store import DeadLetterSql, opened
 from projections.dead_letters import retry
+from tests.reliable_fixtures import Sender
 from tests.support.waiting import wait_until
 
 DEAD = DeadLetterSql("public")
@@ -56,18 +59,29 @@ def listed(dsn: str, name: str) -> str:
 
 async def tables_holding(conn: asyncpg.Connection, secret: str) -> list[str]:
     """Every table of the database (all schemas but the system's) with a row that holds ``secret``
-    in any column: as text, or as the hex that a bytea column casts to."""
+    in any column: as text, as the hex that a bytea column casts to, or base64-encoded."""
     tables = await conn.fetch(
         "SELECT schemaname, tablename FROM pg_tables WHERE schemaname NOT IN ('pg_catalog', 'information_schema')"
     )
     assert len(tables) > 15, tables  # the journal's, the projections', the keys', replication's
-    hexed = secret.encode().hex()
+    texts = [secret, *base64_forms(secret)]
+    forms = texts + [t.encode().hex() for t in texts]  # a bytea column casts to hex
     found = []
     for schema, table in tables:
-        q = f'SELECT count(*) FROM "{schema}"."{table}" t WHERE strpos(t::text, $1) > 0 OR strpos(t::text, $2) > 0'
-        if await conn.fetchval(q, secret, hexed):
+        q = f'SELECT count(*) FROM "{schema}"."{table}" t, unnest($1::text[]) AS f(form) '
+        if await conn.fetchval(q + "WHERE strpos(t::text, form) > 0", forms):
             found.append(f"{schema}.{table}")
     return found
+
+
+def base64_forms(secret: str) -> list[str]:
+    """What ``secret`` looks like inside any base64 text, at each of the three alignments (the
+    characters its edges share with their neighbours left out)."""
+    out = []
+    for k in range(3):
+        encoded = base64.b64encode(b"\0" * k + secret.encode()).decode()
+        out.append(encoded[4 if k else 0 : -4])
+    return out
 
 
 async def test_after_forget_no_table_holds_the_subjects_plaintext(journal: Journal, dsn: str) -> None:
@@ -108,5 +122,37 @@ async def test_after_forget_no_table_holds_the_subjects_plaintext(journal: Journ
             assert isinstance(event, Forgotten)
         assert await tables_holding(conn, secret) == []
         assert await tables_holding(conn, "Customer|ann")  # (the scan finds what is there in clear)
+    finally:
+        await conn.close()
+
+
+async def test_an_entitys_pending_deliveries_in_its_snapshot_are_sealed_and_forgotten(
+    journal: Journal, dsn: str
+) -> None:
+    """A snapshot's metadata keeps the entity's unconfirmed deliveries (the message: event data);
+    they are sealed with the entity's key, and dropped at recovery once it is forgotten."""
+    secret = f"sender-secret-{uuid.uuid4().hex[:8]}"
+    seen: list[Delivery] = []
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with open_journal(dsn, settings=enc(dsn)) as j:
+            async with EntityRegistry(j) as reg:
+                reg.add_destination("sink", seen.append)
+                await reg.ask(Sender, "s9", ("send", secret))
+                await reg.ask(Sender, "s9", ("snapshot",))
+                await wait_until(lambda: seen, 10, "the first delivery")
+            snap = await j.load_snapshot("sender|s9")
+            assert snap is not None and snap.metadata["entity"]["unconfirmed"][0][:2] == ["d-1", "sink"]
+            assert await tables_holding(conn, secret) == []
+            seen.clear()
+            async with EntityRegistry(j) as reg:  # recovers from the snapshot: delivers it again
+                reg.add_destination("sink", seen.append)
+                await reg.start(Sender, "s9")
+                await wait_until(lambda: seen, 10, "the delivery after restart")
+                assert seen[0].message == secret
+            assert await j.forget("sender|s9") is True
+            async with EntityRegistry(j) as reg:  # forgotten: nothing of it to deliver
+                reg.add_destination("sink", seen.append)
+                assert await reg.ask(Sender, "s9", ("unconfirmed",)) == []
     finally:
         await conn.close()
