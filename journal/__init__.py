@@ -51,6 +51,7 @@ from .errors import (
     SubjectForgotten,
     TagEventsMissing,
     TagWriteTimeout,
+    UnknownVersion,
     UnsupportedOperation,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
@@ -120,6 +121,7 @@ __all__ = [
     "TimeUUIDOffset",
     "TimedReply",
     "TimestampOffset",
+    "UnknownVersion",
     "UnsupportedOperation",
     "Upcasters",
     "VectorTime",

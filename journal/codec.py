@@ -20,11 +20,12 @@ from __future__ import annotations
 import base64
 import os
 import time
+import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from .errors import ConfigurationError, SerializationError, SubjectForgotten
 
@@ -66,6 +67,11 @@ class KeyStore(Protocol):
         ...
 
 
+KeyState = Literal["kept", "forgotten", "none"]
+"""A subject's key in the store: kept (its payloads read), forgotten (a tombstone), or none (no
+payload of it was ever encrypted, and it is not forgotten)."""
+
+
 class MasterKey:
     """Wraps data keys for storage (envelope encryption): a key store that holds wrapped keys
     gives nothing away to a reader of its table without the master key (``codec.master_key``)."""
@@ -97,8 +103,30 @@ class MasterKey:
         return "MasterKey(...)"
 
 
+class _Key:
+    """One subject's cached key (None: forgotten) and when it was loaded. One object per subject
+    while anything holds it: a refresh or a forget changes it in place, so its holders see it."""
+
+    __slots__ = ("__weakref__", "at", "key")
+
+    def __init__(self, key: bytes | None, at: float) -> None:
+        self.key = key
+        self.at = at
+
+
+KeysInUse = tuple[_Key, ...]
+"""What :meth:`PayloadCodec.load` returns: the loaded keys, held by whoever seals or opens with
+them (a write, a page of rows) until it is done. The cache finds a held key even after it left
+the ``key_cache_size`` most recent ones."""
+
+
 class KeyCache:
-    """Data keys by subject, at most ``size`` (least recently used go first).
+    """Data keys by subject: the ``size`` most recently used, plus every key still in use.
+
+    A key is never evicted while in use: a write or a page holds the keys it loaded
+    (:data:`KeysInUse`) until it is done with them, and :meth:`get` finds a held key even after
+    it left the ``size`` most recent ones. So a call or a page with more subjects than ``size``
+    seals and opens, and concurrent calls do not evict each other's keys.
 
     A key is checked with the store again when it is older than ``ttl`` seconds at the next load
     that asks for it, so a subject forgotten by another process stops being readable (and
@@ -109,34 +137,54 @@ class KeyCache:
     def __init__(self, ttl: float, size: int) -> None:
         self.ttl = ttl
         self.size = size
-        self._keys: OrderedDict[str, tuple[bytes | None, float]] = OrderedDict()
+        self._recent: OrderedDict[str, _Key] = OrderedDict()
+        self._live: weakref.WeakValueDictionary[str, _Key] = weakref.WeakValueDictionary()
+        """Every key object still referenced: the recent ones and those in use."""
 
     def get(self, subject: str) -> tuple[bytes | None, bool]:
         """(key, or None if forgotten; known): an unknown subject was never loaded."""
-        entry = self._keys.get(subject)
+        entry = self._recent.get(subject)
+        if entry is not None:
+            self._recent.move_to_end(subject)
+            return entry.key, True
+        entry = self._live.get(subject)  # evicted from the recent ones, still held by its user
         if entry is None:
             return None, False
-        self._keys.move_to_end(subject)
-        return entry[0], True
+        return entry.key, True
 
-    def stale(self, subjects: Iterable[str], now: float) -> list[str]:
-        """Those to ask the store about: never loaded, or a key older than the ttl."""
-        out = []
+    def lookup(self, subjects: Iterable[str], now: float) -> tuple[list[_Key], list[str]]:
+        """The cached keys of these subjects (hold them while a load awaits: no other load evicts
+        them meanwhile), and the subjects to ask the store about: never loaded, or a key older
+        than the ttl."""
+        live, held, stale = self._live, [], []
         for s in subjects:
-            entry = self._keys.get(s)
-            if entry is None or (entry[0] is not None and now - entry[1] > self.ttl):
-                out.append(s)
+            entry = live.get(s)
+            if entry is None:
+                stale.append(s)
+                continue
+            held.append(entry)
+            if entry.key is not None and now - entry.at > self.ttl:
+                stale.append(s)
+        return held, stale
+
+    def put(self, keys: dict[str, bytes | None], now: float) -> list[_Key]:
+        """Cache loaded keys and return them (the caller holds them while it uses them)."""
+        out = []
+        for s, k in keys.items():
+            entry = self._live.get(s)
+            if entry is None:
+                entry = self._live[s] = _Key(k, now)
+            else:
+                entry.key, entry.at = k, now
+            self._recent[s] = entry
+            self._recent.move_to_end(s)
+            out.append(entry)
+        while len(self._recent) > self.size:
+            self._recent.popitem(last=False)  # a held one is still found (weakly referenced)
         return out
 
-    def put(self, keys: dict[str, bytes | None], now: float) -> None:
-        for s, k in keys.items():
-            self._keys[s] = (k, now)
-            self._keys.move_to_end(s)
-        while len(self._keys) > self.size:
-            self._keys.popitem(last=False)
-
     def forget(self, subject: str) -> None:
-        self._keys[subject] = (None, time.monotonic())
+        self.put({subject: None}, time.monotonic())
 
 
 class PayloadCodec:
@@ -158,20 +206,36 @@ class PayloadCodec:
         if self.encrypts:
             _ciphers()  # the optional dependency is there (a clear error if not)
 
-    async def load(self, pids: Iterable[str], *, create: bool) -> None:
+    async def load(self, pids: Iterable[str], *, create: bool) -> KeysInUse:
         """Make the keys of these persistence ids' subjects available to :meth:`seal` / :meth:`open`
-        (``create``: for a write, which makes missing keys and refuses forgotten subjects)."""
+        (``create``: for a write, which makes missing keys and refuses forgotten subjects).
+
+        Returns them: hold the result while sealing or opening with them. A held key is never
+        evicted, however small ``key_cache_size`` is."""
         if self.keys is None:
-            return
+            return ()
         subjects = {self.subject_of(p) for p in pids}
         now = time.monotonic()
-        missing = self.cache.stale(subjects, now)
+        held, missing = self.cache.lookup(subjects, now)  # held across the await
         if missing:
-            self.cache.put(await self.keys.data_keys(sorted(missing), create=create), now)
+            held += self.cache.put(await self.keys.data_keys(sorted(missing), create=create), now)
         if create:
             for s in subjects:
-                if self.cache.get(s)[0] is None:
+                key, known = self.cache.get(s)
+                if not known:
+                    raise SerializationError(f"the key store made no key for {s!r} (a write needs one)")
+                if key is None:
                     raise SubjectForgotten(s)
+        return tuple(held)
+
+    async def key_state(self, subject: str) -> KeyState:
+        """What the key store holds for ``subject`` (asked, not cached)."""
+        if self.keys is None:
+            raise ConfigurationError("this journal does not encrypt: there are no keys")
+        got = await self.keys.data_keys([subject], create=False)
+        if subject not in got:
+            return "none"
+        return "forgotten" if got[subject] is None else "kept"
 
     async def forget(self, subject: str) -> bool:
         if self.keys is None:
@@ -187,8 +251,10 @@ class PayloadCodec:
             flags += "z"
         if self.encrypts:
             subject = self.subject_of(pid)
-            key, _ = self.cache.get(subject)
-            if key is None:  # keys are loaded before a write, so this subject is forgotten
+            key, known = self.cache.get(subject)
+            if not known:
+                raise SerializationError(f"the key of {subject!r} was not loaded before sealing (a caller's bug)")
+            if key is None:
                 raise SubjectForgotten(subject)
             flags += "e"
             aad = _aad(subject, flags, ser_id, manifest)

@@ -88,6 +88,17 @@ class InvalidArgument(JournalError, ValueError):
 class SerializationError(JournalError):
     """An event, metadata or snapshot could not be serialized or deserialized."""
 
+    def located(self, where: str) -> SerializationError:
+        """The same error, of the same type, with where it happened before its message."""
+        return type(self)(f"{where}: {self}")
+
+
+class UnknownVersion(SerializationError):
+    """A stored row names a newer version of a registered type than this release reads
+    (``shop:Placed#4`` while ``shop:Placed`` is registered at version 3): it was written by a
+    newer release. Reading it as plain data would hand handlers a shape they do not expect; to
+    read such rows, register a step from that version to yours (docs/schema-evolution.md)."""
+
 
 class SubjectForgotten(InvalidArgument):
     """The subject's encryption key was deleted for good (crypto-shredding): nothing more is
@@ -207,6 +218,13 @@ class LeaseLost(ProjectionError):
 
 class HandlerFailed(ProjectionError):
     """A projection handler kept failing after its bounded retries; the projection stopped."""
+
+    def __init__(self, message: str, *, stored: str | None = None) -> None:
+        super().__init__(message)
+        self.stored = message if stored is None else stored
+        """What is kept in the database for ``projections status``: without the handler's own
+        error text when the journal encrypts (that text may quote an event's data, and a stored
+        copy would survive forgetting its subject)."""
 
 
 class ProjectionBusy(ProjectionError):

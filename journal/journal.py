@@ -11,14 +11,12 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-import msgspec
-
 from . import runtime, tracing
 from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
 from .bulk import Outcome, Write, outcomes
-from .codec import KeyStore, PayloadCodec, inner_manifest
-from .envelope import TRACE_MANIFEST, EventEnvelope
+from .codec import KeyState, KeyStore, PayloadCodec, inner_manifest
+from .envelope import EventEnvelope
 from .errors import (
     ConfigurationError,
     InvalidArgument,
@@ -42,11 +40,12 @@ from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
 from .query.slices import SliceQueries, envelope_of
 from .query.validation import check_slice_query
-from .serialization import JSON_SERIALIZER_ID, Serialized, SerializerRegistry
+from .serialization import Serialized, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
 from .upcasting import StoredManifest, split_version
-from .write_batch import BatchResult, WriteBatch, WriteFn
+from .write_batch import WriteBatch
+from .write_tracing import carrying, carrying_chunks, trace_metadata, traced_batches
 from .write_validation import WriteValidator
 
 log = logging.getLogger("journal")
@@ -131,7 +130,7 @@ class Journal:
         if tracing.ON:
             return await self._persist_traced(persistence_id, events, expected_seq_nr, tags, metadata)
         if self.serializers.keyed:
-            await self.serializers.load_write_keys((persistence_id,))
+            _held = await self.serializers.load_write_keys((persistence_id,))
         batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
         first, db_timestamp = await self._group_commit.submit(batch)
         return self._written(batch, first, db_timestamp, events, metadata)
@@ -144,11 +143,8 @@ class Journal:
         attributes = {"persistence_id": pid, "events": len(events)}
         with tracing.span("journal.persist", kind="PRODUCER", attributes=attributes):
             if self.serializers.keyed:
-                await self.serializers.load_write_keys((pid,))
-            batch = self._validator.call(pid, events, expected, tags, metadata)
-            if metadata is None:
-                carried = Serialized(JSON_SERIALIZER_ID, TRACE_MANIFEST, tracing.carrier())
-                batch = msgspec.structs.replace(batch, metadata=(carried,))
+                _held = await self.serializers.load_write_keys((pid,))
+            batch = carrying(self._validator.call(pid, events, expected, tags, metadata), trace_metadata())
             tracing.note(batch.persistence_ids[0])  # the batch that writes it links to this span
             try:
                 first, db_timestamp = await self._group_commit.submit(batch)
@@ -173,11 +169,25 @@ class Journal:
         parts = writes if type(writes) is list else list(writes)
         if not parts:
             return []
+        if tracing.ON:
+            with tracing.span("journal.persist_many", kind="PRODUCER", attributes={"parts": len(parts)}):
+                return await self._persist_many(parts, trace_metadata())
+        return await self._persist_many(parts, None)
+
+    async def _persist_many(self, parts: list[Any], carried: Serialized | None) -> list[Outcome]:
+        """:meth:`persist_many`; ``carried``: the trace context its parts without metadata carry."""
         if self.serializers.keyed:
             pids = (p[0] for p in parts if isinstance(p, tuple) and p and type(p[0]) is str)
-            await self.serializers.load_write_keys(pids)  # the validator raises for any other part
+            _held = await self.serializers.load_write_keys(pids)  # the validator raises for any other part
         chunks = self._validator.chunks(parts, self._group_commit.bulk_chunk_calls(len(parts)))
-        batches, results = await self._group_commit.submit_chunks(chunks)
+        noted: list[str] = []
+        if carried is not None:
+            chunks = carrying_chunks(chunks, carried, noted)
+        try:
+            batches, results = await self._group_commit.submit_chunks(chunks)
+        finally:
+            for pid in noted:
+                tracing.forget(pid)
         return [o for b, r in zip(batches, results, strict=True) for o in outcomes(b, r)]
 
     async def persist_in(
@@ -200,9 +210,22 @@ class Journal:
         Raises as :meth:`persist`; after a SequenceConflict caused by a concurrent writer the
         transaction is aborted and must be rolled back.
         """
+        if not tracing.ON:
+            return await self._persist_in(conn, persistence_id, events, expected_seq_nr, tags, metadata, None)
+        attributes = {"persistence_id": persistence_id, "events": len(events)}
+        with tracing.span("journal.persist_in", kind="PRODUCER", attributes=attributes):
+            carried = trace_metadata()
+            return await self._persist_in(conn, persistence_id, events, expected_seq_nr, tags, metadata, carried)
+
+    async def _persist_in(
+        self, conn: Any, pid: str, events: Sequence[Any], expected: int | None, tags: Sequence[str], metadata: Any,
+        carried: Serialized | None,
+    ) -> list[EventEnvelope]:  # fmt: skip
         if self.serializers.keyed:
-            await self.serializers.load_write_keys((persistence_id,))
-        batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
+            _held = await self.serializers.load_write_keys((pid,))
+        batch = self._validator.call(pid, events, expected, tags, metadata)
+        if carried is not None:
+            batch = carrying(batch, carried)
         result = await self.backend.write_on(conn, batch)
         return self._written(batch, result.first_seq_nrs[0], result.db_timestamps[0], events, metadata)
 
@@ -233,7 +256,7 @@ class Journal:
         if expected_seq_nr is None:
             raise InvalidArgument("resolve_persist needs the expected_seq_nr the write was made with")
         if self.serializers.keyed:
-            await self.serializers.load_write_keys((persistence_id,))
+            _held = await self.serializers.load_write_keys((persistence_id,))
         batch = self._validator.call(persistence_id, events, expected_seq_nr, tags, metadata)
         try:
             (got,) = await self.backend.check_write(batch)
@@ -280,7 +303,7 @@ class Journal:
         while nxt <= upper:
             rows = await self.backend.read_events(persistence_id, nxt, upper, page)
             if self.serializers.keyed:
-                await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
+                _held = await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
             for r in rows:
                 yield self.envelope(r)
             if len(rows) < page:
@@ -327,12 +350,26 @@ class Journal:
         Raises:
             ConfigurationError: this journal does not encrypt.
         """
+        return await self._codec_for(subject).forget(subject)
+
+    async def key_state(self, subject: str) -> KeyState:
+        """What the key store holds for ``subject``: ``"kept"`` (a key: its payloads read),
+        ``"forgotten"``, or ``"none"`` (nothing of it was ever encrypted; :meth:`forget` would
+        only mark it forgotten ahead). ``journal forget`` asks it first, so that a mistyped
+        subject is not reported as forgotten.
+
+        Raises:
+            ConfigurationError: this journal does not encrypt.
+        """
+        return await self._codec_for(subject).key_state(subject)
+
+    def _codec_for(self, subject: str) -> PayloadCodec:
         codec = self.serializers.codec
         if codec is None or not codec.encrypts:
             raise ConfigurationError("this journal does not encrypt (codec.encrypt): there is no key to forget")
         if not isinstance(subject, str) or not subject or len(subject) > 255:
             raise InvalidArgument(f"subject must be a non-empty string of at most 255 characters, got {subject!r}")
-        return await codec.forget(subject)
+        return codec
 
     def envelope(self, r: StoredEvent) -> EventEnvelope:
         """Deserialize a stored row into an envelope (offset: the pid's sequence number)."""
@@ -447,7 +484,7 @@ class Journal:
         if r is None:
             return None
         if self.serializers.keyed:
-            await self.serializers.load_keys([(r.persistence_id, r.ser_id)])
+            _held = await self.serializers.load_keys([(r.persistence_id, r.ser_id)])
         return sq.envelope(r, TimestampOffset(r.db_timestamp, {r.persistence_id: r.seq_nr}))
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -473,7 +510,7 @@ class Journal:
             raise InvalidArgument(f"keep must be an int >= 1, got {keep!r}")
         clean_tags = validate_tags(tags)
         if self.serializers.keyed:
-            await self.serializers.load_write_keys((persistence_id,))
+            _held = await self.serializers.load_write_keys((persistence_id,))
         ser = self.serializers.serialize(state, what=f"snapshot of {persistence_id!r}", pid=persistence_id)
         meta: Serialized | None = (
             self.serializers.serialize(metadata, what="snapshot metadata") if metadata is not None else None
@@ -498,7 +535,7 @@ class Journal:
         if row is None:
             return None
         if self.serializers.keyed:
-            await self.serializers.load_keys([(row.persistence_id, row.state.ser_id)])
+            _held = await self.serializers.load_keys([(row.persistence_id, row.state.ser_id)])
         return self._snapshot(row)
 
     async def load_snapshots(self, persistence_id: str, limit: int = 16) -> list[Snapshot | SerializationError]:
@@ -510,7 +547,7 @@ class Journal:
         out: list[Snapshot | SerializationError] = []
         rows = await self.backend.load_snapshots(persistence_id, limit)
         if self.serializers.keyed:
-            await self.serializers.load_keys((r.persistence_id, r.state.ser_id) for r in rows)
+            _held = await self.serializers.load_keys((r.persistence_id, r.state.ser_id) for r in rows)
         for row in rows:
             try:
                 out.append(self._snapshot(row))
@@ -537,20 +574,6 @@ class Journal:
 
     async def delete_snapshot(self, persistence_id: str) -> None:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
-
-
-def traced_batches(write: WriteFn) -> WriteFn:
-    """The group commit's batch writer, in a span linked to the persist spans of its calls
-    (a batch serves calls of many traces) while tracing is on."""
-
-    async def write_batch(batch: WriteBatch) -> BatchResult:
-        if not tracing.ON:
-            return await write(batch)
-        attributes = {"calls": len(batch), "events": batch.events}
-        with tracing.span("journal.write_batch", links=tracing.links_of(batch.persistence_ids), attributes=attributes):
-            return await write(batch)
-
-    return write_batch
 
 
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:

@@ -26,9 +26,9 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import orjson
 
-from .codec import CODEC_SERIALIZER_ID, Forgotten, PayloadCodec
-from .errors import ConfigurationError, SerializationError
-from .upcasting import EventSeq, Upcasters, versioned
+from .codec import CODEC_SERIALIZER_ID, Forgotten, KeysInUse, PayloadCodec
+from .errors import ConfigurationError, SerializationError, UnknownVersion
+from .upcasting import EventSeq, Upcasters, split_version, versioned
 
 BYTES_SERIALIZER_ID = 0
 JSON_SERIALIZER_ID = 1
@@ -140,6 +140,8 @@ class JsonSerializer:
         self._types: dict[str, Callable[[Any], Any]] = {}
         self._manifests: dict[type, str] = {}
         """Types written at a version above 1: their stored manifest (``name#version``)."""
+        self._latest: dict[str, int] = {}
+        """Registered manifest name -> the highest version registered (newer rows: UnknownVersion)."""
 
     def register_type(self, cls: type, manifest: str | None = None, version: int = 1) -> None:
         """Rebuild ``cls`` from stored JSON whose manifest is ``manifest`` (default: its type name).
@@ -149,7 +151,9 @@ class JsonSerializer:
         """
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise ConfigurationError(f"version must be an int >= 1, got {version!r}")
-        name = versioned(manifest or _type_name(cls), version)
+        base = manifest or _type_name(cls)
+        self._latest[base] = max(version, self._latest.get(base, 0))
+        name = versioned(base, version)
         if version > 1:
             self._manifests[cls] = name
         validate = getattr(cls, "model_validate", None)
@@ -178,6 +182,15 @@ class JsonSerializer:
         """The value of (upcast) data: an instance of the type registered for ``manifest``, if any."""
         if manifest and manifest in self._types:
             return self._types[manifest](data)
+        if manifest and self._latest:
+            name, version = split_version(manifest)
+            latest = self._latest.get(name)
+            if latest is not None and version > latest:
+                raise UnknownVersion(
+                    f"{manifest!r} is version {version} of {name!r}, which this release registers up to version "
+                    f"{latest}: written by a newer release? to read it, register an upcaster from version "
+                    f"{version} to {latest} (docs/schema-evolution.md)"
+                )
         return data
 
 
@@ -266,17 +279,21 @@ class SerializerRegistry:
         """True when payloads are encrypted: reads and writes load their subjects' keys first."""
         return self.codec is not None and self.codec.encrypts
 
-    async def load_keys(self, rows: Iterable[tuple[str, int]]) -> None:
+    async def load_keys(self, rows: Iterable[tuple[str, int]]) -> KeysInUse:
         """Before decoding rows, given as (persistence id, serializer id): load the keys their
-        encrypted payloads need (no I/O when they are cached and fresh)."""
-        if self.codec is not None:
-            await self.codec.load((pid for pid, ser_id in rows if ser_id == CODEC_SERIALIZER_ID), create=False)
+        encrypted payloads need (no I/O when they are cached and fresh). Hold the result until
+        the rows are decoded: a key held is not evicted from the cache."""
+        if self.codec is None:
+            return ()
+        return await self.codec.load((pid for pid, ser_id in rows if ser_id == CODEC_SERIALIZER_ID), create=False)
 
-    async def load_write_keys(self, pids: Iterable[str]) -> None:
+    async def load_write_keys(self, pids: Iterable[str]) -> KeysInUse:
         """Before serializing a write: the keys of its persistence ids' subjects (made when
-        missing). Raises SubjectForgotten for a forgotten subject."""
-        if self.codec is not None:
-            await self.codec.load(pids, create=True)
+        missing); hold the result until it is serialized. Raises SubjectForgotten for a
+        forgotten subject."""
+        if self.codec is None:
+            return ()
+        return await self.codec.load(pids, create=True)
 
     @property
     def plain_json_types(self) -> frozenset[type]:
@@ -311,7 +328,7 @@ class SerializerRegistry:
         try:
             out = Serialized(s.identifier, s.manifest(value), s.to_bytes(value))
         except SerializationError as e:
-            raise SerializationError(f"{what}: {e}") from e
+            raise e.located(what) from e
         except Exception as e:  # user serializers may raise anything
             detail = (_changed(value) if s is self.json else "") or str(e)
             raise SerializationError(
@@ -379,6 +396,8 @@ class SerializerRegistry:
             if manifest in self._upcast:
                 return self._upcasted(s, manifest, payload)
             return s.from_bytes(payload, manifest)
+        except SerializationError as e:  # typed (UnknownVersion, an upcaster's): kept so
+            raise e.located(f"cannot deserialize {what} (serializer {ser_id}, manifest {manifest!r})") from e
         except Exception as e:
             raise SerializationError(
                 f"cannot deserialize {what} (serializer {ser_id}, manifest {manifest!r}): {e}"

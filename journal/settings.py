@@ -269,7 +269,8 @@ class ProjectionSettings:
     """Default failure strategy of a projection (each may set its own): ``fail`` (stop at the first
     failure), ``retry-and-fail`` (``handler_attempts`` tries with backoff, then stop),
     ``retry-and-skip`` or ``retry-and-dead-letter`` (then the one poisoned event is isolated and
-    skipped, or parked in ``projection_dead_letter``, and the offset moves past it)."""
+    skipped, or parked in ``projection_dead_letter``, and the offset moves past it). Projections
+    over a slice range and over a tag take every strategy."""
     handler_backoff: float = 0.2
     """Seconds before the first retry; doubles up to ``handler_max_backoff``."""
     handler_max_backoff: float = 5.0
@@ -340,7 +341,8 @@ class CodecSettings:
     """Seconds a cached data key is used before it is checked with the key store again: a subject
     forgotten by another process stops being readable here within this time."""
     key_cache_size: int = 100_000
-    """Data keys kept in memory (least recently used go first)."""
+    """Data keys kept in memory between calls (least recently used go first). Keys in use (by a
+    write or a page being decoded) are kept too, so any size reads and writes correctly."""
     master_key: str | None = None
     """Base64 of 32 bytes: data keys are stored wrapped with it (env ``JOURNAL_CODEC_MASTER_KEY``).
     None: stored as they are (whoever reads the key table can decrypt)."""

@@ -124,11 +124,17 @@ class Upcasters:
             steps += 1
             if steps > MAX_CHAIN:
                 raise SerializationError(f"upcasting {manifest!r} did not end after {MAX_CHAIN} steps (a loop?)")
-            if step.to is not None:
-                todo.append((step.to, step.fn(d)))
-            else:
-                parts = list(step.fn(d))
-                todo.extend(reversed(parts))  # depth first, in order
+            try:
+                if step.to is not None:
+                    todo.append((step.to, step.fn(d)))
+                else:
+                    parts = list(step.fn(d))
+                    todo.extend(reversed(parts))  # depth first, in order
+            except Exception as e:  # the user's function: named, with its error
+                target = f"to {step.to!r}" if step.to is not None else "(a split)"
+                raise SerializationError(
+                    f"upcaster {_name_of(step.fn)} of {m!r} {target} raised {type(e).__name__}: {e}"
+                ) from e
         return out
 
     def registered(self) -> list[str]:
@@ -138,3 +144,12 @@ class Upcasters:
 
 def _same(data: Any) -> Any:
     return data
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    """``module:qualname`` of a function (a lambda says where it was defined)."""
+    code = getattr(fn, "__code__", None)
+    name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+    if code is not None and "<lambda>" in name:
+        name += f" ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
+    return name

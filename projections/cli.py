@@ -376,6 +376,7 @@ def dead_letters_list(
     letters = _with_conn(
         dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).letters(c, name), "dead-letters", databases
     )
+    letters = _opened(letters, dsn, schema, data_dir, databases)
     if as_json:
         typer.echo(letters_json(letters))
         return
@@ -385,6 +386,28 @@ def dead_letters_list(
             f"last {d.last_failure.isoformat()}  {d.error}"
         )
     typer.echo(f"{len(letters)} dead letters of {name}")
+
+
+def _opened(
+    letters: list[Any], dsn: str | None, schema: str | None, data_dir: Path | None, databases: str | None
+) -> list[Any]:
+    """Dead letters sealed with their subjects' keys (an encrypting journal's), opened."""
+    from journal.cli.common import target_dsn
+    from journal.journal import open_journal
+    from journal.sealed_text import is_sealed
+
+    from .dead_letter_store import opened
+
+    if not any(is_sealed(d.error) or is_sealed(d.traceback) for d in letters):
+        return letters
+    settings = _settings(schema, data_dir, databases)
+    target, _ = target_dsn(dsn, settings)
+
+    async def go() -> list[Any]:
+        async with open_journal(target, settings=settings) as j:
+            return await opened(j.serializers, letters)
+
+    return asyncio.run(go())
 
 
 @dead_letters_app.command("retry")

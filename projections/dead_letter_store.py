@@ -1,4 +1,5 @@
-"""Every SQL statement of the dead-letter table (``projection_dead_letter``, issue 26).
+"""Every SQL statement of the dead-letter table (``projection_dead_letter``, issue 26), and the
+sealing of its error and traceback when the journal encrypts (issue 32).
 
 A dead letter is inserted in the offset transaction that moves past the event (so exactly-once
 holds), and deleted in the transaction that applies it on retry (so it is applied once).
@@ -6,10 +7,12 @@ holds), and deleted in the transaction that applies it on retry (so it is applie
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from journal.sealed_text import open_texts, seal_texts
+from journal.serialization import SerializerRegistry
 from journal.settings import validate_identifier
 
 
@@ -30,6 +33,25 @@ class DeadLetter:
     last_failure: datetime
     projection_key: str = ""
 
+
+async def sealed(serializers: SerializerRegistry, pid: str, error: str, tb: str) -> tuple[str, str]:
+    """A dead letter's error and traceback as stored: sealed with the key of the event's subject
+    when the journal encrypts, so that forgetting the subject makes them unreadable too."""
+    e, t = await seal_texts(serializers, pid, [error, tb], DEAD_LETTER_TEXT)
+    return e, t
+
+
+async def opened(serializers: SerializerRegistry, letters: list[DeadLetter]) -> list[DeadLetter]:
+    """Dead letters with their error and traceback readable (sealed ones opened)."""
+    out = []
+    for d in letters:
+        e, t = await open_texts(serializers, d.persistence_id, [d.error, d.traceback], DEAD_LETTER_TEXT)
+        out.append(replace(d, error=e, traceback=t))
+    return out
+
+
+DEAD_LETTER_TEXT = "projection_dead_letter"
+"""The kind of text bound to a sealed dead letter's error and traceback."""
 
 _COLUMNS = (
     "projection_name, persistence_id, seq_nr, slice, db_timestamp, error, traceback, attempts, "

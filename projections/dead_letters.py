@@ -15,14 +15,18 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from journal.envelope import EventEnvelope
+from journal.serialization import SerializerRegistry
 
-from .dead_letter_store import DeadLetter, DeadLetterSql
+from .dead_letter_store import DeadLetter, DeadLetterSql, sealed
 from .handlers import Mode
 from .recovery import Failures
 
 
 class EventLoader(Protocol):
-    """What a retry needs of a journal: one event with its payload (``Journal.load_envelope``)."""
+    """What a retry needs of a journal: one event with its payload (``Journal.load_envelope``),
+    and its serializers (a dead letter that fails again is sealed as the runner seals it)."""
+
+    serializers: SerializerRegistry
 
     async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | None: ...
 
@@ -64,7 +68,8 @@ async def retry(
             took = await _apply(conn, sql, name, letter, env, handler, mode)
         except Exception as e:
             failures.failed(e)
-            await sql.failed_again(conn, name, pid, letter.seq_nr, failures.message, failures.traceback)
+            error, tb = await sealed(journal.serializers, pid, failures.message, failures.traceback)
+            await sql.failed_again(conn, name, pid, letter.seq_nr, error, tb)
             out.failed.append((letter, failures.message))
             blocked.add(pid)
             continue

@@ -21,11 +21,12 @@ from journal import tracing
 from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
+from journal.serialization import SerializerRegistry
 from journal.settings import ProjectionSettings, QueryMode
 from journal.transaction_slots import TransactionSlots
 from journal.waits import wait_set, within
 
-from .dead_letter_store import DeadLetter, DeadLetterSql
+from .dead_letter_store import DeadLetter, DeadLetterSql, sealed
 from .handlers import Mode
 from .outage import Outage, database_unavailable
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
@@ -36,6 +37,9 @@ from .validation import Validator, Verdict
 
 log = logging.getLogger("projections.runner")
 T = TypeVar("T")
+Rows = Any
+"""The offset rows of a processor's kind: ``list[OffsetRow]`` for slices (here), ``{pid: (seq_nr,
+TimeUUID)}`` for a tag (:mod:`.tag_runner`). The isolation of poisoned events works on either."""
 
 
 class EventSource(Protocol):
@@ -84,8 +88,12 @@ class RangeProcessor:
         application_name: str | None = None,
         recovery: HandlerRecovery | None = None,
         transactions: TransactionSlots,
+        serializers: SerializerRegistry | None = None,
     ) -> None:
         self.journal = journal
+        self.serializers = serializers
+        """The journal's: a dead letter's error and traceback are sealed with the event's subject's
+        key when it encrypts (:mod:`journal.sealed_text`)."""
         self.pool = pool
         self.transactions = transactions
         """Every transaction of this processor takes its connection through it: when the pool is
@@ -400,10 +408,9 @@ class RangeProcessor:
         self.stats.committed(len(accepted) - parked, newest, time.monotonic() - started, key=self.key)
 
     async def _commit_rows(
-        self, envs: Sequence[EventEnvelope], rows: list[OffsetRow], attempts: int, failures: Failures | None = None
+        self, envs: Sequence[EventEnvelope], rows: Rows, attempts: int, failures: Failures | None = None
     ) -> None:
         """One transaction: the handler on ``envs`` and the offset ``rows``."""
-        touched = {r.slice: self.epochs[r.slice] for r in rows}
 
         async def body(conn: Any) -> None:
             if envs and self.mode == "grouped":
@@ -411,12 +418,30 @@ class RangeProcessor:
             else:
                 for env in envs:
                     await self.handler(conn, env)
-            await self.sql.save_offsets(conn, self.name, self.key, rows)
+            await self._store(conn, rows)
 
         await self._retrying(
-            body if not tracing.ON else self._traced(body, envs), transactional=True, fence=touched,
+            body if not tracing.ON else self._traced(body, envs), transactional=True, fence=self._fence(rows),
             committed=self._proven_by(rows), attempts=attempts, failures=failures,
         )  # fmt: skip
+
+    # -- the offset rows of this kind of processor (a tag processor has its own) ----------
+
+    async def _store(self, conn: Any, rows: Rows) -> None:
+        """Store offset rows in the transaction on ``conn``."""
+        await self.sql.save_offsets(conn, self.name, self.key, rows)
+
+    def _fence(self, rows: Rows, env: EventEnvelope | None = None) -> dict[int, int]:
+        """The leases (slice -> epoch) a transaction storing ``rows`` (for ``env``) must hold."""
+        touched = {r.slice: self.epochs[r.slice] for r in rows}
+        if not touched and env is not None:
+            touched[env.slice] = self.epochs[env.slice]
+        return touched
+
+    def _rest(self, rows: Rows) -> Rows:
+        """What of a batch's rows is left to store once its events were committed or set aside
+        half by half (the heartbeat rows)."""
+        return [r for r in rows if r.persistence_id == HEARTBEAT_PID]
 
     def _traced(
         self, body: Callable[[Any], Awaitable[None]], envs: Sequence[EventEnvelope]
@@ -443,7 +468,7 @@ class RangeProcessor:
 
         return traced
 
-    def _proven_by(self, rows: list[OffsetRow]) -> Callable[[Any], Awaitable[bool]]:
+    def _proven_by(self, rows: Rows) -> Callable[[Any], Awaitable[bool]]:
         """Did a transaction that stores ``rows`` commit? (asked when its COMMIT got no answer)"""
         proof = next((r for r in rows if r.persistence_id != HEARTBEAT_PID), None)
 
@@ -452,14 +477,13 @@ class RangeProcessor:
 
         return committed
 
-    @staticmethod
-    def _rows_of(envs: Sequence[EventEnvelope]) -> list[OffsetRow]:
+    def _rows_of(self, envs: Sequence[EventEnvelope]) -> Rows:
         latest: dict[str, EventEnvelope] = {}
         for e in envs:
             latest[e.persistence_id] = e
         return [OffsetRow(e.slice, pid, e.seq_nr, e.db_timestamp) for pid, e in latest.items()]
 
-    async def _commit_isolating(self, accepted: Sequence[EventEnvelope], rows: list[OffsetRow]) -> int:
+    async def _commit_isolating(self, accepted: Sequence[EventEnvelope], rows: Rows) -> int:
         """``retry-and-skip`` / ``retry-and-dead-letter``: the batch as one transaction; when it
         fails, halves committed on their own until the poisoned events are alone, each retried
         and then set aside. Returns how many were set aside."""
@@ -472,9 +496,9 @@ class RangeProcessor:
                 await self._park(accepted[0], whole, rows)
                 return 1
         parked = await self._bisect(accepted)
-        beats = [r for r in rows if r.persistence_id == HEARTBEAT_PID]
-        if beats:
-            await self._commit_rows([], beats, self._tries)
+        rest = self._rest(rows)
+        if rest:
+            await self._commit_rows([], rest, self._tries)
         return parked
 
     async def _bisect(self, envs: Sequence[EventEnvelope]) -> int:
@@ -495,24 +519,26 @@ class RangeProcessor:
                 parked += await self._bisect(half)
         return parked
 
-    async def _park(self, env: EventEnvelope, failures: Failures, rows: list[OffsetRow]) -> None:
+    async def _park(self, env: EventEnvelope, failures: Failures, rows: Rows) -> None:
         """Set a poisoned event aside: its dead letter (``retry-and-dead-letter``) and the offset
         ``rows`` that move past it, in one transaction."""
         dead = self.recovery.kind == "retry-and-dead-letter"
         first, last = failures.first, failures.last
         assert first is not None and last is not None
+        error, tb = failures.message, failures.traceback
+        if dead and self.serializers is not None:
+            error, tb = await sealed(self.serializers, env.persistence_id, error, tb)
         letter = DeadLetter(
-            self.name, env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, failures.message,
-            failures.traceback, failures.attempts, first, last, self.key,
+            self.name, env.persistence_id, env.seq_nr, env.slice, env.db_timestamp, error, tb, failures.attempts,
+            first, last, self.key,
         )  # fmt: skip
 
         async def body(conn: Any) -> None:
             if dead:
                 await self.dead_letters.park(conn, letter)
-            await self.sql.save_offsets(conn, self.name, self.key, rows)
+            await self._store(conn, rows)
 
-        touched = {r.slice: self.epochs[r.slice] for r in rows} or {env.slice: self.epochs[env.slice]}
-        await self._retrying(body, transactional=True, fence=touched, committed=self._proven_by(rows))
+        await self._retrying(body, transactional=True, fence=self._fence(rows, env), committed=self._proven_by(rows))
         if dead:
             self.stats.dead_lettered += 1
         else:
@@ -629,16 +655,21 @@ class RangeProcessor:
                 if failures is not None:
                     failures.failed(e)
                 if attempt >= tries:
-                    raise HandlerFailed(
-                        f"projection {self.name!r} slices {self.key}: batch failed {attempt} times, "
-                        f"last error: {type(e).__name__}: {e}"
-                    ) from e
+                    said = f"projection {self.name!r} slices {self.key}: batch failed {attempt} times, last error: "
+                    raise HandlerFailed(f"{said}{type(e).__name__}: {e}", stored=self._stored(said, e)) from e
                 log.warning(
                     "%s %s: batch failed (attempt %d/%d), rolled back, retrying in %.2fs: %s: %s",
                     self.name, self.key, attempt, tries, backoff, type(e).__name__, e,
                 )  # fmt: skip
                 await self._pause(backoff, e)
                 backoff = min(backoff * 2, s.handler_max_backoff)
+
+    def _stored(self, said: str, e: BaseException) -> str | None:
+        """A HandlerFailed's text as stored for ``projections status``: without the handler's
+        error message when the journal encrypts (it may quote the event; see docs/encryption.md)."""
+        if self.serializers is None or not self.serializers.keyed:
+            return None
+        return f"{said}{type(e).__name__} (its message is in the worker's log, not stored: the journal encrypts)"
 
     async def _settle(self, conn: Any, server_pid: int, patience: float = 10.0) -> None:
         """Wait until the server process that ran a COMMIT whose answer was lost is done with it

@@ -9,6 +9,12 @@ tag): the tag query's own per-(tag, pid) numbering finds missing tag rows.
 A tag is one unit of work: its workers share a single lease (slice 0 of the projection's lease
 rows), so one worker processes the tag and the others stand by; the offset transaction is fenced
 by that lease's epoch exactly as a slice range is.
+
+Every failure strategy of an event projection applies (issue 32): ``retry-and-skip`` and
+``retry-and-dead-letter`` isolate a poisoned event by halving the batch, as a slice range does,
+with the tag's offset rows. A dead letter is keyed as any other (projection, pid, seq_nr: one
+event whatever tag brought it), its ``projection_key`` is ``tag:<tag>``, and
+``projections dead-letters retry`` applies it the same way.
 """
 
 from __future__ import annotations
@@ -18,21 +24,23 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from journal.envelope import EventEnvelope
-from journal.errors import ConfigurationError
+from journal.errors import HandlerFailed
 from journal.offsets import Offset, TimeUUIDOffset
 from journal.settings import JournalSettings
 
 from .read_ahead import ReadAhead
-from .recovery import HandlerRecovery
+from .recovery import Failures, HandlerRecovery
 from .runner import _END, RangeProcessor
 from .tag_offset_store import TagOffsetSql
 from .worker import Worker
 
 log = logging.getLogger("projections.tag_runner")
+TagRows = dict[str, tuple[int, uuid.UUID]]
+"""A tag's offset rows: pid -> (seq_nr, TimeUUID offset) (``projection_tag_offset_store``)."""
 
 
 class TagEventSource(Protocol):
@@ -108,9 +116,18 @@ class TagProcessor(RangeProcessor):
                 async def once(_conn: Any, env: EventEnvelope = env) -> None:
                     await self.handler(env)
 
-                await self._retrying(once, transactional=False)
+                failures = Failures()
+                try:
+                    await self._retrying(once, transactional=False, failures=failures)
+                except HandlerFailed:
+                    if not self.recovery.isolates:
+                        raise
+                    await self._park(env, failures, {})  # its offset goes with the next flush
             self._unflushed += len(accepted)
             await self._flush(force=False)
+            return
+        if self.recovery.isolates:
+            await self._commit_tag_isolating(accepted)
             return
 
         async def body(conn: Any) -> None:
@@ -123,8 +140,44 @@ class TagProcessor(RangeProcessor):
 
         await self._commit_tag(body, len(accepted), max(e.db_timestamp for e in accepted))
 
-    async def _commit_tag(self, body: Callable[[Any], Awaitable[None]], n: int, newest: Any) -> None:
-        proof = next(iter(self.pending.items()), None)
+    async def _commit_tag_isolating(self, accepted: list[EventEnvelope]) -> None:
+        """``retry-and-skip`` / ``retry-and-dead-letter``: the batch, or its halves until the
+        poisoned events are alone, each with its offsets (as a slice range does it)."""
+        started = time.monotonic()
+        try:
+            parked = await self._commit_isolating(accepted, dict(self.pending))
+        except BaseException:
+            self.pending = {}
+            raise
+        self._committed()
+        newest = max(e.db_timestamp for e in accepted)
+        self.stats.committed(len(accepted) - parked, newest, time.monotonic() - started)
+
+    def _committed(self) -> None:
+        for pid, (seq_nr, _) in self.pending.items():
+            self.seq_nrs[pid] = seq_nr
+        self.pending = {}
+
+    # -- the tag's offset rows, for the isolation of poisoned events (RangeProcessor's) -----
+
+    async def _store(self, conn: Any, rows: TagRows) -> None:
+        await self.tag_sql.save(conn, self.name, self.tag, rows)
+
+    def _fence(self, rows: TagRows, env: EventEnvelope | None = None) -> dict[int, int]:
+        return dict(self.epochs)  # the tag's one lease
+
+    def _rest(self, rows: TagRows) -> TagRows:
+        return {}
+
+    def _rows_of(self, envs: Sequence[EventEnvelope]) -> TagRows:
+        rows: TagRows = {}
+        for e in envs:
+            assert isinstance(e.offset, TimeUUIDOffset)
+            rows[e.persistence_id] = (e.seq_nr, e.offset.value)
+        return rows
+
+    def _proven_by(self, rows: TagRows) -> Callable[[Any], Awaitable[bool]]:
+        proof = next(iter(rows.items()), None)
 
         async def committed(conn: Any) -> bool:
             if proof is None:
@@ -132,15 +185,18 @@ class TagProcessor(RangeProcessor):
             stored = await self.tag_sql.stored_seq_nr(conn, self.name, self.tag, proof[0])
             return stored is not None and stored >= proof[1][0]
 
+        return committed
+
+    async def _commit_tag(self, body: Callable[[Any], Awaitable[None]], n: int, newest: Any) -> None:
         started = time.monotonic()
         try:
-            await self._retrying(body, transactional=True, fence=dict(self.epochs), committed=committed)
+            await self._retrying(
+                body, transactional=True, fence=dict(self.epochs), committed=self._proven_by(self.pending)
+            )
         except BaseException:
             self.pending = {}
             raise
-        for pid, (seq_nr, _) in self.pending.items():
-            self.seq_nrs[pid] = seq_nr
-        self.pending = {}
+        self._committed()
         self.stats.committed(n, newest, time.monotonic() - started)
 
     async def _flush(self, *, force: bool) -> None:
@@ -184,10 +240,6 @@ class TagWorker(Worker):
             journal, settings, name, f"tag:{tag}", handler, mode, worker_id=worker_id,  # type: ignore[arg-type]
             recovery=recovery,
         )  # fmt: skip
-        if self.recovery.isolates:
-            raise ConfigurationError(
-                f"tag projections support the fail and retry-and-fail strategies, not {self.recovery.kind}"
-            )
         self.tag_sql = TagOffsetSql(settings.schema)
 
     def _start(self, lo: int, hi: int) -> None:

@@ -28,6 +28,7 @@ from journal.backend import SharedConnections
 from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost, UnsupportedOperation
 from journal.ids import NUMBER_OF_SLICES, runs, validate_entity_type, validate_name
 from journal.postgres import PostgresSliceLeases, asyncpg_dsn, driver_error, target_of
+from journal.serialization import SerializerRegistry
 from journal.settings import JournalSettings, QueryMode
 from journal.transaction_slots import TransactionSlots
 from journal.waits import wait_set
@@ -84,6 +85,8 @@ class Worker:
         self.sql = ProjectionSql(settings.schema)
         self.stats = Stats(name)
         self.error: str | None = None
+        self._stored_error: str | None = None
+        """What of ``error`` the worker's row keeps (:attr:`HandlerFailed.stored`)."""
         self.epochs: dict[int, int] = {}
         self.processors: dict[tuple[int, int], tuple[RangeProcessor, asyncio.Task[None]]] = {}
         self._stop = asyncio.Event()
@@ -222,6 +225,11 @@ class Worker:
         m = self.journal.backend.dbs.map
         return [(p.min_slice, p.max_slice) for lo, hi in ranges for p in m.pieces(lo, hi)]
 
+    @property
+    def serializers(self) -> SerializerRegistry | None:
+        """The journal's (they seal dead letters when it encrypts); None for another source."""
+        return self.journal.serializers if isinstance(self.journal, Journal) else None
+
     def _start(self, lo: int, hi: int) -> None:
         assert self._pool is not None
         proc = RangeProcessor(
@@ -230,6 +238,7 @@ class Worker:
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
             mode=self.mode, stats=self.stats, query_mode=self._query_mode(), outage=self.outage,
             application_name=self.application_name, recovery=self.recovery, transactions=self._transactions,
+            serializers=self.serializers,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
         self.processors[(lo, hi)] = (proc, task)
@@ -250,6 +259,7 @@ class Worker:
             exc = task.exception() if not task.cancelled() else None
             if isinstance(exc, HandlerFailed | EventsMissing):
                 self.error = str(exc)
+                self._stored_error = exc.stored if isinstance(exc, HandlerFailed) else self.error
                 log.error("%s: projection stopped: %s", self.worker_id, exc)
             elif isinstance(exc, LeaseLost):
                 log.info("%s: %s", self.worker_id, exc)
@@ -283,7 +293,7 @@ class Worker:
             return
         try:
             self.state = "failed" if self.error else "stopped"
-            await self.leases.leave(state=self.state, events=self.stats.events, error=self.error)
+            await self.leases.leave(state=self.state, events=self.stats.events, error=self._stored_error)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             log.warning("%s: could not release leases (they expire in %ss): %s", self.worker_id, self.ps.lease_ttl, e)
         finally:

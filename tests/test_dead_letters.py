@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -23,6 +23,7 @@ from projections.dead_letter_store import DeadLetterSql
 from projections.dead_letters import retry
 from projections.postgres_store import ProjectionSql
 from projections.recovery import HandlerRecovery
+from projections.tag_offset_store import TagOffsetSql
 from tests.poison_handler import CREATE, project, project_fixed
 from tests.projection_helpers import FAST_ENV, spawn_worker, stop
 from tests.support.waiting import wait_until
@@ -165,8 +166,73 @@ def test_recovery_is_validated() -> None:
             HandlerRecovery.parse(bad, s)
     with pytest.raises(ConfigurationError, match="handler_recovery"):
         JournalSettings.load(env={"JOURNAL_PROJECTION_HANDLER_RECOVERY": "ignore"})
-    with pytest.raises(ConfigurationError, match="tag projections"):
-        TagWorker(None, JournalSettings.load(env={}), "t", "tag", project, recovery="retry-and-skip")  # type: ignore[arg-type]
+    for kind in ("retry-and-skip", "retry-and-dead-letter"):  # tag projections take every strategy
+        tw = TagWorker(None, JournalSettings.load(env={}), "t", "tag", project, recovery=kind)  # type: ignore[arg-type]
+        assert tw.recovery.kind == kind
+
+
+@pytest.mark.parametrize(
+    ("mode", "strategy"),
+    [("grouped", "retry-and-dead-letter"), ("exactly-once", "retry-and-dead-letter"),
+     ("at-least-once", "retry-and-dead-letter"), ("grouped", "retry-and-skip")],
+)  # fmt: skip
+async def test_tag_projections_isolate_skip_and_dead_letter(
+    journal: Journal, conn: asyncpg.Connection, dsn: str, mode: str, strategy: str
+) -> None:
+    """The strategy comes from the global default (JOURNAL_PROJECTION_HANDLER_RECOVERY), which
+    made every tag worker raise before (issue 32)."""
+    settings = JournalSettings.load(
+        env={"JOURNAL_PROJECTION_HANDLER_RECOVERY": strategy}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3,
+        handler_backoff=0.01, heartbeat_offset_interval=0.5, handler_attempts=2, eventual_consistency_delay=0.0,
+    )  # fmt: skip
+    poison = {(2, 1), (4, 2)}
+    for r in range(3):
+        for i in range(6):
+            await journal.persist(f"TG|p{i}", [{"n": r, "poison": (i, r) in poison}], tags=["tdl"])
+    everything = {(f"TG|p{i}", r + 1) for i in range(6) for r in range(3)}
+    poisoned = {("TG|p2", 2), ("TG|p4", 3)}
+    seen: set[tuple[str, int]] = set()
+
+    async def one(c: Any, env: EventEnvelope) -> None:
+        await project(c, [env])
+
+    async def alone(env: EventEnvelope) -> None:  # at-least-once: no transaction of ours
+        if env.event.get("poison"):
+            raise ValueError(f"cannot handle {env.persistence_id} #{env.seq_nr}")
+        seen.add((env.persistence_id, env.seq_nr))
+
+    handlers: dict[str, Callable[..., Awaitable[None]]] = {
+        "grouped": project,
+        "exactly-once": one,
+        "at-least-once": alone,
+    }
+    handler = handlers[mode]
+    name = f"tdl-{mode}-{strategy}"
+    w = TagWorker(journal, settings, name, "tdl", handler, mode)
+    assert w.recovery.kind == strategy
+
+    async def applied() -> set[tuple[str, int]]:
+        return seen if mode == "at-least-once" else await projected(conn)
+
+    await run_until(w, lambda: _applied(applied, everything - poisoned))  # type: ignore[arg-type]
+    assert await applied() == everything - poisoned
+    letters = await DEAD.letters(conn, name)
+    if strategy == "retry-and-dead-letter":
+        assert {(d.persistence_id, d.seq_nr) for d in letters} == poisoned
+        assert {d.projection_key for d in letters} == {"tag:tdl"} and all(d.attempts == 2 for d in letters)
+        assert w.stats.dead_lettered == 2
+    else:
+        assert letters == [] and w.stats.skipped == 2
+    stored = await TagOffsetSql("public").load(conn, name, "tdl")
+    assert stored.seq_nrs == {f"TG|p{i}": 3 for i in range(6)}  # past the poisoned events too
+    if strategy == "retry-and-dead-letter" and mode != "at-least-once":
+        result = await retry(journal, conn, DEAD, name, project_fixed, "grouped")
+        assert {(d.persistence_id, d.seq_nr) for d in result.applied} == poisoned
+        assert await projected(conn) == everything
+
+
+async def _applied(applied: Any, expected: set[tuple[str, int]]) -> bool:
+    return bool(expected <= await applied())
 
 
 async def _has(conn: asyncpg.Connection, expected: set[tuple[str, int]]) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -119,7 +120,8 @@ async def test_a_subject_forgotten_elsewhere_stops_being_readable_within_the_cac
         await j.persist("Person|carol", [{"name": "carol"}])
         assert [e.event async for e in j.current_events_by_persistence_id("Person|carol")] == [{"name": "carol"}]
         cli = [sys.executable, "-c", "from journal.cli import main; main()", "forget", "Person|carol", "--dsn", dsn]
-        out = await asyncio.to_thread(subprocess.run, cli, capture_output=True, text=True, timeout=120)
+        env = {**os.environ, "JOURNAL_CODEC_ENCRYPT": "true"}  # the writers' setting (the command refuses without)
+        out = await asyncio.to_thread(subprocess.run, cli, capture_output=True, text=True, timeout=120, env=env)
         assert out.returncode == 0 and "forgot Person|carol" in out.stdout, out.stderr  # another process
 
         async def forgotten_here() -> bool:

@@ -190,15 +190,15 @@ def test_bookkeeping_survives_snapshot_metadata() -> None:
     book.add_follow_up(FollowUp(3, {"reserved": "x"}, ("shipping|1",)))
     book.add_delivery("d-1", "sink", ["m", 1], live=True)
     book.take_follow_ups()  # in flight when the snapshot is taken: still saved
-    meta = book.to_metadata(serializers)
+    meta = book.to_metadata(serializers, "order|1")
     assert meta is not None
     again = Bookkeeping()
-    again.load_metadata(meta, serializers)
+    again.load_metadata(meta, serializers, "order|1")
     assert again.take_follow_ups() == [FollowUp(3, {"reserved": "x"}, ("shipping|1",))]
     assert {d: (u.destination, u.message) for d, u in again.unconfirmed.items()} == {"d-1": ("sink", ["m", 1])}
     assert again.fresh == []  # delivered by recovery, not as fresh
-    assert Bookkeeping().to_metadata(serializers) is None
-    again.load_metadata({"other": 1}, serializers)
+    assert Bookkeeping().to_metadata(serializers, "order|1") is None
+    again.load_metadata({"other": 1}, serializers, "order|1")
     assert not again.follow_ups and not again.unconfirmed
 
 

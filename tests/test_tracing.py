@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from replication_helpers import Location, location_databases, open_locations
 
-from journal import Entity, EntityRegistry, EventEnvelope, Journal, JournalSettings, tracing
+from journal import Entity, EntityRegistry, EventEnvelope, Journal, JournalSettings, Write, tracing
 from journal.envelope import TRACE_MANIFEST
 from journal.replication.replicator import LocalSource, Replicator
 from projections import Worker
@@ -144,3 +144,44 @@ async def test_off_records_nothing_and_writes_no_trace_metadata(journal: Journal
     await journal.persist("TCart|off", [{"x": 1}])
     [env] = [e async for e in journal.current_events_by_persistence_id("TCart|off")]
     assert env.metadata is None and tracing.context_of(env) is None
+
+
+async def test_every_write_shape_is_traced_to_its_handlers(
+    journal: Journal, settings: JournalSettings, spans: InMemorySpanExporter, dsn: str
+) -> None:
+    """persist_many and persist_in have spans of their own, and their events carry the trace
+    context: the handlers of their events continue the caller's trace (issue 32)."""
+    fast = JournalSettings.load(env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3)
+    applied: list[EventEnvelope] = []
+
+    async def handler(_conn: Any, envs: Sequence[EventEnvelope]) -> None:
+        applied.extend(envs)
+
+    with tracing.span("bulk import") as bulk:
+        await journal.persist_many(
+            [Write(f"TShape|b{i}", [{"i": i}]) for i in range(5)] + [Write("TShape|own", [{"i": 9}], metadata={"m": 1})]
+        )
+    conn = await asyncpg.connect(dsn)
+    try:
+        with tracing.span("outbox transaction") as tx:
+            async with conn.transaction():
+                await journal.persist_in(conn, "TShape|in", [{"i": 10}])
+    finally:
+        await conn.close()
+    worker = Worker(journal, fast, "shapes", "TShape", handler, "grouped")
+    task = asyncio.create_task(worker.run())
+    await wait_until(lambda: len(applied) >= 7 or task.done(), 30, "the projection")
+    worker.stop()
+    await task
+    finished = spans.get_finished_spans()
+    [many] = named(finished, "journal.persist_many")
+    [into] = named(finished, "journal.persist_in")
+    assert many.context.trace_id == bulk.get_span_context().trace_id and many.attributes["parts"] == 6
+    assert into.context.trace_id == tx.get_span_context().trace_id
+    handled = {s.attributes["persistence_id"]: s.context.trace_id for s in named(finished, "projection.handle")}
+    assert handled == {
+        **{f"TShape|b{i}": bulk.get_span_context().trace_id for i in range(5)},
+        "TShape|in": tx.get_span_context().trace_id,
+    }  # the part with metadata of its own carries none (as persist)
+    own = [e for e in applied if e.persistence_id == "TShape|own"]
+    assert [e.metadata for e in own] == [{"m": 1}]

@@ -36,6 +36,7 @@ from . import cassandra as _cassandra  # noqa: E402,F401
 from . import cassandra_local as _cassandra_local  # noqa: E402,F401
 from . import cleanup as _cleanup  # noqa: E402,F401
 from . import endpoint as _endpoint  # noqa: E402,F401
+from . import forget as _forget  # noqa: E402,F401
 from . import manifests as _manifests  # noqa: E402,F401
 from . import migrate as _migrate  # noqa: E402,F401  (registers commands)
 from . import partitions as _partitions  # noqa: E402,F401

@@ -1,4 +1,4 @@
-"""``journal manifests`` (which manifests and versions are stored, with counts) and ``journal forget``."""
+"""``journal manifests``: which manifests and versions are stored, with counts."""
 
 from __future__ import annotations
 
@@ -69,24 +69,3 @@ def _load_registry(spec: str) -> Any:
     if not isinstance(obj, SerializerRegistry):
         raise ConfigurationError(f"{spec!r} is not a SerializerRegistry (or a function returning one)")
     return obj
-
-
-@app.command()
-def forget(
-    subject: Annotated[str, typer.Argument(help="The subject whose key goes (by default a persistence id).")],
-    dsn: DsnOption = None,
-    schema: SchemaOption = None,
-    data_dir: DataDirOption = None,
-) -> None:
-    """Crypto-shredding: delete a subject's encryption key for good (its payloads become unreadable)."""
-    from ..journal import open_journal
-
-    settings = settings_from(schema, data_dir, encrypt=True)
-    target, _ = target_dsn(dsn, settings)
-
-    async def go() -> bool:
-        async with open_journal(target, settings=settings) as j:
-            return await j.forget(subject)
-
-    had = asyncio.run(go())
-    typer.echo(f"forgot {subject}" if had else f"{subject} had no key (it is marked forgotten now)")

@@ -514,8 +514,10 @@ class EntityCell:
         result = SnapshotResult(self.persistence_id, seq)
         try:
             state = entity.snapshot_state()
+            serializers = self._journal.serializers
+            _held = await serializers.load_write_keys([self.persistence_id]) if serializers.keyed else ()
             meta = {
-                **(bookkeeping(entity).to_metadata(self._journal.serializers) or {}),
+                **(bookkeeping(entity).to_metadata(serializers, self.persistence_id) or {}),
                 **(snapshot_route_metadata(entity) or {}),
             }
             async with self._snapshot_lock:  # in order: an older one never lands after a newer one

@@ -7,6 +7,7 @@ import asyncio
 import logging
 from typing import Any
 
+from ..codec import CODEC_SERIALIZER_ID
 from ..errors import JournalUnavailable, RecoveryFailed, SerializationError
 from ..journal import Journal
 from ..settings import EntitySettings
@@ -38,25 +39,26 @@ async def recover(entity: Entity[Any], journal: Journal, settings: EntitySetting
             )
             await asyncio.sleep(settings.replay_retry_delay)
             entity.state = entity.initial_state()
-            bookkeeping(entity).load_metadata(None, journal.serializers)
+            bookkeeping(entity).load_metadata(None, journal.serializers, pid)
             set_sequence_nr(entity, 0)
 
 
 async def _recover_once(entity: Entity[Any], journal: Journal, settings: EntitySettings) -> None:
     pid = entity.persistence_id
     seq = 0
+    _held = await journal.serializers.load_keys([(pid, CODEC_SERIALIZER_ID)])  # for the snapshot's bookkeeping
     for snap in await journal.load_snapshots(pid, settings.snapshots_per_emitter_max):
         if isinstance(snap, SerializationError):
             log.warning("a snapshot of %s does not load (%s): trying an older one", pid, snap)
             continue
         try:
             entity.state = entity.restore_snapshot(snap.state)
-            bookkeeping(entity).load_metadata(snap.metadata, journal.serializers)
+            bookkeeping(entity).load_metadata(snap.metadata, journal.serializers, pid)
             restore_route_marks(entity, snap.metadata)
         except Exception as e:
             log.warning("snapshot of %s at %d does not restore (%s): trying an older one", pid, snap.seq_nr, e)
             entity.state = entity.initial_state()
-            bookkeeping(entity).load_metadata(None, journal.serializers)
+            bookkeeping(entity).load_metadata(None, journal.serializers, pid)
             continue
         seq = snap.seq_nr
         break

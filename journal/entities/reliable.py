@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..codec import Forgotten
 from ..envelope import EventEnvelope
 from ..errors import SerializationError
 from ..serialization import SerializerRegistry
@@ -135,25 +136,30 @@ class Bookkeeping:
 
     # -- snapshots -----------------------------------------------------------------------------
 
-    def to_metadata(self, serializers: SerializerRegistry) -> dict[str, Any] | None:
-        """Snapshot metadata holding what a snapshot's state alone would lose (None: nothing)."""
+    def to_metadata(self, serializers: SerializerRegistry, pid: str) -> dict[str, Any] | None:
+        """Snapshot metadata holding what a snapshot's state alone would lose (None: nothing).
+        The events and messages in it are sealed with ``pid``'s key when the journal encrypts
+        (their keys loaded first), as the snapshot's state is: forgetting the subject reaches them."""
         if not self.follow_ups and not self.unconfirmed:
             return None
         return {
             SNAPSHOT_KEY: {
                 "follow_ups": [
-                    [f.trigger, _encode(serializers, f.event), list(f.destinations)]
+                    [f.trigger, _encode(serializers, f.event, pid), list(f.destinations)]
                     for t in sorted(self.follow_ups)
                     for f in self.follow_ups[t]
                 ],
                 "unconfirmed": [
-                    [d, u.destination, _encode(serializers, u.message), u.seq_nr] for d, u in self.unconfirmed.items()
+                    [d, u.destination, _encode(serializers, u.message, pid), u.seq_nr]
+                    for d, u in self.unconfirmed.items()
                 ],
             }
         }
 
-    def load_metadata(self, metadata: Any, serializers: SerializerRegistry) -> None:
-        """Take over what :meth:`to_metadata` stored (nothing when the snapshot has none)."""
+    def load_metadata(self, metadata: Any, serializers: SerializerRegistry, pid: str) -> None:
+        """Take over what :meth:`to_metadata` stored (nothing when the snapshot has none); the
+        keys of ``pid`` loaded first. What reads as Forgotten (the subject was forgotten) is
+        dropped: a forgotten entity's pending outputs go with it."""
         self.follow_ups.clear()
         self.in_flight.clear()
         self.unconfirmed.clear()
@@ -163,20 +169,25 @@ class Bookkeeping:
             return
         try:
             for trigger, event, dests in part.get("follow_ups", ()):
-                self.add_follow_up(FollowUp(int(trigger), _decode(serializers, event), tuple(dests)))
+                value = _decode(serializers, event, pid)
+                if type(value) is not Forgotten:
+                    self.add_follow_up(FollowUp(int(trigger), value, tuple(dests)))
             for delivery_id, destination, message, *asked_by in part.get("unconfirmed", ()):
-                self.unconfirmed[str(delivery_id)] = Unconfirmed(
-                    str(destination), _decode(serializers, message), int(asked_by[0]) if asked_by else 0
-                )
+                value = _decode(serializers, message, pid)
+                if type(value) is not Forgotten:
+                    self.unconfirmed[str(delivery_id)] = Unconfirmed(
+                        str(destination), value, int(asked_by[0]) if asked_by else 0
+                    )
         except (TypeError, ValueError) as e:
             raise SerializationError(f"snapshot bookkeeping does not load: {e}") from e
 
 
-def _encode(serializers: SerializerRegistry, value: Any) -> list[Any]:
-    s = serializers.serialize(value, what="a follow-up event or delivery in a snapshot")
+def _encode(serializers: SerializerRegistry, value: Any, pid: str) -> list[Any]:
+    s = serializers.serialize(value, what="a follow-up event or delivery in a snapshot", pid=pid)
     return [s.ser_id, s.manifest, base64.b64encode(s.payload).decode("ascii")]
 
 
-def _decode(serializers: SerializerRegistry, encoded: Sequence[Any]) -> Any:
+def _decode(serializers: SerializerRegistry, encoded: Sequence[Any], pid: str) -> Any:
     ser_id, manifest, payload = encoded
-    return serializers.deserialize(int(ser_id), str(manifest), base64.b64decode(payload), what="snapshot bookkeeping")
+    raw = base64.b64decode(payload)
+    return serializers.deserialize(int(ser_id), str(manifest), raw, what="snapshot bookkeeping", pid=pid)

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import tracing
 from ..backend import PageRequest, SliceQueryBackend, SliceRange, StoredEvent
+from ..codec import KeysInUse
 from ..conditions import Condition
 from ..envelope import TRACE_MANIFEST, EventEnvelope, page_envelopes, with_trace
 from ..errors import JournalUnavailable, SerializationError
@@ -47,7 +48,7 @@ def envelope_of(
         traced = m is not None and m.manifest == TRACE_MANIFEST
         meta = deserialize(m.ser_id, m.manifest, m.payload, what="metadata") if m is not None and not traced else None
     except SerializationError as e:
-        raise SerializationError(f"{r.persistence_id}#{r.seq_nr}: {e}") from e
+        raise e.located(f"{r.persistence_id}#{r.seq_nr}") from e
     env = EventEnvelope(
         r.persistence_id, r.entity_type, r.slice, r.seq_nr, r.db_timestamp, event, offset,
         r.tags, meta, r.writer, r.payload is not None, source,
@@ -138,9 +139,12 @@ class SliceQueries:
             while pending is not None:
                 rows = await pending
                 pending = None
-                if self.serializers.keyed:
+                keys = (
                     await self.serializers.load_keys((r["persistence_id"], r["event_ser_id"]) for r in rows)
-                page = _Page(rows, state.offset, self.serializers)
+                    if self.serializers.keyed
+                    else ()
+                )
+                page = _Page(rows, state.offset, self.serializers, keys)
                 if rows:
                     state.offset = page.offset_at(len(rows) - 1)
                 state.accept_page(req, len(rows), rows[-1]["db_timestamp"] if rows else None, bound)
@@ -282,12 +286,12 @@ class SliceQueries:
                     continue
                 earlier = await order.before(pid, first, seq_nr, r.db_timestamp)
                 if self.serializers.keyed:
-                    await self.serializers.load_keys((e.persistence_id, e.ser_id) for e in earlier)
+                    _held = await self.serializers.load_keys((e.persistence_id, e.ser_id) for e in earlier)
                 for e in earlier:
                     yield self.envelope(e, bt.offset_for(e), source="backtracking")
                 full = await b.load_event(pid, seq_nr)
                 if full is not None and self.serializers.keyed:
-                    await self.serializers.load_keys([(full.persistence_id, full.ser_id)])
+                    _held = await self.serializers.load_keys([(full.persistence_id, full.ser_id)])
                 bt.mark(pid, seq_nr, r.db_timestamp)
                 if full is None:  # deleted meanwhile
                     continue
@@ -325,7 +329,7 @@ class SliceQueries:
                 if down.active:
                     down.clear(f"live events of {pid}: database available again")
                 if self.serializers.keyed:
-                    await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
+                    _held = await self.serializers.load_keys((r.persistence_id, r.ser_id) for r in rows)
                 for r in rows:
                     yield self.envelope(r, SeqOffset(r.seq_nr))
                     nxt = r.seq_nr + 1
@@ -344,10 +348,14 @@ class _Page:
     that timestamp: what ``SliceQueryState.offset_for`` gives row by row, computed only on demand.
     """
 
-    __slots__ = ("_events", "_memo", "_offsets", "base", "rows", "serializers")
+    __slots__ = ("_events", "_memo", "_offsets", "base", "keys", "rows", "serializers")
 
-    def __init__(self, rows: list[Any], base: TimestampOffset | None, serializers: SerializerRegistry) -> None:
+    def __init__(
+        self, rows: list[Any], base: TimestampOffset | None, serializers: SerializerRegistry, keys: KeysInUse = ()
+    ) -> None:
         self.rows = rows
+        self.keys = keys
+        """The page's keys, held while its envelopes may still be decoded (not evicted meanwhile)."""
         self.base = base
         self.serializers = serializers
         self._memo: tuple[int, TimestampOffset] | None = None
@@ -363,7 +371,7 @@ class _Page:
                 r["event_ser_id"], r["event_ser_manifest"], r["event_payload"], pid=r["persistence_id"]
             )
         except SerializationError as e:
-            raise SerializationError(f"{r['persistence_id']}#{r['seq_nr']}: {e}") from e
+            raise e.located(f"{r['persistence_id']}#{r['seq_nr']}") from e
         self._events[i] = event
         return event
 
@@ -373,7 +381,7 @@ class _Page:
                 r["meta_ser_id"], r["meta_ser_manifest"] or "", r["meta_payload"] or b"", what="metadata"
             )
         except SerializationError as e:
-            raise SerializationError(f"{r['persistence_id']}#{r['seq_nr']}: {e}") from e
+            raise e.located(f"{r['persistence_id']}#{r['seq_nr']}") from e
 
     def offset_at(self, i: int) -> TimestampOffset:
         o = self._offsets.get(i)

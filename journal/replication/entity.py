@@ -81,7 +81,7 @@ class ReplicatedEntities:
         pid = entity.persistence_id
         stored = await self.store.entity_events(pid)
         if serializers.keyed:
-            await serializers.load_keys((pid, ser.ser_id) for ser, *_ in stored)
+            _held = await serializers.load_keys((pid, ser.ser_id) for ser, *_ in stored)
         fold.add(
             Versioned(event, vt, origin, seq)
             for ser, origin, seq, vt in stored

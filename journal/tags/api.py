@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..backend import Backend, TagPageRow
+from ..backend import SEQ_NR, Backend, TagPageRow
+from ..codec import KeysInUse
 from ..envelope import EventEnvelope, tag_page_envelopes
-from ..errors import OffsetError
+from ..errors import OffsetError, SerializationError
 from ..ids import entity_type_of, slice_for, validate_tags
 from ..offsets import NoOffset, Offset, TimeUUIDOffset
 from ..serialization import SerializerRegistry
@@ -45,19 +46,23 @@ class _TagPage:
     event when first asked, once, and makes its offset and timestamp from the row's TimeUUID
     (:class:`~journal.envelope.LazySource`)."""
 
-    __slots__ = ("_events", "rows", "serializers")
+    __slots__ = ("_events", "keys", "rows", "serializers")
 
-    def __init__(self, rows: Sequence[TagPageRow], serializers: SerializerRegistry) -> None:
+    def __init__(self, rows: Sequence[TagPageRow], serializers: SerializerRegistry, keys: KeysInUse = ()) -> None:
         self.rows = rows
         self.serializers = serializers
+        self.keys = keys
+        """The run's keys, held while its envelopes may still be decoded (not evicted meanwhile)."""
         self._events: dict[int, Any] = {}
 
     def event_at(self, i: int) -> Any:
         if i not in self._events:
             r = self.rows[i]
             pid = r["persistence_id"]
-            ser = self.serializers
-            self._events[i] = ser.deserialize(r["ser_id"], r["ser_manifest"], r["event"], what=pid, pid=pid)
+            try:
+                self._events[i] = self.serializers.deserialize(r["ser_id"], r["ser_manifest"], r["event"], pid=pid)
+            except SerializationError as e:  # named as the slice queries name it: pid#seq_nr
+                raise e.located(f"{pid}#{r[SEQ_NR]}") from e
         return self._events[i]
 
     def offset_at(self, i: int) -> TimeUUIDOffset:
@@ -76,8 +81,8 @@ async def envelopes(query: TagQuery, serializers: SerializerRegistry) -> AsyncIt
     """The query's rows as envelopes built lazily a run at a time (payload decoded, offset made
     on first access): the catch-up hot path."""
     async for rows in query.pages():
-        if serializers.keyed:
-            await serializers.load_keys((r["persistence_id"], r["ser_id"]) for r in rows)
-        page = _TagPage(rows, serializers)
+        keyed = serializers.keyed
+        keys = await serializers.load_keys((r["persistence_id"], r["ser_id"]) for r in rows) if keyed else ()
+        page = _TagPage(rows, serializers, keys)
         for env in tag_page_envelopes(rows, page, page.metadata, entity_type_of, slice_for):
             yield env
