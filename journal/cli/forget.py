@@ -16,8 +16,8 @@ import typer
 
 from ..errors import ConfigurationError, InvalidArgument
 from . import app
-from .common import DataDirOption, DsnOption, SchemaOption
-from .partitions import DatabasesOption, partition_settings
+from .common import DatabasesOption, DataDirOption, DsnOption, SchemaOption
+from .partitions import partition_settings
 
 
 @app.command()
