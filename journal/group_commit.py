@@ -179,7 +179,9 @@ class GroupCommit:
         self._bulk_in_flight = bulk_in_flight
         self._running: set[asyncio.Task[None]] = set()
         self._apart: set[asyncio.Task[None]] = set()
-        """Calls waiting for their slice range on their own (they hold no slot)."""
+        """Calls of queued batches waiting for their slice range on their own (they hold no slot)."""
+        self._direct_apart = 0
+        """Callers' own writes (the idle paths) waiting so."""
         self._scheduled = False
         self._direct = 0
         self._releasing = 0
@@ -188,7 +190,10 @@ class GroupCommit:
         self.calls_written = 0
 
     def _idle(self) -> bool:
-        return not self._running and not self._direct and not self._planner.queue and not self._apart
+        return (
+            not self._running and not self._direct and not self._planner.queue and not self._apart
+            and not self._direct_apart
+        )  # fmt: skip
 
     def submit(self, batch: WriteBatch) -> Awaitable[CallResult]:
         """The result of a batch of one call: from the batch it joins, or (idle journal) from
@@ -279,6 +284,7 @@ class GroupCommit:
             results = await self._write_chunks(feed())
             if any(map(deferred, results)):  # calls waiting for their range: free the slot, wait apart
                 self._direct -= 1
+                self._direct_apart += 1
                 direct = False
                 if self._planner.queue:
                     self._pump()
@@ -297,6 +303,8 @@ class GroupCommit:
                 in_flight.difference_update(chunk.persistence_ids)
             if direct:
                 self._direct -= 1
+            else:
+                self._direct_apart -= 1
             if self._planner.queue:
                 self._pump()
         self.batches_written += len(results)
@@ -314,6 +322,7 @@ class GroupCommit:
             later = deferred(result)
             if later is not None:  # its range must be waited for: free the slot, wait apart
                 self._direct -= 1
+                self._direct_apart += 1
                 direct = False
                 if self._planner.queue:
                     self._pump()
@@ -321,6 +330,8 @@ class GroupCommit:
         finally:
             if direct:
                 self._direct -= 1
+            else:
+                self._direct_apart -= 1
             self._planner.in_flight_pids.discard(pid)
             if self._planner.queue:
                 self._pump()
@@ -425,13 +436,15 @@ class GroupCommit:
         """Refuse new calls, then write everything already queued or in flight, and deliver
         every result (a batch's second wave is woken one loop turn after its first)."""
         self._closed = True
-        while self._running or self._planner.queue or self._direct or self._releasing or self._apart:
+        while (
+            self._running or self._planner.queue or self._direct or self._releasing or self._apart or self._direct_apart
+        ):
             self._pump()
             if not self._running and self._apart:
                 await asyncio.gather(*list(self._apart), return_exceptions=True)
                 continue
             if not self._running:
-                if self._direct:
+                if self._direct or self._direct_apart:
                     await asyncio.sleep(0.001)  # a caller's own write is finishing; it pumps the queue after
                 elif self._releasing:
                     await asyncio.sleep(0)  # one loop turn: the pending _release runs

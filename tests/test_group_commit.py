@@ -184,14 +184,16 @@ async def test_a_call_waiting_for_its_range_is_finished_apart_in_order_without_a
         held = [i for i, p in enumerate(batch.persistence_ids) if p.startswith("fenced") and not fence.is_set()]
         for i, p in enumerate(batch.persistence_ids):
             if i not in held:
-                written.append(p)
+                written.append(f"{p}@{batch.expected_seq_nrs[i]}")
                 out.written(i, (batch.expected_seq_nrs[i] or 0) + 1, now)
         if held:
             rest = batch.select(held)
 
             async def finish() -> BatchResult:
                 await fence.wait()
-                written.extend(rest.persistence_ids)
+                if None in rest.expected_seq_nrs:  # a first call finishes slowly: a later one must not pass it
+                    await asyncio.sleep(0.05)
+                written.extend(f"{p}@{e}" for p, e in zip(rest.persistence_ids, rest.expected_seq_nrs, strict=True))
                 return all_written(rest, now)
 
             later = WriteLater(held, finish)
@@ -200,7 +202,10 @@ async def test_a_call_waiting_for_its_range_is_finished_apart_in_order_without_a
         return out.result()
 
     gc = GroupCommit(write_batch, no_chunks, max_batch_events=50, max_in_flight=1)
-    first = asyncio.ensure_future(gc.submit(call("busy|0")))  # the idle path: the others queue behind it
+    alone = asyncio.ensure_future(gc.submit(call("fenced|0")))  # the idle path, deferred
+    await wait_until(lambda: gc._direct_apart == 1, 5, "the lone call waiting apart")
+    after = asyncio.ensure_future(gc.submit(call("fenced|0", expected=1)))  # queued: not the idle path
+    first = asyncio.ensure_future(gc.submit(call("busy|0")))
     waiting = asyncio.ensure_future(gc.submit(call("fenced|1")))
     others = [asyncio.ensure_future(gc.submit(call(f"p|{i}"))) for i in range(100)]
     again = asyncio.ensure_future(gc.submit(call("fenced|1", expected=1)))  # the same pid, later
@@ -208,8 +213,11 @@ async def test_a_call_waiting_for_its_range_is_finished_apart_in_order_without_a
     more = [asyncio.ensure_future(gc.submit(call(f"q|{i}"))) for i in range(100)]
     await asyncio.wait_for(asyncio.gather(*more), timeout=5)  # the slot is free for new batches
     assert not waiting.done() and not again.done()
-    assert "fenced|1" not in written
+    assert not [p for p in written if p.startswith("fenced")]
+    assert not alone.done() and not after.done()
     fence.set()
     assert (await waiting)[0] == 1 and (await again)[0] == 2
-    assert [p for p in written if p == "fenced|1"] == ["fenced|1", "fenced|1"]
+    assert (await alone)[0] == 1 and (await after)[0] == 2
+    assert [p for p in written if p.startswith("fenced|0")] == ["fenced|0@None", "fenced|0@1"]  # in order
+    assert [p for p in written if p.startswith("fenced|1")] == ["fenced|1@None", "fenced|1@1"]
     await gc.close()
