@@ -242,7 +242,7 @@ async def _waiting_on_lock(dsn: str) -> bool:
 async def test_a_batch_holding_a_call_of_a_fenced_range_answers_the_others_at_once(parts: list[str]) -> None:
     """A live move fences 512-767 (stopped at its fence by a lock): one write of that range
     and a hundred of other slices, of both databases, sent together: the hundred are answered
-    at once, the one when the move is done."""
+    at once, the one when the move is done. A second move of the range meanwhile is refused."""
     dbs, target = parts[:2], parts[2]
     fenced = pids_of("Batch", LO, HI, 1)[0]
     others = pids_of("Batch", 0, 511, 50) + pids_of("Batch", HI + 1, 1023, 50)
@@ -260,6 +260,9 @@ async def test_a_batch_holding_a_call_of_a_fenced_range_answers_the_others_at_on
             await asyncio.wait_for(asyncio.gather(first, *rest), FENCE_WAIT / 4)
             assert time.monotonic() - started < 3.0
             assert not waiting.done()
+            second = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=PIPE, stderr=PIPE)
+            _, said = await asyncio.wait_for(second.communicate(), 60)  # a second move of the range: refused
+            assert second.returncode == 2 and "another move of slices 512-767 is running" in said.decode(), said
             await at_fence.release()
             _, err = await asyncio.wait_for(tool.communicate(), 120)
             assert tool.returncode == 0, err.decode()

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Sequence
 from datetime import datetime
 
-from ..errors import JournalUnavailable
+from ..errors import JournalError, JournalUnavailable
 from ..postgres import FENCED, INCOMING, MOVED, OWNED, PartitionRow, redact
 from .databases import Databases
 from .layout import NOWHERE
@@ -60,6 +60,8 @@ class DeadMoves:
                         changed |= await self._switch(s, seen)
                 except JournalUnavailable as e:  # that database is down: its slices wait on
                     log.debug("looking for a dead move of slice %s: %s", s, e)
+                except JournalError as e:  # a state no move leaves (changed by hand?): said, left alone
+                    log.warning("slice %s waits for a move in a state this journal does not finish: %s", s, e)
             return changed
 
     async def _lapse(self, source: int, slice_: int, seen: set[tuple[int, int]]) -> bool:
