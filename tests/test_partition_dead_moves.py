@@ -275,3 +275,39 @@ async def test_a_batch_holding_a_call_of_a_fenced_range_answers_the_others_at_on
                 await tool.wait()
     rows = await stored(target, "SELECT seq_nr FROM event_journal WHERE persistence_id = $1", fenced)
     assert sorted(r[0] for r in rows) == [1, 2]
+
+
+async def test_a_mover_killed_9_during_the_copy_is_given_up_by_the_next_delete(parts: list[str]) -> None:
+    """Killed while it copies (the range ``moving``: writes go on, deletes wait for the move): the
+    next delete finds the mover gone, gives the move up and goes on within seconds; the move run
+    again copies afresh, so the deleted events do not come back from the first copy."""
+    dbs, target = parts[:2], parts[2]
+    source = dbs[1]
+    pids = pids_of("DeadCopy", LO, HI, 20)
+    async with partitioned(dbs, eventual_consistency_delay=0.0, fence_wait=FENCE_WAIT) as j:
+        for p in pids:
+            await j.persist(p, [{"n": k} for k in range(1, 21)])
+        at_copy = await Held(target, "LOCK TABLE event_journal IN SHARE MODE").take()
+        tool = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=DEVNULL, stderr=DEVNULL)
+        try:
+            await wait_until(lambda: state_is(source, "moving"), 120, "the copy", every=0.01)
+            await wait_until(lambda: _waiting_on_lock(target), 30, "the mover stopped in its copy")
+            tool.send_signal(signal.SIGKILL)
+            await tool.wait()
+        finally:
+            if tool.returncode is None:
+                tool.kill()
+                await tool.wait()
+            await at_copy.release()
+        await j.persist(pids[1], [{"n": 21}])  # writes go on meanwhile
+        started = time.monotonic()
+        await j.delete_events_to(pids[0], 10)
+        assert time.monotonic() - started < BACK_WITHIN
+        assert await state_is(source, "owned") and await stored(source, "SELECT 1 FROM slice_move") == []
+        rerun = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=PIPE, stderr=PIPE)
+        _, err = await asyncio.wait_for(rerun.communicate(), 120)
+        assert rerun.returncode == 0, err.decode()
+        assert [e.seq_nr async for e in j.current_events_by_persistence_id(pids[0])] == list(range(11, 21))
+        assert [e.seq_nr async for e in j.current_events_by_persistence_id(pids[1])] == list(range(1, 22))
+    on_target = await stored(target, "SELECT seq_nr FROM event_journal WHERE persistence_id = $1", pids[0])
+    assert sorted(r[0] for r in on_target) == list(range(11, 21))

@@ -9,6 +9,9 @@ range looks, every :data:`LOOK_EVERY` seconds, whether a live move still holds i
 - a range ``fenced`` at its source goes back to ``moving`` there: writable again at once, its
   copy so far kept (the source's move record says ``fence lapsed``; running the move again fences
   it anew, and its last pass copies what was written meanwhile);
+- a range ``moving`` at its source (the move died while copying; only deletes wait for it) is
+  given up: ``owned`` there again, the record gone; the target's copies stay unserved
+  (``incoming``) and the next move of the range removes them before it copies;
 - a range its source marked ``moved`` (the commit point: every row was copied) that its target
   does not serve yet is switched to the target, from a floor above the source's clock, as the
   move would have (the record says ``switch finished``; running the move again removes the
@@ -28,7 +31,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from ..errors import JournalError, JournalUnavailable
-from ..postgres import FENCED, INCOMING, MOVED, OWNED, PartitionRow, redact
+from ..postgres import FENCED, INCOMING, MOVED, MOVING, OWNED, PartitionRow, redact
 from .databases import Databases
 from .layout import NOWHERE
 
@@ -58,6 +61,8 @@ class DeadMoves:
                         changed |= await self._lapse(m.owners[s], s, seen)
                     elif m.owners[s] == NOWHERE:
                         changed |= await self._switch(s, seen)
+                    else:  # a delete waits for a range being copied
+                        changed |= await self._abandon(m.owners[s], s, seen)
                 except JournalUnavailable as e:  # that database is down: its slices wait on
                     log.debug("looking for a dead move of slice %s: %s", s, e)
                 except JournalError as e:  # a state no move leaves (changed by hand?): said, left alone
@@ -75,6 +80,21 @@ class DeadMoves:
         log.warning(
             "slices %s-%s: the move fencing them on %s is gone; the fence lapsed (writes go on there; "
             "run `journal partitions move` again to finish the move)",
+            row.min_slice, row.max_slice, self.dbs.names[source],
+        )  # fmt: skip
+        return True
+
+    async def _abandon(self, source: int, slice_: int, seen: set[tuple[int, int]]) -> bool:
+        row = _covering(self.dbs.rows_of(source), slice_, MOVING)
+        if row is None or (source, row.min_slice) in seen:
+            return False
+        seen.add((source, row.min_slice))
+        b = await self.dbs.usable(source)
+        if not await b.partitions().abandon_move(row.min_slice):
+            return False
+        log.warning(
+            "slices %s-%s: the move copying them from %s is gone; it is given up (the range is owned there "
+            "again, its deletes go on; run `journal partitions move` again to move it)",
             row.min_slice, row.max_slice, self.dbs.names[source],
         )  # fmt: skip
         return True

@@ -234,8 +234,11 @@ class SliceMove:
                 f"the target {redact(self.target_dsn)} holds events but no partition map: it is another "
                 "journal's database"
             )
+        before = {r.min_slice: r.state for r in await dst.partitions().rows()}.get(self.lo)
         await dst.partitions().set_range(self.lo, self.hi, INCOMING, epoch, source_loc, expect=(None, INCOMING))
         if rec is None:
+            if before == INCOMING:  # a given-up move's copies (never served): copied afresh
+                await dst.partitions().remove_range(self.lo, self.hi)
             await src.partitions().start_move(self.lo, self.hi, target_loc, epoch, "moving")
         await src.partitions().set_range(self.lo, self.hi, MOVING, epoch, target_loc, expect=(OWNED, MOVING, FENCED))
         await self.dbs.reload()
@@ -343,6 +346,6 @@ async def move_state(journal: PartitionedBackend, source: int, rec: MoveRecord) 
             "go on here; run the move again to finish it"
         )
     return (
-        f"{head}: interrupted during the copy (no move is running): writes of the range go on here, its "
-        "deletes wait until the move is finished: run the move again"
+        f"{head}: interrupted during the copy (no move is running): writes of the range go on here; its next "
+        "delete gives the move up (run the move again to move the range)"
     )

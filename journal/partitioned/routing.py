@@ -57,8 +57,8 @@ class Router:
         if loop.time() > deadline:
             raise JournalUnavailable(
                 f"{what}: the slices' database did not settle within partitions.fence_wait "
-                f"({self.fence_wait}s): a move of their range is under way, or was interrupted and "
-                "its database is unreachable (`journal partitions show` says which)"
+                f"({self.fence_wait}s): a move of their range is under way, or was interrupted "
+                "(`journal partitions show` says which)"
             )
         if waiting:
             await asyncio.sleep(POLL)

@@ -157,6 +157,15 @@ class PartitionStatements:
         )
 
     @property
+    def give_back(self) -> str:
+        """The range starting at ``$1``, ``moving`` here, ``owned`` again (true if it was moving)."""
+        return (
+            f"WITH c AS (UPDATE {self.t('slice_partition')} SET state = 'owned', location = NULL, "
+            "updated_at = clock_timestamp() WHERE min_slice = $1 AND state = 'moving' RETURNING 1) "
+            "SELECT EXISTS (SELECT 1 FROM c)"
+        )
+
+    @property
     def end_move(self) -> str:
         return f"DELETE FROM {self.t('slice_move')} WHERE min_slice = $1"
 

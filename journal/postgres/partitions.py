@@ -220,6 +220,25 @@ class PostgresPartitions:
 
         return await self._run("undo a lapsed fence", op)
 
+    async def abandon_move(self, min_slice: int) -> bool:
+        """Give up a move that is gone before its fence (the range ``moving`` here, no live
+        mover): the range is ``owned`` here again and the move record goes, so its deletes
+        (which a move's copy makes wait) go on; the target's copies stay unserved, ``incoming``
+        (the next move of the range removes them first). False: a live move holds the range, or
+        it is not moving here."""
+
+        async def op(conn: Any) -> bool:
+            async with conn.transaction():
+                if not await conn.fetchval(self.sql.try_xact_lock, self.sql.mover_key, min_slice):
+                    return False
+                await conn.execute(self.sql.lock_map)
+                if not await conn.fetchval(self.sql.give_back, min_slice):
+                    return False
+                await conn.execute(self.sql.end_move, min_slice)
+                return True
+
+        return await self._run("give up a dead move", op)
+
     async def finish_switch(
         self, min_slice: int, complete: Callable[[PartitionRow, datetime], Awaitable[None]]
     ) -> bool:
