@@ -5,6 +5,11 @@ driven step by step in a test; :class:`GroupCommit` is the thin asyncio loop aro
 Rules: FIFO; at most ``max_batch_events`` events per batch (a larger single call goes alone);
 at most one call per persistence id in a batch and in flight, so calls for one pid are written
 in the order they were made; at most ``max_in_flight`` batches at once.
+
+A call whose slice range must be waited for (a move fences or switches it: the backend answers
+it :class:`~journal.write_batch.WriteLater`) waits apart: the batch's other callers are answered
+at once and its slot is free for the next batch, while the waiting call (its pid still in
+flight, so no later call of that pid overtakes it) is finished on its own.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 import msgspec
 
 from .errors import JournalUnavailable
-from .write_batch import BatchResult, WriteBatch, WriteFn
+from .write_batch import BatchResult, WriteBatch, WriteFn, WriteLater, completed, deferred
 
 log = logging.getLogger("journal.group_commit")
 
@@ -115,14 +120,15 @@ RELEASE_WAVE_MIN = 200
 :meth:`GroupCommit._release`)."""
 
 
-def _settle(batch: Sequence[Pending], result: BatchResult) -> None:
-    """Give each queued batch its part of ``result`` (``batch`` written in that order)."""
+def _settle(batch: Sequence[Pending], result: BatchResult, later: WriteLater | None = None) -> None:
+    """Give each queued batch its part of ``result`` (``batch`` written in that order), except
+    the ones with a call deferred by ``later`` (they are answered when it is finished)."""
     firsts, stamps, errors = result.first_seq_nrs, result.db_timestamps, result.errors
     i = 0
     for p in batch:
         n = len(p.batch)
         fut = p.future
-        if fut.done():
+        if fut.done() or (later is not None and any(errors.get(k) is later for k in range(i, i + n))):
             pass
         elif n != 1 or p.chunk:
             fut.set_result(result.part(i, i + n))
@@ -131,6 +137,25 @@ def _settle(batch: Sequence[Pending], result: BatchResult) -> None:
         else:
             fut.set_result((firsts[i], stamps[i]))
         i += n
+
+
+def _waiting(batch: Sequence[Pending], later: WriteLater) -> list[tuple[int, Pending]]:
+    """The queued batches (with the index of their first call) holding a call ``later`` defers."""
+    calls = set(later.calls)
+    out: list[tuple[int, Pending]] = []
+    i = 0
+    for p in batch:
+        n = len(p.batch)
+        if not calls.isdisjoint(range(i, i + n)):
+            out.append((i, p))
+        i += n
+    return out
+
+
+async def _finished(result: BatchResult) -> BatchResult:
+    """``result`` with its deferred calls (if any) written."""
+    later = deferred(result)
+    return result if later is None else completed(result, later, await later.finish())
 
 
 class GroupCommit:
@@ -153,6 +178,10 @@ class GroupCommit:
         self._max_batch_wait = max_batch_wait
         self._bulk_in_flight = bulk_in_flight
         self._running: set[asyncio.Task[None]] = set()
+        self._apart: set[asyncio.Task[None]] = set()
+        """Calls of queued batches waiting for their slice range on their own (they hold no slot)."""
+        self._direct_apart = 0
+        """Callers' own writes (the idle paths) waiting so."""
         self._scheduled = False
         self._direct = 0
         self._releasing = 0
@@ -161,7 +190,10 @@ class GroupCommit:
         self.calls_written = 0
 
     def _idle(self) -> bool:
-        return not self._running and not self._direct and not self._planner.queue
+        return (
+            not self._running and not self._direct and not self._planner.queue and not self._apart
+            and not self._direct_apart
+        )  # fmt: skip
 
     def submit(self, batch: WriteBatch) -> Awaitable[CallResult]:
         """The result of a batch of one call: from the batch it joins, or (idle journal) from
@@ -247,8 +279,16 @@ class GroupCommit:
                 raise
 
         self._direct += 1
+        direct = True
         try:
             results = await self._write_chunks(feed())
+            if any(map(deferred, results)):  # calls waiting for their range: free the slot, wait apart
+                self._direct -= 1
+                self._direct_apart += 1
+                direct = False
+                if self._planner.queue:
+                    self._pump()
+                results = list(await asyncio.gather(*map(_finished, results)))
         except Exception as e:
             if invalid and invalid[0] is e:  # bad input: nothing was written
                 raise
@@ -261,7 +301,10 @@ class GroupCommit:
         finally:
             for chunk in taken:
                 in_flight.difference_update(chunk.persistence_ids)
-            self._direct -= 1
+            if direct:
+                self._direct -= 1
+            else:
+                self._direct_apart -= 1
             if self._planner.queue:
                 self._pump()
         self.batches_written += len(results)
@@ -272,11 +315,23 @@ class GroupCommit:
         """Idle fast path: nothing queued or in flight, so write a call at once in the caller's task."""
         pid = batch.persistence_ids[0]
         self._direct += 1
+        direct = True
         self._planner.in_flight_pids.add(pid)
         try:
             result = await self._write_batch(batch)
+            later = deferred(result)
+            if later is not None:  # its range must be waited for: free the slot, wait apart
+                self._direct -= 1
+                self._direct_apart += 1
+                direct = False
+                if self._planner.queue:
+                    self._pump()
+                result = completed(result, later, await later.finish())
         finally:
-            self._direct -= 1
+            if direct:
+                self._direct -= 1
+            else:
+                self._direct_apart -= 1
             self._planner.in_flight_pids.discard(pid)
             if self._planner.queue:
                 self._pump()
@@ -297,6 +352,7 @@ class GroupCommit:
             task.add_done_callback(self._running.discard)
 
     async def _run(self, batch: list[Pending]) -> None:
+        done = batch
         try:
             result = await self._write_batch(WriteBatch.concat([p.batch for p in batch]))
         except BaseException as e:
@@ -312,15 +368,18 @@ class GroupCommit:
         else:
             self.batches_written += 1
             self.calls_written += len(result)
+            later = deferred(result)
+            if later is not None:
+                done = self._wait_apart(batch, result, later)
             half = len(batch) // 2 if len(batch) >= 2 * RELEASE_WAVE_MIN else len(batch)
-            _settle(batch[:half], result)
+            _settle(batch[:half], result, later)
             if half < len(batch):
                 self._releasing += 1
                 calls = sum(len(p.batch) for p in batch[:half])
                 second = result.part(calls, len(result))
-                asyncio.get_running_loop().call_soon(self._release, batch[half:], second)
+                asyncio.get_running_loop().call_soon(self._release, batch[half:], second, later)
         finally:
-            self._planner.done(batch)
+            self._planner.done(done)
             # this task no longer occupies a slot: without this, the pump below could see every
             # slot taken (by tasks that are finishing) and leave queued calls waiting forever
             task = asyncio.current_task()
@@ -329,7 +388,37 @@ class GroupCommit:
             if self._planner.queue and not self._releasing:  # else _release pumps, after its first wave
                 self._pump()
 
-    def _release(self, batch: list[Pending], result: BatchResult) -> None:
+    def _wait_apart(self, batch: list[Pending], result: BatchResult, later: WriteLater) -> list[Pending]:
+        """Finish the calls ``later`` defers in a task of their own (no slot; their pids stay in
+        flight until they are answered); returns the batch's other queued batches."""
+        waiting = _waiting(batch, later)
+        task = asyncio.get_running_loop().create_task(self._finish_apart(waiting, result, later))
+        self._apart.add(task)
+        task.add_done_callback(self._apart.discard)
+        held = {id(p) for _, p in waiting}
+        return [p for p in batch if id(p) not in held]
+
+    async def _finish_apart(self, waiting: list[tuple[int, Pending]], result: BatchResult, later: WriteLater) -> None:
+        try:
+            full = completed(result, later, await later.finish())
+        except BaseException as e:
+            err = (
+                e if isinstance(e, Exception) else JournalUnavailable(f"write interrupted: {e!r}", outcome_unknown=True)
+            )
+            for _, p in waiting:
+                if not p.future.done():
+                    p.future.set_exception(err)
+            if not isinstance(e, Exception):
+                raise
+        else:
+            for i, p in waiting:
+                _settle([p], full.part(i, i + len(p.batch)))
+        finally:
+            self._planner.done([p for _, p in waiting])
+            if self._planner.queue and not self._releasing:
+                self._pump()
+
+    def _release(self, batch: list[Pending], result: BatchResult, later: WriteLater | None = None) -> None:
         """The second wave of a finished batch's callers.
 
         Woken all at once, a batch's callers would each write their next call before any of
@@ -341,16 +430,21 @@ class GroupCommit:
         """
         self._releasing -= 1
         self._pump()
-        _settle(batch, result)
+        _settle(batch, result, later)
 
     async def close(self) -> None:
         """Refuse new calls, then write everything already queued or in flight, and deliver
         every result (a batch's second wave is woken one loop turn after its first)."""
         self._closed = True
-        while self._running or self._planner.queue or self._direct or self._releasing:
+        while (
+            self._running or self._planner.queue or self._direct or self._releasing or self._apart or self._direct_apart
+        ):
             self._pump()
+            if not self._running and self._apart:
+                await asyncio.gather(*list(self._apart), return_exceptions=True)
+                continue
             if not self._running:
-                if self._direct:
+                if self._direct or self._direct_apart:
                     await asyncio.sleep(0.001)  # a caller's own write is finishing; it pumps the queue after
                 elif self._releasing:
                     await asyncio.sleep(0)  # one loop turn: the pending _release runs

@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.utils import floatToGoString
 
 from .errors import JournalUnavailable
-from .write_batch import BatchResult, WriteBatch, WriteFn
+from .write_batch import BatchResult, WriteBatch, WriteFn, WriteLater, deferred
 
 ChunksFn = Callable[[Iterator[WriteBatch]], Awaitable[list[BatchResult]]]
 
@@ -108,6 +108,22 @@ def instrumented(write_batch: WriteFn) -> WriteFn:
     return timed
 
 
+def _count_later(batch: WriteBatch, result: BatchResult, started: float) -> None:
+    """Calls a result defers (:class:`~journal.write_batch.WriteLater`) are recorded when they
+    are finished, not as failures."""
+    later = deferred(result)
+    if later is None:
+        return
+    finish, calls = later.finish, batch.select(later.calls)
+
+    async def timed() -> BatchResult:
+        got = await finish()
+        record(calls, got, time.perf_counter() - started)
+        return got
+
+    later.finish = timed
+
+
 def instrumented_chunks(write_chunks: ChunksFn) -> ChunksFn:
     """``write_chunks`` recording what :func:`instrumented` records, for each chunk (its latency:
     the whole bulk write's, as its chunks commit together)."""
@@ -132,12 +148,17 @@ def instrumented_chunks(write_chunks: ChunksFn) -> ChunksFn:
 
 def record(batch: WriteBatch, result: BatchResult, seconds: float) -> None:
     """Record one written batch."""
+    if result.errors:
+        _count_later(batch, result, time.perf_counter() - seconds)
     WRITE_SECONDS.observe(seconds)
     WRITE_BATCH_CALLS.observe(len(batch))
     written = total = batch.events
     for i, error in result.errors.items():  # the common case: none
-        record_failure(error)
         written -= batch.counts[i]
+        if type(error) is WriteLater:
+            total -= batch.counts[i]
+            continue
+        record_failure(error)
     WRITE_BATCH_EVENTS.observe(total)
     EVENTS_WRITTEN[0] += written
 

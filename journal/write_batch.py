@@ -172,5 +172,40 @@ class ResultBuilder:
         return BatchResult(self._firsts, self._stamps, self._errors)
 
 
+class WriteLater(Exception):
+    """Not an outcome: calls that a backend did not write yet because their slice range must be
+    waited for (a move fences or switches it; the partitioned journal). Every deferred call of a
+    result carries this one instance. ``finish()`` writes them once their range is writable,
+    waiting on its own (never inside a batch other callers wait on), and returns their result in
+    the order of ``calls``; it never defers again."""
+
+    def __init__(self, calls: Sequence[int], finish: Callable[[], Awaitable[BatchResult]]) -> None:
+        super().__init__("the call waits for its slice range (a move of it is under way)")
+        self.calls = list(calls)
+        self.finish = finish
+
+
+def deferred(result: BatchResult) -> WriteLater | None:
+    """The result's :class:`WriteLater`, if some of its calls wait for their range."""
+    if result.errors:
+        for e in result.errors.values():
+            if type(e) is WriteLater:
+                return e
+    return None
+
+
+def completed(result: BatchResult, later: WriteLater, got: BatchResult) -> BatchResult:
+    """``result`` with its deferred calls' outcomes (``got``, of ``later.calls``) in place."""
+    firsts, stamps = list(result.first_seq_nrs), list(result.db_timestamps)
+    errors = {i: e for i, e in result.errors.items() if e is not later}
+    for j, i in enumerate(later.calls):
+        error = got.errors.get(j)
+        if error is None:
+            firsts[i], stamps[i] = got.first_seq_nrs[j], got.db_timestamps[j]
+        else:
+            errors[i] = error
+    return BatchResult(firsts, stamps, errors)
+
+
 WriteFn = Callable[[WriteBatch], Awaitable[BatchResult]]
 """What writes one batch (a backend's ``write_batch``, or a wrapper of it)."""

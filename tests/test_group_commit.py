@@ -165,3 +165,59 @@ async def test_close_delivers_the_second_wave() -> None:
     release.set()
     await asyncio.wait_for(asyncio.gather(*calls), timeout=10)
     assert settled_at_close == [n - 1]
+
+
+async def test_a_call_waiting_for_its_range_is_finished_apart_in_order_without_a_slot() -> None:
+    """A backend that defers a call (its range is fenced: WriteLater) gets the batch's other
+    calls answered at once, its slot back for the next batches, and the waiting call's pid held:
+    a later call of that pid is written only after it (one slot: max_in_flight=1)."""
+    from journal.group_commit import GroupCommit
+    from journal.write_batch import ResultBuilder, WriteLater
+
+    now = datetime.now(UTC)
+    fence = asyncio.Event()
+    written: list[str] = []
+
+    async def write_batch(batch: WriteBatch) -> BatchResult:
+        await asyncio.sleep(0)
+        out = ResultBuilder(len(batch))
+        held = [i for i, p in enumerate(batch.persistence_ids) if p.startswith("fenced") and not fence.is_set()]
+        for i, p in enumerate(batch.persistence_ids):
+            if i not in held:
+                written.append(f"{p}@{batch.expected_seq_nrs[i]}")
+                out.written(i, (batch.expected_seq_nrs[i] or 0) + 1, now)
+        if held:
+            rest = batch.select(held)
+
+            async def finish() -> BatchResult:
+                await fence.wait()
+                if None in rest.expected_seq_nrs:  # a first call finishes slowly: a later one must not pass it
+                    await asyncio.sleep(0.05)
+                written.extend(f"{p}@{e}" for p, e in zip(rest.persistence_ids, rest.expected_seq_nrs, strict=True))
+                return all_written(rest, now)
+
+            later = WriteLater(held, finish)
+            for i in held:
+                out.failed(i, later)
+        return out.result()
+
+    gc = GroupCommit(write_batch, no_chunks, max_batch_events=50, max_in_flight=1)
+    alone = asyncio.ensure_future(gc.submit(call("fenced|0")))  # the idle path, deferred
+    await wait_until(lambda: gc._direct_apart == 1, 5, "the lone call waiting apart")
+    after = asyncio.ensure_future(gc.submit(call("fenced|0", expected=1)))  # queued: not the idle path
+    first = asyncio.ensure_future(gc.submit(call("busy|0")))
+    waiting = asyncio.ensure_future(gc.submit(call("fenced|1")))
+    others = [asyncio.ensure_future(gc.submit(call(f"p|{i}"))) for i in range(100)]
+    again = asyncio.ensure_future(gc.submit(call("fenced|1", expected=1)))  # the same pid, later
+    await asyncio.wait_for(asyncio.gather(first, *others), timeout=5)  # answered while one call waits
+    more = [asyncio.ensure_future(gc.submit(call(f"q|{i}"))) for i in range(100)]
+    await asyncio.wait_for(asyncio.gather(*more), timeout=5)  # the slot is free for new batches
+    assert not waiting.done() and not again.done()
+    assert not [p for p in written if p.startswith("fenced")]
+    assert not alone.done() and not after.done()
+    fence.set()
+    assert (await waiting)[0] == 1 and (await again)[0] == 2
+    assert (await alone)[0] == 1 and (await after)[0] == 2
+    assert [p for p in written if p.startswith("fenced|0")] == ["fenced|0@None", "fenced|0@1"]  # in order
+    assert [p for p in written if p.startswith("fenced|1")] == ["fenced|1@None", "fenced|1@1"]
+    await gc.close()

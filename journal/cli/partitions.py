@@ -45,6 +45,7 @@ def show(
     """Which database serves each slice range, the map epoch, and the moves under way."""
     from ..backends import open_partitioned
     from ..journal import resolve_dsn
+    from ..partitioned.move import move_state
 
     settings = partition_settings(schema, data_dir, databases)
 
@@ -67,10 +68,7 @@ def show(
                     continue
                 lines.append(f"{name}:")
                 lines += [f"  {r.min_slice}-{r.max_slice} {r.state} epoch {r.epoch}" for r in rows]
-                lines += [
-                    f"  move of {m.min_slice}-{m.max_slice} to {m.target}: step {m.step}, copied up to {m.copied_to}"
-                    for m in moves
-                ]
+                lines += [f"  {await move_state(backend, i, m)}" for m in moves]
             return lines
         finally:
             await backend.close()

@@ -133,6 +133,10 @@ class Databases:
                 hook()  # type: ignore[operator]
             return self.map
 
+    def rows_of(self, i: int) -> list[PartitionRow]:
+        """Database ``i``'s map rows as last read."""
+        return self._rows.get(i, [])
+
     def on_reload(self, hook: object) -> None:
         """Call ``hook()`` after every map load (the slice reads listen on new databases)."""
         self._listeners.append(hook)

@@ -11,21 +11,24 @@ The steps, and what each guarantees (docs/scaling-out.md has the picture):
    left alone, so a pass may overlap an earlier one); ``copied_to`` is saved after each pass.
    Every row below the source's horizon is committed, so nothing stamped below ``copied_to``
    can appear later. Passes end when one copies little.
-3. **Fence.** The move's own session takes the range's fence lock and marks it ``fenced``;
-   writes of the range are refused (the journal waits and retries them) unless that session is
+3. **Fence.** The move's own session (the one holding the range's mover lock on the source from
+   the first step to the last) takes the range's fence lock and marks it ``fenced``; writes of
+   the range are refused (the journal waits and retries each on its own) unless that session is
    gone (the fence lapses with a crashed move). The writers already past the check are waited
    out; the last pass copies every remaining row, then the range's snapshots are copied whole.
-4. **Switch.** The source marks the range ``moved`` to the target: the commit point (from then
-   on the source refuses every write and slice read of it). Then the source's clock is read and
-   the target marks the range ``owned`` with that reading as its floor: no new event of the
-   range is stamped below anything a reader of the source could have passed, whatever the skew
-   between the two servers' clocks. Between these two steps the range is served nowhere and
+4. **Switch.** The source marks the range ``moved`` to the target, on the move's own session:
+   the commit point (from then on the source refuses every write and slice read of it). Then
+   the source's clock is read and the target marks the range ``owned`` with that reading as its
+   floor: no new event of the range is stamped below anything a reader of the source could have
+   passed, whatever the skew between the two servers' clocks. Between these two steps the range is served nowhere and
    its operations wait (a few milliseconds).
 5. **Removal.** The source deletes the range's rows; the move record goes. The ``moved`` row
    stays: a process with an old map is refused there and told where the range went.
 
-Interrupted at any step (the tool killed, a database crashed), running the same move again
-finishes it from the state the databases recorded: before the switch it redoes the fence from
+A move that dies never blocks its range: while nobody holds the mover lock, a journal process
+waiting for the range undoes the fence or finishes the switch (:mod:`.dead_moves`). Interrupted
+at any step (the tool killed, a database crashed), running the same move again finishes it from
+the state the databases recorded: before the switch it redoes the fence from
 ``copied_to``, after it it completes the target's row and the removal. Nothing is lost (the
 copy never skips a committed row) or doubled (the copy keeps keys, and the range is served by one
 database at a time).
@@ -39,6 +42,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+import asyncpg
 
 from ..errors import ConfigurationError, InvalidArgument, JournalUnavailable
 from ..ids import validate_slice_range
@@ -57,6 +62,7 @@ from ..postgres import (
 )
 from ..query.horizon import HorizonTracker
 from .backend import PartitionedBackend
+from .layout import NOWHERE
 
 log = logging.getLogger("journal.partitioned.move")
 
@@ -66,6 +72,9 @@ SMALL_PASS = 2000
 """A catch-up pass that copied fewer rows than this is the last before the fence."""
 DRAIN_TIMEOUT = 60.0
 """Seconds the move waits for the transactions in progress to end."""
+MOVER_PATIENCE = 5.0
+"""Seconds a move waits for the range's mover lock (a journal finishing or undoing what a dead
+move left holds it for a moment) before it says another move of the range is running."""
 _START = datetime(1, 1, 1, tzinfo=UTC)
 
 
@@ -180,6 +189,15 @@ class SliceMove:
 
         await self._reach_target()
         await asyncio.to_thread(upgrade, self.dbs.passwords.fill(self.target_dsn), self.journal.settings.schema)
+        s, _, _ = await self._find()
+        mover = await (await self.dbs.usable(s)).partitions().hold_mover(self.lo, self.hi, MOVER_PATIENCE)
+        try:
+            return await self._run(mover)
+        finally:
+            await mover.close()
+
+    async def _run(self, mover: asyncpg.Connection) -> MoveReport:
+        """The move, while ``mover`` holds the range's mover lock on the source."""
         s, t, rec = await self._find()
         src, dst = await self.dbs.usable(s), await self.dbs.usable(t)
         if await src.partitions().has_replication():
@@ -201,7 +219,7 @@ class SliceMove:
         copied_to = rec.copied_to if rec is not None and rec.copied_to else _START
         copied_to = await self._catch_up(src, dst, copied_to, report)
         await self._copy_pid_tables(src, dst, report)
-        fence = await src.partitions().hold_fence(self.lo)
+        await src.partitions().fence(mover, self.lo, True)
         try:
             fenced_at = time.perf_counter()
             await src.partitions().set_range(self.lo, self.hi, FENCED, epoch, target_loc, expect=(MOVING, FENCED))
@@ -219,10 +237,12 @@ class SliceMove:
                 await src.partitions().rows_by_slices("snapshot_older", self.lo, self.hi),
                 replace_slices=(self.lo, self.hi),
             )
-            await src.partitions().set_range(self.lo, self.hi, MOVED, epoch, target_loc, expect=(FENCED,))
+            # the commit point, on the session that has held the fence since before the drain: had
+            # it been lost (and with it the fence), this fails, and nothing written meanwhile is left out
+            await src.partitions().set_range(self.lo, self.hi, MOVED, epoch, target_loc, expect=(FENCED,), on=mover)
             report.steps.append("switched")
         finally:
-            await fence.close()
+            await src.partitions().fence(mover, self.lo, False)
         await self._switch_target(src, dst, epoch, report)
         report.fence_seconds = time.perf_counter() - fenced_at
         await self._remove(src, report)
@@ -237,8 +257,11 @@ class SliceMove:
                 f"the target {redact(self.target_dsn)} holds events but no partition map: it is another "
                 "journal's database"
             )
+        before = {r.min_slice: r.state for r in await dst.partitions().rows()}.get(self.lo)
         await dst.partitions().set_range(self.lo, self.hi, INCOMING, epoch, source_loc, expect=(None, INCOMING))
         if rec is None:
+            if before == INCOMING:  # a given-up move's copies (never served): copied afresh
+                await dst.partitions().remove_range(self.lo, self.hi)
             await src.partitions().start_move(self.lo, self.hi, target_loc, epoch, "moving")
         await src.partitions().set_range(self.lo, self.hi, MOVING, epoch, target_loc, expect=(OWNED, MOVING, FENCED))
         await self.dbs.reload()
@@ -304,7 +327,9 @@ class SliceMove:
         """After the commit point: the target serves the range from a floor above the source's
         clock (read after the switch committed)."""
         floor = await src.partitions().clock()
-        await dst.partitions().set_range(self.lo, self.hi, OWNED, epoch, None, floor, expect=(INCOMING, OWNED))
+        await dst.partitions().set_range(
+            self.lo, self.hi, OWNED, epoch, None, floor, expect=(INCOMING, OWNED), keep=(OWNED,)
+        )
         await self.dbs.reload()
         report.steps.append("owned by the target")
 
@@ -312,3 +337,38 @@ class SliceMove:
         report.removed_pids = await src.partitions().remove_range(self.lo, self.hi)
         await src.partitions().end_move(self.lo)
         report.steps.append("removed from the source")
+
+
+async def move_state(journal: PartitionedBackend, source: int, rec: MoveRecord) -> str:
+    """A move recorded on database ``source``, in words: running, or where it was interrupted
+    and what that means for the range's writes now (``journal partitions show``)."""
+    dbs = journal.dbs
+    src = await dbs.usable(source)
+    head = f"move of {rec.min_slice}-{rec.max_slice} to {redact(rec.target)} (step {rec.step!r}"
+    head += f", copied up to {rec.copied_to})" if rec.copied_to else ")"
+    pid = await src.partitions().mover(rec.min_slice)
+    if pid is not None:
+        return f"{head}: running (its session is server process {pid} here)"
+    rows = {r.min_slice: r for r in await src.partitions().rows()}
+    here = rows.get(rec.min_slice)
+    state = here.state if here is not None else None
+    if state == MOVED:
+        owner = dbs.map.owner(rec.min_slice)
+        if owner != NOWHERE:
+            return (
+                f"{head}: interrupted after the switch (no move is running): {dbs.names[owner]} serves the range; "
+                "its rows here are not removed yet: run the move again to remove them"
+            )
+        return (
+            f"{head}: interrupted between the two switch steps (no move is running): the next write of the "
+            "range finishes the switch to the target, or run the move again"
+        )
+    if state == FENCED or rec.step == "fence lapsed":
+        return (
+            f"{head}: interrupted at the fence (no move is running): the fence has lapsed, writes of the range "
+            "go on here; run the move again to finish it"
+        )
+    return (
+        f"{head}: interrupted during the copy (no move is running): writes of the range go on here; its next "
+        "delete gives the move up (run the move again to move the range)"
+    )

@@ -128,9 +128,10 @@ class PartitionedReplicationStore:
         while True:
             m, generation = self.dbs.map, self.dbs.generation
             served = self._served(m)
-            if NOWHERE in m.owners:  # a move's switch in progress: its slices wait
+            if NOWHERE in m.owners:  # a move's switch in progress (or a dead move's): its slices wait
                 deadline = deadline or self.router.deadline()
-                await self.router.settle(deadline, what, generation, waiting=True)
+                nowhere = [s for s, owner in enumerate(m.owners) if owner == NOWHERE]
+                await self.router.settle(deadline, what, generation, waiting=True, slices=nowhere)
                 continue
             try:
                 backends = [(await self.dbs.usable(i), slices) for i, slices in served.items()]
@@ -289,7 +290,9 @@ class PartitionedReplicationStore:
         groups: dict[int, list[int]] = {}
         for i in new:
             owner = m.owner(batch.slices[i])
-            if owner == NOWHERE:
+            if owner == NOWHERE:  # the batch is pulled again; a dead move's switch is finished first
+                if await self.router.dead_moves.clear([batch.slices[i]]):
+                    await self.dbs.reload()
                 raise JournalUnavailable(f"log {log_name!r}: a slice of the batch is being switched to a database")
             groups.setdefault(owner, []).append(i)
         position = {i: held.pos + 1 + k for k, i in enumerate(new)}

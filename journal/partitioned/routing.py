@@ -4,6 +4,8 @@ Every database checks, for every write and slice read, that it serves the slices
 epoch the caller sends (``journal.postgres.timestamp_rule``); a refusal
 (:class:`~journal.errors.SliceRangeMoved`) makes the router reload the map and try again where
 the slice is now, waiting while a move switches the range, up to ``partitions.fence_wait``.
+While it waits, it looks every so often whether the move is still alive; a dead move's fence is
+undone, or its switch finished (:mod:`.dead_moves`), so a crashed move never blocks the range.
 Operations that the database does not check in their own statement (reads by persistence id,
 snapshots) are checked right after they ran (``check``): a result read from a database that no
 longer served the slice when it answered is thrown away and read again where it is now.
@@ -12,12 +14,13 @@ longer served the slice when it answered is thrown away and read again where it 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from ..errors import JournalUnavailable, SliceRangeMoved
 from ..postgres import PostgresBackend
 from .databases import Databases
+from .dead_moves import LOOK_EVERY, DeadMoves
 from .layout import NOWHERE
 
 T = TypeVar("T")
@@ -32,19 +35,30 @@ class Router:
     def __init__(self, dbs: Databases) -> None:
         self.dbs = dbs
         self.fence_wait = dbs.settings.partitions.fence_wait
+        self.dead_moves = DeadMoves(dbs)
+        self._looked = 0.0
 
     def deadline(self) -> float:
         return asyncio.get_running_loop().time() + self.fence_wait
 
-    async def settle(self, deadline: float, what: str, generation: int, waiting: bool) -> None:
+    async def settle(
+        self, deadline: float, what: str, generation: int, waiting: bool, slices: Sequence[int] = ()
+    ) -> None:
         """After a refusal (or a slice served nowhere): reload the map (once for all callers
-        refused at this generation); wait a little if the range is being switched."""
+        refused at this generation); wait a little if the range is being switched, and every
+        :data:`~.dead_moves.LOOK_EVERY` seconds look whether the move that holds ``slices``
+        is gone (then its fence is undone or its switch finished)."""
         loop = asyncio.get_running_loop()
+        now = loop.time()
+        if waiting and slices and now - self._looked >= LOOK_EVERY and deadline - now < self.fence_wait - LOOK_EVERY:
+            self._looked = now
+            if await self.dead_moves.clear(slices):
+                generation = self.dbs.generation  # reload now
         if loop.time() > deadline:
             raise JournalUnavailable(
                 f"{what}: the slices' database did not settle within partitions.fence_wait "
-                f"({self.fence_wait}s): a move of their range is under way or was interrupted "
-                "(run `journal partitions move` again to finish it)"
+                f"({self.fence_wait}s): a move of their range is under way, or was interrupted "
+                "(`journal partitions show` says which)"
             )
         if waiting:
             await asyncio.sleep(POLL)
@@ -66,7 +80,7 @@ class Router:
             i = m.owner(slice_)
             if i == NOWHERE or (writing and m.fenced[slice_]):
                 deadline = deadline or self.deadline()
-                await self.settle(deadline, what, generation, waiting=True)
+                await self.settle(deadline, what, generation, waiting=True, slices=[slice_])
                 continue
             backend = await self.dbs.usable(i)
             try:
@@ -76,7 +90,7 @@ class Router:
                 return out
             except SliceRangeMoved as e:
                 deadline = deadline or self.deadline()
-                await self.settle(deadline, what, generation, waiting=e.waiting)
+                await self.settle(deadline, what, generation, waiting=e.waiting, slices=[slice_])
             except JournalUnavailable as e:
                 self.dbs.failed(i, e)
                 raise

@@ -100,7 +100,8 @@ class PartitionedSliceReads:
                 await self._cover(sorted({p.database for p in pieces}), bound)
                 return pieces
             deadline = deadline or self.router.deadline()
-            await self.router.settle(deadline, what, generation, waiting=True)
+            nowhere = [p.min_slice for p in pieces if p.database == NOWHERE]  # a switch (of a dead move?)
+            await self.router.settle(deadline, what, generation, waiting=True, slices=nowhere)
             generation = self.dbs.generation
 
     async def _each(

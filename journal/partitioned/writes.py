@@ -3,17 +3,18 @@
 Every call stays atomic and conflict-checked on its own (each database's backend writes its
 part as it writes any batch), and gets one outcome, at its index in the caller's batch. Calls
 whose range the database refuses (it moved, or a move is switching it) go again once the map
-says where the range is; calls of a database that is down fail with JournalUnavailable at once,
-without holding up the others.
+says where the range is, on their own (:class:`~journal.write_batch.WriteLater`: the group
+commit answers the batch's other calls at once); calls of a database that is down fail with
+JournalUnavailable at once, without holding up the others.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from ..errors import JournalUnavailable, SliceRangeMoved
-from ..write_batch import BatchResult, ResultBuilder, WriteBatch
+from ..write_batch import BatchResult, ResultBuilder, WriteBatch, WriteLater
 from .databases import Databases
 from .layout import NOWHERE
 from .routing import Router
@@ -25,6 +26,10 @@ class PartitionedWrites:
         self.router = router
 
     async def write_batch(self, batch: WriteBatch) -> BatchResult:
+        """Every call that can be written now, at once; the calls of a range a move fences or
+        switches (in the map, or refused by their database) come back
+        :class:`~journal.write_batch.WriteLater`: they wait on their own (``finish``), so the
+        other calls of a shared batch are answered without waiting for them."""
         m = self.dbs.map
         owners, slices = m.owners, batch.slices
         first = owners[slices[0]]
@@ -35,36 +40,62 @@ class PartitionedWrites:
                 return out
             result = ResultBuilder(len(batch))
             pending, waiting = self._file(result, range(len(batch)), out)
-            retry = True
         else:
             result = ResultBuilder(len(batch))
-            pending, retry, waiting = list(range(len(batch))), False, False
+            pending, waiting = await self._round(batch, result, range(len(batch)))
+        if not pending:
+            return result.result()
+        calls = sorted(pending)
+        rest = batch.select(calls)
+
+        async def finish() -> BatchResult:
+            return await self._wait_and_write(rest, generation, waiting)
+
+        later = WriteLater(calls, finish)
+        for i in calls:
+            result.failed(i, later)
+        return result.result()
+
+    async def _wait_and_write(self, batch: WriteBatch, generation: int, waiting: bool) -> BatchResult:
+        """The calls of ranges that a move fences or switches, once the map says where they are
+        written (reloaded after each refusal), up to ``partitions.fence_wait``."""
+        result = ResultBuilder(len(batch))
+        pending: list[int] = list(range(len(batch)))
         deadline = self.router.deadline()
         while pending:
-            if retry:
-                try:
-                    await self.router.settle(deadline, "write", generation, waiting)
-                except JournalUnavailable as e:
-                    for i in pending:
-                        result.failed(i, e)
-                    break
-            m, generation = self.dbs.map, self.dbs.generation
-            groups: dict[int, list[int]] = {}
-            later: list[int] = []
-            for i in sorted(pending):
-                s = slices[i]
-                o = m.owners[s]
-                if o == NOWHERE or m.fenced[s]:
-                    later.append(i)
-                else:
-                    groups.setdefault(o, []).append(i)
-            outs = await asyncio.gather(*(self._part(db, batch.select(idx)) for db, idx in groups.items()))
-            pending, retry, waiting = later, True, bool(later)
-            for idx, out in zip(groups.values(), outs, strict=True):
-                again, wait = self._file(result, idx, out)
-                pending += again
-                waiting = waiting or wait
+            try:
+                await self.router.settle(
+                    deadline, "write", generation, waiting, slices=[batch.slices[i] for i in pending]
+                )
+            except JournalUnavailable as e:
+                for i in pending:
+                    result.failed(i, e)
+                break
+            generation = self.dbs.generation
+            pending, waiting = await self._round(batch, result, pending)
         return result.result()
+
+    async def _round(self, batch: WriteBatch, result: ResultBuilder, calls: Iterable[int]) -> tuple[list[int], bool]:
+        """One round of ``calls``: each written where the map says its slice is served; the
+        ones to do again (fenced, served nowhere, or refused) are returned, with whether a move's
+        fence or switch is under way."""
+        m = self.dbs.map
+        groups: dict[int, list[int]] = {}
+        later: list[int] = []
+        for i in sorted(calls):
+            s = batch.slices[i]
+            o = m.owners[s]
+            if o == NOWHERE or m.fenced[s]:
+                later.append(i)
+            else:
+                groups.setdefault(o, []).append(i)
+        outs = await asyncio.gather(*(self._part(db, batch.select(idx)) for db, idx in groups.items()))
+        waiting = bool(later)
+        for idx, out in zip(groups.values(), outs, strict=True):
+            again, wait = self._file(result, idx, out)
+            later += again
+            waiting = waiting or wait
+        return later, waiting
 
     @staticmethod
     def _file(result: ResultBuilder, calls: Sequence[int], out: BatchResult) -> tuple[list[int], bool]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..settings import validate_identifier
-from .timestamp_rule import delete_check_sql, fence_key
+from .timestamp_rule import delete_check_sql, fence_key, mover_key
 
 COPIED_TABLES = ("event_journal", "snapshot", "snapshot_older", "tag_views", "tag_write_progress", "tag_scanning")
 """The tables whose rows follow their slice (the projection and replication tables stay where
@@ -78,10 +78,28 @@ class PartitionStatements:
     def has_replication(self) -> str:
         return f"SELECT EXISTS (SELECT 1 FROM {self.t('replication_log')})"
 
+    @property
+    def mover_key(self) -> int:
+        return mover_key(self.schema)
+
     # -- the fence and the drain ------------------------------------------------------------
 
     lock_fence = "SELECT pg_advisory_lock($1, $2)"
     unlock_fence = "SELECT pg_advisory_unlock($1, $2)"
+    try_lock = "SELECT pg_try_advisory_lock($1, $2)"
+    try_xact_lock = "SELECT pg_try_advisory_xact_lock($1, $2)"
+    keepalive = (
+        "SELECT set_config('tcp_keepalives_idle', '5', false), set_config('tcp_keepalives_interval', '2', false), "
+        "set_config('tcp_keepalives_count', '3', false)"
+    )
+    """The mover's lock session: a mover whose host vanished (no FIN) is noticed within ~11 s."""
+
+    holder = (
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND mode = 'ExclusiveLock' LIMIT 1"
+    )
+    """The server process holding an advisory lock ($1, $2: the keys as unsigned 32-bit ints)."""
 
     @property
     def writers(self) -> str:
@@ -120,6 +138,31 @@ class PartitionStatements:
         return (
             f"UPDATE {self.t('slice_move')} SET step = $2, copied_to = $3, updated_at = clock_timestamp() "
             "WHERE min_slice = $1"
+        )
+
+    @property
+    def save_step(self) -> str:
+        return f"UPDATE {self.t('slice_move')} SET step = $2, updated_at = clock_timestamp() WHERE min_slice = $1"
+
+    @property
+    def has_move(self) -> str:
+        return f"SELECT EXISTS (SELECT 1 FROM {self.t('slice_move')} WHERE min_slice = $1)"
+
+    @property
+    def refence(self) -> str:
+        """The range starting at ``$1`` from state ``$2`` to ``$3`` (true if it was in ``$2``)."""
+        return (
+            f"WITH c AS (UPDATE {self.t('slice_partition')} SET state = $3, updated_at = clock_timestamp() "
+            "WHERE min_slice = $1 AND state = $2 RETURNING 1) SELECT EXISTS (SELECT 1 FROM c)"
+        )
+
+    @property
+    def give_back(self) -> str:
+        """The range starting at ``$1``, ``moving`` here, ``owned`` again (true if it was moving)."""
+        return (
+            f"WITH c AS (UPDATE {self.t('slice_partition')} SET state = 'owned', location = NULL, "
+            "updated_at = clock_timestamp() WHERE min_slice = $1 AND state = 'moving' RETURNING 1) "
+            "SELECT EXISTS (SELECT 1 FROM c)"
         )
 
     @property

@@ -93,11 +93,15 @@ class PostgresPartitions:
 
     async def set_range(
         self, min_slice: int, max_slice: int, state: str, epoch: int, location: str | None = None,
-        floor: datetime | None = None, *, expect: Sequence[str | None] = (),
+        floor: datetime | None = None, *, expect: Sequence[str | None] = (), keep: Sequence[str] = (),
+        on: asyncpg.Connection | None = None,
     ) -> PartitionRow:  # fmt: skip
         """Give ``[min_slice, max_slice]`` this state: the row that covers it is split around it
         (its other slices keep their row), or a row is added where none covers it. ``expect``:
-        the states the range may be in now (None: no row); anything else is refused."""
+        the states the range may be in now (None: no row); anything else is refused. ``keep``:
+        states in which the range is left as it is (a step that another process did already).
+        ``on``: on this connection (a move's own session, which holds its locks: if that session
+        is gone, the change fails rather than being made by a move that no longer holds them)."""
 
         async def op(conn: Any) -> PartitionRow:
             async with conn.transaction():
@@ -117,6 +121,8 @@ class PostgresPartitions:
                         f"slices {min_slice}-{max_slice} are {now or 'not in the map'} here, "
                         f"expected {' or '.join(str(e) for e in expect)}"
                     )
+                if touching and now in keep:
+                    return touching[0]
                 if touching:
                     old = touching[0]
                     await conn.execute(self.sql.delete_rows, [old.min_slice])
@@ -128,7 +134,14 @@ class PostgresPartitions:
                 await conn.execute(self.sql.insert_row, min_slice, max_slice, state, epoch, location, floor)
                 return PartitionRow(min_slice, max_slice, state, epoch, location, floor)
 
-        return await self._run("change the partition map", op)
+        if on is None:
+            return await self._run("change the partition map", op)
+        try:
+            return await op(on)
+        except (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError) as e:
+            raise JournalUnavailable(
+                f"the move's own session on the source was lost ({e}); nothing was changed: run the move again"
+            ) from e
 
     async def check(self, epoch: int, slices: Sequence[int], mode: str) -> None:
         """The owner check on its own: raises :class:`~journal.errors.SliceRangeMoved` unless
@@ -152,18 +165,102 @@ class PostgresPartitions:
     async def events_inside(self, min_slice: int, max_slice: int) -> bool:
         return bool(await self.conns.fetchval("events of a range", self.sql.events_inside, min_slice, max_slice))
 
-    # -- the fence and the drain ------------------------------------------------------------
+    # -- the mover, the fence and the drain -------------------------------------------------
 
-    async def hold_fence(self, min_slice: int) -> asyncpg.Connection:
-        """A connection of its own holding the range's fence lock (session level: it lapses with
-        the connection, so a move that dies never blocks the range's writes)."""
+    async def hold_mover(self, min_slice: int, max_slice: int, patience: float) -> asyncpg.Connection:
+        """A connection of its own holding the range's mover lock, for as long as the move runs
+        (session level, with TCP keepalives: it lapses with the mover, and a process waiting for
+        the range then finishes or undoes what the move left: :meth:`lapse_fence`,
+        :meth:`finish_switch`). Refused while another live move of the range holds it."""
         conn = await asyncpg.connect(self.conns.dsn, timeout=self.conns.settings.connection.connect_timeout)
         try:
-            await conn.execute(self.sql.lock_fence, self.sql.fence_key, min_slice)
+            await conn.fetchrow(self.sql.keepalive)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + patience
+            while not await conn.fetchval(self.sql.try_lock, self.sql.mover_key, min_slice):
+                if loop.time() > deadline:
+                    pid = await self.mover(min_slice)
+                    raise ConfigurationError(
+                        f"another move of slices {min_slice}-{max_slice} is running (its session on the source "
+                        f"is server process {pid}): let it finish, or stop it and run the move again"
+                    )
+                await asyncio.sleep(0.05)
         except BaseException:
             await conn.close()
             raise
         return conn
+
+    async def fence(self, mover: asyncpg.Connection, min_slice: int, on: bool) -> None:
+        """Take (``on``) or give back the range's fence lock on the mover's own connection
+        (while it holds it, the range's writes wait; it lapses with that connection)."""
+        await mover.execute(self.sql.lock_fence if on else self.sql.unlock_fence, self.sql.fence_key, min_slice)
+
+    async def mover(self, min_slice: int) -> int | None:
+        """The server process of the live move of the range starting at ``min_slice`` (None: no
+        move of it is running)."""
+        keys = (self.sql.mover_key % 2**32, min_slice)
+        pid: int | None = await self.conns.fetchval("mover", self.sql.holder, *keys)
+        return pid
+
+    async def lapse_fence(self, min_slice: int) -> bool:
+        """Undo the fence of a move that is gone: the range, ``fenced`` here with no live mover,
+        goes back to ``moving`` (writable here again; its copy so far is kept) and the move's
+        record says ``fence lapsed``. One transaction holding the mover lock, so no move of the
+        range starts meanwhile. False: a live move holds the range, or it is not fenced here."""
+
+        async def op(conn: Any) -> bool:
+            async with conn.transaction():
+                if not await conn.fetchval(self.sql.try_xact_lock, self.sql.mover_key, min_slice):
+                    return False
+                await conn.execute(self.sql.lock_map)
+                if not await conn.fetchval(self.sql.refence, min_slice, FENCED, MOVING):
+                    return False
+                await conn.execute(self.sql.save_step, min_slice, "fence lapsed")
+                return True
+
+        return await self._run("undo a lapsed fence", op)
+
+    async def abandon_move(self, min_slice: int) -> bool:
+        """Give up a move that is gone before its fence (the range ``moving`` here, no live
+        mover): the range is ``owned`` here again and the move record goes, so its deletes
+        (which a move's copy makes wait) go on; the target's copies stay unserved, ``incoming``
+        (the next move of the range removes them first). False: a live move holds the range, or
+        it is not moving here."""
+
+        async def op(conn: Any) -> bool:
+            async with conn.transaction():
+                if not await conn.fetchval(self.sql.try_xact_lock, self.sql.mover_key, min_slice):
+                    return False
+                await conn.execute(self.sql.lock_map)
+                if not await conn.fetchval(self.sql.give_back, min_slice):
+                    return False
+                await conn.execute(self.sql.end_move, min_slice)
+                return True
+
+        return await self._run("give up a dead move", op)
+
+    async def finish_switch(
+        self, min_slice: int, complete: Callable[[PartitionRow, datetime], Awaitable[None]]
+    ) -> bool:
+        """Finish the switch of a move that is gone after its commit point: the range is
+        ``moved`` here and its move record is still here, no live mover holds it: ``complete``
+        (the target's part: it serves the range from the floor given, this server's clock now)
+        runs while this transaction holds the mover lock; the record says ``switch finished``.
+        False: a live move holds the range, or there is nothing to finish here."""
+
+        async def op(conn: Any) -> bool:
+            async with conn.transaction():
+                if not await conn.fetchval(self.sql.try_xact_lock, self.sql.mover_key, min_slice):
+                    return False
+                rows = [PartitionRow(*r) for r in await conn.fetch(self.sql.rows)]
+                row = next((r for r in rows if r.min_slice == min_slice and r.state == MOVED), None)
+                if row is None or not await conn.fetchval(self.sql.has_move, min_slice):
+                    return False
+                await complete(row, await conn.fetchval(self.sql.clock))
+                await conn.execute(self.sql.save_step, min_slice, "switch finished")
+                return True
+
+        return await self._run("finish a switch", op)
 
     async def drain(self, patience: float) -> None:
         """Wait until every transaction holding the write lock on event_journal now has ended: a

@@ -91,6 +91,16 @@ def fence_key(schema: str) -> int:
     return zlib.crc32(f"slice_journal.fence.{schema}".encode()) - 2**31
 
 
+def mover_key(schema: str) -> int:
+    """The first key of the advisory lock a move holds on its source for as long as it runs (the
+    second is the range's first slice): while nobody holds it, no move of that range is alive,
+    and a process waiting for the range finishes or undoes what the dead move left
+    (docs/scaling-out.md, "When a move is interrupted")."""
+    import zlib
+
+    return zlib.crc32(f"slice_journal.mover.{schema}".encode()) - 2**31
+
+
 def _function(schema: str) -> str:
     validate_identifier(schema, "schema")
     return f'"{schema}".{CHECK_FUNCTION}'
