@@ -41,6 +41,7 @@ __all__ = [
     "SubjectForgotten",
     "TagEventsMissing",
     "TagWriteTimeout",
+    "UnknownVersion",
     "UnsupportedOperation",
 ]
 

@@ -34,7 +34,7 @@ JOURNAL_API = {
     "TagEventsMissing", "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "EntityError",
     "PersistNotAllowed", "EntityStopped", "StashTimeout", "RecoveryFailed", "ReplicationError", "LocationMismatch",
     "IncompatibleVersion", "LocalWritesRefused", "SliceRangeMoved",
-    "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten",
+    "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten", "UnknownVersion",
 }  # fmt: skip
 
 PROJECTIONS_API = {
