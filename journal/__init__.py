@@ -6,6 +6,7 @@ The public API is what ``__all__`` lists; everything else is internal.
 from .backend import Backend
 from .bulk import Outcome, Write, Written, failures
 from .codec import Forgotten, KeyStore
+from .durable_state import DurableState, State, StateOutcome, StateWrite, StateWritten
 from .entities import (
     DeliveryScan,
     Entity,
@@ -42,6 +43,7 @@ from .errors import (
     ProjectionError,
     RecoveryFailed,
     ReplicationError,
+    RevisionConflict,
     SequenceConflict,
     SerializationError,
     SliceRangeMoved,
@@ -72,6 +74,7 @@ __all__ = [
     "ConditionTimeout",
     "ConfigurationError",
     "DeliveryScan",
+    "DurableState",
     "Entity",
     "EntityError",
     "EntityRegistry",
@@ -102,6 +105,7 @@ __all__ = [
     "QueryMode",
     "RecoveryFailed",
     "ReplicationError",
+    "RevisionConflict",
     "SequenceConflict",
     "SequenceOffset",
     "SerializationError",
@@ -112,6 +116,10 @@ __all__ = [
     "Snapshot",
     "SparkSetupError",
     "StashTimeout",
+    "State",
+    "StateOutcome",
+    "StateWrite",
+    "StateWritten",
     "StorageError",
     "StoredManifest",
     "SubjectForgotten",

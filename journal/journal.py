@@ -18,6 +18,7 @@ from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
 from .bulk import Outcome, Write, outcomes
 from .codec import KeyStore, PayloadCodec, inner_manifest
+from .durable_state import DurableState
 from .envelope import TRACE_MANIFEST, EventEnvelope
 from .errors import (
     ConfigurationError,
@@ -537,6 +538,25 @@ class Journal:
 
     async def delete_snapshot(self, persistence_id: str) -> None:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
+
+    # -- durable state -----------------------------------------------------------------------
+
+    def durable_state(self) -> DurableState:
+        """The durable state store of this journal's database, on its pool and serializers
+        (docs/durable-state.md).
+
+        Raises:
+            UnsupportedOperation: on Cassandra, or a partitioned journal (durable state needs
+                one PostgreSQL database).
+            ConfigurationError: ``codec.encrypt`` is on (state payloads are not encrypted yet).
+        """
+        store = self.backend.durable_state_store()
+        if self.settings.codec.encrypt:
+            raise ConfigurationError(
+                "durable state does not encrypt its payloads yet and codec.encrypt is on: "
+                "its states would be stored in the clear"
+            )
+        return DurableState(store, self.serializers, self.settings.write.max_event_bytes)
 
 
 def traced_batches(write: WriteFn) -> WriteFn:

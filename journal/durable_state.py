@@ -1,0 +1,175 @@
+"""The durable state store: one value per persistence id, written with a revision
+(docs/durable-state.md). Get it from an open journal: ``journal.durable_state()``.
+
+It validates and serializes above the backend seam (:class:`~journal.backend.DurableStateStore`),
+as :class:`~journal.Journal` does for events: bad input is refused before anything is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from .backend import DurableStateStore, StateRow, StoredState
+from .errors import InvalidArgument, JournalError, RevisionConflict, SerializationError
+from .ids import entity_type_of, slice_for, validate_persistence_id, validate_seq_nr, validate_tags
+from .serialization import SerializerRegistry
+
+
+class State(NamedTuple):
+    """A pid's stored state: its ``value`` at ``revision`` (``deleted``: a tombstone, ``value``
+    None; the next write of the pid is ``revision + 1``)."""
+
+    persistence_id: str
+    revision: int
+    value: Any
+    deleted: bool
+    db_timestamp: datetime
+    tags: tuple[str, ...]
+
+
+class StateWrite(NamedTuple):
+    """One part of :meth:`DurableState.upsert_many`: what one :meth:`~DurableState.upsert` takes."""
+
+    persistence_id: str
+    revision: int
+    value: Any
+    tags: Sequence[str] = ()
+
+
+class StateWritten(NamedTuple):
+    """A state written: the pid is at ``revision`` since ``db_timestamp``."""
+
+    persistence_id: str
+    revision: int
+    db_timestamp: datetime
+
+
+StateOutcome = StateWritten | JournalError
+"""Per part of :meth:`DurableState.upsert_many`: :class:`StateWritten`, or the error of that part
+alone (:class:`RevisionConflict`; nothing of it was written)."""
+
+
+class DurableState:
+    """The ``durable_state`` table of an open journal (PostgreSQL): get by id, upsert with a
+    revision, delete (a tombstone) and hard delete.
+
+    A write at revision 1 inserts; at revision n it updates only a row at n - 1; anything else is
+    a :class:`RevisionConflict` naming the revision found, and nothing is written. So of two
+    writers of one revision, exactly one wins.
+    """
+
+    def __init__(self, store: DurableStateStore, serializers: SerializerRegistry, max_state_bytes: int) -> None:
+        self._store = store
+        self._serializers = serializers
+        self._max_bytes = max_state_bytes
+
+    async def get(self, persistence_id: str) -> State | None:
+        """The pid's state and revision, or None when it has no row (never written, or hard deleted)."""
+        row = await self._store.get_state(validate_persistence_id(persistence_id))
+        return None if row is None else self._state(row)
+
+    async def upsert(self, persistence_id: str, revision: int, value: Any, *, tags: Sequence[str] = ()) -> StateWritten:
+        """Store ``value`` as the pid's state at ``revision``.
+
+        Raises:
+            InvalidArgument: a bad pid or tags, a revision below 1, a value over
+                ``write.max_event_bytes`` serialized (nothing sent).
+            SerializationError: the value cannot be serialized (nothing sent).
+            RevisionConflict: the pid is not at ``revision - 1`` (1: it has a row); nothing written.
+            JournalUnavailable: the database could not be reached; ``outcome_unknown``: the upsert
+                was sent and may have been written (:meth:`get` tells).
+        """
+        return _raised(await self._write([self._row(persistence_id, revision, value, tags, "")]))
+
+    async def delete(self, persistence_id: str, revision: int) -> StateWritten:
+        """Delete the pid's state at ``revision`` (the next one after the stored): a tombstone row
+        keeps the revision, so the pid's next write is ``revision + 1`` and changes by slices
+        deliver the delete. Raises as :meth:`upsert`."""
+        return _raised(await self._write([self._row(persistence_id, revision, None, (), "")]))
+
+    async def hard_delete(self, persistence_id: str) -> bool:
+        """Remove the pid's row altogether (True: there was one). Its revisions start again at 1,
+        and changes by slices never deliver it: prefer :meth:`delete` while projections follow."""
+        return await self._store.hard_delete_state(validate_persistence_id(persistence_id))
+
+    async def upsert_many(self, writes: Iterable[StateWrite | tuple[Any, ...]]) -> list[StateOutcome]:
+        """Upsert many pids in one statement (one round trip, not the group commit: see
+        docs/durable-state.md), each part checked on its own. Returns one outcome per part, in
+        order: :class:`StateWritten` or its :class:`RevisionConflict`; the other parts are written
+        regardless.
+
+        Raises (before anything is sent): InvalidArgument for a bad part or a pid in two parts,
+        SerializationError for a value that cannot be serialized; the message names the part.
+        """
+        parts = list(writes)
+        rows: list[StateRow] = []
+        seen: set[str] = set()
+        for i, part in enumerate(parts):
+            write = _part(i, part)
+            if write.persistence_id in seen:
+                raise InvalidArgument(f"part {i}: {write.persistence_id!r} is in two parts of one upsert_many")
+            seen.add(write.persistence_id)
+            rows.append(self._row(write.persistence_id, write.revision, write.value, write.tags, f"part {i}: "))
+        return await self._write(rows) if rows else []
+
+    async def _write(self, rows: Sequence[StateRow]) -> list[StateOutcome]:
+        answers = await self._store.upsert_states(rows)
+        return [
+            StateWritten(r.persistence_id, r.revision, a)
+            if isinstance(a, datetime)
+            else RevisionConflict(r.persistence_id, r.revision, a)
+            for r, a in zip(rows, answers, strict=True)
+        ]
+
+    def _row(self, pid: Any, revision: Any, value: Any, tags: Any, where: str) -> StateRow:
+        try:
+            pid = validate_persistence_id(pid)
+            revision = validate_seq_nr("revision", revision, minimum=1)
+            clean_tags = validate_tags(tags)
+            ser = None
+            if value is not None:
+                ser = self._serializers.serialize(value, what=f"state of {pid!r}")
+                if ser.ser_id == 0:
+                    raise SerializationError(f"serializer id 0 marks a deleted state: {pid!r} needs another")
+                if len(ser.payload) > self._max_bytes:
+                    raise InvalidArgument(
+                        f"state of {pid!r} is {len(ser.payload):,} bytes serialized, above "
+                        f"write.max_event_bytes ({self._max_bytes:,})"
+                    )
+        except InvalidArgument as e:
+            if not where:
+                raise
+            raise InvalidArgument(f"{where}{e}") from e
+        except SerializationError as e:
+            if not where:
+                raise
+            raise SerializationError(f"{where}{e}") from e
+        return StateRow(pid, entity_type_of(pid), slice_for(pid), revision, ser, clean_tags)
+
+    def _state(self, row: StoredState) -> State:
+        st = row.state
+        value = (
+            None
+            if st is None
+            else self._serializers.deserialize(st.ser_id, st.manifest, st.payload, what="state", pid=row.persistence_id)
+        )
+        return State(row.persistence_id, row.revision, value, st is None, row.db_timestamp, row.tags)
+
+
+def _part(i: int, part: object) -> StateWrite:
+    if type(part) is StateWrite:
+        return part
+    if not isinstance(part, tuple) or not 3 <= len(part) <= 4:
+        raise InvalidArgument(
+            f"part {i}: a StateWrite or a (persistence_id, revision, value[, tags]) tuple, got {part!r}"
+        )
+    return StateWrite(*part)
+
+
+def _raised(outcomes: list[StateOutcome]) -> StateWritten:
+    (outcome,) = outcomes
+    if isinstance(outcome, JournalError):
+        raise outcome
+    return outcome

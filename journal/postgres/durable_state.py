@@ -1,0 +1,91 @@
+"""The durable state store on PostgreSQL: ``durable_state`` rows by persistence id
+(:class:`~journal.backend.DurableStateStore`; SQL in :mod:`.state_statements`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from ..backend import StateOutcome, StateRow, StoredState
+from ..errors import JournalUnavailable
+from ..serialization import Serialized
+from .connections import PostgresConnections, PostgresPart
+from .errors import cause_of, driver_error, is_transient, mapped_errors
+from .state_statements import StateStatements
+
+TOMBSTONE_SER_ID = 0
+"""``state_ser_id`` of a deleted state's row, as the plugin writes it (empty payload, manifest '')."""
+
+
+class PostgresDurableState(PostgresPart):
+    """Gets, upserts and deletes of ``durable_state`` over the journal's pool."""
+
+    def __init__(self, conns: PostgresConnections) -> None:
+        super().__init__(conns)
+        self.statements = StateStatements(self.settings.schema)
+
+    async def get_state(self, persistence_id: str) -> StoredState | None:
+        rows = await self.conns.fetch("durable state get", self.statements.get, persistence_id)
+        if not rows:
+            return None
+        r = rows[0]
+        ser_id = r["state_ser_id"]
+        state = None
+        if ser_id != TOMBSTONE_SER_ID:
+            state = Serialized(ser_id, r["state_ser_manifest"] or "", r["state_payload"])
+        return StoredState(persistence_id, r["revision"], r["db_timestamp"], state, tuple(r["tags"] or ()))
+
+    async def upsert_states(self, rows: Sequence[StateRow]) -> list[StateOutcome]:
+        """The rows in one statement; a refused row gets the revision stored now."""
+        params = _params(rows, self.conns.epoch)
+        with mapped_errors("durable state upsert", self.conns.target):  # nothing sent yet
+            conn = await self.pool.acquire()
+        try:
+            answer = await conn.fetch(self.statements.upsert, *params)
+        except Exception as e:
+            raise self._failure(e) from e
+        finally:
+            await self.pool.release(conn)
+        out: list[StateOutcome] = [r["ts"] for r in answer]
+        refused = [i for i, ts in enumerate(out) if ts is None]
+        if refused:
+            pids = [rows[i].persistence_id for i in refused]
+            found = {r["persistence_id"]: r["revision"] for r in await self._revisions(pids)}
+            for i in refused:
+                out[i] = found.get(rows[i].persistence_id)
+        return out
+
+    async def _revisions(self, pids: list[str]) -> list[asyncpg.Record]:
+        return await self.conns.fetch("durable state revisions", self.statements.revisions, pids)
+
+    def _failure(self, e: Exception) -> Exception:
+        if is_transient(e):  # sent, maybe committed: never guessed
+            return JournalUnavailable(
+                f"durable state upsert: {self.conns.target} unavailable ({cause_of(e)}); "
+                "it may or may not be written: get the state to see its revision",
+                outcome_unknown=True,
+            )
+        error = driver_error("durable state upsert", self.conns.target, e)
+        return error if isinstance(error, Exception) else e
+
+    async def hard_delete_state(self, persistence_id: str) -> bool:
+        status = await self.conns.execute("durable state hard delete", self.statements.hard_delete, persistence_id)
+        return status != "DELETE 0"
+
+
+def _params(rows: Sequence[StateRow], epoch: int) -> tuple[Any, ...]:
+    states = [r.state for r in rows]
+    return (
+        [r.persistence_id for r in rows],
+        [r.slice for r in rows],
+        [r.entity_type for r in rows],
+        [r.revision for r in rows],
+        [s.ser_id if s else TOMBSTONE_SER_ID for s in states],
+        [s.manifest if s else "" for s in states],
+        [s.payload if s else b"" for s in states],
+        [json.dumps(r.tags) if r.tags else None for r in rows],
+        epoch,
+    )
