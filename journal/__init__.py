@@ -6,7 +6,16 @@ The public API is what ``__all__`` lists; everything else is internal.
 from .backend import Backend
 from .bulk import Outcome, Write, Written, failures
 from .codec import Forgotten, KeyStore
-from .durable_state import DurableState, State, StateOutcome, StateWrite, StateWritten
+from .durable_state import (
+    DeletedState,
+    DurableState,
+    State,
+    StateChange,
+    StateOutcome,
+    StateWrite,
+    StateWritten,
+    UpdatedState,
+)
 from .entities import (
     DeliveryScan,
     Entity,
@@ -73,6 +82,7 @@ __all__ = [
     "CircuitBreakerOpen",
     "ConditionTimeout",
     "ConfigurationError",
+    "DeletedState",
     "DeliveryScan",
     "DurableState",
     "Entity",
@@ -117,6 +127,7 @@ __all__ = [
     "SparkSetupError",
     "StashTimeout",
     "State",
+    "StateChange",
     "StateOutcome",
     "StateWrite",
     "StateWritten",
@@ -130,6 +141,7 @@ __all__ = [
     "TimestampOffset",
     "UnsupportedOperation",
     "Upcasters",
+    "UpdatedState",
     "VectorTime",
     "View",
     "Write",

@@ -604,6 +604,11 @@ class DurableStateStore(Protocol):
         """Remove the pid's row (True: there was one)."""
         ...
 
+    def changes(self) -> SliceQueryBackend:
+        """The table's slice reads: each row in the layout of an event row (revision as seq_nr,
+        a tombstone without payload and ``deleted``), for the slice query algorithm."""
+        ...
+
 
 @runtime_checkable
 class Backend(EventWrites, EventReads, Snapshots, Protocol):

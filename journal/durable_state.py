@@ -7,14 +7,19 @@ as :class:`~journal.Journal` does for events: bad input is refused before anythi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from .backend import DurableStateStore, StateRow, StoredState
+from .envelope import EventEnvelope
 from .errors import InvalidArgument, JournalError, RevisionConflict, SerializationError
 from .ids import entity_type_of, slice_for, validate_persistence_id, validate_seq_nr, validate_tags
+from .offsets import NoOffset, TimestampOffset
+from .query.slices import SliceQueries
+from .query.validation import check_slice_query
 from .serialization import SerializerRegistry
+from .settings import JournalSettings, QueryMode
 
 
 class State(NamedTuple):
@@ -51,6 +56,33 @@ StateOutcome = StateWritten | JournalError
 alone (:class:`RevisionConflict`; nothing of it was written)."""
 
 
+class UpdatedState(NamedTuple):
+    """A change by slices: the pid's state ``value`` at ``revision`` (the latest when read)."""
+
+    persistence_id: str
+    revision: int
+    value: Any
+    offset: TimestampOffset
+    db_timestamp: datetime
+    entity_type: str
+    slice: int
+
+
+class DeletedState(NamedTuple):
+    """A change by slices: the pid's state was deleted at ``revision`` (its tombstone)."""
+
+    persistence_id: str
+    revision: int
+    offset: TimestampOffset
+    db_timestamp: datetime
+    entity_type: str
+    slice: int
+
+
+StateChange = UpdatedState | DeletedState
+"""What changes by slices deliver: the latest revision of every changed pid, a delete as its own kind."""
+
+
 class DurableState:
     """The ``durable_state`` table of an open journal (PostgreSQL): get by id, upsert with a
     revision, delete (a tombstone) and hard delete.
@@ -60,10 +92,17 @@ class DurableState:
     writers of one revision, exactly one wins.
     """
 
-    def __init__(self, store: DurableStateStore, serializers: SerializerRegistry, max_state_bytes: int) -> None:
+    def __init__(self, store: DurableStateStore, serializers: SerializerRegistry, settings: JournalSettings) -> None:
         self._store = store
         self._serializers = serializers
-        self._max_bytes = max_state_bytes
+        self._settings = settings
+        self._max_bytes = settings.write.max_event_bytes
+        self._queries: SliceQueries | None = None
+
+    async def close(self) -> None:
+        """Stop the changes queries' listener (the journal does it when it closes)."""
+        if self._queries is not None:
+            await self._queries.close()
 
     async def get(self, persistence_id: str) -> State | None:
         """The pid's state and revision, or None when it has no row (never written, or hard deleted)."""
@@ -113,6 +152,58 @@ class DurableState:
             seen.add(write.persistence_id)
             rows.append(self._row(write.persistence_id, write.revision, write.value, write.tags, f"part {i}: "))
         return await self._write(rows) if rows else []
+
+    # -- changes by slices ----------------------------------------------------------------------
+
+    def current_changes_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+    ) -> AsyncIterator[StateChange]:
+        """The changed states of ``entity_type`` in slices ``[min_slice, max_slice]`` committed
+        when the query started, in (db_timestamp, revision) order; ends when caught up.
+
+        Guaranteed: the latest revision of every pid changed after ``offset`` (resume after a
+        delivered change's ``offset``); intermediate revisions may be skipped, and a pid updated
+        while the query runs may come again with its newer revision. A delete comes as a
+        :class:`DeletedState`. ``mode``: "horizon" (default) or "backtracking", as the events'
+        slice queries. Raises like :meth:`journal.Journal.current_events_by_slices`.
+        """
+        start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self._settings.query.mode)
+        return self._changes(self._slice_queries().current(entity_type, min_slice, max_slice, start, m))
+
+    def changes_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+    ) -> AsyncIterator[StateChange]:
+        """The live version of :meth:`current_changes_by_slices`: never ends. It polls every
+        ``query.refresh_interval`` (state writes send no notification)."""
+        start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self._settings.query.mode)
+        return self._changes(self._slice_queries().live(entity_type, min_slice, max_slice, start, m, False))
+
+    def _slice_queries(self) -> SliceQueries:
+        if self._queries is None:
+            self._queries = SliceQueries(self._store.changes(), self._settings, self._serializers)
+        return self._queries
+
+    async def _changes(self, envelopes: AsyncIterator[EventEnvelope]) -> AsyncIterator[StateChange]:
+        async for e in envelopes:
+            offset = e.offset
+            assert type(offset) is TimestampOffset
+            pid, rev, ts, et, sl = e.persistence_id, e.seq_nr, e.db_timestamp, e.entity_type, e.slice
+            if e.has_payload:
+                yield UpdatedState(pid, rev, e.event, offset, ts, et, sl)
+            else:
+                yield DeletedState(pid, rev, offset, ts, et, sl)
 
     async def _write(self, rows: Sequence[StateRow]) -> list[StateOutcome]:
         answers = await self._store.upsert_states(rows)

@@ -87,6 +87,7 @@ class Journal:
             bulk_in_flight=w.bulk_in_flight,
         )
         self._slices: SliceQueries | None = None
+        self._durable_state: DurableState | None = None
 
     @property
     def writer_id(self) -> str:
@@ -95,6 +96,8 @@ class Journal:
     async def close(self) -> None:
         if self._slices is not None:
             await self._slices.close()
+        if self._durable_state is not None:
+            await self._durable_state.close()
         await self._group_commit.close()
         await self.backend.close()
 
@@ -556,7 +559,9 @@ class Journal:
                 "durable state does not encrypt its payloads yet and codec.encrypt is on: "
                 "its states would be stored in the clear"
             )
-        return DurableState(store, self.serializers, self.settings.write.max_event_bytes)
+        if self._durable_state is None:
+            self._durable_state = DurableState(store, self.serializers, self.settings)
+        return self._durable_state
 
 
 def traced_batches(write: WriteFn) -> WriteFn:

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 
-from ..backend import StateOutcome, StateRow, StoredState
+from ..backend import StateOutcome, StateRow, StoredEvent, StoredState, stored_event
 from ..errors import JournalUnavailable
 from ..serialization import Serialized
 from .connections import PostgresConnections, PostgresPart
 from .errors import cause_of, driver_error, is_transient, mapped_errors
-from .state_statements import StateStatements
+from .slice_reader import PostgresSliceReader
+from .state_statements import STATES, StateStatements
 
 TOMBSTONE_SER_ID = 0
 """``state_ser_id`` of a deleted state's row, as the plugin writes it (empty payload, manifest '')."""
@@ -26,6 +28,11 @@ class PostgresDurableState(PostgresPart):
     def __init__(self, conns: PostgresConnections) -> None:
         super().__init__(conns)
         self.statements = StateStatements(self.settings.schema)
+        self._changes = PostgresStateChanges(conns)
+
+    def changes(self) -> PostgresStateChanges:
+        """The slice reads of ``durable_state`` (changes by slices)."""
+        return self._changes
 
     async def get_state(self, persistence_id: str) -> StoredState | None:
         rows = await self.conns.fetch("durable state get", self.statements.get, persistence_id)
@@ -89,3 +96,24 @@ def _params(rows: Sequence[StateRow], epoch: int) -> tuple[Any, ...]:
         [json.dumps(r.tags) if r.tags else None for r in rows],
         epoch,
     )
+
+
+class PostgresStateChanges(PostgresSliceReader):
+    """The slice reads over ``durable_state`` (:data:`.state_statements.STATES`), for the journal's
+    slice query algorithm. A pid has one row: no earlier revisions to read by pid (a revision
+    skipped is the guarantee, not a gap), and a backtracking read loads the row only while it is
+    still at the revision found (a later one is found at its own, later, timestamp)."""
+
+    def __init__(self, conns: PostgresConnections) -> None:
+        super().__init__(conns, STATES)
+        self._load = StateStatements(conns.settings.schema).load
+
+    async def read_events(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> list[StoredEvent]:
+        return []
+
+    async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
+        return None
+
+    async def load_event(self, persistence_id: str, seq_nr: int) -> StoredEvent | None:
+        rows = await self.conns.fetch("load state", self._load, persistence_id, seq_nr)
+        return stored_event(rows[0]) if rows else None

@@ -12,7 +12,26 @@ n-th row of the statement steps n - 1 µs, and the statement ends once the clock
 from __future__ import annotations
 
 from ..settings import validate_identifier
+from .slice_queries import SliceTable
 from .timestamp_rule import MICROSECOND, clock, settle
+
+_STATE_COLUMNS = (
+    "persistence_id, entity_type, slice, revision AS seq_nr, db_timestamp, state_ser_id AS event_ser_id, "
+    "coalesce(state_ser_manifest, '') AS event_ser_manifest, "
+    "CASE WHEN state_ser_id = 0 THEN NULL ELSE state_payload END AS event_payload, '' AS writer, tags, "
+    "NULL::int AS meta_ser_id, NULL::text AS meta_ser_manifest, NULL::bytea AS meta_payload, "
+    "state_ser_id = 0 AS deleted"
+)
+
+STATES = SliceTable(
+    "durable_state",
+    _STATE_COLUMNS,
+    _STATE_COLUMNS.replace("CASE WHEN state_ser_id = 0 THEN NULL ELSE state_payload END", "NULL::bytea"),
+    "revision",
+    "true",
+)
+"""``durable_state`` for the slice queries (changes by slices): a row per pid in the layout of
+an event row, its revision as ``seq_nr``; a tombstone has no payload and ``deleted`` set."""
 
 _SRC = (
     "unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bytea[], $8::text[])"
@@ -66,3 +85,5 @@ SELECT d.db_timestamp AS ts, {settle("src")} AS settled
             f" FROM {ds} WHERE persistence_id = $1"
         )
         self.hard_delete = f"DELETE FROM {ds} WHERE persistence_id = $1"
+        self.load = f"SELECT {_STATE_COLUMNS} FROM {ds} WHERE persistence_id = $1 AND revision = $2"
+        """The pid's row if it is still at the revision (a backtracking read's payload)."""
