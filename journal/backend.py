@@ -595,9 +595,15 @@ class DurableStateStore(Protocol):
 
     async def get_state(self, persistence_id: str) -> StoredState | None: ...
 
-    async def upsert_states(self, rows: Sequence[StateRow]) -> list[StateOutcome]:
+    async def upsert_states(
+        self,
+        rows: Sequence[StateRow],
+        in_transaction: Callable[[Any, list[StateOutcome]], Awaitable[None]] | None = None,
+    ) -> list[StateOutcome]:
         """Each row in one statement: revision 1 inserts, revision n updates only a row at n - 1.
-        Raises JournalUnavailable(outcome_unknown=True) when the answer was lost."""
+        ``in_transaction(conn, outcomes)``: run after the statement in its transaction, on its
+        connection (what it raises rolls the rows back and propagates). Raises
+        JournalUnavailable(outcome_unknown=True) when the answer was lost."""
         ...
 
     async def hard_delete_state(self, persistence_id: str) -> bool:

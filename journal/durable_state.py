@@ -7,19 +7,29 @@ as :class:`~journal.Journal` does for events: bad input is refused before anythi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from .backend import DurableStateStore, StateRow, StoredState
+from .backend import StateOutcome as RowOutcome
 from .envelope import EventEnvelope
 from .errors import InvalidArgument, JournalError, RevisionConflict, SerializationError
-from .ids import entity_type_of, slice_for, validate_persistence_id, validate_seq_nr, validate_tags
+from .ids import (
+    entity_type_of,
+    slice_for,
+    validate_entity_type,
+    validate_persistence_id,
+    validate_seq_nr,
+    validate_tags,
+)
 from .offsets import NoOffset, TimestampOffset
 from .query.slices import SliceQueries
 from .query.validation import check_slice_query
 from .serialization import SerializerRegistry
 from .settings import JournalSettings, QueryMode
+from .write_batch import BatchResult, WriteBatch
+from .write_validation import WriteValidator
 
 
 class State(NamedTuple):
@@ -82,6 +92,11 @@ class DeletedState(NamedTuple):
 StateChange = UpdatedState | DeletedState
 """What changes by slices deliver: the latest revision of every changed pid, a delete as its own kind."""
 
+ChangeHandler = Callable[[Any, StateChange], Awaitable[None]]
+"""``handler(conn, change)``: called in the upsert's transaction, on its connection (asyncpg)."""
+
+WriteOn = Callable[[Any, WriteBatch], Awaitable[BatchResult]]
+
 
 class DurableState:
     """The ``durable_state`` table of an open journal (PostgreSQL): get by id, upsert with a
@@ -92,12 +107,36 @@ class DurableState:
     writers of one revision, exactly one wins.
     """
 
-    def __init__(self, store: DurableStateStore, serializers: SerializerRegistry, settings: JournalSettings) -> None:
+    def __init__(
+        self, store: DurableStateStore, serializers: SerializerRegistry, settings: JournalSettings, write_on: WriteOn
+    ) -> None:
         self._store = store
         self._serializers = serializers
         self._settings = settings
         self._max_bytes = settings.write.max_event_bytes
         self._queries: SliceQueries | None = None
+        self._write_on = write_on
+        self._validator = WriteValidator(serializers, settings.write.max_event_bytes)
+        self._handlers: dict[str, list[ChangeHandler]] = {}
+        self._events: dict[str, Callable[[StateChange], Any]] = {}
+
+    def add_change_handler(self, entity_type: str, handler: ChangeHandler) -> None:
+        """Call ``await handler(conn, change)`` for every change of ``entity_type`` written from
+        now on, in the upsert's transaction and on its connection (write a query model there: it
+        commits with the state, or neither does). Called once per change written, in the order
+        of the parts; never for a refused revision. What it raises rolls the upsert back and
+        propagates (nothing written)."""
+        validate_entity_type(entity_type)
+        self._handlers.setdefault(entity_type, []).append(handler)
+
+    def write_change_events(self, entity_type: str, to_event: Callable[[StateChange], Any]) -> None:
+        """Write ``to_event(change)`` to the journal for every change of ``entity_type``, in the
+        upsert's transaction, as the pid's event with the revision as its sequence number: every
+        change is then a plain events-by-slices query. The pid's events must follow its revisions
+        (a pid with other events, or hard deleted and written again, gets a SequenceConflict and
+        nothing is written)."""
+        validate_entity_type(entity_type)
+        self._events[entity_type] = to_event
 
     async def close(self) -> None:
         """Stop the changes queries' listener (the journal does it when it closes)."""
@@ -120,13 +159,13 @@ class DurableState:
             JournalUnavailable: the database could not be reached; ``outcome_unknown``: the upsert
                 was sent and may have been written (:meth:`get` tells).
         """
-        return _raised(await self._write([self._row(persistence_id, revision, value, tags, "")]))
+        return _raised(await self._write([self._row(persistence_id, revision, value, tags, "")], [value]))
 
     async def delete(self, persistence_id: str, revision: int) -> StateWritten:
         """Delete the pid's state at ``revision`` (the next one after the stored): a tombstone row
         keeps the revision, so the pid's next write is ``revision + 1`` and changes by slices
         deliver the delete. Raises as :meth:`upsert`."""
-        return _raised(await self._write([self._row(persistence_id, revision, None, (), "")]))
+        return _raised(await self._write([self._row(persistence_id, revision, None, (), "")], [None]))
 
     async def hard_delete(self, persistence_id: str) -> bool:
         """Remove the pid's row altogether (True: there was one). Its revisions start again at 1,
@@ -144,6 +183,7 @@ class DurableState:
         """
         parts = list(writes)
         rows: list[StateRow] = []
+        values: list[Any] = []
         seen: set[str] = set()
         for i, part in enumerate(parts):
             write = _part(i, part)
@@ -151,7 +191,8 @@ class DurableState:
                 raise InvalidArgument(f"part {i}: {write.persistence_id!r} is in two parts of one upsert_many")
             seen.add(write.persistence_id)
             rows.append(self._row(write.persistence_id, write.revision, write.value, write.tags, f"part {i}: "))
-        return await self._write(rows) if rows else []
+            values.append(write.value)
+        return await self._write(rows, values) if rows else []
 
     # -- changes by slices ----------------------------------------------------------------------
 
@@ -205,14 +246,29 @@ class DurableState:
             else:
                 yield DeletedState(pid, rev, offset, ts, et, sl)
 
-    async def _write(self, rows: Sequence[StateRow]) -> list[StateOutcome]:
-        answers = await self._store.upsert_states(rows)
+    async def _write(self, rows: Sequence[StateRow], values: Sequence[Any]) -> list[StateOutcome]:
+        watched = any(r.entity_type in self._handlers or r.entity_type in self._events for r in rows)
+
+        async def in_transaction(conn: Any, answers: list[RowOutcome]) -> None:
+            for row, value, answer in zip(rows, values, answers, strict=True):
+                if isinstance(answer, datetime):
+                    await self._changed(conn, _change(row, value, answer))
+
+        answers = await self._store.upsert_states(rows, in_transaction if watched else None)
         return [
             StateWritten(r.persistence_id, r.revision, a)
             if isinstance(a, datetime)
             else RevisionConflict(r.persistence_id, r.revision, a)
             for r, a in zip(rows, answers, strict=True)
         ]
+
+    async def _changed(self, conn: Any, change: StateChange) -> None:
+        to_event = self._events.get(change.entity_type)
+        if to_event is not None:
+            batch = self._validator.call(change.persistence_id, [to_event(change)], change.revision - 1)
+            await self._write_on(conn, batch)
+        for handler in self._handlers.get(change.entity_type, ()):
+            await handler(conn, change)
 
     def _row(self, pid: Any, revision: Any, value: Any, tags: Any, where: str) -> StateRow:
         try:
@@ -257,6 +313,14 @@ def _part(i: int, part: object) -> StateWrite:
             f"part {i}: a StateWrite or a (persistence_id, revision, value[, tags]) tuple, got {part!r}"
         )
     return StateWrite(*part)
+
+
+def _change(row: StateRow, value: Any, db_timestamp: datetime) -> StateChange:
+    offset = TimestampOffset(db_timestamp, {row.persistence_id: row.revision})
+    pid, rev, et, sl = row.persistence_id, row.revision, row.entity_type, row.slice
+    if row.state is None:
+        return DeletedState(pid, rev, offset, db_timestamp, et, sl)
+    return UpdatedState(pid, rev, value, offset, db_timestamp, et, sl)
 
 
 def _raised(outcomes: list[StateOutcome]) -> StateWritten:

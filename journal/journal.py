@@ -560,7 +560,7 @@ class Journal:
                 "its states would be stored in the clear"
             )
         if self._durable_state is None:
-            self._durable_state = DurableState(store, self.serializers, self.settings)
+            self._durable_state = DurableState(store, self.serializers, self.settings, self.backend.write_on)
         return self._durable_state
 
 

@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
-
-import asyncpg
 
 from ..backend import StateOutcome, StateRow, StoredEvent, StoredState, stored_event
 from ..errors import JournalUnavailable
@@ -45,38 +43,50 @@ class PostgresDurableState(PostgresPart):
             state = Serialized(ser_id, r["state_ser_manifest"] or "", r["state_payload"])
         return StoredState(persistence_id, r["revision"], r["db_timestamp"], state, tuple(r["tags"] or ()))
 
-    async def upsert_states(self, rows: Sequence[StateRow]) -> list[StateOutcome]:
-        """The rows in one statement; a refused row gets the revision stored now."""
+    async def upsert_states(
+        self,
+        rows: Sequence[StateRow],
+        in_transaction: Callable[[Any, list[StateOutcome]], Awaitable[None]] | None = None,
+    ) -> list[StateOutcome]:
+        """The rows in one statement (autocommit, or in a transaction with ``in_transaction``
+        after it); a refused row gets the revision stored now."""
         params = _params(rows, self.conns.epoch)
         with mapped_errors("durable state upsert", self.conns.target):  # nothing sent yet
             conn = await self.pool.acquire()
         try:
-            answer = await conn.fetch(self.statements.upsert, *params)
+            if in_transaction is None:
+                return await self._upsert(conn, rows, params)
+            async with conn.transaction():
+                out = await self._upsert(conn, rows, params)
+                await in_transaction(conn, out)
+                return out
         except Exception as e:
-            raise self._failure(e) from e
+            error = self._failure(e)
+            if error is e:  # the library's own errors, a handler's
+                raise
+            raise error from e
         finally:
             await self.pool.release(conn)
+
+    async def _upsert(self, conn: Any, rows: Sequence[StateRow], params: tuple[Any, ...]) -> list[StateOutcome]:
+        answer = await conn.fetch(self.statements.upsert, *params)
         out: list[StateOutcome] = [r["ts"] for r in answer]
         refused = [i for i, ts in enumerate(out) if ts is None]
-        if refused:
+        if refused:  # read after the statement: the revision a racing writer committed
             pids = [rows[i].persistence_id for i in refused]
-            found = {r["persistence_id"]: r["revision"] for r in await self._revisions(pids)}
+            found = {r["persistence_id"]: r["revision"] for r in await conn.fetch(self.statements.revisions, pids)}
             for i in refused:
                 out[i] = found.get(rows[i].persistence_id)
         return out
 
-    async def _revisions(self, pids: list[str]) -> list[asyncpg.Record]:
-        return await self.conns.fetch("durable state revisions", self.statements.revisions, pids)
-
-    def _failure(self, e: Exception) -> Exception:
+    def _failure(self, e: Exception) -> BaseException:
         if is_transient(e):  # sent, maybe committed: never guessed
             return JournalUnavailable(
                 f"durable state upsert: {self.conns.target} unavailable ({cause_of(e)}); "
                 "it may or may not be written: get the state to see its revision",
                 outcome_unknown=True,
             )
-        error = driver_error("durable state upsert", self.conns.target, e)
-        return error if isinstance(error, Exception) else e
+        return driver_error("durable state upsert", self.conns.target, e)
 
     async def hard_delete_state(self, persistence_id: str) -> bool:
         status = await self.conns.execute("durable state hard delete", self.statements.hard_delete, persistence_id)
