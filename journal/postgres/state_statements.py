@@ -62,7 +62,8 @@ upd AS (
   UPDATE {ds} d SET revision = s.revision, db_timestamp = {_stamp("d.db_timestamp")}, state_ser_id = s.ser_id,
          state_ser_manifest = s.manifest, state_payload = s.payload, tags = {_TAGS}
     FROM src s
-   WHERE s.revision > 1 AND d.persistence_id = s.pid AND d.revision = s.revision - 1
+   WHERE d.persistence_id = ANY($1::text[]) AND s.revision > 1 AND d.persistence_id = s.pid
+     AND d.revision = s.revision - 1
   RETURNING d.persistence_id, d.db_timestamp
 ),
 ins AS (
