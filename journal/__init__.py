@@ -6,6 +6,16 @@ The public API is what ``__all__`` lists; everything else is internal.
 from .backend import Backend
 from .bulk import Outcome, Write, Written, failures
 from .codec import Forgotten, KeyStore
+from .durable_state import (
+    DeletedState,
+    DurableState,
+    State,
+    StateChange,
+    StateOutcome,
+    StateWrite,
+    StateWritten,
+    UpdatedState,
+)
 from .entities import (
     DeliveryScan,
     Entity,
@@ -42,6 +52,7 @@ from .errors import (
     ProjectionError,
     RecoveryFailed,
     ReplicationError,
+    RevisionConflict,
     SequenceConflict,
     SerializationError,
     SliceRangeMoved,
@@ -72,7 +83,9 @@ __all__ = [
     "CircuitBreakerOpen",
     "ConditionTimeout",
     "ConfigurationError",
+    "DeletedState",
     "DeliveryScan",
+    "DurableState",
     "Entity",
     "EntityError",
     "EntityRegistry",
@@ -103,6 +116,7 @@ __all__ = [
     "QueryMode",
     "RecoveryFailed",
     "ReplicationError",
+    "RevisionConflict",
     "SequenceConflict",
     "SequenceOffset",
     "SerializationError",
@@ -113,6 +127,11 @@ __all__ = [
     "Snapshot",
     "SparkSetupError",
     "StashTimeout",
+    "State",
+    "StateChange",
+    "StateOutcome",
+    "StateWrite",
+    "StateWritten",
     "StorageError",
     "StoredManifest",
     "SubjectForgotten",
@@ -124,6 +143,7 @@ __all__ = [
     "UnknownVersion",
     "UnsupportedOperation",
     "Upcasters",
+    "UpdatedState",
     "VectorTime",
     "View",
     "Write",

@@ -559,6 +559,63 @@ class SliceLeases(Protocol):
     async def load_progress(self, key: str, slices: Sequence[int]) -> dict[int, datetime]: ...
 
 
+# -- durable state (issue 34) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StateRow:
+    """One upsert or delete of the durable state store, validated and serialized: the row the
+    pid gets at ``revision`` (``state`` None: a tombstone, the plugin's delete)."""
+
+    persistence_id: str
+    entity_type: str
+    slice: int
+    revision: int
+    state: Serialized | None
+    tags: tuple[str, ...] = ()
+
+
+class StoredState(NamedTuple):
+    """The row of a pid in ``durable_state`` (``state`` None: a tombstone)."""
+
+    persistence_id: str
+    revision: int
+    db_timestamp: datetime
+    state: Serialized | None
+    tags: tuple[str, ...]
+
+
+StateOutcome = datetime | int | None
+"""Per row of an upsert: its db_timestamp (written), else the revision found instead of the one
+before it (int; None: no row), and nothing of that row was written."""
+
+
+class DurableStateStore(Protocol):
+    """The ``durable_state`` table (PostgreSQL; docs/durable-state.md)."""
+
+    async def get_state(self, persistence_id: str) -> StoredState | None: ...
+
+    async def upsert_states(
+        self,
+        rows: Sequence[StateRow],
+        in_transaction: Callable[[Any, list[StateOutcome]], Awaitable[None]] | None = None,
+    ) -> list[StateOutcome]:
+        """Each row in one statement: revision 1 inserts, revision n updates only a row at n - 1.
+        ``in_transaction(conn, outcomes)``: run after the statement in its transaction, on its
+        connection (what it raises rolls the rows back and propagates). Raises
+        JournalUnavailable(outcome_unknown=True) when the answer was lost."""
+        ...
+
+    async def hard_delete_state(self, persistence_id: str) -> bool:
+        """Remove the pid's row (True: there was one)."""
+        ...
+
+    def changes(self) -> SliceQueryBackend:
+        """The table's slice reads: each row in the layout of an event row (revision as seq_nr,
+        a tombstone without payload and ``deleted``), for the slice query algorithm."""
+        ...
+
+
 @runtime_checkable
 class Backend(EventWrites, EventReads, Snapshots, Protocol):
     """The whole interface of a backend: lifecycle, writes, reads by pid, snapshots, ``info``,
@@ -603,4 +660,8 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
 
     def key_store(self) -> KeyStore:
         """The default store of encryption keys: a table of this database (PostgreSQL)."""
+        ...
+
+    def durable_state_store(self) -> DurableStateStore:
+        """The durable state table of this database (PostgreSQL, one database)."""
         ...

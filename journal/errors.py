@@ -32,6 +32,7 @@ __all__ = [
     "ProjectionError",
     "RecoveryFailed",
     "ReplicationError",
+    "RevisionConflict",
     "SequenceConflict",
     "SerializationError",
     "SliceRangeMoved",
@@ -126,6 +127,20 @@ class SequenceConflict(JournalError):
         if detail:
             msg += f": {detail}"
         super().__init__(msg)
+
+
+class RevisionConflict(JournalError):
+    """A durable state upsert or delete at ``revision`` found the pid at another revision than
+    ``revision - 1`` (``found``; None: no row). Nothing of it was written (docs/durable-state.md)."""
+
+    def __init__(self, persistence_id: str, revision: int, found: int | None) -> None:
+        self.persistence_id = persistence_id
+        self.revision = revision
+        self.found = found
+        at = "no stored state" if found is None else f"stored revision {found}"
+        super().__init__(
+            f"revision conflict for {persistence_id!r}: revision {revision} needs revision {revision - 1}, found {at}"
+        )
 
 
 class JournalUnavailable(JournalError):

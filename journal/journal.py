@@ -16,6 +16,7 @@ from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
 from .bulk import Outcome, Write, outcomes
 from .codec import KeyState, KeyStore, PayloadCodec, inner_manifest
+from .durable_state import DurableState
 from .envelope import EventEnvelope
 from .errors import (
     ConfigurationError,
@@ -85,6 +86,7 @@ class Journal:
             bulk_in_flight=w.bulk_in_flight,
         )
         self._slices: SliceQueries | None = None
+        self._durable_state: DurableState | None = None
 
     @property
     def writer_id(self) -> str:
@@ -93,6 +95,8 @@ class Journal:
     async def close(self) -> None:
         if self._slices is not None:
             await self._slices.close()
+        if self._durable_state is not None:
+            await self._durable_state.close()
         await self._group_commit.close()
         await self.backend.close()
 
@@ -574,6 +578,27 @@ class Journal:
 
     async def delete_snapshot(self, persistence_id: str) -> None:
         await self.backend.delete_snapshot(validate_persistence_id(persistence_id))
+
+    # -- durable state -----------------------------------------------------------------------
+
+    def durable_state(self) -> DurableState:
+        """The durable state store of this journal's database, on its pool and serializers
+        (docs/durable-state.md).
+
+        Raises:
+            UnsupportedOperation: on Cassandra, or a partitioned journal (durable state needs
+                one PostgreSQL database).
+            ConfigurationError: ``codec.encrypt`` is on (state payloads are not encrypted yet).
+        """
+        store = self.backend.durable_state_store()
+        if self.settings.codec.encrypt:
+            raise ConfigurationError(
+                "durable state does not encrypt its payloads yet and codec.encrypt is on: "
+                "its states would be stored in the clear"
+            )
+        if self._durable_state is None:
+            self._durable_state = DurableState(store, self.serializers, self.settings, self.backend.write_on)
+        return self._durable_state
 
 
 def resolve_dsn(dsn: str | None, settings: JournalSettings) -> str | None:

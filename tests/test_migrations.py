@@ -111,3 +111,52 @@ def test_journal_migrate_and_info_cli(empty_db: str, tmp_path: Path) -> None:
     assert bad.returncode == 2 and "run `journal migrate`" in bad.stderr
     bad = subprocess.run([*journal_cli, "migrate", "--schema", "bad-name", "--sql"], capture_output=True, text=True)
     assert bad.returncode == 2 and "not a valid identifier" in bad.stderr
+
+
+def test_durable_state_matches_the_plugin(empty_db: str) -> None:
+    """durable_state has the plugin's columns, key (persistence_id, as since its PR #559) and
+    slice index (issue 34)."""
+    upgrade(empty_db)
+    engine = create_engine(sqlalchemy_url(empty_db))
+    try:
+        insp = inspect(engine)
+        cols = {c["name"]: (str(c["type"]), c["nullable"]) for c in insp.get_columns("durable_state")}
+        idx = {i["name"]: i["column_names"] for i in insp.get_indexes("durable_state")}
+        pk = insp.get_pk_constraint("durable_state")["constrained_columns"]
+    finally:
+        engine.dispose()
+    assert cols == {
+        "slice": ("INTEGER", False),
+        "entity_type": ("VARCHAR(255)", False),
+        "persistence_id": ("VARCHAR(255)", False),
+        "revision": ("BIGINT", False),
+        "db_timestamp": ("TIMESTAMP", False),
+        "state_ser_id": ("INTEGER", False),
+        "state_ser_manifest": ("VARCHAR(255)", True),
+        "state_payload": ("BYTEA", False),
+        "tags": ("ARRAY", True),
+    }
+    assert pk == ["persistence_id"]
+    assert idx["durable_state_slice_idx"] == ["slice", "entity_type", "db_timestamp", "revision"]
+
+
+def test_durable_state_of_the_plugins_older_ddl_gets_its_new_key(empty_db: str) -> None:
+    """A durable_state made by the plugin's 1.1.2 DDL (key (persistence_id, revision)) keeps its
+    rows and gets the key persistence_id, as the plugin's own migration does."""
+    ddl = (ROOT / "interop" / "jvm" / "ddl" / "akka_persistence_r2dbc_1.1.2.sql").read_text()
+    engine = create_engine(sqlalchemy_url(empty_db))
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(ddl)
+            conn.exec_driver_sql(
+                "INSERT INTO durable_state VALUES (1, 't', 't|a', 3, now(), 1, '', '\\x7b7d'::bytea, NULL)"
+            )
+        upgrade(empty_db)
+        insp = inspect(engine)
+        pk = insp.get_pk_constraint("durable_state")["constrained_columns"]
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT persistence_id, revision FROM durable_state").all()
+    finally:
+        engine.dispose()
+    assert pk == ["persistence_id"]
+    assert [tuple(r) for r in rows] == [("t|a", 3)]

@@ -19,6 +19,9 @@ JOURNAL_API = {
     "NUMBER_OF_SLICES", "slice_for", "slice_ranges", "entity_type_of", "persistence_id_of",
     # bulk writes
     "Write", "Written", "Outcome", "failures",
+    # durable state (issue 34)
+    "DurableState", "State", "StateWrite", "StateWritten", "StateOutcome", "RevisionConflict",
+    "UpdatedState", "DeletedState", "StateChange",
     # serialization
     "Serializer", "SerializerRegistry", "Serialized",
     # the backend seam (for a backend of one's own)

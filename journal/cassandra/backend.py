@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from ..backend import (
     Backend,
+    DurableStateStore,
     ReplicationStore,
     SharedConnections,
     SliceLeases,
@@ -83,6 +84,12 @@ class CassandraBackend(CassandraWrites, CassandraSnapshots, CassandraInfo):
         raise UnsupportedOperation(
             "the cassandra backend has no key table: pass open_journal(..., key_store=...) to encrypt"
             " (your own KeyStore: a KMS, or a key table elsewhere)"
+        )
+
+    def durable_state_store(self) -> DurableStateStore:
+        raise UnsupportedOperation(
+            "durable state needs PostgreSQL: the cassandra backend has no durable_state table "
+            "(Akka Persistence Cassandra has no durable state store either)"
         )
 
 

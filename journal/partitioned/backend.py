@@ -17,7 +17,15 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ..backend import Backend, ManifestCount, SharedConnections, SliceLeases, SnapshotRow, WriteCheck
+from ..backend import (
+    Backend,
+    DurableStateStore,
+    ManifestCount,
+    SharedConnections,
+    SliceLeases,
+    SnapshotRow,
+    WriteCheck,
+)
 from ..errors import UnsupportedOperation
 from ..ids import slice_for
 from ..postgres import MOVED, PostgresBackend, PostgresKeyStore, redact
@@ -212,6 +220,12 @@ class PartitionedBackend:
     def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
         """Leases of a job over slices live in the home database (they belong to the job)."""
         return self._home_backend().slice_leases(name, owner, ttl)
+
+    def durable_state_store(self) -> DurableStateStore:
+        raise UnsupportedOperation(
+            "durable state needs one PostgreSQL database: it does not follow data partitions yet "
+            "(partitions.databases is set)"
+        )
 
 
 _check: type[Backend] = PartitionedBackend

@@ -18,6 +18,7 @@ from ..write_batch import BatchResult, WriteBatch
 from .bulk_writes import BulkWrite
 from .cleanup import PostgresCleanup
 from .connections import PostgresConnections
+from .durable_state import PostgresDurableState
 from .info import PostgresInfo
 from .key_store import PostgresKeyStore
 from .partitions import PostgresPartitions
@@ -41,6 +42,7 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
         self._tag_store = PostgresTagStore(self.conns)
         self._cleanup = PostgresCleanup(self.conns, self.delete_events_to)
         self._partitions = PostgresPartitions(self.conns)
+        self._durable_state = PostgresDurableState(self.conns)
 
     async def start(self) -> None:
         await self.conns.open()
@@ -102,6 +104,10 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
 
         master = self.settings.codec.master_key
         return PostgresKeyStore(self.conns, MasterKey.from_base64(master) if master else None)
+
+    def durable_state_store(self) -> PostgresDurableState:
+        """The ``durable_state`` table over the journal's pool (docs/durable-state.md)."""
+        return self._durable_state
 
 
 _check: type[Backend] = PostgresBackend

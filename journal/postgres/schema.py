@@ -363,3 +363,26 @@ slice_move = Table(
 target, the epoch it will switch to, the step it reached and how far the copy got (a slice
 query offset). Present from the move's start until the source's rows are removed: a move
 interrupted at any step is finished by running it again."""
+
+# -- durable state (issue 34) ---------------------------------------------------------------------
+
+durable_state = Table(
+    "durable_state",
+    metadata,
+    Column("slice", Integer, nullable=False),
+    Column("entity_type", String(255), nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("revision", BigInteger, nullable=False),
+    Column("db_timestamp", TIMESTAMP(timezone=True), nullable=False),
+    Column("state_ser_id", Integer, nullable=False),
+    Column("state_ser_manifest", String(255)),
+    Column("state_payload", LargeBinary, nullable=False),
+    Column("tags", ARRAY(Text)),
+    PrimaryKeyConstraint("persistence_id", name="durable_state_pkey"),
+    Index("durable_state_slice_idx", "slice", "entity_type", "db_timestamp", "revision"),
+)
+"""One row per persistence id of the durable state store (docs/durable-state.md), the columns of
+Akka Persistence R2DBC's ``durable_state`` so a JVM service and this library share the rows. A
+delete keeps the row as a tombstone (``state_ser_id`` 0, empty payload, the revision kept), as
+the plugin does: a revision is never used twice. ``durable_state_slice_idx`` serves the changes
+by slices (the plugin's 1.1 index; its newer DDL leaves ``revision`` out, a prefix of this one)."""

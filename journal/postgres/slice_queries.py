@@ -12,25 +12,47 @@ from ..settings import validate_identifier
 from .statements import EVENT_COLUMNS
 from .timestamp_rule import read_check
 
-_PAYLOAD_COLUMNS = EVENT_COLUMNS
-_NO_PAYLOAD_COLUMNS = EVENT_COLUMNS.replace("event_payload", "NULL::bytea AS event_payload")
+
+@dataclass(frozen=True)
+class SliceTable:
+    """A table the slice queries read: rows with (slice, entity_type, db_timestamp) and a number
+    that orders a pid's rows, indexed on those, selected as :data:`~journal.backend.SLICE_ROW_COLUMNS`."""
+
+    name: str
+    columns: str
+    """The select list, as the seam's row layout."""
+    no_payload_columns: str
+    seq: str
+    """The column that orders a pid's rows (``seq_nr``; ``revision`` for durable state)."""
+    delivered: str
+    """The predicate of the rows a query delivers."""
+
+
+EVENTS = SliceTable(
+    "event_journal",
+    EVENT_COLUMNS,
+    EVENT_COLUMNS.replace("event_payload", "NULL::bytea AS event_payload"),
+    "seq_nr",
+    "deleted = false",
+)
 
 
 @dataclass(frozen=True)
 class SliceStatements:
     schema: str
+    table: SliceTable = EVENTS
 
     def __post_init__(self) -> None:
         validate_identifier(self.schema, "schema")
 
     @property
     def ej(self) -> str:
-        return f'"{self.schema}".event_journal'
+        return f'"{self.schema}".{self.table.name}'
 
     @property
     def table_name(self) -> str:
         """The table name as a regclass literal (a parameter, resolved by the server)."""
-        return f'"{self.schema}".event_journal'
+        return self.ej
 
     def page(self, *, with_payload: bool) -> str:
         """One page of a slice range in ``[$3, $4)``, ordered by (db_timestamp, seq_nr, pid).
@@ -44,15 +66,16 @@ class SliceStatements:
         the scan stays short far from the tail. ``$8``: the reader's partition map epoch; the
         database refuses the page if it does not serve these slices (:mod:`.timestamp_rule`).
         """
-        cols = _PAYLOAD_COLUMNS if with_payload else _NO_PAYLOAD_COLUMNS
+        t = self.table
+        cols = t.columns if with_payload else t.no_payload_columns
         return (
             f"SELECT {cols} FROM {self.ej} "
             "WHERE entity_type = $1 AND slice = ANY($2::int[]) "
-            "AND db_timestamp >= $3 AND db_timestamp < $4 AND deleted = false "
+            f"AND db_timestamp >= $3 AND db_timestamp < $4 AND {t.delivered} "
             "AND NOT (db_timestamp = $3 AND EXISTS (SELECT 1 FROM unnest($5::text[], $6::bigint[]) "
-            "AS s(pid, seq) WHERE s.pid = persistence_id AND s.seq >= seq_nr)) "
+            f"AS s(pid, seq) WHERE s.pid = persistence_id AND s.seq >= {t.seq})) "
             f"AND {read_check(self.schema, '$8', '$2')} "
-            "ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $7"
+            f"ORDER BY db_timestamp, {t.seq}, persistence_id LIMIT $7"
         )
 
     @property
@@ -67,13 +90,13 @@ class SliceStatements:
             "CROSS JOIN LATERAL ("
             f"SELECT e.db_timestamp FROM {self.ej} e WHERE e.slice = s.slice "
             "AND e.entity_type = $1 AND e.db_timestamp >= $4 AND e.db_timestamp < $5 "
-            "AND e.deleted = false ORDER BY e.db_timestamp LIMIT 1) AS t "
+            f"AND {self.table.delivered} ORDER BY e.db_timestamp LIMIT 1) AS t "
             f"WHERE {read_check(self.schema, '$6', 'ARRAY(SELECT generate_series($2::int, $3::int))')}"
         )
 
     @property
     def horizon(self) -> str:
-        """The database clock, then the in-progress writers of event_journal.
+        """The database clock, then the in-progress writers of the table (event_journal).
 
         The clock (``now``) is read first (a materialized CTE; the lateral join that reads
         pg_locks depends on it, so it runs after). Writers are transactions holding a granted

@@ -15,13 +15,13 @@ from ..backend import HorizonReading, PageRequest, SliceRange, StoredEvent, Writ
 from .connections import PostgresConnections
 from .notifications import PostgresListener
 from .reads import PostgresReads
-from .slice_queries import SliceStatements
+from .slice_queries import EVENTS, SliceStatements, SliceTable
 
 
 class PostgresSliceReader(PostgresReads):
-    def __init__(self, conns: PostgresConnections) -> None:
+    def __init__(self, conns: PostgresConnections, table: SliceTable = EVENTS) -> None:
         super().__init__(conns)
-        self.slice_sql = SliceStatements(conns.settings.schema)
+        self.slice_sql = SliceStatements(conns.settings.schema, table)
         self._slice_lists: dict[tuple[int, int], list[int]] = {}
         self._page = {
             True: self.slice_sql.page(with_payload=True),

@@ -1,0 +1,155 @@
+"""Durable state (issue 34) against raw asyncpg, in the same run, on a fresh database.
+
+(a) ``upsert`` per call: 512 concurrent callers over ``--ids`` pids, one revision of every pid per
+    round, against the same callers each sending a raw ``INSERT ... ON CONFLICT DO UPDATE`` of
+    one row, on a pool of the same size (target 0.5);
+(b) ``upsert_many`` of 1000 parts per call against a raw multi-row ``INSERT ... ON CONFLICT DO
+    UPDATE`` (unnest) of the same 1000 rows (target 0.7);
+(c) ``current_changes_by_slices`` catch-up over 4 slice ranges of every pid against a raw
+    SELECT of the same rows (target 0.6).
+Sides alternate within each round; the best round of each is reported.
+
+    flock /tmp/sj-bench.lock python benchmarks/durable_state.py [--ids 10000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from journal import DurableState, JournalSettings, open_journal, slice_for, slice_ranges
+from journal.postgres.dsn import asyncpg_dsn
+
+try:
+    from benchmarks._common import fresh_database, header, report
+except ImportError:  # run as a script from benchmarks/
+    from _common import fresh_database, header, report  # type: ignore[no-redef]
+
+CALLERS = 512
+PER_CALL = 1000
+RAW_UPSERT = """
+INSERT INTO durable_state (slice, entity_type, persistence_id, revision, db_timestamp, state_ser_id,
+                           state_ser_manifest, state_payload)
+SELECT s, t, p, r, clock_timestamp(), 1, '', b
+  FROM unnest($1::int[], $2::text[], $3::text[], $4::bigint[], $5::bytea[]) AS u(s, t, p, r, b)
+ON CONFLICT (persistence_id) DO UPDATE SET revision = EXCLUDED.revision, db_timestamp = EXCLUDED.db_timestamp,
+  state_ser_id = EXCLUDED.state_ser_id, state_ser_manifest = EXCLUDED.state_ser_manifest,
+  state_payload = EXCLUDED.state_payload
+"""
+
+
+def value(i: int, r: int) -> dict[str, Any]:
+    return {"id": i, "revision": r, "items": ["apple", "pear"], "total": i * 10}
+
+
+async def timed(work: Awaitable[None], n: int) -> float:
+    start = time.perf_counter()
+    await work
+    return n / (time.perf_counter() - start)
+
+
+async def per_call(store: DurableState, pids: list[str], r: int) -> None:
+    queue = iter(enumerate(pids))
+
+    async def caller() -> None:
+        for i, pid in queue:
+            await store.upsert(pid, r, value(i, r))
+
+    await asyncio.gather(*(caller() for _ in range(CALLERS)))
+
+
+async def raw_per_call(pool: asyncpg.Pool, pids: list[str], r: int) -> None:
+    queue = iter(enumerate(pids))
+
+    async def caller() -> None:
+        for i, pid in queue:
+            payload = msgspec.json.encode(value(i, r))
+            await pool.execute(RAW_UPSERT, [slice_for(pid)], ["Raw"], [pid], [r], [payload])
+
+    await asyncio.gather(*(caller() for _ in range(CALLERS)))
+
+
+async def many(store: DurableState, pids: list[str], r: int) -> None:
+    for k in range(0, len(pids), PER_CALL):
+        await store.upsert_many([(p, r, value(k + j, r)) for j, p in enumerate(pids[k : k + PER_CALL])])
+
+
+async def raw_many(pool: asyncpg.Pool, pids: list[str], r: int) -> None:
+    for k in range(0, len(pids), PER_CALL):
+        part = pids[k : k + PER_CALL]
+        payloads = [msgspec.json.encode(value(k + j, r)) for j in range(len(part))]
+        await pool.execute(
+            RAW_UPSERT, [slice_for(p) for p in part], ["Raw"] * len(part), part, [r] * len(part), payloads
+        )
+
+
+async def catch_up(store: DurableState, et: str) -> int:
+    async def one(lo: int, hi: int) -> int:
+        return sum([1 async for _ in store.current_changes_by_slices(et, lo, hi)])
+
+    return sum(await asyncio.gather(*(one(lo, hi) for lo, hi in slice_ranges(4))))
+
+
+async def raw_select(pool: asyncpg.Pool, et: str) -> int:
+    rows = await pool.fetch(
+        "SELECT persistence_id, revision, db_timestamp, state_ser_id, state_ser_manifest, state_payload "
+        "FROM durable_state WHERE entity_type = $1 ORDER BY db_timestamp, revision",
+        et,
+    )
+    return len([msgspec.json.decode(r["state_payload"]) for r in rows])
+
+
+def main(ids: int, rounds: int) -> None:
+    header(f"durable state: {ids:,} pids, {rounds} rounds, {CALLERS} callers, upsert_many of {PER_CALL}")
+    with fresh_database() as dsn:
+        best = asyncio.run(measure(dsn, ids, rounds))
+    report("upsert per call (512 callers)", best["per call"], best["raw per call"], target=0.5)
+    report(f"upsert_many ({PER_CALL} per call)", best["many"], best["raw many"], target=0.7)
+    report("changes by slices catch-up (4 ranges)", best["catch-up"], best["raw select"], target=0.6)
+
+
+async def measure(dsn: str, ids: int, rounds: int) -> dict[str, float]:
+    settings = JournalSettings.load(env={}, dsn=dsn)
+    async with open_journal(dsn, settings=settings) as journal:
+        store = journal.durable_state()
+        size = settings.connection.pool_max_size
+        pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=size, max_size=size)
+        assert pool is not None
+        try:
+            best: dict[str, float] = {}
+            mine = [f"State|{i}" for i in range(ids)]
+            raw = [f"Raw|{i}" for i in range(ids)]
+            for rnd in range(rounds):
+                r1, r2 = 2 * rnd + 1, 2 * rnd + 2
+                figures = {
+                    "per call": await timed(per_call(store, mine, r1), ids),
+                    "raw per call": await timed(raw_per_call(pool, raw, r1), ids),
+                    "raw many": await timed(raw_many(pool, raw, r2), ids),
+                    "many": await timed(many(store, mine, r2), ids),
+                }
+                start = time.perf_counter()
+                n = await catch_up(store, "State")
+                figures["catch-up"] = n / (time.perf_counter() - start)
+                start = time.perf_counter()
+                n_raw = await raw_select(pool, "Raw")
+                figures["raw select"] = n_raw / (time.perf_counter() - start)
+                assert n == n_raw == ids, (n, n_raw)
+                for k, v in figures.items():
+                    best[k] = max(best.get(k, 0.0), v)
+        finally:
+            await pool.close()
+    return best
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ids", type=int, default=10_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    main(args.ids, args.rounds)

@@ -1,0 +1,330 @@
+"""The durable state store: one value per persistence id, written with a revision
+(docs/durable-state.md). Get it from an open journal: ``journal.durable_state()``.
+
+It validates and serializes above the backend seam (:class:`~journal.backend.DurableStateStore`),
+as :class:`~journal.Journal` does for events: bad input is refused before anything is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from .backend import DurableStateStore, StateRow, StoredState
+from .backend import StateOutcome as RowOutcome
+from .envelope import EventEnvelope
+from .errors import InvalidArgument, JournalError, RevisionConflict, SerializationError
+from .ids import (
+    entity_type_of,
+    slice_for,
+    validate_entity_type,
+    validate_persistence_id,
+    validate_seq_nr,
+    validate_tags,
+)
+from .offsets import NoOffset, TimestampOffset
+from .query.slices import SliceQueries
+from .query.validation import check_slice_query
+from .serialization import SerializerRegistry
+from .settings import JournalSettings, QueryMode
+from .write_batch import BatchResult, WriteBatch
+from .write_validation import WriteValidator
+
+
+class State(NamedTuple):
+    """A pid's stored state: its ``value`` at ``revision`` (``deleted``: a tombstone, ``value``
+    None; the next write of the pid is ``revision + 1``)."""
+
+    persistence_id: str
+    revision: int
+    value: Any
+    deleted: bool
+    db_timestamp: datetime
+    tags: tuple[str, ...]
+
+
+class StateWrite(NamedTuple):
+    """One part of :meth:`DurableState.upsert_many`: what one :meth:`~DurableState.upsert` takes."""
+
+    persistence_id: str
+    revision: int
+    value: Any
+    tags: Sequence[str] = ()
+
+
+class StateWritten(NamedTuple):
+    """A state written: the pid is at ``revision`` since ``db_timestamp``."""
+
+    persistence_id: str
+    revision: int
+    db_timestamp: datetime
+
+
+StateOutcome = StateWritten | JournalError
+"""Per part of :meth:`DurableState.upsert_many`: :class:`StateWritten`, or the error of that part
+alone (:class:`RevisionConflict`; nothing of it was written)."""
+
+
+class UpdatedState(NamedTuple):
+    """A change by slices: the pid's state ``value`` at ``revision`` (the latest when read)."""
+
+    persistence_id: str
+    revision: int
+    value: Any
+    offset: TimestampOffset
+    db_timestamp: datetime
+    entity_type: str
+    slice: int
+
+
+class DeletedState(NamedTuple):
+    """A change by slices: the pid's state was deleted at ``revision`` (its tombstone)."""
+
+    persistence_id: str
+    revision: int
+    offset: TimestampOffset
+    db_timestamp: datetime
+    entity_type: str
+    slice: int
+
+
+StateChange = UpdatedState | DeletedState
+"""What changes by slices deliver: the latest revision of every changed pid, a delete as its own kind."""
+
+ChangeHandler = Callable[[Any, StateChange], Awaitable[None]]
+"""``handler(conn, change)``: called in the upsert's transaction, on its connection (asyncpg)."""
+
+WriteOn = Callable[[Any, WriteBatch], Awaitable[BatchResult]]
+
+
+class DurableState:
+    """The ``durable_state`` table of an open journal (PostgreSQL): get by id, upsert with a
+    revision, delete (a tombstone) and hard delete.
+
+    A write at revision 1 inserts; at revision n it updates only a row at n - 1; anything else is
+    a :class:`RevisionConflict` naming the revision found, and nothing is written. So of two
+    writers of one revision, exactly one wins.
+    """
+
+    def __init__(
+        self, store: DurableStateStore, serializers: SerializerRegistry, settings: JournalSettings, write_on: WriteOn
+    ) -> None:
+        self._store = store
+        self._serializers = serializers
+        self._settings = settings
+        self._max_bytes = settings.write.max_event_bytes
+        self._queries: SliceQueries | None = None
+        self._write_on = write_on
+        self._validator = WriteValidator(serializers, settings.write.max_event_bytes)
+        self._handlers: dict[str, list[ChangeHandler]] = {}
+        self._events: dict[str, Callable[[StateChange], Any]] = {}
+
+    def add_change_handler(self, entity_type: str, handler: ChangeHandler) -> None:
+        """Call ``await handler(conn, change)`` for every change of ``entity_type`` written from
+        now on, in the upsert's transaction and on its connection (write a query model there: it
+        commits with the state, or neither does). Called once per change written, in the order
+        of the parts; never for a refused revision. What it raises rolls the upsert back and
+        propagates (nothing written)."""
+        validate_entity_type(entity_type)
+        self._handlers.setdefault(entity_type, []).append(handler)
+
+    def write_change_events(self, entity_type: str, to_event: Callable[[StateChange], Any]) -> None:
+        """Write ``to_event(change)`` to the journal for every change of ``entity_type``, in the
+        upsert's transaction, as the pid's event with the revision as its sequence number: every
+        change is then a plain events-by-slices query. The pid's events must follow its revisions
+        (a pid with other events, or hard deleted and written again, gets a SequenceConflict and
+        nothing is written)."""
+        validate_entity_type(entity_type)
+        self._events[entity_type] = to_event
+
+    async def close(self) -> None:
+        """Stop the changes queries' listener (the journal does it when it closes)."""
+        if self._queries is not None:
+            await self._queries.close()
+
+    async def get(self, persistence_id: str) -> State | None:
+        """The pid's state and revision, or None when it has no row (never written, or hard deleted)."""
+        row = await self._store.get_state(validate_persistence_id(persistence_id))
+        return None if row is None else self._state(row)
+
+    async def upsert(self, persistence_id: str, revision: int, value: Any, *, tags: Sequence[str] = ()) -> StateWritten:
+        """Store ``value`` as the pid's state at ``revision``.
+
+        Raises:
+            InvalidArgument: a bad pid or tags, a revision below 1, a value over
+                ``write.max_event_bytes`` serialized (nothing sent).
+            SerializationError: the value cannot be serialized (nothing sent).
+            RevisionConflict: the pid is not at ``revision - 1`` (1: it has a row); nothing written.
+            JournalUnavailable: the database could not be reached; ``outcome_unknown``: the upsert
+                was sent and may have been written (:meth:`get` tells).
+        """
+        return _raised(await self._write([self._row(persistence_id, revision, value, tags, "")], [value]))
+
+    async def delete(self, persistence_id: str, revision: int) -> StateWritten:
+        """Delete the pid's state at ``revision`` (the next one after the stored): a tombstone row
+        keeps the revision, so the pid's next write is ``revision + 1`` and changes by slices
+        deliver the delete. Raises as :meth:`upsert`."""
+        return _raised(await self._write([self._row(persistence_id, revision, None, (), "")], [None]))
+
+    async def hard_delete(self, persistence_id: str) -> bool:
+        """Remove the pid's row altogether (True: there was one). Its revisions start again at 1,
+        and changes by slices never deliver it: prefer :meth:`delete` while projections follow."""
+        return await self._store.hard_delete_state(validate_persistence_id(persistence_id))
+
+    async def upsert_many(self, writes: Iterable[StateWrite | tuple[Any, ...]]) -> list[StateOutcome]:
+        """Upsert many pids in one statement (one round trip, not the group commit: see
+        docs/durable-state.md), each part checked on its own. Returns one outcome per part, in
+        order: :class:`StateWritten` or its :class:`RevisionConflict`; the other parts are written
+        regardless.
+
+        Raises (before anything is sent): InvalidArgument for a bad part or a pid in two parts,
+        SerializationError for a value that cannot be serialized; the message names the part.
+        """
+        parts = list(writes)
+        rows: list[StateRow] = []
+        values: list[Any] = []
+        seen: set[str] = set()
+        for i, part in enumerate(parts):
+            write = _part(i, part)
+            if write.persistence_id in seen:
+                raise InvalidArgument(f"part {i}: {write.persistence_id!r} is in two parts of one upsert_many")
+            seen.add(write.persistence_id)
+            rows.append(self._row(write.persistence_id, write.revision, write.value, write.tags, f"part {i}: "))
+            values.append(write.value)
+        return await self._write(rows, values) if rows else []
+
+    # -- changes by slices ----------------------------------------------------------------------
+
+    def current_changes_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+    ) -> AsyncIterator[StateChange]:
+        """The changed states of ``entity_type`` in slices ``[min_slice, max_slice]`` committed
+        when the query started, in (db_timestamp, revision) order; ends when caught up.
+
+        Guaranteed: the latest revision of every pid changed after ``offset`` (resume after a
+        delivered change's ``offset``); intermediate revisions may be skipped, and a pid updated
+        while the query runs may come again with its newer revision. A delete comes as a
+        :class:`DeletedState`. ``mode``: "horizon" (default) or "backtracking", as the events'
+        slice queries. Raises like :meth:`journal.Journal.current_events_by_slices`.
+        """
+        start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self._settings.query.mode)
+        return self._changes(self._slice_queries().current(entity_type, min_slice, max_slice, start, m))
+
+    def changes_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+    ) -> AsyncIterator[StateChange]:
+        """The live version of :meth:`current_changes_by_slices`: never ends. It polls every
+        ``query.refresh_interval`` (state writes send no notification)."""
+        start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self._settings.query.mode)
+        return self._changes(self._slice_queries().live(entity_type, min_slice, max_slice, start, m, False))
+
+    def _slice_queries(self) -> SliceQueries:
+        if self._queries is None:
+            self._queries = SliceQueries(self._store.changes(), self._settings, self._serializers)
+        return self._queries
+
+    async def _changes(self, envelopes: AsyncIterator[EventEnvelope]) -> AsyncIterator[StateChange]:
+        async for e in envelopes:
+            offset = e.offset
+            assert type(offset) is TimestampOffset
+            pid, rev, ts, et, sl = e.persistence_id, e.seq_nr, e.db_timestamp, e.entity_type, e.slice
+            if e.has_payload:
+                yield UpdatedState(pid, rev, e.event, offset, ts, et, sl)
+            else:
+                yield DeletedState(pid, rev, offset, ts, et, sl)
+
+    async def _write(self, rows: Sequence[StateRow], values: Sequence[Any]) -> list[StateOutcome]:
+        watched = any(r.entity_type in self._handlers or r.entity_type in self._events for r in rows)
+
+        async def in_transaction(conn: Any, answers: list[RowOutcome]) -> None:
+            for row, value, answer in zip(rows, values, answers, strict=True):
+                if isinstance(answer, datetime):
+                    await self._changed(conn, _change(row, value, answer))
+
+        answers = await self._store.upsert_states(rows, in_transaction if watched else None)
+        return [
+            StateWritten(r.persistence_id, r.revision, a)
+            if isinstance(a, datetime)
+            else RevisionConflict(r.persistence_id, r.revision, a)
+            for r, a in zip(rows, answers, strict=True)
+        ]
+
+    async def _changed(self, conn: Any, change: StateChange) -> None:
+        to_event = self._events.get(change.entity_type)
+        if to_event is not None:
+            batch = self._validator.call(change.persistence_id, [to_event(change)], change.revision - 1)
+            await self._write_on(conn, batch)
+        for handler in self._handlers.get(change.entity_type, ()):
+            await handler(conn, change)
+
+    def _row(self, pid: Any, revision: Any, value: Any, tags: Any, where: str) -> StateRow:
+        try:
+            pid = validate_persistence_id(pid)
+            revision = validate_seq_nr("revision", revision, minimum=1)
+            clean_tags = validate_tags(tags)
+            ser = None
+            if value is not None:
+                ser = self._serializers.serialize(value, what=f"state of {pid!r}")
+                if ser.ser_id == 0:
+                    raise SerializationError(f"serializer id 0 marks a deleted state: {pid!r} needs another")
+                if len(ser.payload) > self._max_bytes:
+                    raise InvalidArgument(
+                        f"state of {pid!r} is {len(ser.payload):,} bytes serialized, above "
+                        f"write.max_event_bytes ({self._max_bytes:,})"
+                    )
+        except InvalidArgument as e:
+            if not where:
+                raise
+            raise InvalidArgument(f"{where}{e}") from e
+        except SerializationError as e:
+            if not where:
+                raise
+            raise SerializationError(f"{where}{e}") from e
+        return StateRow(pid, entity_type_of(pid), slice_for(pid), revision, ser, clean_tags)
+
+    def _state(self, row: StoredState) -> State:
+        st = row.state
+        value = (
+            None
+            if st is None
+            else self._serializers.deserialize(st.ser_id, st.manifest, st.payload, what="state", pid=row.persistence_id)
+        )
+        return State(row.persistence_id, row.revision, value, st is None, row.db_timestamp, row.tags)
+
+
+def _part(i: int, part: object) -> StateWrite:
+    if type(part) is StateWrite:
+        return part
+    if not isinstance(part, tuple) or not 3 <= len(part) <= 4:
+        raise InvalidArgument(
+            f"part {i}: a StateWrite or a (persistence_id, revision, value[, tags]) tuple, got {part!r}"
+        )
+    return StateWrite(*part)
+
+
+def _change(row: StateRow, value: Any, db_timestamp: datetime) -> StateChange:
+    offset = TimestampOffset(db_timestamp, {row.persistence_id: row.revision})
+    pid, rev, et, sl = row.persistence_id, row.revision, row.entity_type, row.slice
+    if row.state is None:
+        return DeletedState(pid, rev, offset, db_timestamp, et, sl)
+    return UpdatedState(pid, rev, value, offset, db_timestamp, et, sl)
+
+
+def _raised(outcomes: list[StateOutcome]) -> StateWritten:
+    (outcome,) = outcomes
+    if isinstance(outcome, JournalError):
+        raise outcome
+    return outcome

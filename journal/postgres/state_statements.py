@@ -1,0 +1,90 @@
+"""The SQL of the durable state store (``durable_state``, docs/durable-state.md).
+
+One statement writes a list of rows (an upsert's one, or an ``upsert_many``'s, each pid once):
+revision 1 inserts (nothing if the pid has a row), revision n updates the pid's row only where it
+holds n - 1. Under READ COMMITTED a racing writer's update of the same row makes this one wait
+and then check the row it committed: so of two writers of one revision exactly one finds n - 1.
+``db_timestamp`` follows the journal's one timestamp rule (:mod:`.timestamp_rule`): the clock read
+once in the statement, after its lock, and never below the pid's previous stamp plus 1 µs; the
+n-th row of the statement steps n - 1 µs, and the statement ends once the clock passed its steps.
+"""
+
+from __future__ import annotations
+
+from ..settings import validate_identifier
+from .slice_queries import SliceTable
+from .timestamp_rule import MICROSECOND, clock, settle
+
+_STATE_COLUMNS = (
+    "persistence_id, entity_type, slice, revision AS seq_nr, db_timestamp, state_ser_id AS event_ser_id, "
+    "coalesce(state_ser_manifest, '') AS event_ser_manifest, "
+    "CASE WHEN state_ser_id = 0 THEN NULL ELSE state_payload END AS event_payload, '' AS writer, tags, "
+    "NULL::int AS meta_ser_id, NULL::text AS meta_ser_manifest, NULL::bytea AS meta_payload, "
+    "state_ser_id = 0 AS deleted"
+)
+
+STATES = SliceTable(
+    "durable_state",
+    _STATE_COLUMNS,
+    _STATE_COLUMNS.replace("CASE WHEN state_ser_id = 0 THEN NULL ELSE state_payload END", "NULL::bytea"),
+    "revision",
+    "true",
+)
+"""``durable_state`` for the slice queries (changes by slices): a row per pid in the layout of
+an event row, its revision as ``seq_nr``; a tombstone has no payload and ``deleted`` set."""
+
+_SRC = (
+    "unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bytea[], $8::text[])"
+    " WITH ORDINALITY AS s(pid, slice, entity_type, revision, ser_id, manifest, payload, tags, n)"
+)
+_TAGS = "CASE WHEN s.tags IS NULL THEN NULL ELSE ARRAY(SELECT json_array_elements_text(s.tags::json)) END"
+
+
+def _stamp(prev: str) -> str:
+    return f"GREATEST((SELECT t FROM clock), {prev} + {MICROSECOND}) + (s.n - 1) * {MICROSECOND}"
+
+
+class StateStatements:
+    """The statements for one schema.
+
+    Upsert parameters, one element per row: $1 pid, $2 slice, $3 entity type, $4 revision,
+    $5 serializer id (0: a tombstone), $6 manifest, $7 payload, $8 tags as a JSON array (NULL:
+    none); $9 the writer's partition map epoch (the owner check of the clock). It returns one
+    row per input row, in order: ``ts`` its db_timestamp, NULL where it was not written."""
+
+    def __init__(self, schema: str) -> None:
+        validate_identifier(schema, "schema")
+        ds = f'"{schema}".durable_state'
+        self.upsert = f"""
+WITH {clock(schema, "$9", "$2")},
+src AS MATERIALIZED (SELECT * FROM {_SRC}),
+upd AS (
+  UPDATE {ds} d SET revision = s.revision, db_timestamp = {_stamp("d.db_timestamp")}, state_ser_id = s.ser_id,
+         state_ser_manifest = s.manifest, state_payload = s.payload, tags = {_TAGS}
+    FROM src s
+   WHERE d.persistence_id = ANY($1::text[]) AND s.revision > 1 AND d.persistence_id = s.pid
+     AND d.revision = s.revision - 1
+  RETURNING d.persistence_id, d.db_timestamp
+),
+ins AS (
+  INSERT INTO {ds} (slice, entity_type, persistence_id, revision, db_timestamp, state_ser_id,
+                    state_ser_manifest, state_payload, tags)
+  SELECT s.slice, s.entity_type, s.pid, 1, {_stamp("NULL::timestamptz")}, s.ser_id, s.manifest, s.payload, {_TAGS}
+    FROM src s WHERE s.revision = 1
+  ON CONFLICT (persistence_id) DO NOTHING
+  RETURNING persistence_id, db_timestamp
+),
+done AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
+SELECT d.db_timestamp AS ts, {settle("src")} AS settled
+  FROM src s LEFT JOIN done d ON d.persistence_id = s.pid
+ ORDER BY s.n"""
+        self.revisions = f"SELECT persistence_id, revision FROM {ds} WHERE persistence_id = ANY($1::text[])"
+        """The stored revision of each pid of a refused row (read after the statement: the revision
+        a racing writer committed, which the statement's own snapshot may not show)."""
+        self.get = (
+            f"SELECT revision, db_timestamp, state_ser_id, state_ser_manifest, state_payload, tags"
+            f" FROM {ds} WHERE persistence_id = $1"
+        )
+        self.hard_delete = f"DELETE FROM {ds} WHERE persistence_id = $1"
+        self.load = f"SELECT {_STATE_COLUMNS} FROM {ds} WHERE persistence_id = $1 AND revision = $2"
+        """The pid's row if it is still at the revision (a backtracking read's payload)."""
