@@ -347,6 +347,24 @@ class CodecSettings:
 
 
 @dataclass(frozen=True)
+class HookSettings:
+    """Your code, by import path ``package.module:attribute`` (docs/projections.md, "Hooks"):
+    what the command lines (``--subject-of``, ``--upcasters``, ``--serializers``), Spark's workers
+    and :func:`~journal.open_journal` use when not given the object itself. Loaded and checked
+    at open, with a one-line error naming the hook (journal/hooks.py)."""
+
+    subject_of: str | None = None
+    """(env ``JOURNAL_SUBJECT_OF``) A function ``persistence id -> subject``: whose key encrypts
+    a pid's payloads (``codec.encrypt``). None: the pid's own."""
+    serializers: str | None = None
+    """(env ``JOURNAL_SERIALIZERS``) A ``SerializerRegistry`` (or a function of no arguments
+    returning one): your serializers and registered types. None: the built-in one."""
+    upcasters: str | None = None
+    """(env ``JOURNAL_UPCASTERS``) An ``Upcasters`` (or a function of no arguments returning
+    one), added to the registry's: old rows are upgraded on every read. None: the registry's own."""
+
+
+@dataclass(frozen=True)
 class PartitionSettings:
     """A journal over several PostgreSQL databases by slice range (docs/scaling-out.md)."""
 
@@ -375,6 +393,7 @@ class JournalSettings:
     codec: CodecSettings = field(default_factory=CodecSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     partitions: PartitionSettings = field(default_factory=PartitionSettings)
+    hooks: HookSettings = field(default_factory=HookSettings)
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
@@ -554,6 +573,7 @@ _GROUPS: dict[str, type] = {
     "codec": CodecSettings,
     "tracing": TracingSettings,
     "partitions": PartitionSettings,
+    "hooks": HookSettings,
 }
 
 
