@@ -35,6 +35,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     cls=HandledGroup,
+    rich_markup_mode=None,  # click's help: wrapped at any width (rich's tables cut options at 80 columns)
 )
 
 SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range LO-HI (default: all).")]
