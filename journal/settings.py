@@ -75,6 +75,12 @@ class WriteSettings:
     bulk_in_flight: int = 2
     """persist_many: statements of one bulk call written at once (on separate connections), so
     the client encodes the next chunk while the server writes the last one."""
+    bulk_lock_timeout: float = 1.0
+    """persist_many: seconds a bulk statement waits for a row lock another transaction holds;
+    then its chunk is set aside and written again once the call's other chunks commit. A bulk
+    write keeps its transactions open until its last chunk is written, so two crossing on the
+    same pids (each one's first chunk holding rows the other's second waits for) would wait on
+    each other forever: the cycle closes through the clients, where PostgreSQL cannot see it."""
     notify: bool = True
     """Send NOTIFY in the write transaction so live queries wake at once."""
     freeze_heap: bool = True
@@ -402,6 +408,7 @@ class JournalSettings:
         if self.connection.pool_min_size > self.connection.pool_max_size:
             raise ConfigurationError("pool_min_size must not exceed pool_max_size")
         _positive(self.write, "max_batch_events", "max_in_flight", "bulk_in_flight", "max_event_bytes")
+        _positive(self.write, "bulk_lock_timeout")
         _non_negative(self.write, "max_batch_wait")
         _positive(self.retry, "attempts", "initial_backoff", "max_backoff", "budget")
         _positive(self.query, "buffer_size", "catch_up_buffer_size", "refresh_interval", "heartbeat_interval")

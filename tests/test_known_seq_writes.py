@@ -187,6 +187,34 @@ async def test_concurrent_writers_through_persist_and_persist_many_never_share_a
         assert len(acked) > len(pids)  # the race wrote something beyond each pid's first event
 
 
+async def test_crossing_bulk_writes_of_two_journals_do_not_wait_on_each_other_forever(dsn: str) -> None:
+    """Two journals' bulk writes on the same pids in crossed chunk order: A's first chunk holds
+    P's rows (uncommitted until A's last chunk is written) while B's waits on them, and B's first
+    holds Q's while A's second waits on them. PostgreSQL cannot see the cycle (it closes through
+    the clients) and, before, both waited forever (the hang of this file on a loaded machine:
+    two writers 'active' on transactionid, two 'idle in transaction'). A bulk statement now
+    waits at most bulk_lock_timeout for a row lock; its chunk is written again after the others
+    commit, so every part ends written or in conflict."""
+    from tests.conftest import truncate_all
+
+    await truncate_all(dsn)
+    settings = JournalSettings.load(env={}, dsn=dsn, max_batch_events=40, bulk_in_flight=2)
+    p, q = [f"cross|p{i}" for i in range(40)], [f"cross|q{i}" for i in range(40)]
+    async with open_journal(dsn, settings=settings) as a, open_journal(dsn, settings=settings) as b:
+        for _ in range(5):
+            await truncate_all(dsn)
+            out_a, out_b = await asyncio.wait_for(
+                asyncio.gather(
+                    a.persist_many([Write(pid, ["a"], 0) for pid in p + q]),
+                    b.persist_many([Write(pid, ["b"], 0) for pid in q + p]),
+                ),
+                60,
+            )
+            for pid, got_a, got_b in zip(p + q, out_a, out_b[40:] + out_b[:40], strict=True):
+                assert {type(got_a), type(got_b)} == {Written, SequenceConflict}, (pid, got_a, got_b)
+            assert await count_rows(dsn) == 80
+
+
 async def test_an_interrupted_bulk_statement_is_resolved_exactly(dsn: str, journal: Journal) -> None:
     """The client loses its connection mid-statement; the server commits the statement. The
     journal waits for it, reads the rows, and reports every part written, none twice."""

@@ -92,9 +92,12 @@ class BulkWrite:
         """BEGIN on the session's connection; one that broke before (ended by the server while
         idle in the free list, or while the chunk before was sent) is replaced: nothing of this
         transaction exists yet, so a new connection loses nothing."""
+        lock_timeout = max(1, round(self._writes.settings.write.bulk_lock_timeout * 1000))
         for attempt in range(self._writes.settings.retry.attempts):
             try:
-                await session.conn.execute("BEGIN")
+                # a statement waiting longer for a row lock fails alone (its chunk goes again
+                # later): two bulk writes crossing on the same pids never wait on each other forever
+                await session.conn.execute(f"BEGIN; SET LOCAL lock_timeout = {lock_timeout}")
                 session.failed = False
                 return
             except Exception as e:
