@@ -641,6 +641,16 @@ def test_cli_export_of_an_encrypted_journal_decodes_or_refuses_in_one_line(
     assert len(rows) == 6
     assert {k for k, r in rows.items() if r.forgotten} == {("Yrs|ann-1", 1), ("Yrs|ann-1", 2)}
     assert all(r.event is None for r in rows.values() if r.forgotten)
+    wrong = ["--upcasters", "tests.hooks_app:UPCASTERS", "--serializers", "tests.hooks_app:registry"]
+    no_subjects = subprocess.run(
+        [*base, *wrong, "--out", str(tmp_path / "w")], capture_output=True, text=True, env=env, timeout=300
+    )  # without --subject-of the pids are the subjects: none has a key
+    assert no_subjects.returncode == 1
+    assert (
+        no_subjects.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: a Spark worker failed: journal.errors.SerializationError: no key of 'Yrs|")
+    ), no_subjects.stderr[-2000:]
     assert {(k, r.event_type, r.event.items) for k, r in rows.items() if not r.forgotten} == {
         (("Yrs|bob-1", 1), "shop:Placed#2", 3), (("Yrs|bob-2", 1), "shop:Placed#2", 4),
         (("Yrs|bob-2", 2), "shop:Placed#2", 5), (("Yrs|cy-1", 1), "shop:Placed#2", 6),

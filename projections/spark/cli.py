@@ -7,8 +7,11 @@ Importing this module does not import pyspark: the commands do, when they run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -78,6 +81,27 @@ async def _payloads(journal: Any, source: Any) -> Any:
     return None
 
 
+@contextlib.contextmanager
+def _worker_errors() -> Iterator[None]:
+    """A failure in Spark's Python workers (a payload the journal cannot read, an upcaster that
+    raises) as one line: the worker's own error, not the JVM's stack around it."""
+    from pyspark.errors import PythonException
+
+    from journal.errors import SerializationError
+
+    try:
+        yield
+    except PythonException as e:
+        causes = [line for line in str(e).splitlines() if _ERROR_LINE.match(line)]
+        if not causes:
+            raise
+        raise SerializationError(f"a Spark worker failed: {causes[-1]}") from e
+
+
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Forgotten): ")
+"""The last line of a Python traceback: ``module.ErrorType: message``."""
+
+
 def _say(msg: str) -> None:
     typer.echo(msg, err=not sys.stdout.isatty())
 
@@ -121,7 +145,8 @@ def spark_backfill(
                 placed=await _placed(j, settings), payloads=payloads,
             )  # fmt: skip
 
-    r = asyncio.run(go())
+    with _worker_errors():
+        r = asyncio.run(go())
     _say(
         f"backfill {r.name}: {r.events} events read in {r.partitions} partitions, {r.rows_written} rows "
         f"written to {r.table}, offsets at {r.cutoff.isoformat()}, {r.seconds:.1f} s"
@@ -168,9 +193,10 @@ def spark_export(
     started = time.monotonic()
     spark = spark_session(sp)
     df = read_journal(spark, placed, entity_type, partitions=sp.partitions, fetch_size=sp.fetch_size)
-    if decode:
-        df = decode_events(df, payloads=payloads)
-    export_parquet(df, out, partition_by=by, partitions=sp.partitions, overwrite=overwrite)  # type: ignore[arg-type]
+    with _worker_errors():
+        if decode:
+            df = decode_events(df, payloads=payloads)
+        export_parquet(df, out, partition_by=by, partitions=sp.partitions, overwrite=overwrite)  # type: ignore[arg-type]
     rows = spark.read.parquet(str(out)).count()
     _say(
         f"exported {rows} events of {entity_type} in {sp.partitions} partitions to {out} "
