@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from . import runtime, tracing
+from . import hooks, runtime, tracing
 from .backend import Backend, Found, SnapshotRow, StoredEvent
 from .backends import open_backend
 from .bulk import Outcome, Write, outcomes
@@ -633,10 +633,13 @@ async def open_journal(
     (``schema="x"``, ``buffer_size=500``, ...). ``key_store`` and ``subject_of``: where the
     encryption keys live (default: the backend's table) and whose key encrypts a persistence id's
     payloads (default: the pid's own), when ``codec.encrypt`` is on (docs/encryption.md).
+    ``serializers`` and ``subject_of`` not given are loaded from the ``hooks`` settings when set
+    (``JOURNAL_SERIALIZERS``, ``JOURNAL_UPCASTERS``, ``JOURNAL_SUBJECT_OF``: journal/hooks.py).
     """
     if settings is not None and overrides:
         raise ConfigurationError("pass either settings=... or keyword overrides, not both")
     settings = settings or JournalSettings.load(**overrides)
+    serializers, subject_of = hooks.resolve(settings.hooks, serializers, subject_of)
     tracing.configure(settings.tracing.tracing_mode)
     backend, settings = await open_backend(resolve_dsn(dsn, settings), settings, migrate=migrate)
     try:

@@ -194,6 +194,13 @@ class JsonSerializer:
         return data
 
 
+def dump_json(value: Any) -> bytes:
+    """The JSON of a value as the JSON serializer writes it (dataclasses and models as objects),
+    without its check that the value reads back unchanged: for data leaving the journal (Spark
+    turns an event's data into columns through it)."""
+    return orjson.dumps(value, default=_to_jsonable)
+
+
 _PLAIN = frozenset({dict, list, str, int, float, bool})
 MAX_MANIFEST_LENGTH = 255
 """The stored manifest columns' width."""
@@ -398,6 +405,33 @@ class SerializerRegistry:
             return s.from_bytes(payload, manifest)
         except SerializationError as e:  # typed (UnknownVersion, an upcaster's): kept so
             raise e.located(f"cannot deserialize {what} (serializer {ser_id}, manifest {manifest!r})") from e
+        except Exception as e:
+            raise SerializationError(
+                f"cannot deserialize {what} (serializer {ser_id}, manifest {manifest!r}): {e}"
+            ) from e
+
+    def stored_data(
+        self, ser_id: int, manifest: str, payload: bytes, *, what: str = "event", pid: str | None = None
+    ) -> list[tuple[str, Any]] | Forgotten:
+        """What :meth:`deserialize` builds its value from: the (stored manifest, data) pairs of a
+        payload, opened and upcast but not built into registered types (Spark turns the data into
+        columns). The data is the serializer's data form (for JSON the parsed JSON), or its value
+        for a serializer without one. A forgotten subject's payload reads as Forgotten."""
+        if ser_id == CODEC_SERIALIZER_ID:
+            opened = (self.codec or _UNSEALER).open(pid, manifest, payload)
+            if type(opened) is Forgotten:
+                return opened
+            ser_id, manifest, payload = opened  # type: ignore[misc]
+        s = self._by_id.get(ser_id)
+        if s is None:
+            raise SerializationError(f"no serializer registered with id {ser_id} to read {what}")
+        decode = getattr(s, "decode", None)
+        try:
+            if decode is None:
+                parts = self.upcasters.upcast(manifest, payload) if manifest in self._upcast else [(manifest, payload)]
+                return [(m, s.from_bytes(d, m)) for m, d in parts]
+            data = decode(payload, manifest)
+            return self.upcasters.upcast(manifest, data) if manifest in self._upcast else [(manifest, data)]
         except Exception as e:
             raise SerializationError(
                 f"cannot deserialize {what} (serializer {ser_id}, manifest {manifest!r}): {e}"

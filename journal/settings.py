@@ -75,6 +75,12 @@ class WriteSettings:
     bulk_in_flight: int = 2
     """persist_many: statements of one bulk call written at once (on separate connections), so
     the client encodes the next chunk while the server writes the last one."""
+    bulk_lock_timeout: float = 1.0
+    """persist_many: seconds a bulk statement waits for a row lock another transaction holds;
+    then its chunk is set aside and written again once the call's other chunks commit. A bulk
+    write keeps its transactions open until its last chunk is written, so two crossing on the
+    same pids (each one's first chunk holding rows the other's second waits for) would wait on
+    each other forever: the cycle closes through the clients, where PostgreSQL cannot see it."""
     notify: bool = True
     """Send NOTIFY in the write transaction so live queries wake at once."""
     freeze_heap: bool = True
@@ -349,6 +355,24 @@ class CodecSettings:
 
 
 @dataclass(frozen=True)
+class HookSettings:
+    """Your code, by import path ``package.module:attribute`` (docs/projections.md, "Hooks"):
+    what the command lines (``--subject-of``, ``--upcasters``, ``--serializers``), Spark's workers
+    and :func:`~journal.open_journal` use when not given the object itself. Loaded and checked
+    at open, with a one-line error naming the hook (journal/hooks.py)."""
+
+    subject_of: str | None = None
+    """(env ``JOURNAL_SUBJECT_OF``) A function ``persistence id -> subject``: whose key encrypts
+    a pid's payloads (``codec.encrypt``). None: the pid's own."""
+    serializers: str | None = None
+    """(env ``JOURNAL_SERIALIZERS``) A ``SerializerRegistry`` (or a function of no arguments
+    returning one): your serializers and registered types. None: the built-in one."""
+    upcasters: str | None = None
+    """(env ``JOURNAL_UPCASTERS``) An ``Upcasters`` (or a function of no arguments returning
+    one), added to the registry's: old rows are upgraded on every read. None: the registry's own."""
+
+
+@dataclass(frozen=True)
 class PartitionSettings:
     """A journal over several PostgreSQL databases by slice range (docs/scaling-out.md)."""
 
@@ -380,6 +404,7 @@ class JournalSettings:
     codec: CodecSettings = field(default_factory=CodecSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     partitions: PartitionSettings = field(default_factory=PartitionSettings)
+    hooks: HookSettings = field(default_factory=HookSettings)
 
     def __post_init__(self) -> None:
         validate_identifier(self.connection.schema, "schema")
@@ -388,6 +413,7 @@ class JournalSettings:
         if self.connection.pool_min_size > self.connection.pool_max_size:
             raise ConfigurationError("pool_min_size must not exceed pool_max_size")
         _positive(self.write, "max_batch_events", "max_in_flight", "bulk_in_flight", "max_event_bytes")
+        _positive(self.write, "bulk_lock_timeout")
         _non_negative(self.write, "max_batch_wait")
         _positive(self.retry, "attempts", "initial_backoff", "max_backoff", "budget")
         _positive(self.query, "buffer_size", "catch_up_buffer_size", "refresh_interval", "heartbeat_interval")
@@ -564,6 +590,7 @@ _GROUPS: dict[str, type] = {
     "codec": CodecSettings,
     "tracing": TracingSettings,
     "partitions": PartitionSettings,
+    "hooks": HookSettings,
 }
 
 

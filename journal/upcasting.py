@@ -100,6 +100,15 @@ class Upcasters:
         further if an upcaster is registered for it)."""
         self._put(manifest, version, _Step(fn, None))
 
+    def include(self, other: Upcasters) -> None:
+        """Add the upcasters of ``other`` (``hooks.upcasters``); one already here is kept, and a
+        different one for the same manifest and version is refused."""
+        for key, step in other.steps.items():
+            mine = self.steps.get(key)
+            if mine is not None and mine is not step:
+                raise ConfigurationError(f"an upcaster for {key!r} is already registered")
+            self.steps[key] = step
+
     def _put(self, manifest: str, version: int, step: _Step) -> None:
         if not manifest or "#" in manifest:
             raise ConfigurationError(f"upcasters need a manifest name without '#N', got {manifest!r}")

@@ -13,7 +13,18 @@ from typing import Annotated, Any
 
 import typer
 
-from journal.cli.common import DatabasesOption, DataDirOption, DsnOption, SchemaOption, VersionOption
+from journal.cli.common import (
+    DatabasesOption,
+    DataDirOption,
+    DsnOption,
+    SchemaOption,
+    SerializersOption,
+    SubjectOfOption,
+    UpcastersOption,
+    VersionOption,
+    hook_settings,
+    journal_hooks,
+)
 from journal.cli.failures import DebugOption, HandledGroup, configure_logging, run_app, set_debug
 
 from .spark import cli as spark_cli
@@ -25,6 +36,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     cls=HandledGroup,
+    rich_markup_mode=None,  # click's help: wrapped at any width (rich's tables cut options at 80 columns)
 )
 
 SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range LO-HI (default: all).")]
@@ -38,12 +50,12 @@ def _root(version: bool = VersionOption, debug: bool = DebugOption) -> None:
     set_debug(debug)
 
 
-def _settings(schema: str | None, data_dir: Path | None, databases: str | None = None) -> Any:
+def _settings(schema: str | None, data_dir: Path | None, databases: str | None = None, **more: Any) -> Any:
     """The settings of every command: the environment (``JOURNAL_DATABASES`` included), then
     the options; the home database is found as the library finds it (``target_dsn``)."""
     from journal.cli.common import settings_from
 
-    return settings_from(schema, data_dir, databases)
+    return settings_from(schema, data_dir, databases, **more)
 
 
 def _range(slices: str) -> tuple[int, int]:
@@ -87,6 +99,9 @@ def run(
             "(default: projection.handler_recovery).",
         ),
     ] = None,
+    subject_of: SubjectOfOption = None,
+    upcasters: UpcastersOption = None,
+    serializers: SerializersOption = None,
 ) -> None:
     """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
     from journal import runtime
@@ -108,7 +123,8 @@ def run(
         validate_entity_type(entity_type, required=True)
     else:
         validate_tags([tag])
-    settings = _settings(schema, data_dir, databases)
+    settings = _settings(schema, data_dir, databases, **hook_settings(subject_of, upcasters, serializers))
+    hooks = journal_hooks(settings)
     fn = load_handler(handler, mode)
     recovery = HandlerRecovery.parse(on_failure, settings.projection)
     show = sys.stdout.isatty() if progress is None else progress
@@ -122,7 +138,7 @@ def run(
         log.info("metrics on http://%s:%d/metrics", metrics_addr, port)
 
     async def go() -> int:
-        async with open_journal(dsn, settings=settings) as j:
+        async with open_journal(dsn, settings=settings, **hooks) as j:
             if entity_type is not None and not await has_events(j, entity_type):
                 log.warning(
                     "entity type %r has no events yet (waiting for some); the journal has %s",
@@ -416,7 +432,8 @@ def dead_letters_retry(
     handler: Annotated[str, typer.Option("--handler", help="The (fixed) handler, as package.module:callable.")],
     mode: Annotated[str, typer.Option("--mode", help="exactly-once | grouped | at-least-once")] = "grouped",
     pid: PidOption = None, seq_nr: SeqNrOption = None, dsn: DsnOption = None, schema: SchemaOption = None,
-    data_dir: DataDirOption = None, databases: DatabasesOption = None,
+    data_dir: DataDirOption = None, databases: DatabasesOption = None, subject_of: SubjectOfOption = None,
+    upcasters: UpcastersOption = None, serializers: SerializersOption = None,
 ) -> None:  # fmt: skip
     """Apply the dead letters with the handler, in order, each once; exit 1 if any failed again."""
     from journal.cli.common import target_dsn
@@ -428,11 +445,12 @@ def dead_letters_retry(
 
     fn = load_handler(handler, mode)
     kind = validate_mode(mode)
-    settings = _settings(schema, data_dir, databases)
+    settings = _settings(schema, data_dir, databases, **hook_settings(subject_of, upcasters, serializers))
+    hooks = journal_hooks(settings)
     target, _ = target_dsn(dsn, settings)
 
     async def go(conn: Any, sql: Any) -> Any:
-        async with open_journal(target, settings=settings) as j:
+        async with open_journal(target, settings=settings, **hooks) as j:
             return await retry(j, conn, DeadLetterSql(sql.schema), name, fn, kind, persistence_id=pid, seq_nr=seq_nr)
 
     result = _with_conn(target, schema, data_dir, go, "dead-letters retry", databases)

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, get_args
@@ -71,24 +70,9 @@ def check_handler(handler: Any, mode: str, name: str | None = None) -> Callable[
 
 
 def load_handler(spec: str, mode: str = "grouped") -> Callable[..., Awaitable[None]]:
-    """Import ``package.module:callable`` and check it for ``mode`` (:func:`check_handler`): a
-    clear error at start when it is not there, does not import, or cannot be called that way."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigurationError(f"handler must look like 'package.module:callable', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigurationError(f"cannot import handler module {module_name!r}: {e}") from e
-    except SyntaxError as e:
-        raise ConfigurationError(
-            f"handler module {module_name!r} has a syntax error: {e.msg} ({e.filename}, line {e.lineno})"
-        ) from e
-    except Exception as e:  # the module raised while it was imported
-        raise ConfigurationError(f"importing handler module {module_name!r} failed: {type(e).__name__}: {e}") from e
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ConfigurationError(f"{module_name!r} has no attribute {attr!r}")
-    return check_handler(obj, mode, spec)
+    """Import ``package.module:callable`` (:func:`journal.hooks.load_object`) and check it for
+    ``mode`` (:func:`check_handler`): a clear error at start when it is not there, does not
+    import, or cannot be called that way."""
+    from journal.hooks import load_object
+
+    return check_handler(load_object(spec, "handler"), mode, spec)

@@ -515,8 +515,12 @@ class RangeProcessor:
         for half in (envs[:mid], envs[mid:]):
             try:
                 await self._commit_rows(half, self._rows_of(half), 1)
+                continue
             except HandlerFailed:
-                parked += await self._bisect(half)
+                pass
+            # outside the except block: the handler's errors below are not chained to this
+            # HandlerFailed (a dead letter's traceback held the chain once per level)
+            parked += await self._bisect(half)
         return parked
 
     async def _park(self, env: EventEnvelope, failures: Failures, rows: Rows) -> None:

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from journal import EventEnvelope, Journal, JournalSettings
+from journal import EventEnvelope, Journal, JournalSettings, Write
 from journal.errors import ConfigurationError, HandlerFailed
 from journal.ids import slice_for
 from projections import TagWorker, Worker
@@ -109,6 +109,22 @@ async def test_a_poisoned_event_is_isolated_and_dead_lettered_with_its_offset(
     assert await DEAD.letters(conn, f"dl-{mode}") == []
     again = await retry(journal, conn, DEAD, f"dl-{mode}", project_fixed, "grouped")
     assert again.applied == [] and again.failed == []
+
+
+async def test_a_dead_letters_traceback_is_the_handlers_once(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
+) -> None:
+    """A poisoned event found by bisecting a batch of 64: its dead letter holds the handler's
+    traceback once, not chained to the bisection's HandlerFailed at every level (before: the
+    chain five times over, 'During handling of the above exception' at each level, ~5 KB)."""
+    await journal.persist_many([Write(f"TB|p{i}", [{"n": 0, "poison": i == 37}], 0) for i in range(64)])
+    w = Worker(journal, fast, "tb", "TB", project, "grouped", recovery="retry-and-dead-letter")
+    await run_until(w, lambda: _letters(conn, "tb"))
+    [letter] = await DEAD.letters(conn, "tb")
+    assert letter.persistence_id == "TB|p37" and "Poisoned: cannot handle TB|p37 #1" in letter.traceback
+    assert letter.traceback.count("Traceback (most recent call last)") == 1
+    assert "HandlerFailed" not in letter.traceback and "During handling" not in letter.traceback
+    assert len(letter.traceback) < 2000, len(letter.traceback)
 
 
 async def test_retry_that_fails_again_keeps_the_letter_and_holds_back_the_pids_later_ones(

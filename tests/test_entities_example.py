@@ -27,7 +27,9 @@ async def test_docs_example_runs(journal: Journal, dsn: str) -> None:
         await module.demo(dsn)
     finally:
         del sys.modules[module.__name__]
-    events = [e.event async for e in journal.current_events_by_persistence_id("account|alice")]
+    [alice] = [p async for p in journal.current_persistence_ids()]  # alice-<run>: a fresh id each run
+    assert alice.startswith("account|alice-")
+    events = [e.event async for e in journal.current_events_by_persistence_id(alice)]
     assert events == [{"type": "deposited", "amount": 10}, {"type": "deposited", "amount": 5}]
 
 

@@ -196,12 +196,12 @@ CASES: dict[str, Callable[[World], Case]] = {
     "handler with a syntax error": lambda w: Case(
         run_p(w, w.good, "--entity-type", "Cart", handler="broken:handler"),
         2,
-        r"handler module 'broken' has a syntax error: '\(' was never closed \(.*broken\.py, line 1\)",
+        r"handler 'broken:handler': '\(' was never closed \(.*broken\.py, line 1\)",
     ),
     "handler module missing": lambda w: Case(
         run_p(w, w.good, "--entity-type", "Cart", handler="nowhere:handler"),
         2,
-        r"cannot import handler module 'nowhere'",
+        r"handler 'nowhere:handler': module 'nowhere' not found",
     ),
     "partitions move, inverted --slices (refused before connecting)": lambda w: Case(
         [*JOURNAL, "partitions", "move", "--slices", "700-100", "--to", w.good, "--dsn", w.dsn(w.closed)],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -495,3 +496,162 @@ async def test_reader_over_several_databases_reads_each_range_where_it_is_stored
     assert moved and moved.isdisjoint(keys(read_journal(spark, jdbc_source(parts[1]), "acct")))
     with pytest.raises(ValueError, match="cover slices 0-1023 once"):
         read_journal(spark, placed[:2], "acct")
+
+
+# -- payloads read as the journal reads them: codec, serializers, upcasters (issue 32, item 5) -----
+
+MASTER_KEY = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="  # base64 of bytes 0..31 (a test key)
+
+
+async def _customer_journal(dsn: str) -> tuple[JournalSettings, dict[str, list[int]]]:
+    """Version-1 orders of three customers, encrypted with each customer's key (wrapped with a
+    master key); ann is then forgotten. Returns the settings and the quantities by pid."""
+    from journal import open_journal
+    from tests.hooks_app import PlacedV1, customer
+
+    settings = JournalSettings.load(env={}, dsn=dsn, encrypt=True, master_key=MASTER_KEY)
+    quantities = {"Yrs|ann-1": [1, 2], "Yrs|bob-1": [3], "Yrs|bob-2": [4, 5], "Yrs|cy-1": [6]}
+    async with open_journal(dsn, settings=settings, subject_of=customer) as j:
+        for pid, qs in quantities.items():
+            await j.persist(pid, [PlacedV1(pid, q, "secret note") for q in qs])
+        assert await j.forget("YrsCust|ann")
+    return settings, quantities
+
+
+async def test_encrypted_rows_are_decoded_upcast_and_a_forgotten_subjects_flagged(
+    journal: Journal, spark: Any, source: Any, dsn: str
+) -> None:
+    """Before: every row had a null event and event_type 'e|1|...', silently."""
+    from journal import open_journal
+    from projections.spark.payloads import PayloadReader
+    from tests.hooks_app import UPCASTERS, customer, registry
+
+    settings, quantities = await _customer_journal(dsn)
+    serializers = registry()
+    serializers.upcasters.include(UPCASTERS)
+    async with open_journal(dsn, settings=settings, serializers=serializers, subject_of=customer) as j:
+        reader = PayloadReader.of(j, source)
+    raw = read_journal(spark, source, "Yrs", partitions=4)
+    rows = {(r.persistence_id, r.seq_nr): r for r in decode_events(raw, payloads=reader).collect()}
+    assert set(rows) == {(pid, i + 1) for pid, qs in quantities.items() for i in range(len(qs))}
+    for (pid, seq), r in rows.items():
+        if pid.startswith("Yrs|ann"):  # forgotten: its type, no event
+            assert (r.forgotten, r.event, r.event_type) == (True, None, "tests.hooks_app:PlacedV1")
+        else:  # decrypted and upcast: quantity became items
+            assert (r.forgotten, r.event_type, r.part) == (False, "shop:Placed#2", 0)
+            assert (r.event.customer, r.event.items, r.event.note) == (pid, quantities[pid][seq - 1], "secret note")
+    with pytest.raises(Exception, match="sealed payload"):  # without the codec: refused, not null
+        decode_events(raw).collect()
+
+
+def _items_job(events: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    from projections.spark.backfill import ReadModel
+
+    frame = (
+        events.where(~F.col("forgotten"))
+        .groupBy("persistence_id")
+        .agg(F.sum("event.items").cast("long").alias("total"), F.count("*").alias("n"))
+    )
+    return ReadModel(frame=frame, table="items_bf", key=["persistence_id"])
+
+
+async def test_backfill_of_an_encrypted_upcast_journal_equals_the_online_projection(
+    journal: Journal, spark: Any, source: Any, dsn: str
+) -> None:
+    from journal import Forgotten, open_journal
+    from projections import Worker
+    from projections.spark.backfill import backfill
+    from projections.spark.payloads import PayloadReader
+    from tests.hooks_app import UPCASTERS, customer, registry
+
+    settings, _ = await _customer_journal(dsn)
+    serializers = registry()
+    serializers.upcasters.include(UPCASTERS)
+
+    async def online(conn: Any, envelopes: Any) -> None:  # the online twin of _items_job
+        await conn.execute(TOTALS_DDL.format(t="items_online"))
+        for env in envelopes:
+            if type(env.event) is Forgotten:
+                continue
+            await conn.execute(
+                "INSERT INTO items_online VALUES ($1, $2, 1) ON CONFLICT (persistence_id) DO UPDATE "
+                "SET total = items_online.total + EXCLUDED.total, n = items_online.n + 1",
+                env.persistence_id, env.event.items,
+            )  # fmt: skip
+
+    async with open_journal(dsn, settings=settings, serializers=serializers, subject_of=customer) as j:
+        res = await backfill(
+            spark, j, source, "items", "Yrs", _items_job, partitions=4, payloads=PayloadReader.of(j, source)
+        )
+        assert res.events == 6
+        worker = Worker(j, j.settings, "items-online", "Yrs", online, "grouped")
+        task = asyncio.create_task(worker.run())
+        try:
+            await wait_until(lambda: _table_has(dsn, "items_online", 3), 60, "the online projection")
+        finally:
+            worker.stop()
+            await task
+    backfilled = await _table(dsn, "SELECT persistence_id, total, n FROM items_bf ORDER BY 1")
+    assert backfilled == await _table(dsn, "SELECT persistence_id, total, n FROM items_online ORDER BY 1")
+    assert backfilled == [("Yrs|bob-1", 3, 1), ("Yrs|bob-2", 9, 2), ("Yrs|cy-1", 6, 1)]
+
+
+async def _table_has(dsn: str, table: str, n: int) -> bool:
+    try:
+        return len(await _table(dsn, f"SELECT 1 FROM {table}")) >= n
+    except asyncpg.UndefinedTableError:
+        return False
+
+
+def test_cli_export_of_an_encrypted_journal_decodes_or_refuses_in_one_line(
+    dsn: str, spark: Any, tmp_path: Path
+) -> None:
+    """``projections spark-export`` (a subprocess) with the codec's settings and the hooks exports
+    decrypted, upcast events and flags the forgotten ones; without the codec's settings it
+    refuses in one line (exit 2) before Spark starts. Before: exit 0, every event null."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from conftest import truncate_all
+
+    asyncio.run(truncate_all(dsn))
+    asyncio.run(_customer_journal(dsn))
+    base = [sys.executable, "-m", "projections", "spark-export", "--entity-type", "Yrs", "--dsn", dsn,
+            "--master", "local[2]", "--partitions", "2"]  # fmt: skip
+    hooks = ["--subject-of", "tests.hooks_app:customer", "--upcasters", "tests.hooks_app:UPCASTERS",
+             "--serializers", "tests.hooks_app:registry"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOURNAL_")}
+    refused = subprocess.run(
+        [*base, "--out", str(tmp_path / "no")], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        "error: the journal holds encrypted events: read them with codec.encrypt on (JOURNAL_CODEC_ENCRYPT=1, and "
+        "JOURNAL_CODEC_MASTER_KEY if it was set when they were written), or export them as stored (--raw)"
+    ]
+    env |= {"JOURNAL_CODEC_ENCRYPT": "1", "JOURNAL_CODEC_MASTER_KEY": MASTER_KEY}
+    done = subprocess.run(
+        [*base, *hooks, "--out", str(tmp_path / "e")], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    rows = {(r.persistence_id, r.seq_nr): r for r in spark.read.parquet(str(tmp_path / "e")).collect()}
+    assert len(rows) == 6
+    assert {k for k, r in rows.items() if r.forgotten} == {("Yrs|ann-1", 1), ("Yrs|ann-1", 2)}
+    assert all(r.event is None for r in rows.values() if r.forgotten)
+    wrong = ["--upcasters", "tests.hooks_app:UPCASTERS", "--serializers", "tests.hooks_app:registry"]
+    no_subjects = subprocess.run(
+        [*base, *wrong, "--out", str(tmp_path / "w")], capture_output=True, text=True, env=env, timeout=300
+    )  # without --subject-of the pids are the subjects: none has a key
+    assert no_subjects.returncode == 1
+    assert (
+        no_subjects.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: a Spark worker failed: journal.errors.SerializationError: no key of 'Yrs|")
+    ), no_subjects.stderr[-2000:]
+    assert {(k, r.event_type, r.event.items) for k, r in rows.items() if not r.forgotten} == {
+        (("Yrs|bob-1", 1), "shop:Placed#2", 3), (("Yrs|bob-2", 1), "shop:Placed#2", 4),
+        (("Yrs|bob-2", 2), "shop:Placed#2", 5), (("Yrs|cy-1", 1), "shop:Placed#2", 6),
+    }  # fmt: skip

@@ -21,6 +21,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     cls=HandledGroup,
+    rich_markup_mode=None,  # click's help: wrapped at any width (rich's tables cut options at 80 columns)
 )
 
 

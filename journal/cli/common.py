@@ -30,6 +30,36 @@ DatabasesOption = Annotated[
     ),
 ]
 
+SubjectOfOption = Annotated[
+    str | None,
+    typer.Option(
+        "--subject-of",
+        help="Whose key encrypts a persistence id's payloads: package.module:function "
+        "(default: $JOURNAL_SUBJECT_OF, else the persistence id).",
+    ),
+]
+UpcastersOption = Annotated[
+    str | None,
+    typer.Option(
+        "--upcasters",
+        help="Upcasters of old rows: package.module:attribute, an Upcasters or a function returning one "
+        "(default: $JOURNAL_UPCASTERS).",
+    ),
+]
+SerializersOption = Annotated[
+    str | None,
+    typer.Option(
+        "--serializers",
+        help="Your SerializerRegistry: package.module:attribute, the registry or a function returning it "
+        "(default: $JOURNAL_SERIALIZERS).",
+    ),
+]
+
+
+def hook_settings(subject_of: str | None, upcasters: str | None, serializers: str | None) -> dict[str, Any]:
+    """The hook options as settings overrides (an option not given leaves the environment's)."""
+    return {"hooks.subject_of": subject_of, "hooks.upcasters": upcasters, "hooks.serializers": serializers}
+
 
 def show_version(value: bool) -> None:
     """``--version``: the installed distribution's version."""
@@ -51,6 +81,15 @@ def settings_from(
     if databases:
         more["databases"] = tuple(databases.split())
     return JournalSettings.load(schema=schema, data_dir=data_dir, **more)
+
+
+def journal_hooks(settings: JournalSettings) -> dict[str, Any]:
+    """The ``hooks`` settings loaded now, as :func:`~journal.open_journal`'s keywords: a hook that
+    does not import or has the wrong type fails in one line before anything connects."""
+    from ..hooks import resolve
+
+    hooks = resolve(settings.hooks)
+    return {"serializers": hooks.serializers, "subject_of": hooks.subject_of}
 
 
 def target_dsn(dsn: str | None, settings: JournalSettings) -> tuple[str, bool]:

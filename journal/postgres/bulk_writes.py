@@ -27,8 +27,9 @@ from typing import Any
 
 import asyncpg
 
+from ..errors import JournalUnavailable
 from ..write_batch import BatchResult, WriteBatch
-from .errors import is_transient
+from .errors import connection_lost
 from .writes import PostgresWrites, written
 
 log = logging.getLogger("journal.postgres")
@@ -88,8 +89,25 @@ class BulkWrite:
         return session
 
     async def _begin(self, session: _Session) -> None:
-        await session.conn.execute("BEGIN")
-        session.failed = False
+        """BEGIN on the session's connection; one that broke before (ended by the server while
+        idle in the free list, or while the chunk before was sent) is replaced: nothing of this
+        transaction exists yet, so a new connection loses nothing."""
+        lock_timeout = max(1, round(self._writes.settings.write.bulk_lock_timeout * 1000))
+        for attempt in range(self._writes.settings.retry.attempts):
+            try:
+                # a statement waiting longer for a row lock fails alone (its chunk goes again
+                # later): two bulk writes crossing on the same pids never wait on each other forever
+                await session.conn.execute(f"BEGIN; SET LOCAL lock_timeout = {lock_timeout}")
+                session.failed = False
+                return
+            except Exception as e:
+                if not connection_lost(session.conn, e):
+                    raise
+                log.info("bulk write: connection lost before BEGIN (%s), on a new one (attempt %d)", e, attempt + 1)
+                self._writes.release_writer(session.conn, broken=True)
+                session.conn = await self._writes.take_writer()
+                session.server_pid = session.conn.get_server_pid()
+        raise JournalUnavailable(f"bulk write: {self._writes.settings.retry.attempts} connections broke at BEGIN")
 
     async def _send(self, session: _Session, chunk: WriteBatch) -> asyncpg.Record | None:
         stmt, params = self._writes.statements.statement(chunk, self._writes.writer_id, self._writes.conns.epoch)
@@ -120,7 +138,7 @@ class BulkWrite:
         for k in s.chunks:
             self._results.pop(k, None)
         s.chunks = []
-        if is_transient(error):
+        if connection_lost(s.conn, error):
             self._writes.release_writer(s.conn, broken=True)
             s.conn = await self._writes.take_writer()
             s.server_pid = s.conn.get_server_pid()
@@ -134,8 +152,9 @@ class BulkWrite:
             try:
                 await s.conn.execute("COMMIT")
             except Exception as e:
+                lost = connection_lost(s.conn, e)
                 self._writes.release_writer(s.conn, broken=True)
-                if is_transient(e):
+                if lost:
                     await self._resolve_commit(s, e)
                 else:  # refused at commit: nothing of it was written
                     self._again.update(s.chunks)

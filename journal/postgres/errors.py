@@ -55,6 +55,13 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(sqlstate, str) and sqlstate.startswith(_TRANSIENT_SQLSTATE_PREFIXES)
 
 
+def connection_lost(conn: asyncpg.Connection, exc: BaseException) -> bool:
+    """True when ``exc`` came from a connection that broke: a transient error, or any error once
+    the connection is closed (ended mid-call, asyncpg may raise what it happens to meet, e.g.
+    AttributeError from its protocol gone during a statement's type introspection)."""
+    return is_transient(exc) or conn.is_closed()
+
+
 def backoff_delays(settings: RetrySettings) -> list[float]:
     """Exponential backoff with jitter: the waits between ``attempts`` tries."""
     delays = []

@@ -20,7 +20,14 @@ from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict, Slic
 from ..ids import slice_for
 from ..write_batch import BatchResult, ResultBuilder, WriteBatch
 from .connections import PostgresConnections, PostgresPart
-from .errors import LOCAL_WRITES_REFUSED_SQLSTATE, backoff_delays, is_transient, partition_refusal, write_error
+from .errors import (
+    LOCAL_WRITES_REFUSED_SQLSTATE,
+    backoff_delays,
+    connection_lost,
+    is_transient,
+    partition_refusal,
+    write_error,
+)
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .write_statements import WriteStatements
 
@@ -92,7 +99,7 @@ class PostgresWrites(PostgresPart):
         try:
             row = await conn.fetchrow(stmt, *params)
         except Exception as e:
-            if not is_transient(e):
+            if not connection_lost(conn, e):
                 self.release_writer(conn)
                 raise
             self.release_writer(conn, broken=True)

@@ -13,7 +13,6 @@ that fails or is interrupted before that commit leaves the read model and offset
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from journal.journal import Journal
 from ..postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
 from .decode import decode_events
 from .jdbc import JdbcSource
+from .payloads import PayloadReader
 from .placement import SliceSource
 from .reader import read_journal
 from .writer import WriteMode, write_read_model
@@ -57,17 +57,13 @@ class BackfillResult:
 
 
 def load_job(spec: str) -> Job:
-    """Import ``package.module:function`` (clear error when missing or not callable)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigurationError(f"--job must look like 'package.module:function', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigurationError(f"cannot import job module {module_name!r}: {e}") from e
-    fn = getattr(module, attr, None)
+    """Import ``package.module:function`` (:func:`journal.hooks.load_object`; clear error when
+    missing or not callable)."""
+    from journal.hooks import load_object
+
+    fn = load_object(spec, "--job")
     if not callable(fn):
-        raise ConfigurationError(f"{module_name!r} has no callable {attr!r}")
+        raise ConfigurationError(f"--job {spec!r} is a {type(fn).__name__}, not a function")
     return fn  # type: ignore[no-any-return]
 
 
@@ -91,6 +87,7 @@ async def backfill(
     batch_size: int = 10_000,
     schema: Any = None,
     placed: Sequence[SliceSource] | None = None,
+    payloads: PayloadReader | None = None,
 ) -> BackfillResult:
     """Run ``job`` over the decoded events below the horizon and hand over to live workers.
 
@@ -98,7 +95,9 @@ async def backfill(
     :class:`ReadModel`, or a DataFrame written to ``table`` with primary key ``key``.
     ``source`` is the journal's (home) database, where the read model and the offsets go;
     ``placed``: where each slice range is read from, for a journal over several databases
-    (:func:`~projections.spark.placement.placement`; default: ``source``).
+    (:func:`~projections.spark.placement.placement`; default: ``source``). ``payloads``: read
+    the payloads through the journal's codec, serializers and upcasters (:func:`decode_events`),
+    so the job sees the events the online projection sees.
 
     Raises:
         InvalidArgument: bad name, entity type or partition count (before any Spark work).
@@ -119,7 +118,7 @@ async def backfill(
     from pyspark.sql import functions as F
 
     seen = Observation("events")
-    decoded = decode_events(raw, schema)  # a schema inference runs its own small sample query
+    decoded = decode_events(raw, schema, payloads=payloads)  # a schema inference runs its own small sample query
     produced = job(decoded.observe(seen, F.count(F.lit(1)).alias("events")))
     model = produced if isinstance(produced, ReadModel) else _wrap(produced, table, key)
 

@@ -7,14 +7,27 @@ Importing this module does not import pyspark: the commands do, when they run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from journal.cli.common import DatabasesOption, DataDirOption, DsnOption, SchemaOption
+from journal.cli.common import (
+    DatabasesOption,
+    DataDirOption,
+    DsnOption,
+    SchemaOption,
+    SerializersOption,
+    SubjectOfOption,
+    UpcastersOption,
+    hook_settings,
+    journal_hooks,
+)
 
 from ..entity_types import check_entity_type
 
@@ -51,6 +64,47 @@ async def _placed(journal: Any, settings: Any) -> Any:
     return await placement(journal, local=runs_on_this_host(settings.spark.master))
 
 
+async def _payloads(journal: Any, source: Any) -> Any:
+    """How the workers read the payloads: through the journal's codec, serializers and upcasters
+    when it has any of them or holds sealed rows (else Spark parses the stored JSON itself).
+    Encrypted rows without the codec's settings are refused in one line, before Spark starts."""
+    from journal.errors import ConfigurationError
+
+    from .payloads import PayloadReader
+
+    sealed = {flag for r in await journal.stored_manifests() if r.kind == "event" for flag in r.sealed}
+    registry = journal.serializers
+    if "e" in sealed and not registry.keyed:
+        raise ConfigurationError(
+            "the journal holds encrypted events: read them with codec.encrypt on (JOURNAL_CODEC_ENCRYPT=1, "
+            "and JOURNAL_CODEC_MASTER_KEY if it was set when they were written), or export them as stored (--raw)"
+        )
+    if sealed or registry.codec is not None or registry.upcasters or journal.settings.hooks.serializers:
+        return PayloadReader.of(journal, source)
+    return None
+
+
+@contextlib.contextmanager
+def _worker_errors() -> Iterator[None]:
+    """A failure in Spark's Python workers (a payload the journal cannot read, an upcaster that
+    raises) as one line: the worker's own error, not the JVM's stack around it."""
+    from pyspark.errors import PythonException
+
+    from journal.errors import SerializationError
+
+    try:
+        yield
+    except PythonException as e:
+        causes = [line for line in str(e).splitlines() if _ERROR_LINE.match(line)]
+        if not causes:
+            raise
+        raise SerializationError(f"a Spark worker failed: {causes[-1]}") from e
+
+
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Forgotten): ")
+"""The last line of a Python traceback: ``module.ErrorType: message``."""
+
+
 def _say(msg: str) -> None:
     typer.echo(msg, err=not sys.stdout.isatty())
 
@@ -67,6 +121,9 @@ def spark_backfill(
     databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
+    subject_of: SubjectOfOption = None,
+    upcasters: UpcastersOption = None,
+    serializers: SerializersOption = None,
 ) -> None:
     """Compute a read model with Spark up to the journal's horizon, write it, and store the
     projection's offsets there so `projections run NAME` continues from exactly that point."""
@@ -76,20 +133,24 @@ def spark_backfill(
     from .environment import spark_session
 
     fn = load_job(job)
-    settings, source = _prepare(dsn, schema, data_dir, master, databases, partitions=partitions)
+    hooked = hook_settings(subject_of, upcasters, serializers)
+    settings, source = _prepare(dsn, schema, data_dir, master, databases, partitions=partitions, **hooked)
+    hooks = journal_hooks(settings)
     sp = settings.spark
 
     async def go() -> Any:
-        async with open_journal(settings.connection.dsn, settings=settings) as j:
+        async with open_journal(settings.connection.dsn, settings=settings, **hooks) as j:
             await check_entity_type(j, entity_type)
+            payloads = await _payloads(j, source)
             spark = spark_session(sp)
             return await backfill(
                 spark, j, source, name, entity_type, fn, table=table, key=tuple(key or ()),
                 partitions=sp.partitions, fetch_size=sp.fetch_size, batch_size=sp.batch_size,
-                placed=await _placed(j, settings),
+                placed=await _placed(j, settings), payloads=payloads,
             )  # fmt: skip
 
-    r = asyncio.run(go())
+    with _worker_errors():
+        r = asyncio.run(go())
     _say(
         f"backfill {r.name}: {r.events} events read in {r.partitions} partitions, {r.rows_written} rows "
         f"written to {r.table}, offsets at {r.cutoff.isoformat()}, {r.seconds:.1f} s"
@@ -109,8 +170,13 @@ def spark_export(
     databases: DatabasesOption = None,
     schema: SchemaOption = None,
     data_dir: DataDirOption = None,
+    subject_of: SubjectOfOption = None,
+    upcasters: UpcastersOption = None,
+    serializers: SerializersOption = None,
 ) -> None:
-    """Write the events of an entity type to Parquet, partitioned by slice range (or date)."""
+    """Write the events of an entity type to Parquet, partitioned by slice range (or date);
+    decoded as the journal reads them (decrypted, upcast), a forgotten subject's with forgotten
+    true and a null event."""
     from journal.journal import open_journal
 
     from .decode import decode_events
@@ -118,21 +184,24 @@ def spark_export(
     from .export import export_parquet
     from .reader import read_journal
 
-    settings, _ = _prepare(dsn, schema, data_dir, master, databases, partitions=partitions)
+    hooked = hook_settings(subject_of, upcasters, serializers)
+    settings, source = _prepare(dsn, schema, data_dir, master, databases, partitions=partitions, **hooked)
+    hooks = journal_hooks(settings)
     sp = settings.spark
 
     async def check() -> Any:
-        async with open_journal(settings.connection.dsn, settings=settings) as j:
+        async with open_journal(settings.connection.dsn, settings=settings, **hooks) as j:
             await check_entity_type(j, entity_type)
-            return await _placed(j, settings)
+            return await _placed(j, settings), (await _payloads(j, source) if decode else None)
 
-    placed = asyncio.run(check())
+    placed, payloads = asyncio.run(check())
     started = time.monotonic()
     spark = spark_session(sp)
     df = read_journal(spark, placed, entity_type, partitions=sp.partitions, fetch_size=sp.fetch_size)
-    if decode:
-        df = decode_events(df)
-    export_parquet(df, out, partition_by=by, partitions=sp.partitions, overwrite=overwrite)  # type: ignore[arg-type]
+    with _worker_errors():
+        if decode:
+            df = decode_events(df, payloads=payloads)
+        export_parquet(df, out, partition_by=by, partitions=sp.partitions, overwrite=overwrite)  # type: ignore[arg-type]
     rows = spark.read.parquet(str(out)).count()
     _say(
         f"exported {rows} events of {entity_type} in {sp.partitions} partitions to {out} "

@@ -190,12 +190,13 @@ def session_conf(settings: SparkSettings, driver: JdbcDriver, master: str | None
     }
     if not conf["spark.master"].startswith("local"):
         conf["spark.executor.memory"] = settings.executor_memory
+    if runs_on_this_host(conf["spark.master"]):
+        # Python workers on this machine run this Python (its packages: the journal's codec,
+        # serializers and upcasters read payloads in them), not whatever python3 is on PATH
+        conf["spark.pyspark.python"] = os.environ.get("PYSPARK_PYTHON") or sys.executable
     if is_cluster_on_this_host(conf["spark.master"]):
-        # executors on this machine: they call the driver back on loopback and run this Python
-        conf.update({
-            "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-            "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON") or sys.executable,
-        })  # fmt: skip
+        # executors on this machine: they call the driver back on loopback
+        conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
     conf.update(driver.spark_conf())
     return conf
 
@@ -238,4 +239,7 @@ def spark_session(settings: SparkSettings, *, master: str | None = None) -> Any:
             f"Spark failed to start (master {master or settings.master}, JDBC driver {driver.describe()}): {e}"
         ) from e
     session.sparkContext.setLogLevel("ERROR")
+    python = session.conf.get("spark.pyspark.python", None)
+    if python:  # PySpark takes its workers' Python from $PYSPARK_PYTHON only (else python3 on PATH)
+        session.sparkContext.pythonExec = python
     return session
