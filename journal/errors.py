@@ -23,6 +23,8 @@ __all__ = [
     "InvalidArgument",
     "JournalError",
     "JournalUnavailable",
+    "KafkaSetupError",
+    "KafkaStartError",
     "LeaseLost",
     "LocalWritesRefused",
     "LocationMismatch",
@@ -79,6 +81,15 @@ class CassandraSetupError(ConfigurationError):
 
 class CassandraStartError(JournalError):
     """A local Cassandra node did not come up (or died); the message ends with its log's tail."""
+
+
+class KafkaSetupError(ConfigurationError):
+    """A local Kafka broker cannot be set up here: Java or Maven is missing, or Kafka's jars cannot
+    be resolved from Maven Central. The message says what to install."""
+
+
+class KafkaStartError(JournalError):
+    """A local Kafka broker did not come up (or died); the message ends with its log's tail."""
 
 
 class InvalidArgument(JournalError, ValueError):
