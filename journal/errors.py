@@ -23,6 +23,7 @@ __all__ = [
     "InvalidArgument",
     "JournalError",
     "JournalUnavailable",
+    "KafkaPublishError",
     "KafkaSetupError",
     "KafkaStartError",
     "LeaseLost",
@@ -206,6 +207,11 @@ class TagEventsMissing(EventsMissing):
 
 class ProjectionError(JournalError):
     """A projection cannot go on (see the subclasses)."""
+
+
+class KafkaPublishError(ProjectionError):
+    """Events could not be published to Kafka: the broker refused a record or a transaction (a
+    missing topic, a record over the size limit, a producer fenced by a newer owner of its range)."""
 
 
 class LeaseLost(ProjectionError):
