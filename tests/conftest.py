@@ -21,7 +21,11 @@ from journal import Journal, JournalSettings, open_journal
 from journal.postgres.migrations import upgrade
 from tests.support.scratch import scratch_database
 
-pytest_plugins = ["cassandra_fixtures", "partition_fixtures", "kafka_fixtures"]  # Cassandra: CASSANDRA_CONTACT_POINTS or one local node
+pytest_plugins = [
+    "cassandra_fixtures",
+    "partition_fixtures",
+    "kafka_fixtures",
+]  # Cassandra: CASSANDRA_CONTACT_POINTS or one local node
 
 
 @pytest.fixture(scope="session")

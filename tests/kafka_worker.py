@@ -40,6 +40,7 @@ async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: int) -> N
         worker = Worker(j, settings, "kafka-pub", "acct", handler, "grouped")
         task = asyncio.create_task(worker.run())
         targets = {pid: await j.highest_seq_nr(pid) async for pid in j.current_persistence_ids("acct")}
+        assert targets, "no events of entity type acct"
 
         async def caught_up_or_failed() -> bool:
             return task.done() or await processed_up_to(j, "kafka-pub", targets)

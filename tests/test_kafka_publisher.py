@@ -34,7 +34,7 @@ async def test_sigkill_between_kafka_and_offsets_then_restart(
 ) -> None:
     for i in range(EVENTS):
         for p in range(PIDS):
-            await journal.persist(f"acct-{p}", [{"n": i, "pid": p}])
+            await journal.persist(f"acct|{p}", [{"n": i, "pid": p}])
     topic = create_topic(kafka_bootstrap, partitions=4)
 
     assert run_worker(dsn, kafka_bootstrap, topic, mode, crash=1) == -9  # killed after its first batch
@@ -42,7 +42,7 @@ async def test_sigkill_between_kafka_and_offsets_then_restart(
 
     records = read_topic(kafka_bootstrap, topic)
     seen = Counter((h["pid"].decode(), int(h["seq_nr"])) for _, _, _, h in records)
-    expected = {(f"acct-{p}", s) for p in range(PIDS) for s in range(1, EVENTS + 1)}
+    expected = {(f"acct|{p}", s) for p in range(PIDS) for s in range(1, EVENTS + 1)}
     assert set(seen) == expected
     duplicates = sum(n - 1 for n in seen.values())
     if mode == "at-least-once":  # the offsets outside the Kafka transaction: the killed batch again
@@ -50,7 +50,7 @@ async def test_sigkill_between_kafka_and_offsets_then_restart(
         return
     assert duplicates == 0
     by_pid: dict[str, list[int]] = {}
-    for partition, key, value, h in records:
+    for _, key, value, h in records:
         assert key == h["pid"] and value is not None
         by_pid.setdefault(h["pid"].decode(), []).append(int(h["seq_nr"]))
         assert set(h) == {"pid", "seq_nr", "slice", "db_timestamp", "manifest"}
