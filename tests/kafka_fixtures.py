@@ -59,7 +59,30 @@ def create_topic(bootstrap: str, partitions: int = 4, name: str | None = None, *
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
         future.result(30)
+    _wait_for_leaders(bootstrap, topic, partitions)
     return topic
+
+
+def _wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
+    """Until every partition of a new topic has a leader that answers (a new topic's metadata
+    may say 'not leader' for a moment after the creation returns)."""
+    import time
+
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}"})
+    deadline = time.monotonic() + timeout
+    try:
+        for p in range(partitions):
+            while True:
+                try:
+                    consumer.get_watermark_offsets(TopicPartition(topic, p), 5)
+                    break
+                except KafkaException:
+                    assert time.monotonic() < deadline, f"{topic} partition {p} has no leader after {timeout} s"
+                    time.sleep(0.05)  # a retry interval: the loop waits on the leader's answer
+    finally:
+        consumer.close()
 
 
 @pytest.fixture

@@ -232,13 +232,22 @@ class KafkaPublisher:
             raise
         return channel
 
+    async def check(self, projection: str) -> None:
+        """Fail now, in one line, when the topic is missing or the brokers do not answer."""
+        await asyncio.to_thread(self._check_topics, projection)
+        self._checked = True
+
     def _check_topics(self, projection: str) -> None:
         """The topic must exist (one line naming it otherwise); the offsets topic is created compacted."""
         admin = AdminClient({k: v for k, v in self.config.items() if k != "linger.ms"})
         offsets = self._offsets_topic or offsets_topic_for(projection)
-        topics = admin.list_topics(timeout=self.timeout).topics
+        try:
+            topics = admin.list_topics(timeout=self.timeout).topics
+        except KafkaException as e:
+            servers = self.config["bootstrap.servers"]
+            raise KafkaPublishError(f"Kafka at {servers} did not answer: {e.args[0].str()}") from None
         if self.topic not in topics:
-            raise KafkaPublishError(f"the Kafka topic {self.topic!r} does not exist (create it first)")
+            raise ConfigurationError(f"the Kafka topic {self.topic!r} does not exist (create it first)")
         if self.exactly_once and offsets not in topics:
             new = NewTopic(offsets, 1, -1, config={"cleanup.policy": "compact"})
             for future in admin.create_topics([new]).values():

@@ -1,0 +1,76 @@
+"""``projections run NAME --to-kafka TOPIC``: the real command publishes every event once; bad
+input fails in one line with exit code 2 before anything starts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from kafka_fixtures import create_topic, read_topic
+from projection_helpers import FAST_ENV
+
+from journal import Journal
+
+pytestmark = pytest.mark.kafka
+
+
+def projections(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "projections", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_a_missing_topic_is_one_line(dsn: str, kafka_bootstrap: str) -> None:
+    out = projections("run", "kp", "--entity-type", "acct", "--to-kafka", "no-such-topic",
+                      "--kafka-bootstrap", kafka_bootstrap, "--dsn", dsn, "--no-progress")  # fmt: skip
+    assert (out.returncode, out.stderr.strip()) == (
+        2, "error: the Kafka topic 'no-such-topic' does not exist (create it first)"
+    )  # fmt: skip
+
+
+def test_handler_or_topic_exactly_one(dsn: str) -> None:
+    out = projections("run", "kp", "--entity-type", "acct", "--dsn", dsn)
+    assert (out.returncode, out.stderr.strip()) == (2, "error: give exactly one of --handler and --to-kafka")
+    out = projections("run", "kp", "--tag", "t", "--to-kafka", "x", "--dsn", dsn)
+    assert out.returncode == 2 and "grouped mode (no --tag, no --mode)" in out.stderr
+
+
+async def test_the_command_publishes_every_event_once(journal: Journal, dsn: str, kafka_bootstrap: str) -> None:
+    for i in range(20):
+        for p in range(10):
+            await journal.persist(f"acct|{p}", [{"n": i}])
+    topic = create_topic(kafka_bootstrap)
+    records = await asyncio.to_thread(run_until_published, dsn, kafka_bootstrap, topic, 200)
+    assert sorted((h["pid"], int(h["seq_nr"])) for *_, h in records) == sorted(
+        (f"acct|{p}".encode(), s) for p in range(10) for s in range(1, 21)
+    )
+
+
+def run_until_published(
+    dsn: str, bootstrap: str, topic: str, n: int
+) -> list[tuple[int, bytes | None, bytes | None, dict[str, bytes]]]:
+    """Run the command until ``topic`` holds ``n`` records, stop it (SIGTERM), read the topic."""
+    err = tempfile.TemporaryFile()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "projections", "run", "kp", "--entity-type", "acct", "--to-kafka", topic,
+         "--kafka-bootstrap", bootstrap, "--dsn", dsn, "--no-progress"],
+        env={**os.environ, **FAST_ENV}, stdout=subprocess.DEVNULL, stderr=err,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(read_topic(bootstrap, topic)) < n:
+            assert proc.poll() is None and time.monotonic() < deadline
+    except BaseException:
+        proc.kill()
+        raise
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(30)
+    err.seek(0)
+    assert code == 0, err.read().decode()[-3000:]
+    return read_topic(bootstrap, topic)
