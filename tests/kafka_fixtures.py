@@ -92,17 +92,19 @@ def kafka_topic(kafka_bootstrap: str) -> str:
 
 
 def read_topic(
-    bootstrap: str, topic: str, timeout: float = 60.0
+    bootstrap: str, topic: str, timeout: float = 60.0, committed: bool = True
 ) -> list[tuple[int, bytes | None, bytes | None, dict[str, bytes]]]:
     """Every committed record of ``topic`` as ``(partition, key, value, headers)``, each partition
     in offset order, read with ``isolation.level=read_committed`` from the beginning up to each
-    partition's end (its high watermark when reading starts: call it once no transaction is open)."""
+    partition's end (its high watermark when reading starts: call it once no transaction is open).
+    ``committed=False``: read_uncommitted, the records of aborted transactions too."""
     import time
 
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}", "isolation.level": "read_committed",
+        "bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
+        "isolation.level": "read_committed" if committed else "read_uncommitted",
         "enable.auto.commit": False, "enable.partition.eof": True,
     })  # fmt: skip
     try:

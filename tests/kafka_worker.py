@@ -1,9 +1,10 @@
 """Subprocess of the Kafka tests: ``python -m tests.kafka_worker DSN BOOTSTRAP TOPIC MODE CRASH``.
 
-Runs projection ``kafka-pub`` over entity type ``acct`` with a :class:`KafkaPublisher` on TOPIC
+Runs projection ``pub-<TOPIC>`` over entity type ``acct`` with a :class:`KafkaPublisher` on TOPIC
 (MODE ``exactly-once`` or ``at-least-once``) until it has committed offsets for every event, then
-exits 0. CRASH > 0: the process SIGKILLs itself right after the CRASH-th batch is published to
-Kafka, before the runner commits that batch's offsets in PostgreSQL.
+exits 0. CRASH ``after:N``: the process SIGKILLs itself right after the N-th batch is published
+to Kafka, before the runner commits that batch's offsets in PostgreSQL; ``inside:N``: while it
+serializes the N-th event, inside a Kafka transaction; ``none``: no crash.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from journal import EventEnvelope, JournalSettings, open_journal
 from projections import Worker
 from projections.kafka.publisher import KafkaPublisher
@@ -22,28 +25,43 @@ from projections.management import processed_up_to
 from tests.support.waiting import wait_until
 
 
-async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: int) -> None:
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: str) -> None:
+    where, _, n = crash.partition(":")
+    count = int(n or 0)
     settings = JournalSettings.load(
         env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, handler_backoff=0.02, group_size=25
     )
-    publisher = KafkaPublisher(bootstrap, topic, exactly_once=mode == "exactly-once")
+    serialized = 0
+
+    def value(event: Any) -> bytes:
+        nonlocal serialized
+        serialized += 1
+        if where == "inside" and serialized == count:
+            die()
+        return orjson.dumps(event)
+
+    publisher = KafkaPublisher(bootstrap, topic, exactly_once=mode == "exactly-once", value=value)
     batches = 0
 
     async def handler(conn: Any, envelopes: Sequence[EventEnvelope]) -> None:
         nonlocal batches
         await publisher(conn, envelopes)
         batches += 1
-        if batches == crash:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if where == "after" and batches == count:
+            die()
 
     async with open_journal(dsn, settings=settings) as j:
-        worker = Worker(j, settings, "kafka-pub", "acct", handler, "grouped")
+        worker = Worker(j, settings, f"pub-{topic}", "acct", handler, "grouped")
         task = asyncio.create_task(worker.run())
         targets = {pid: await j.highest_seq_nr(pid) async for pid in j.current_persistence_ids("acct")}
         assert targets, "no events of entity type acct"
 
         async def caught_up_or_failed() -> bool:
-            return task.done() or await processed_up_to(j, "kafka-pub", targets)
+            return task.done() or await processed_up_to(j, f"pub-{topic}", targets)
 
         await wait_until(caught_up_or_failed, 120, "the publisher to catch up", every=0.05)
         if task.done():
@@ -54,4 +72,4 @@ async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: int) -> N
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])))
+    asyncio.run(main(*sys.argv[1:6]))

@@ -19,26 +19,29 @@ pytestmark = pytest.mark.kafka
 PIDS, EVENTS = 40, 25
 
 
-def run_worker(dsn: str, bootstrap: str, topic: str, mode: str, crash: int) -> int:
+def run_worker(dsn: str, bootstrap: str, topic: str, mode: str, crash: str) -> int:
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.kafka_worker", dsn, bootstrap, topic, mode, str(crash)],
+        [sys.executable, "-m", "tests.kafka_worker", dsn, bootstrap, topic, mode, crash],
         capture_output=True, text=True, timeout=180, check=False,
     )  # fmt: skip
     assert proc.returncode in (0, -9), proc.stderr[-3000:]
     return proc.returncode
 
 
-@pytest.mark.parametrize("mode", ["exactly-once", "at-least-once"])
-async def test_sigkill_between_kafka_and_offsets_then_restart(
-    journal: Journal, dsn: str, kafka_bootstrap: str, mode: str
-) -> None:
+@pytest.mark.parametrize(
+    ("mode", "crash"),
+    [("exactly-once", "after:1"), ("at-least-once", "after:1"), ("exactly-once", "inside:60")],
+)
+async def test_sigkill_then_restart(journal: Journal, dsn: str, kafka_bootstrap: str, mode: str, crash: str) -> None:
+    """``after``: SIGKILL between the Kafka commit and the offsets' commit; ``inside``: in the
+    middle of a Kafka transaction."""
     for i in range(EVENTS):
         for p in range(PIDS):
             await journal.persist(f"acct|{p}", [{"n": i, "pid": p}])
     topic = create_topic(kafka_bootstrap, partitions=4)
 
-    assert run_worker(dsn, kafka_bootstrap, topic, mode, crash=1) == -9  # killed after its first batch
-    assert run_worker(dsn, kafka_bootstrap, topic, mode, crash=0) == 0
+    assert run_worker(dsn, kafka_bootstrap, topic, mode, crash) == -9
+    assert run_worker(dsn, kafka_bootstrap, topic, mode, "none") == 0
 
     records = read_topic(kafka_bootstrap, topic)
     seen = Counter((h["pid"].decode(), int(h["seq_nr"])) for _, _, _, h in records)
@@ -55,3 +58,48 @@ async def test_sigkill_between_kafka_and_offsets_then_restart(
         by_pid.setdefault(h["pid"].decode(), []).append(int(h["seq_nr"]))
         assert set(h) == {"pid", "seq_nr", "slice", "db_timestamp", "manifest"}
     assert all(seqs == list(range(1, EVENTS + 1)) for seqs in by_pid.values())
+
+
+def high_watermark(bootstrap: str, topic: str) -> int:
+    """Records written to ``topic`` so far (committed, aborted or open, with transaction markers)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+    try:
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in range(4))
+    finally:
+        consumer.close()
+
+
+def kill_at(dsn: str, bootstrap: str, topic: str, marks: list[int]) -> None:
+    """A worker per mark, each SIGKILLed once the topic holds ``mark`` records (wherever it is:
+    reading, in a Kafka transaction, committing offsets), then one run to the end."""
+    import time
+
+    for mark in marks:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.kafka_worker", dsn, bootstrap, topic, "exactly-once", "none"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while high_watermark(bootstrap, topic) < mark:
+            assert proc.poll() is None and time.monotonic() < deadline, f"the worker ended before {mark} records"
+        proc.kill()
+        proc.wait()
+    assert run_worker(dsn, bootstrap, topic, "exactly-once", "none") == 0
+
+
+async def test_sigkill_at_three_moments_of_a_run(journal: Journal, dsn: str, kafka_bootstrap: str) -> None:
+    import asyncio
+
+    pids, events = 100, 60
+    for p in range(pids):
+        await journal.persist(f"acct|{p}", [{"n": i} for i in range(events)])
+    topic = create_topic(kafka_bootstrap, partitions=4)
+    await asyncio.to_thread(kill_at, dsn, kafka_bootstrap, topic, [800, 2500, 4500])
+
+    records = read_topic(kafka_bootstrap, topic)
+    by_pid: dict[str, list[int]] = {}
+    for _, _, _, h in records:
+        by_pid.setdefault(h["pid"].decode(), []).append(int(h["seq_nr"]))
+    assert by_pid == {f"acct|{p}": list(range(1, events + 1)) for p in range(pids)}
