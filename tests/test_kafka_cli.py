@@ -53,13 +53,14 @@ async def test_the_command_publishes_every_event_once(journal: Journal, dsn: str
 
 
 def run_until_published(
-    dsn: str, bootstrap: str, topic: str, n: int
+    dsn: str, bootstrap: str, topic: str, n: int, *extra: str
 ) -> list[tuple[int, bytes | None, bytes | None, dict[str, bytes]]]:
-    """Run the command until ``topic`` holds ``n`` records, stop it (SIGTERM), read the topic."""
+    """Run projection ``kp-<topic>`` until ``topic`` holds ``n`` records, stop it (SIGTERM), read
+    the topic (each test's projection its own: the tests share the database's offset tables)."""
     err = tempfile.TemporaryFile()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "projections", "run", "kp", "--entity-type", "acct", "--to-kafka", topic,
-         "--kafka-bootstrap", bootstrap, "--dsn", dsn, "--no-progress"],
+        [sys.executable, "-m", "projections", "run", f"kp-{topic}", "--entity-type", "acct", "--to-kafka", topic,
+         "--kafka-bootstrap", bootstrap, "--dsn", dsn, "--no-progress", *extra],
         env={**os.environ, **FAST_ENV}, stdout=subprocess.DEVNULL, stderr=err,
     )  # fmt: skip
     try:
@@ -74,3 +75,23 @@ def run_until_published(
     err.seek(0)
     assert code == 0, err.read().decode()[-3000:]
     return read_topic(bootstrap, topic)
+
+
+async def test_a_record_over_the_size_limit_is_dead_lettered(journal: Journal, dsn: str, kafka_bootstrap: str) -> None:
+    """The broker refuses one record (the topic's max.message.bytes): under retry-and-dead-letter
+    that event is parked with the broker's reason, every other event is published once."""
+    for i in range(5):
+        for p in range(10):
+            big = p == 3 and i == 2
+            await journal.persist(f"acct|{p}", [{"n": i, "pad": "x" * (5000 if big else 10)}])
+    topic = create_topic(kafka_bootstrap, **{"max.message.bytes": "2000"})
+    records = await asyncio.to_thread(
+        run_until_published, dsn, kafka_bootstrap, topic, 49, "--on-failure", "retry-and-dead-letter:2"
+    )
+    expected = sorted((f"acct|{p}".encode(), s) for p in range(10) for s in range(1, 6) if (p, s) != (3, 3))
+    assert sorted((h["pid"], int(h["seq_nr"])) for *_, h in records) == expected
+    out = projections("dead-letters", "list", f"kp-{topic}", "--dsn", dsn)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[-1] == f"1 dead letters of kp-{topic}" and lines[0].startswith("acct|3 #3 "), out.stdout
+    assert "too large" in lines[0].lower(), lines[0]
