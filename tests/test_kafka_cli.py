@@ -16,6 +16,7 @@ from kafka_fixtures import create_topic, read_topic
 from projection_helpers import FAST_ENV
 
 from journal import Journal
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -95,3 +96,60 @@ async def test_a_record_over_the_size_limit_is_dead_lettered(journal: Journal, d
     lines = out.stdout.splitlines()
     assert lines[-1] == f"1 dead letters of kp-{topic}" and lines[0].startswith("acct|3 #3 "), out.stdout
     assert "too large" in lines[0].lower(), lines[0]
+
+
+def start_worker(dsn: str, bootstrap: str, topic: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "projections", "run", f"kp-{topic}", "--entity-type", "acct", "--to-kafka",
+         topic, "--kafka-bootstrap", bootstrap, "--dsn", dsn, "--no-progress"],
+        env={**os.environ, **FAST_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+async def test_rescale_1_4_2_publishes_every_event_once(journal: Journal, dsn: str, kafka_bootstrap: str) -> None:
+    """One worker; three more once a quarter is published (all four owning slices); two of them
+    stopped (SIGTERM: commit, release) once half is; the last two publish the rest."""
+    from test_kafka_publisher import high_watermark
+
+    from projections.postgres_store import ProjectionSql
+
+    pids, events = 200, 30
+    total = pids * events
+    for p in range(pids):
+        await journal.persist(f"acct|{p}", [{"n": i} for i in range(events)])
+    topic = create_topic(kafka_bootstrap)
+    name, leases = f"kp-{topic}", ProjectionSql("public").leases
+
+    async def published(n: int) -> bool:
+        return await asyncio.to_thread(high_watermark, kafka_bootstrap, topic) >= n
+
+    async def owners(n: int) -> bool:
+        async with journal.backend.shared_connections().pool.acquire() as conn:
+            rows = await leases.lease_owners(conn, name)
+        return len({r["owner"] for r in rows if r["live"]}) == n
+
+    procs = [await asyncio.to_thread(start_worker, dsn, kafka_bootstrap, topic)]
+    try:
+        await wait_until(lambda: published(total // 4), 120, "a quarter published")
+        procs += [await asyncio.to_thread(start_worker, dsn, kafka_bootstrap, topic) for _ in range(3)]
+        await wait_until(lambda: owners(4), 60, "four workers owning slices")
+        await wait_until(lambda: published(total // 2), 120, "half published")
+        for p in procs[:2]:
+            p.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(p.wait, 60) == 0
+        await wait_until(lambda: owners(2), 60, "two workers owning slices")
+
+        async def all_published() -> bool:
+            return len(await asyncio.to_thread(read_topic, kafka_bootstrap, topic)) >= total
+
+        await wait_until(all_published, 120, "every event published")
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            await asyncio.to_thread(p.wait, 60)
+
+    by_pid: dict[str, list[int]] = {}
+    for *_, h in read_topic(kafka_bootstrap, topic):
+        by_pid.setdefault(h["pid"].decode(), []).append(int(h["seq_nr"]))
+    assert by_pid == {f"acct|{p}": list(range(1, events + 1)) for p in range(pids)}
