@@ -198,7 +198,9 @@ class LocalKafka:
         lib = ensure_jars(self.version, self.cache, self.progress)
         props = self.data_dir / "server.properties"
         props.write_text(server_properties(self.data_dir, self.host, self.port, self.controller_port), "utf-8")
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # the tool's argument parser takes a leading '-' for an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         fmt = subprocess.run(
             self._java(lib, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), "--standalone"),
             capture_output=True, text=True, check=False,

@@ -19,6 +19,7 @@ batch before the runner commits its offsets (at least once: a crash between the 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,14 @@ from .. import range_context
 Serializer = Callable[[Any], bytes]
 Headers = list[tuple[str, str | bytes | None]]
 _JSON = JsonSerializer()
+
+
+_NO_LEADER_YET = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+"""What a topic created a moment ago may answer before its partitions have leaders."""
 
 
 def offsets_topic_for(projection: str) -> str:
@@ -84,7 +93,7 @@ class _Range:
         })  # fmt: skip
         try:
             partitions = sorted(consumer.list_topics(topic, self.p.timeout).topics[topic].partitions)
-            ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), self.p.timeout)[1] for p in partitions}
+            ends = {p: self._end_of(consumer, TopicPartition(topic, p)) for p in partitions}
             pending = {p for p, end in ends.items() if end > 0}
             consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
             seen: dict[str, int] = {}
@@ -101,6 +110,17 @@ class _Range:
             return seen
         finally:
             consumer.close()
+
+    def _end_of(self, consumer: Consumer, partition: TopicPartition) -> int:
+        """The partition's high watermark; retried while a new topic's leader is not known yet."""
+        deadline = time.monotonic() + self.p.timeout
+        while True:
+            try:
+                return int(consumer.get_watermark_offsets(partition, self.p.timeout)[1])
+            except KafkaException as e:
+                if e.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)  # the retry interval of a blocking call run in a thread
 
     async def publish(self, envelopes: Sequence[EventEnvelope]) -> None:
         fresh = [e for e in envelopes if e.seq_nr > self.published.get(e.persistence_id, 0)]
