@@ -74,7 +74,7 @@ class _Range:
         self.owned = owned
         self.p = publisher
         self.published: dict[str, int] = {}
-        conf = dict(publisher.config)
+        conf = dict(publisher.producer_config)
         if publisher.exactly_once:
             conf["transactional.id"] = transactional_id(owned.projection, owned.lo, owned.hi)
         self.producer = Producer(conf)
@@ -215,9 +215,11 @@ class KafkaPublisher:
         self.exactly_once = exactly_once
         self._offsets_topic = offsets_topic
         self.value: Serializer = value or _JSON.to_bytes
-        self.config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, "linger.ms": 5, **(config or {})}
+        self.config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(config or {})}
+        """The client settings every client of the publisher shares (producers, the offsets' reader)."""
+        self.producer_config: dict[str, Any] = {"linger.ms": 5, **self.config}
         if not exactly_once:
-            self.config.setdefault("enable.idempotence", True)
+            self.producer_config.setdefault("enable.idempotence", True)
         self.timeout = timeout
         self.first_error: KafkaError | None = None
         self._ranges: dict[range_context.OwnedRange, _Range] = {}
@@ -259,7 +261,7 @@ class KafkaPublisher:
 
     def _check_topics(self, projection: str) -> None:
         """The topic must exist (one line naming it otherwise); the offsets topic is created compacted."""
-        admin = AdminClient({k: v for k, v in self.config.items() if k != "linger.ms"})
+        admin = AdminClient(dict(self.config))
         offsets = self._offsets_topic or offsets_topic_for(projection)
         try:
             topics = admin.list_topics(timeout=self.timeout).topics
