@@ -103,3 +103,31 @@ async def test_sigkill_at_three_moments_of_a_run(journal: Journal, dsn: str, kaf
     for _, _, _, h in records:
         by_pid.setdefault(h["pid"].decode(), []).append(int(h["seq_nr"]))
     assert by_pid == {f"acct|{p}": list(range(1, events + 1)) for p in range(pids)}
+
+
+async def test_a_zombie_of_a_range_is_fenced(journal: Journal, kafka_bootstrap: str) -> None:
+    """Two publishers of the same projection and range (a stalled worker that comes back after a
+    newer one took its range): the older cannot commit, its batch is not in the topic."""
+    from journal.errors import KafkaPublishError
+    from projections import range_context
+    from projections.kafka.publisher import KafkaPublisher
+
+    topic = create_topic(kafka_bootstrap)
+    projection = f"zombie-{topic}"
+    first = await journal.persist("acct|z", [{"n": 1}])
+    second = await journal.persist("acct|z", [{"n": 2}])
+    old, new = KafkaPublisher(kafka_bootstrap, topic), KafkaPublisher(kafka_bootstrap, topic)
+    old_range = range_context.OwnedRange(projection, 0, 1023)
+    new_range = range_context.OwnedRange(projection, 0, 1023)  # a newer owner of the same slices
+    range_context.enter(old_range)
+    await old(None, first)  # the old owner publishes seq 1
+    range_context.enter(new_range)
+    await new(None, [])  # opens its producer: init_transactions fences the old one
+    range_context.enter(old_range)
+    with pytest.raises(KafkaPublishError, match="fenced"):
+        await old(None, second)
+    range_context.enter(new_range)
+    await new(None, first + second)  # seq 1 is known published: only seq 2 goes out
+    await new.close()
+    records = read_topic(kafka_bootstrap, topic)
+    assert [int(h["seq_nr"]) for *_, h in records] == [1, 2]

@@ -130,7 +130,10 @@ class _Range:
             await self._produce_all(fresh)
             await self._flush()
             return
-        self.producer.begin_transaction()
+        try:
+            self.producer.begin_transaction()
+        except KafkaException as begin_error:
+            raise self._failed(begin_error.args[0]) from None
         try:
             await self._produce_all(fresh)
             last = {e.persistence_id: e for e in fresh}
@@ -180,14 +183,18 @@ class _Range:
         try:
             await asyncio.to_thread(op, seconds)
         except KafkaException as e:
-            err: KafkaError = e.args[0]
-            err_of_delivery, self.p.first_error = self.p.first_error, None
-            cause = err_of_delivery.str() if err_of_delivery is not None else err.str()
-            if err.fatal() or err.code() == KafkaError._FENCED:
-                self.p.drop(self)
-            raise KafkaPublishError(
-                f"Kafka transaction of {self.owned.projection} slices {self.owned.key} failed: {cause}"
-            ) from None
+            raise self._failed(e.args[0]) from None
+
+    def _failed(self, err: KafkaError) -> KafkaPublishError:
+        """The error to raise for a failed transaction call (the first failed delivery's cause when
+        there is one); a fenced or fatally failed producer is forgotten: the next batch opens one."""
+        err_of_delivery, self.p.first_error = self.p.first_error, None
+        cause = err_of_delivery.str() if err_of_delivery is not None else err.str()
+        if err.fatal() or err.code() == KafkaError._FENCED:
+            self.p.drop(self)
+        return KafkaPublishError(
+            f"Kafka transaction of {self.owned.projection} slices {self.owned.key} failed: {cause}"
+        )
 
 
 class KafkaPublisher:
