@@ -23,6 +23,9 @@ __all__ = [
     "InvalidArgument",
     "JournalError",
     "JournalUnavailable",
+    "KafkaPublishError",
+    "KafkaSetupError",
+    "KafkaStartError",
     "LeaseLost",
     "LocalWritesRefused",
     "LocationMismatch",
@@ -81,6 +84,15 @@ class CassandraSetupError(ConfigurationError):
 
 class CassandraStartError(JournalError):
     """A local Cassandra node did not come up (or died); the message ends with its log's tail."""
+
+
+class KafkaSetupError(ConfigurationError):
+    """A local Kafka broker cannot be set up here: Java or Maven is missing, or Kafka's jars cannot
+    be resolved from Maven Central. The message says what to install."""
+
+
+class KafkaStartError(JournalError):
+    """A local Kafka broker did not come up (or died); the message ends with its log's tail."""
 
 
 class InvalidArgument(JournalError, ValueError):
@@ -222,6 +234,11 @@ class TagEventsMissing(EventsMissing):
 
 class ProjectionError(JournalError):
     """A projection cannot go on (see the subclasses)."""
+
+
+class KafkaPublishError(ProjectionError):
+    """Events could not be published to Kafka: the broker refused a record or a transaction (a
+    missing topic, a record over the size limit, a producer fenced by a newer owner of its range)."""
 
 
 class LeaseLost(ProjectionError):

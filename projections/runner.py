@@ -26,6 +26,7 @@ from journal.settings import ProjectionSettings, QueryMode
 from journal.transaction_slots import TransactionSlots
 from journal.waits import wait_set, within
 
+from . import range_context
 from .dead_letter_store import DeadLetter, DeadLetterSql, sealed
 from .handlers import Mode
 from .outage import Outage, database_unavailable
@@ -130,6 +131,7 @@ class RangeProcessor:
     # -- main loop ---------------------------------------------------------------------------
 
     async def run(self) -> None:
+        range_context.enter(range_context.OwnedRange(self.name, self.lo, self.hi, self.owner))
         slices = list(range(self.lo, self.hi + 1))
         window = timedelta(seconds=self.s.offset_time_window)
 

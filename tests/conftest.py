@@ -21,7 +21,8 @@ from journal import Journal, JournalSettings, open_journal
 from journal.postgres.migrations import upgrade
 from tests.support.scratch import scratch_database
 
-pytest_plugins = ["cassandra_fixtures", "partition_fixtures"]  # Cassandra: CASSANDRA_CONTACT_POINTS or one local node
+# Cassandra: CASSANDRA_CONTACT_POINTS or one local node; Kafka: KAFKA_BOOTSTRAP_SERVERS or one local broker
+pytest_plugins = ["cassandra_fixtures", "partition_fixtures", "kafka_fixtures"]
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,250 @@
+"""A real single-node Apache Kafka broker (KRaft mode) for development and the tests.
+
+Kafka's jars are on Maven Central: Maven resolves ``org.apache.kafka:kafka_2.13`` and its runtime
+dependencies once into the user's cache directory (``<user_cache_dir>/slice-journal/kafka-<version>
+/lib``). A broker then runs as one JVM that is both KRaft controller and broker: its storage is
+formatted (``kafka.tools.StorageTool format --standalone``), then ``kafka.Kafka server.properties``
+starts on two free loopback ports (clients and controller), and :meth:`LocalKafka.start` waits
+until the broker answers a Kafka request (ApiVersions) on its client port.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from journal.cassandra.local import cache_root, free_port, log_tail, stop_pid
+from journal.errors import KafkaSetupError, KafkaStartError
+
+DEFAULT_VERSION = "4.1.1"
+"""The ``org.apache.kafka:kafka_2.13`` release run here (Java 17, KRaft only)."""
+
+SLF4J_VERSION = "1.7.36"
+"""Kafka 4.1 logs through SLF4J 1.7; ``slf4j-simple`` of the same line writes its log."""
+
+JVM_FLAGS = (
+    "-XX:+UseSerialGC",  # one small broker: the fastest start and the least CPU on a shared machine
+    "-XX:TieredStopAtLevel=1",  # C1 only: a faster start; a test broker never runs long enough for C2
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.net.preferIPv4Stack=true",
+    "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+    "-Dorg.slf4j.simpleLogger.showDateTime=true",
+)
+
+Progress = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>slice-journal</groupId>
+  <artifactId>kafka-runtime</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{version}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.slf4j</groupId><artifactId>slf4j-simple</artifactId><version>{slf4j}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def require_tools() -> tuple[str, str]:
+    """Paths of ``java`` and ``mvn``, or :class:`KafkaSetupError` saying what to install."""
+    java, mvn = shutil.which("java"), shutil.which("mvn")
+    missing = [name for name, path in (("Java 17 (java)", java), ("Maven (mvn)", mvn)) if path is None]
+    if missing:
+        raise KafkaSetupError(
+            f"a local Kafka broker needs {' and '.join(missing)} on PATH "
+            "(Debian: apt-get install openjdk-17-jre-headless maven)"
+        )
+    assert java is not None and mvn is not None
+    return java, mvn
+
+
+def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progress: Progress = _stderr) -> Path:
+    """The ``lib`` directory holding kafka_2.13 ``version`` and its runtime dependencies: resolved
+    by Maven the first time, then reused; a file lock keeps two processes from resolving at once."""
+    home = (cache or cache_root()) / f"kafka-{version}"
+    lib, done = home / "lib", home / "COMPLETE"
+    if done.exists():
+        return lib
+    _, mvn = require_tools()
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            return lib
+        progress(f"kafka: resolving org.apache.kafka:kafka_2.13:{version} from Maven Central into {lib}")
+        work = Path(tempfile.mkdtemp(prefix="resolve-", dir=home))
+        try:
+            (work / "pom.xml").write_text(_POM.format(version=version, slf4j=SLF4J_VERSION), encoding="utf-8")
+            cmd = [mvn, "-B", "-q", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+                   f"-DoutputDirectory={work / 'lib'}", "-DincludeScope=runtime"]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work, check=False)
+            if proc.returncode != 0:
+                tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+                raise KafkaSetupError(
+                    f"Maven could not resolve kafka_2.13 {version} (is Maven Central reachable?):\n{tail}"
+                )
+            if lib.exists():
+                shutil.rmtree(lib)
+            (work / "lib").rename(lib)
+            done.write_text(version, encoding="utf-8")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return lib
+
+
+def server_properties(data: Path, host: str, port: int, controller_port: int, node_id: int = 1) -> str:
+    """A single-node KRaft ``server.properties``: broker and controller in one process, internal
+    topics with one replica, no automatic topic creation (a missing topic is an error to see)."""
+    return f"""\
+process.roles=broker,controller
+node.id={node_id}
+controller.quorum.bootstrap.servers={host}:{controller_port}
+listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
+advertised.listeners=PLAINTEXT://{host}:{port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={data / "logs"}
+num.partitions=1
+num.network.threads=2
+num.io.threads=2
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+"""
+
+
+def _api_versions_answer(host: str, port: int) -> bool:
+    """True when a Kafka broker answers an ApiVersions request (v0) on ``host:port``."""
+    client = b"slice-journal"
+    body = struct.pack(">hhih", 18, 0, 1, len(client)) + client
+    try:
+        with socket.create_connection((host, port), timeout=1.0) as s:
+            s.sendall(struct.pack(">i", len(body)) + body)
+            head = s.recv(8)
+    except OSError:
+        return False
+    return len(head) == 8 and struct.unpack(">ii", head)[1] == 1
+
+
+class LocalKafka:
+    """One KRaft broker+controller on ``host`` with free ports; data in a throwaway directory
+    (removed on :meth:`stop`). Use as a context manager, or :meth:`start` / :meth:`stop`."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        heap: str = "512M",
+        version: str = DEFAULT_VERSION,
+        cache: Path | None = None,
+        startup_timeout: float = 120.0,
+        progress: Progress = _stderr,
+    ) -> None:
+        self.host = host
+        self.port = free_port(host)
+        self.controller_port = free_port(host)
+        self.heap = heap
+        self.version = version
+        self.cache = cache
+        self.startup_timeout = startup_timeout
+        self.progress = progress
+        self.data_dir = Path(tempfile.mkdtemp(prefix="sj-kafka-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``host:port``, the form a client's ``bootstrap.servers`` takes."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "broker.log"
+
+    def _java(self, lib: Path, *args: str) -> list[str]:
+        java, _ = require_tools()
+        return [java, f"-Xms{self.heap}", f"-Xmx{self.heap}", *JVM_FLAGS, "-cp", f"{lib}/*", *args]
+
+    def start(self) -> LocalKafka:
+        """Format the storage, start the broker and wait until it answers (:class:`KafkaStartError`
+        with the log's tail otherwise)."""
+        lib = ensure_jars(self.version, self.cache, self.progress)
+        props = self.data_dir / "server.properties"
+        props.write_text(server_properties(self.data_dir, self.host, self.port, self.controller_port), "utf-8")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # the tool's argument parser takes a leading '-' for an option
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        fmt = subprocess.run(
+            self._java(lib, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), "--standalone"),
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if fmt.returncode != 0:
+            raise KafkaStartError(f"formatting the broker's storage failed:\n{fmt.stdout}{fmt.stderr}")
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self._java(lib, "kafka.Kafka", str(props)),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.data_dir,
+            )  # fmt: skip
+        try:
+            self.wait_until_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_until_ready(self) -> None:
+        """Poll until the broker answers ApiVersions on its client port."""
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise KafkaStartError(
+                    f"Kafka exited with code {self.process.returncode} while starting; {self.log_path}:\n"
+                    + log_tail(self.log_path)
+                )
+            if _api_versions_answer(self.host, self.port):
+                return
+            time.sleep(0.1)
+        raise KafkaStartError(
+            f"Kafka did not answer on {self.bootstrap_servers} within {self.startup_timeout:.0f} s; "
+            f"{self.log_path}:\n{log_tail(self.log_path)}"
+        )
+
+    def stop(self, *, kill: bool = False, timeout: float = 30.0) -> None:
+        """Stop the broker (SIGTERM, SIGKILL after ``timeout``; ``kill``: at once) and remove its data."""
+        if self.process is not None:
+            stop_pid(self.process.pid, kill=kill, timeout=timeout, wait=self.process.wait)
+            self.process = None
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalKafka:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,300 @@
+"""A projection handler that publishes each event as one Kafka record (docs/kafka.md).
+
+:class:`KafkaPublisher` is a ``grouped`` handler: the projection's workers, slice ranges, offsets,
+failure strategies and metrics are the runner's. Each event becomes one record keyed by its
+persistence id (so each id's events stay in order in one partition), its value the event as JSON,
+its headers ``pid``, ``seq_nr``, ``slice``, ``db_timestamp`` and ``manifest``.
+
+Exactly once (the default): each owned slice range publishes through its own transactional
+producer, ``transactional.id`` = ``sj.<projection>.<lo>-<hi>``, so a newer owner of the range fences
+an older one at the broker. A batch's records and, for each of its persistence ids, the highest
+sequence number published, go to the topic and to a compacted offsets topic in ONE Kafka
+transaction; a range's producer reads those back (read_committed) when it starts and skips what
+is already published. The runner's PostgreSQL offsets, committed after the Kafka transaction,
+only say where to start reading: when a worker dies between the two commits, the events it
+published come again and are skipped. ``exactly_once=False``: an idempotent producer flushes each
+batch before the runner commits its offsets (at least once: a crash between the two repeats it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from journal.envelope import EventEnvelope
+from journal.errors import ConfigurationError, KafkaPublishError
+from journal.serialization import JsonSerializer
+
+from .. import range_context
+
+Serializer = Callable[[Any], bytes]
+Headers = list[tuple[str, str | bytes | None]]
+_JSON = JsonSerializer()
+
+
+_NO_LEADER_YET = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+"""What a topic created a moment ago may answer before its partitions have leaders."""
+
+
+def offsets_topic_for(projection: str) -> str:
+    """The default compacted topic of a projection's published sequence numbers."""
+    return f"sj-offsets.{projection}"
+
+
+def transactional_id(projection: str, lo: int, hi: int) -> str:
+    """The producer's ``transactional.id`` for slices ``lo..hi`` of ``projection``."""
+    return f"sj.{projection}.{lo}-{hi}"
+
+
+def headers_of(env: EventEnvelope) -> Headers:
+    return [
+        ("pid", env.persistence_id.encode()),
+        ("seq_nr", str(env.seq_nr).encode()),
+        ("slice", str(env.slice).encode()),
+        ("db_timestamp", env.db_timestamp.isoformat().encode()),
+        ("manifest", _JSON.manifest(env.event).encode()),
+    ]
+
+
+class _Range:
+    """One owned slice range's producer and what it has published."""
+
+    def __init__(self, owned: range_context.OwnedRange, publisher: KafkaPublisher) -> None:
+        self.owned = owned
+        self.p = publisher
+        self.published: dict[str, int] = {}
+        conf = dict(publisher.producer_config)
+        if publisher.exactly_once:
+            conf["transactional.id"] = transactional_id(owned.projection, owned.lo, owned.hi)
+        self.producer = Producer(conf)
+
+    async def open(self) -> None:
+        if self.p.exactly_once:
+            await self._call(self.producer.init_transactions, self.p.timeout)  # fences the range's older producer
+            self.published = await asyncio.to_thread(self._load_published)
+
+    def _load_published(self) -> dict[str, int]:
+        """The highest published seq_nr of each persistence id of this range (read_committed)."""
+        topic = self.p.offsets_topic
+        consumer = Consumer({
+            **self.p.config, "group.id": f"sj-offsets-loader.{self.owned.projection}",
+            "isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True,
+        })  # fmt: skip
+        try:
+            partitions = sorted(consumer.list_topics(topic, self.p.timeout).topics[topic].partitions)
+            ends = {p: self._end_of(consumer, TopicPartition(topic, p)) for p in partitions}
+            pending = {p for p, end in ends.items() if end > 0}
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
+            seen: dict[str, int] = {}
+            while pending:
+                for m in consumer.consume(10_000, 1.0):
+                    value = m.value()
+                    if m.error() is None and value is not None:
+                        row = orjson.loads(value)
+                        if self.owned.lo <= row["slice"] <= self.owned.hi:
+                            seen[row["pid"]] = max(row["seq_nr"], seen.get(row["pid"], 0))
+                    p = m.partition() or 0
+                    if consumer.position([TopicPartition(topic, p)])[0].offset >= ends[p]:
+                        pending.discard(p)
+            return seen
+        finally:
+            consumer.close()
+
+    def _end_of(self, consumer: Consumer, partition: TopicPartition) -> int:
+        """The partition's high watermark; retried while a new topic's leader is not known yet."""
+        deadline = time.monotonic() + self.p.timeout
+        while True:
+            try:
+                return int(consumer.get_watermark_offsets(partition, self.p.timeout)[1])
+            except KafkaException as e:
+                if e.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)  # the retry interval of a blocking call run in a thread
+
+    async def publish(self, envelopes: Sequence[EventEnvelope]) -> None:
+        fresh = [e for e in envelopes if e.seq_nr > self.published.get(e.persistence_id, 0)]
+        if not fresh:
+            return
+        if not self.p.exactly_once:
+            await self._produce_all(fresh)
+            await self._flush()
+            return
+        try:
+            self.producer.begin_transaction()
+        except KafkaException as begin_error:
+            raise self._failed(begin_error.args[0]) from None
+        try:
+            await self._produce_all(fresh)
+            last = {e.persistence_id: e for e in fresh}
+            for e in last.values():
+                row = orjson.dumps({"pid": e.persistence_id, "slice": e.slice, "seq_nr": e.seq_nr})
+                await self._produce(self.p.offsets_topic, e.persistence_id.encode(), row, None)
+            await self._call(self.producer.commit_transaction, self.p.timeout)
+        except BaseException:
+            await self._abort()
+            raise
+        for pid, e in last.items():
+            self.published[pid] = e.seq_nr
+
+    async def _produce_all(self, envs: Sequence[EventEnvelope]) -> None:
+        for e in envs:
+            await self._produce(self.p.topic, e.persistence_id.encode(), self.p.value(e.event), headers_of(e))
+
+    async def _produce(self, topic: str, key: bytes, value: bytes, headers: Headers | None) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value, key, headers=headers, on_delivery=self._delivered)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                await asyncio.to_thread(self.producer.poll, 0.1)
+            except KafkaException as e:
+                raise KafkaPublishError(f"Kafka refused a record for {topic!r}: {e.args[0].str()}") from None
+
+    def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None and self.p.first_error is None:
+            self.p.first_error = err
+
+    async def _flush(self) -> None:
+        left = await asyncio.to_thread(self.producer.flush, self.p.timeout)
+        err, self.p.first_error = self.p.first_error, None
+        if err is not None:
+            raise KafkaPublishError(f"Kafka did not take a record for {self.p.topic!r}: {err.str()}")
+        if left:
+            raise KafkaPublishError(f"{left} records for {self.p.topic!r} not delivered within {self.p.timeout} s")
+
+    async def _abort(self) -> None:
+        try:
+            await asyncio.to_thread(self.producer.abort_transaction, self.p.timeout)
+        except KafkaException:  # fenced or fatal: this producer is done; the next batch opens a new one
+            self.p.drop(self)
+
+    async def _call(self, op: Callable[[float], Any], seconds: float) -> None:
+        try:
+            await asyncio.to_thread(op, seconds)
+        except KafkaException as e:
+            raise self._failed(e.args[0]) from None
+
+    def _failed(self, err: KafkaError) -> KafkaPublishError:
+        """The error to raise for a failed transaction call (the first failed delivery's cause when
+        there is one); a fenced or fatally failed producer is forgotten: the next batch opens one."""
+        err_of_delivery, self.p.first_error = self.p.first_error, None
+        cause = err_of_delivery.str() if err_of_delivery is not None else err.str()
+        if err.fatal() or err.code() == KafkaError._FENCED:
+            self.p.drop(self)
+        return KafkaPublishError(
+            f"Kafka transaction of {self.owned.projection} slices {self.owned.key} failed: {cause}"
+        )
+
+
+class KafkaPublisher:
+    """A grouped projection handler publishing each event to ``topic`` (see the module's doc).
+
+    ``config``: librdkafka settings added to ``bootstrap.servers`` (e.g. security); ``value``:
+    the event to the record's value (default: JSON, as the journal stores it); ``offsets_topic``:
+    the compacted topic of the published sequence numbers (exactly-once; created when missing).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        exactly_once: bool = True,
+        offsets_topic: str | None = None,
+        value: Serializer | None = None,
+        config: Mapping[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        if not topic:
+            raise ConfigurationError("the Kafka topic must not be empty")
+        self.topic = topic
+        self.exactly_once = exactly_once
+        self._offsets_topic = offsets_topic
+        self.value: Serializer = value or _JSON.to_bytes
+        self.config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(config or {})}
+        """The client settings every client of the publisher shares (producers, the offsets' reader)."""
+        self.producer_config: dict[str, Any] = {"linger.ms": 5, **self.config}
+        if not exactly_once:
+            self.producer_config.setdefault("enable.idempotence", True)
+        self.timeout = timeout
+        self.first_error: KafkaError | None = None
+        self._ranges: dict[range_context.OwnedRange, _Range] = {}
+        self._checked = False
+
+    @property
+    def offsets_topic(self) -> str:
+        owned = next(iter(self._ranges), None) or range_context.current()
+        return self._offsets_topic or offsets_topic_for(owned.projection if owned else "default")
+
+    async def __call__(self, conn: Any, envelopes: Sequence[EventEnvelope]) -> None:
+        owned = range_context.current()
+        if owned is None:
+            raise ConfigurationError("KafkaPublisher is a projection handler: run it on a projection worker")
+        channel = self._ranges.get(owned)
+        if channel is None:
+            channel = await self._open(owned)
+        await channel.publish(envelopes)
+
+    async def _open(self, owned: range_context.OwnedRange) -> _Range:
+        for old in [r for r in self._ranges.values() if r.owned.lo <= owned.hi and owned.lo <= r.owned.hi]:
+            self.drop(old)  # an earlier processor of these slices in this process: it has stopped
+        if not self._checked:
+            await asyncio.to_thread(self._check_topics, owned.projection)
+            self._checked = True
+        channel = _Range(owned, self)
+        self._ranges[owned] = channel
+        try:
+            await channel.open()
+        except BaseException:
+            self.drop(channel)
+            raise
+        return channel
+
+    async def check(self, projection: str) -> None:
+        """Fail now, in one line, when the topic is missing or the brokers do not answer."""
+        await asyncio.to_thread(self._check_topics, projection)
+        self._checked = True
+
+    def _check_topics(self, projection: str) -> None:
+        """The topic must exist (one line naming it otherwise); the offsets topic is created compacted."""
+        admin = AdminClient(dict(self.config))
+        offsets = self._offsets_topic or offsets_topic_for(projection)
+        try:
+            topics = admin.list_topics(timeout=self.timeout).topics
+        except KafkaException as e:
+            servers = self.config["bootstrap.servers"]
+            raise KafkaPublishError(f"Kafka at {servers} did not answer: {e.args[0].str()}") from None
+        if self.topic not in topics:
+            raise ConfigurationError(f"the Kafka topic {self.topic!r} does not exist (create it first)")
+        if self.exactly_once and offsets not in topics:
+            new = NewTopic(offsets, 1, -1, config={"cleanup.policy": "compact"})
+            for future in admin.create_topics([new]).values():
+                try:
+                    future.result(self.timeout)
+                except KafkaException as e:
+                    if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                        raise KafkaPublishError(
+                            f"cannot create the offsets topic {offsets!r}: {e.args[0].str()}"
+                        ) from None
+
+    def drop(self, channel: _Range) -> None:
+        """Forget a range's producer (fenced, failed, or its processor stopped)."""
+        if self._ranges.get(channel.owned) is channel:
+            del self._ranges[channel.owned]
+
+    async def close(self) -> None:
+        """Flush and forget every range's producer."""
+        for channel in list(self._ranges.values()):
+            await asyncio.to_thread(channel.producer.flush, self.timeout)
+            self.drop(channel)

@@ -1,0 +1,75 @@
+"""Subprocess of the Kafka tests: ``python -m tests.kafka_worker DSN BOOTSTRAP TOPIC MODE CRASH``.
+
+Runs projection ``pub-<TOPIC>`` over entity type ``acct`` with a :class:`KafkaPublisher` on TOPIC
+(MODE ``exactly-once`` or ``at-least-once``) until it has committed offsets for every event, then
+exits 0. CRASH ``after:N``: the process SIGKILLs itself right after the N-th batch is published
+to Kafka, before the runner commits that batch's offsets in PostgreSQL; ``inside:N``: while it
+serializes the N-th event, inside a Kafka transaction; ``none``: no crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from journal import EventEnvelope, JournalSettings, open_journal
+from projections import Worker
+from projections.kafka.publisher import KafkaPublisher
+from projections.management import processed_up_to
+from tests.support.waiting import wait_until
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: str) -> None:
+    where, _, n = crash.partition(":")
+    count = int(n or 0)
+    settings = JournalSettings.load(
+        env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, handler_backoff=0.02, group_size=25
+    )
+    serialized = 0
+
+    def value(event: Any) -> bytes:
+        nonlocal serialized
+        serialized += 1
+        if where == "inside" and serialized == count:
+            die()
+        return orjson.dumps(event)
+
+    publisher = KafkaPublisher(bootstrap, topic, exactly_once=mode == "exactly-once", value=value)
+    batches = 0
+
+    async def handler(conn: Any, envelopes: Sequence[EventEnvelope]) -> None:
+        nonlocal batches
+        await publisher(conn, envelopes)
+        batches += 1
+        if where == "after" and batches == count:
+            die()
+
+    async with open_journal(dsn, settings=settings) as j:
+        worker = Worker(j, settings, f"pub-{topic}", "acct", handler, "grouped")
+        task = asyncio.create_task(worker.run())
+        targets = {pid: await j.highest_seq_nr(pid) async for pid in j.current_persistence_ids("acct")}
+        assert targets, "no events of entity type acct"
+
+        async def caught_up_or_failed() -> bool:
+            return task.done() or await processed_up_to(j, f"pub-{topic}", targets)
+
+        await wait_until(caught_up_or_failed, 120, "the publisher to catch up", every=0.05)
+        if task.done():
+            task.result()
+        worker.stop()
+        await task
+        await publisher.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:6]))
