@@ -208,22 +208,21 @@ class Worker:
         for key in paused:
             with contextlib.suppress(ValueError):
                 paused_slices.update(parse_key(key))
-        active = self._by_database(runs(set(held) - paused_slices))
+        active = await self._by_database(runs(set(held) - paused_slices))
         for r in [r for r in self.processors if r not in active]:
             await self._stop_processors(set(range(r[0], r[1] + 1)))
         for lo, hi in active:
             if (lo, hi) not in self.processors:
                 self._start(lo, hi)
 
-    def _by_database(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """A journal over several databases: each processor reads one database's slices, so
-        one database down stops only the processors of its slices (docs/scaling-out.md)."""
-        from journal.partitioned.backend import PartitionedBackend
-
-        if not isinstance(self.journal, Journal) or not isinstance(self.journal.backend, PartitionedBackend):
+    async def _by_database(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The ranges cut where the database serving them changes (the backend says where each
+        slice lives): each processor reads one database's slices, so one database down stops
+        only the processors of its slices (docs/scaling-out.md). A source of the caller's: as given."""
+        if not isinstance(self.journal, Journal):
             return ranges
-        m = self.journal.backend.dbs.map
-        return [(p.min_slice, p.max_slice) for lo, hi in ranges for p in m.pieces(lo, hi)]
+        backend = self.journal.backend
+        return [(h.min_slice, h.max_slice) for lo, hi in ranges for h in await backend.slice_homes(lo, hi)]
 
     @property
     def serializers(self) -> SerializerRegistry | None:
@@ -247,8 +246,7 @@ class Worker:
     def _query_mode(self) -> QueryMode:
         """The mode of the slice queries the processors read: the journal's default, which the
         runner does not override (a source without settings: ours)."""
-        js = getattr(self.journal, "settings", None)
-        return js.query.mode if isinstance(js, JournalSettings) else self.settings.query.mode
+        return self.journal.settings.query.mode if isinstance(self.journal, Journal) else self.settings.query.mode
 
     def _reap(self) -> None:
         """Forget finished processors; a fatal error stops the worker."""
