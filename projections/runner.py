@@ -21,6 +21,7 @@ from journal import tracing
 from journal.envelope import EventEnvelope
 from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
+from journal.postgres import settle
 from journal.serialization import SerializerRegistry
 from journal.settings import ProjectionSettings, QueryMode
 from journal.transaction_slots import TransactionSlots
@@ -85,7 +86,7 @@ class RangeProcessor:
         stats: Stats,
         query_mode: QueryMode = "horizon",
         outage: Outage | None = None,
-        application_name: str | None = None,
+        application_name: str,
         recovery: HandlerRecovery | None = None,
         transactions: TransactionSlots,
         serializers: SerializerRegistry | None = None,
@@ -671,19 +672,12 @@ class RangeProcessor:
             return None
         return f"{said}{type(e).__name__} (its message is in the worker's log, not stored: the journal encrypts)"
 
-    async def _settle(self, conn: Any, server_pid: int, patience: float = 10.0) -> None:
+    async def _settle(self, conn: Any, server_pid: int) -> None:
         """Wait until the server process that ran a COMMIT whose answer was lost is done with it
-        (it may still be committing: reading before that could see "not committed" for a batch
-        that commits a moment later). After ``patience`` seconds it is terminated, which rolls a
-        COMMIT still in its deferred work back; only a process of the pool the worker runs on
-        (the journal's or its own, told by ``application_name``) is ever terminated."""
-        deadline = time.monotonic() + patience
-        while await self.sql.backend_busy(conn, server_pid, self.application_name):
-            if time.monotonic() > deadline:
-                log.warning("%s %s: server process %d still committing; ending it", self.name, self.key, server_pid)
-                await self.sql.terminate_backend(conn, server_pid, self.application_name)
-                deadline = time.monotonic() + patience
-            await asyncio.sleep(0.05)
+        (:func:`journal.postgres.settle`, the writer's loop: it may still be committing); only a
+        process of the pool the worker runs on (the journal's or its own, told by
+        ``application_name``) is ever terminated."""
+        await settle(conn, server_pid, self.application_name, poll=0.05, who=f"{self.name} {self.key}: ")
 
     async def _pause(self, seconds: float, cause: BaseException) -> None:
         """Wait before a retry; a stop request ends the wait (the batch stays rolled back)."""
