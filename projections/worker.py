@@ -40,6 +40,7 @@ from .postgres_store import ProjectionSql
 from .recovery import HandlerRecovery
 from .runner import EventSource, RangeProcessor
 from .stats import Stats
+from .transactions import Connections
 
 log = logging.getLogger("projections.worker")
 
@@ -232,16 +233,21 @@ class Worker:
     def _start(self, lo: int, hi: int) -> None:
         assert self._pool is not None
         proc = RangeProcessor(
-            journal=self.journal, pool=self._pool, sql=self.sql, settings=self.ps, name=self.name,
+            journal=self.journal, connections=self._connections(), sql=self.sql, settings=self.ps, name=self.name,
             entity_type=self.entity_type, lo=lo, hi=hi, owner=self.worker_id,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
             mode=self.mode, stats=self.stats, query_mode=self._query_mode(), outage=self.outage,
-            application_name=self.application_name, recovery=self.recovery, transactions=self._transactions,
-            serializers=self.serializers,
+            recovery=self.recovery, serializers=self.serializers,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
         self.processors[(lo, hi)] = (proc, task)
         log.info("%s: processing slices %d-%d", self.worker_id, lo, hi)
+
+    def _connections(self) -> Connections:
+        """What the processors run their transactions on: the pool :meth:`run` chose (the
+        journal's, lent through the seam, or the worker's own), its slots and its name."""
+        assert self._pool is not None
+        return Connections(self._pool, self._transactions, self.application_name)
 
     def _query_mode(self) -> QueryMode:
         """The mode of the slice queries the processors read: the journal's default, which the
