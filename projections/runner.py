@@ -117,6 +117,8 @@ class RangeProcessor:
         """Every transaction and read of the database of this processor (:mod:`.transactions`)."""
         self._last_flush = time.monotonic()
         self._unflushed = 0
+        self._pending_hb: dict[int, datetime] = {}
+        """At-least-once: the heartbeat rows (slice -> timestamp) the next flush stores."""
         self._delivered_upto: datetime | None = None
         """Horizon mode: every event of the range below it is delivered and committed."""
 
@@ -253,7 +255,7 @@ class RangeProcessor:
                         raise
                     await self._park(env, failures, [])  # its offset goes with the next flush
             self._unflushed += len(accepted)
-            self._pending_hb = {**getattr(self, "_pending_hb", {}), **hb_slices}
+            self._pending_hb.update(hb_slices)
             await self._maybe_flush(force=False)
             return
         if accepted or hb_slices:
@@ -554,7 +556,7 @@ class RangeProcessor:
         )  # fmt: skip
 
     async def _maybe_flush(self, *, force: bool) -> None:
-        hb = getattr(self, "_pending_hb", {})
+        hb = self._pending_hb
         due = self._unflushed >= self.s.at_least_once_every or (
             time.monotonic() - self._last_flush >= self.s.at_least_once_interval
         )
