@@ -139,6 +139,18 @@ class SliceRange:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceHome:
+    """A run of slices ``[min_slice, max_slice]`` and the database that serves it
+    (:meth:`Backend.slice_homes`): ``dsn`` to connect there, ``name`` to say it (no password).
+    ``dsn`` None: no database serves the run right now (a move is switching it)."""
+
+    min_slice: int
+    max_slice: int
+    dsn: str | None
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class PageRequest:
     """One page of a slice range: ``[from_timestamp, to_timestamp)``, at most ``limit`` rows,
     skipping those at exactly ``from_timestamp`` that ``seen`` covers (pid -> highest seq_nr)."""
@@ -651,6 +663,17 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
     def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
         """Membership ``owner`` of the job ``name``, its leases expiring ``ttl`` seconds after
         the last round (PostgreSQL)."""
+        ...
+
+    async def slice_homes(self, min_slice: int, max_slice: int, *, fresh: bool = False) -> list[SliceHome]:
+        """Which database serves which slices of the range: runs in slice order covering it
+        once (one database: one run, all slices here). ``fresh``: read the placement from the
+        databases first, else as last loaded (PostgreSQL)."""
+        ...
+
+    def pool_for(self, persistence_id: str) -> Any:
+        """The connection pool of the database serving the pid's slice now, for a transaction
+        of the caller's that writes with ``persist_in`` (PostgreSQL)."""
         ...
 
     def shared_connections(self) -> SharedConnections:

@@ -23,17 +23,17 @@ from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.offsets import TimestampOffset
 from journal.serialization import SerializerRegistry
 from journal.settings import ProjectionSettings, QueryMode
-from journal.transaction_slots import TransactionSlots
-from journal.waits import wait_set, within
+from journal.waits import within
 
 from . import range_context
 from .dead_letter_store import DeadLetter, DeadLetterSql, sealed
 from .handlers import Mode
-from .outage import Outage, database_unavailable
+from .outage import Outage
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
 from .read_ahead import ReadAhead
 from .recovery import Failures, HandlerRecovery
 from .stats import Stats
+from .transactions import Connections, TransactionRunner, Unit
 from .validation import Validator, Verdict
 
 log = logging.getLogger("projections.runner")
@@ -72,7 +72,7 @@ class RangeProcessor:
         self,
         *,
         journal: EventSource,
-        pool: Any,
+        connections: Connections,
         sql: ProjectionSql,
         settings: ProjectionSettings,
         name: str,
@@ -86,25 +86,19 @@ class RangeProcessor:
         stats: Stats,
         query_mode: QueryMode = "horizon",
         outage: Outage | None = None,
-        application_name: str | None = None,
         recovery: HandlerRecovery | None = None,
-        transactions: TransactionSlots,
         serializers: SerializerRegistry | None = None,
     ) -> None:
         self.journal = journal
         self.serializers = serializers
         """The journal's: a dead letter's error and traceback are sealed with the event's subject's
         key when it encrypts (:mod:`journal.sealed_text`)."""
-        self.pool = pool
-        self.transactions = transactions
-        """Every transaction of this processor takes its connection through it: when the pool is
-        the journal's, a handler's reads of the journal need connections left over."""
         self.sql = sql
         self.s = settings
         self.name = name
         self.entity_type = entity_type
         self.lo, self.hi = lo, hi
-        self.key = f"{lo}-{hi}"
+        self.key = self._unit_key()
         self.owner = owner
         self.epochs = dict(epochs)
         self.handler = handler
@@ -112,17 +106,26 @@ class RangeProcessor:
         self.stats = stats
         self.query_mode = query_mode
         self.outage = outage or Outage(log, owner, quiet=settings.handler_max_backoff)
-        self.application_name = application_name
-        """The pool's application_name: identifies our own server processes (see ``_settle``)."""
         self.recovery = recovery or HandlerRecovery.parse(None, settings)
         self._tries = self.recovery.tries(settings)
         self.dead_letters = DeadLetterSql(sql.schema)
         self.validator = Validator(timedelta(seconds=settings.offset_time_window))
         self._stopping = asyncio.Event()
+        self.tx = TransactionRunner(
+            connections, Unit(name, owner, self.key), leases=sql.leases, settings=settings, outage=self.outage,
+            stats=stats, stopping=self._stopping, serializers=serializers,
+        )  # fmt: skip
+        """Every transaction and read of the database of this processor (:mod:`.transactions`)."""
         self._last_flush = time.monotonic()
         self._unflushed = 0
+        self._pending_hb: dict[int, datetime] = {}
+        """At-least-once: the heartbeat rows (slice -> timestamp) the next flush stores."""
         self._delivered_upto: datetime | None = None
         """Horizon mode: every event of the range below it is delivered and committed."""
+
+    def _unit_key(self) -> str:
+        """The processor's unit of work as stored and logged: its slice range."""
+        return f"{self.lo}-{self.hi}"
 
     def stop(self) -> None:
         """Ask to stop after the current batch (committed, or rolled back if it cannot commit)."""
@@ -136,10 +139,10 @@ class RangeProcessor:
         window = timedelta(seconds=self.s.offset_time_window)
 
         async def load() -> dict[int, tuple[datetime, list[tuple[str, int, datetime]]]]:
-            async with self.pool.acquire() as conn:
+            async with self.tx.pool.acquire() as conn:
                 return await self.sql.load_offsets(conn, self.name, slices, window)
 
-        loaded = await self._db("loading offsets", load)
+        loaded = await self.tx.read("loading offsets", load)
         for s in slices:
             latest, rows = loaded.get(s, (None, []))
             self.validator.load_slice(s, latest, rows)
@@ -245,15 +248,16 @@ class RangeProcessor:
 
                 failures = Failures()
                 try:
-                    await self._retrying(
-                        once if not tracing.ON else self._traced(once, [env]), transactional=False, failures=failures
-                    )
+                    await self.tx.run(
+                        once if not tracing.ON else self._traced(once, [env]), tries=self._tries,
+                        transactional=False, failures=failures,
+                    )  # fmt: skip
                 except HandlerFailed:
                     if not self.recovery.isolates:
                         raise
                     await self._park(env, failures, [])  # its offset goes with the next flush
             self._unflushed += len(accepted)
-            self._pending_hb = {**getattr(self, "_pending_hb", {}), **hb_slices}
+            self._pending_hb.update(hb_slices)
             await self._maybe_flush(force=False)
             return
         if accepted or hb_slices:
@@ -298,10 +302,10 @@ class RangeProcessor:
         if check.verdict is Verdict.UNKNOWN:
 
             async def load() -> tuple[int, datetime] | None:
-                async with self.pool.acquire() as conn:
+                async with self.tx.pool.acquire() as conn:
                     return await self.sql.load_pid(conn, self.name, env.slice, env.persistence_id)
 
-            stored = await self._db("loading a pid's offset", load)
+            stored = await self.tx.read("loading a pid's offset", load)
             if stored is not None:
                 v.learn(env.slice, env.persistence_id, *stored)
                 check = v.check(env, per_pid=per_pid)
@@ -328,7 +332,7 @@ class RangeProcessor:
         async def read() -> list[EventEnvelope]:
             return [e async for e in self.journal.current_events_by_persistence_id(pid, first, last)]
 
-        got = await self._db("replaying a gap", read)
+        got = await self.tx.read("replaying a gap", read)
         if [e.seq_nr for e in got] != list(range(first, last + 1)):
             raise EventsMissing(pid, first, last, f"needed by projection {self.name!r} (have {len(got)})")
         log.info("%s: replayed %s #%d..%d to fill a gap", self.name, pid, first, last)
@@ -349,7 +353,7 @@ class RangeProcessor:
                 if not v.covered_by_slice(e.slice, e.db_timestamp, e.persistence_id, e.seq_nr)
             ]
 
-        earlier = await self._db("replaying a pid", read)
+        earlier = await self.tx.read("replaying a pid", read)
         self._accept_all(earlier, accepted)
         self.stats.replayed += len(earlier)
         self._accept_all([env], accepted)
@@ -362,7 +366,9 @@ class RangeProcessor:
         v = self.validator
         if env.seq_nr > 1:
             start = v.window_start(env.slice)
-            prev = await self._db("a timestamp", lambda: self.journal.timestamp_of(env.persistence_id, env.seq_nr - 1))
+            prev = await self.tx.read(
+                "a timestamp", lambda: self.journal.timestamp_of(env.persistence_id, env.seq_nr - 1)
+            )
             if prev is not None and (start is None or prev >= start):
 
                 async def read() -> list[EventEnvelope]:
@@ -374,7 +380,7 @@ class RangeProcessor:
                         if start is None or e.db_timestamp >= start
                     ]
 
-                earlier = await self._db("replaying a pid", read)
+                earlier = await self.tx.read("replaying a pid", read)
                 pid = env.persistence_id
                 log.info("%s: replayed %d events of %s before #%d", self.name, len(earlier), pid, env.seq_nr)
                 self._accept_all(earlier, accepted)
@@ -422,9 +428,9 @@ class RangeProcessor:
                     await self.handler(conn, env)
             await self._store(conn, rows)
 
-        await self._retrying(
-            body if not tracing.ON else self._traced(body, envs), transactional=True, fence=self._fence(rows),
-            committed=self._proven_by(rows), attempts=attempts, failures=failures,
+        await self.tx.run(
+            body if not tracing.ON else self._traced(body, envs), tries=attempts, fence=self._fence(rows),
+            committed=self._proven_by(rows), failures=failures,
         )  # fmt: skip
 
     # -- the offset rows of this kind of processor (a tag processor has its own) ----------
@@ -544,7 +550,7 @@ class RangeProcessor:
                 await self.dead_letters.park(conn, letter)
             await self._store(conn, rows)
 
-        await self._retrying(body, transactional=True, fence=self._fence(rows, env), committed=self._proven_by(rows))
+        await self.tx.run(body, tries=self._tries, fence=self._fence(rows, env), committed=self._proven_by(rows))
         if dead:
             self.stats.dead_lettered += 1
         else:
@@ -556,7 +562,7 @@ class RangeProcessor:
         )  # fmt: skip
 
     async def _maybe_flush(self, *, force: bool) -> None:
-        hb = getattr(self, "_pending_hb", {})
+        hb = self._pending_hb
         due = self._unflushed >= self.s.at_least_once_every or (
             time.monotonic() - self._last_flush >= self.s.at_least_once_interval
         )
@@ -570,7 +576,7 @@ class RangeProcessor:
 
         newest = max((ts for _, _, ts in self.validator.pending.values()), default=None)
         try:
-            await self._retrying(body, transactional=True, fence=touched)
+            await self.tx.run(body, tries=self._tries, fence=touched)
         except BaseException:
             self.validator.rollback()
             raise
@@ -579,137 +585,3 @@ class RangeProcessor:
         self.stats.committed(self._unflushed, newest, key=self.key)
         self._unflushed = 0
         self._last_flush = time.monotonic()
-
-    async def _retrying(
-        self,
-        body: Callable[[Any], Awaitable[Any]],
-        *,
-        transactional: bool,
-        fence: dict[int, int] | None = None,
-        committed: Callable[[Any], Awaitable[bool]] | None = None,
-        attempts: int | None = None,
-        failures: Failures | None = None,
-    ) -> None:
-        """Run a batch until it commits. A handler's own error is tried ``attempts`` times (the
-        recovery strategy's by default; each one noted in ``failures``), then HandlerFailed; a
-        database outage (no connection, or the transaction's connection lost) is retried without
-        limit and does not count (:mod:`projections.outage`).
-
-        ``committed`` tells, on a fresh connection, whether a transaction whose COMMIT was cut off
-        by an outage did commit after all (then it is not run again: nothing applied twice).
-        """
-        s = self.s
-        tries = self._tries if attempts is None else attempts
-        backoff = s.handler_backoff
-        outage_backoff = s.handler_backoff
-        attempt = 0
-        unsure = False  # the last COMMIT was sent and its answer lost: it may have committed
-        server_pid = 0
-        while True:
-            phase = "connect"
-            conn_lost = False
-            handler_exc: BaseException | None = None
-            try:
-                if not transactional:  # at-least-once: the handler alone, every error its own
-                    phase = "handler"
-                    try:
-                        await body(None)
-                    except Exception as e:
-                        handler_exc = e
-                        raise
-                    return
-                async with self.transactions, self.pool.acquire() as conn:
-                    if unsure and committed is not None:
-                        # outside a transaction: pg_stat_activity is read once per transaction
-                        await self._settle(conn, server_pid)
-                        if await committed(conn):
-                            log.info("%s %s: the batch committed before the connection was lost", self.name, self.key)
-                            self.outage.answered()
-                            return
-                    unsure = False
-                    server_pid = conn.get_server_pid()
-                    async with conn.transaction():
-                        phase = "fence"
-                        if fence:
-                            lost = await self.sql.leases.fence(conn, self.name, self.owner, fence)
-                            if lost:
-                                raise LeaseLost(f"{self.name}: slices {lost[:5]}... are no longer ours")
-                        phase = "handler"
-                        try:
-                            await body(conn)
-                        except Exception as e:
-                            handler_exc = e
-                            conn_lost = conn.is_closed()  # asked before the pool takes it back
-                            raise
-                        phase = "commit"
-                self.outage.answered()
-                return
-            except (LeaseLost, EventsMissing, asyncio.CancelledError):
-                raise
-            except Exception as e:
-                # a rollback that fails after the handler's error (the connection is gone) raises
-                # its own error instead: that one is ours, not the handler's
-                in_handler = phase == "handler" and e is handler_exc
-                if database_unavailable(e, in_handler=in_handler, conn_lost=conn_lost):
-                    unsure = unsure or phase == "commit"
-                    self.outage.failed(f"{self.name} {self.key}, {phase}", e)
-                    await self._pause(outage_backoff, e)
-                    outage_backoff = min(outage_backoff * 2, s.handler_max_backoff)
-                    continue
-                self.stats.retries += 1
-                attempt += 1
-                if failures is not None:
-                    failures.failed(e)
-                if attempt >= tries:
-                    said = f"projection {self.name!r} slices {self.key}: batch failed {attempt} times, last error: "
-                    raise HandlerFailed(f"{said}{type(e).__name__}: {e}", stored=self._stored(said, e)) from e
-                log.warning(
-                    "%s %s: batch failed (attempt %d/%d), rolled back, retrying in %.2fs: %s: %s",
-                    self.name, self.key, attempt, tries, backoff, type(e).__name__, e,
-                )  # fmt: skip
-                await self._pause(backoff, e)
-                backoff = min(backoff * 2, s.handler_max_backoff)
-
-    def _stored(self, said: str, e: BaseException) -> str | None:
-        """A HandlerFailed's text as stored for ``projections status``: without the handler's
-        error message when the journal encrypts (it may quote the event; see docs/encryption.md)."""
-        if self.serializers is None or not self.serializers.keyed:
-            return None
-        return f"{said}{type(e).__name__} (its message is in the worker's log, not stored: the journal encrypts)"
-
-    async def _settle(self, conn: Any, server_pid: int, patience: float = 10.0) -> None:
-        """Wait until the server process that ran a COMMIT whose answer was lost is done with it
-        (it may still be committing: reading before that could see "not committed" for a batch
-        that commits a moment later). After ``patience`` seconds it is terminated, which rolls a
-        COMMIT still in its deferred work back; only a process of the pool the worker runs on
-        (the journal's or its own, told by ``application_name``) is ever terminated."""
-        deadline = time.monotonic() + patience
-        while await self.sql.backend_busy(conn, server_pid, self.application_name):
-            if time.monotonic() > deadline:
-                log.warning("%s %s: server process %d still committing; ending it", self.name, self.key, server_pid)
-                await self.sql.terminate_backend(conn, server_pid, self.application_name)
-                deadline = time.monotonic() + patience
-            await asyncio.sleep(0.05)
-
-    async def _pause(self, seconds: float, cause: BaseException) -> None:
-        """Wait before a retry; a stop request ends the wait (the batch stays rolled back)."""
-        if await wait_set(self._stopping, seconds):
-            raise LeaseLost(f"{self.name} {self.key}: stopping during retries (batch rolled back)") from cause
-
-    async def _db(self, what: str, op: Callable[[], Awaitable[T]]) -> T:
-        """A read of ours (offsets, a pid's record, the journal), retried through any outage."""
-        delay = self.s.handler_backoff
-        while True:
-            try:
-                result = await op()
-            except (LeaseLost, EventsMissing, asyncio.CancelledError):
-                raise
-            except Exception as e:
-                if not database_unavailable(e):
-                    raise
-                self.outage.failed(f"{self.name} {self.key}, {what}", e)
-                await self._pause(delay, e)
-                delay = min(delay * 2, self.s.handler_max_backoff)
-                continue
-            self.outage.answered()
-            return result

@@ -53,15 +53,18 @@ class TagProcessor(RangeProcessor):
     """Processes one tag while it holds the tag's lease (slice 0) at ``epoch``."""
 
     def __init__(self, *, tag: str, tag_sql: TagOffsetSql, epoch: int, **kw: Any) -> None:
-        super().__init__(entity_type="", lo=0, hi=0, epochs={0: epoch}, **kw)
         self.tag = tag
-        self.key = f"tag:{tag}"
         self.tag_sql = tag_sql
+        super().__init__(entity_type="", lo=0, hi=0, epochs={0: epoch}, **kw)
         self.seq_nrs: dict[str, int] = {}
         self.pending: dict[str, tuple[int, uuid.UUID]] = {}
 
+    def _unit_key(self) -> str:
+        """The processor's unit of work as stored and logged: its tag."""
+        return f"tag:{self.tag}"
+
     async def run(self) -> None:
-        async with self.pool.acquire() as conn:
+        async with self.tx.pool.acquire() as conn:
             stored = await self.tag_sql.load(conn, self.name, self.tag)
         self.seq_nrs = dict(stored.seq_nrs)
         log.info("%s %s: starting after %s", self.name, self.key, stored.latest or "the first time bucket")
@@ -118,7 +121,7 @@ class TagProcessor(RangeProcessor):
 
                 failures = Failures()
                 try:
-                    await self._retrying(once, transactional=False, failures=failures)
+                    await self.tx.run(once, tries=self._tries, transactional=False, failures=failures)
                 except HandlerFailed:
                     if not self.recovery.isolates:
                         raise
@@ -190,9 +193,7 @@ class TagProcessor(RangeProcessor):
     async def _commit_tag(self, body: Callable[[Any], Awaitable[None]], n: int, newest: Any) -> None:
         started = time.monotonic()
         try:
-            await self._retrying(
-                body, transactional=True, fence=dict(self.epochs), committed=self._proven_by(self.pending)
-            )
+            await self.tx.run(body, tries=self._tries, fence=dict(self.epochs), committed=self._proven_by(self.pending))
         except BaseException:
             self.pending = {}
             raise
@@ -245,10 +246,10 @@ class TagWorker(Worker):
     def _start(self, lo: int, hi: int) -> None:
         assert self._pool is not None and lo == hi == 0
         proc = TagProcessor(
-            tag=self.tag, tag_sql=self.tag_sql, epoch=self.epochs[0], journal=self.journal, pool=self._pool,
-            sql=self.sql, settings=self.ps, name=self.name, owner=self.worker_id, handler=self.handler,
-            mode=self.mode, stats=self.stats, outage=self.outage, application_name=self.application_name,
-            recovery=self.recovery, transactions=self._transactions,
+            tag=self.tag, tag_sql=self.tag_sql, epoch=self.epochs[0], journal=self.journal,
+            connections=self._connections(), sql=self.sql, settings=self.ps, name=self.name,
+            owner=self.worker_id, handler=self.handler, mode=self.mode, stats=self.stats, outage=self.outage,
+            recovery=self.recovery,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:tag:{self.tag}")
         self.processors[(0, 0)] = (proc, task)

@@ -40,6 +40,7 @@ from .postgres_store import ProjectionSql
 from .recovery import HandlerRecovery
 from .runner import EventSource, RangeProcessor
 from .stats import Stats
+from .transactions import Connections
 
 log = logging.getLogger("projections.worker")
 
@@ -208,22 +209,21 @@ class Worker:
         for key in paused:
             with contextlib.suppress(ValueError):
                 paused_slices.update(parse_key(key))
-        active = self._by_database(runs(set(held) - paused_slices))
+        active = await self._by_database(runs(set(held) - paused_slices))
         for r in [r for r in self.processors if r not in active]:
             await self._stop_processors(set(range(r[0], r[1] + 1)))
         for lo, hi in active:
             if (lo, hi) not in self.processors:
                 self._start(lo, hi)
 
-    def _by_database(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """A journal over several databases: each processor reads one database's slices, so
-        one database down stops only the processors of its slices (docs/scaling-out.md)."""
-        from journal.partitioned.backend import PartitionedBackend
-
-        if not isinstance(self.journal, Journal) or not isinstance(self.journal.backend, PartitionedBackend):
+    async def _by_database(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The ranges cut where the database serving them changes (the backend says where each
+        slice lives): each processor reads one database's slices, so one database down stops
+        only the processors of its slices (docs/scaling-out.md). A source of the caller's: as given."""
+        if not isinstance(self.journal, Journal):
             return ranges
-        m = self.journal.backend.dbs.map
-        return [(p.min_slice, p.max_slice) for lo, hi in ranges for p in m.pieces(lo, hi)]
+        backend = self.journal.backend
+        return [(h.min_slice, h.max_slice) for lo, hi in ranges for h in await backend.slice_homes(lo, hi)]
 
     @property
     def serializers(self) -> SerializerRegistry | None:
@@ -233,22 +233,26 @@ class Worker:
     def _start(self, lo: int, hi: int) -> None:
         assert self._pool is not None
         proc = RangeProcessor(
-            journal=self.journal, pool=self._pool, sql=self.sql, settings=self.ps, name=self.name,
+            journal=self.journal, connections=self._connections(), sql=self.sql, settings=self.ps, name=self.name,
             entity_type=self.entity_type, lo=lo, hi=hi, owner=self.worker_id,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
             mode=self.mode, stats=self.stats, query_mode=self._query_mode(), outage=self.outage,
-            application_name=self.application_name, recovery=self.recovery, transactions=self._transactions,
-            serializers=self.serializers,
+            recovery=self.recovery, serializers=self.serializers,
         )  # fmt: skip
         task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
         self.processors[(lo, hi)] = (proc, task)
         log.info("%s: processing slices %d-%d", self.worker_id, lo, hi)
 
+    def _connections(self) -> Connections:
+        """What the processors run their transactions on: the pool :meth:`run` chose (the
+        journal's, lent through the seam, or the worker's own), its slots and its name."""
+        assert self._pool is not None
+        return Connections(self._pool, self._transactions, self.application_name)
+
     def _query_mode(self) -> QueryMode:
         """The mode of the slice queries the processors read: the journal's default, which the
         runner does not override (a source without settings: ours)."""
-        js = getattr(self.journal, "settings", None)
-        return js.query.mode if isinstance(js, JournalSettings) else self.settings.query.mode
+        return self.journal.settings.query.mode if isinstance(self.journal, Journal) else self.settings.query.mode
 
     def _reap(self) -> None:
         """Forget finished processors; a fatal error stops the worker."""

@@ -1,6 +1,7 @@
 """The journal contract: behaviour every backend must have, one suite run against each.
 
-Always against PostgreSQL and Cassandra (``CASSANDRA_CONTACT_POINTS``, else the session's local
+Always against PostgreSQL, the journal over two PostgreSQL databases (partitions.databases,
+partition_fixtures.py) and Cassandra (``CASSANDRA_CONTACT_POINTS``, else the session's local
 node: see cassandra_fixtures.py). Never mocked.
 Core's own tests go deeper on PostgreSQL; a few cases here overlap them on purpose.
 """
@@ -10,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 from cassandra_fixtures import open_test_journal, recent_first_bucket
-from conftest import truncate_all
 
 from journal import (
     Journal,
@@ -31,16 +32,35 @@ FAST: dict[str, Any] = dict(eventual_consistency_delay=0.0, query_refresh_interv
 
 BACKENDS = [
     pytest.param("postgres", id="postgres"),
+    pytest.param("partitioned", id="partitioned"),
     pytest.param("cassandra", id="cassandra", marks=pytest.mark.cassandra),
 ]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """The DSN of the session's PostgreSQL database or of a Cassandra keyspace (empty tables)."""
+    """The DSN of the session's PostgreSQL database or of a Cassandra keyspace, or ``partitioned:``
+    and two databases' DSNs (empty tables)."""
     if request.param == "cassandra":
         return str(request.getfixturevalue("cassandra_dsn"))
+    if request.param == "partitioned":
+        return PARTITIONED + " ".join(request.getfixturevalue("parts")[:2])
     return str(request.getfixturevalue("dsn"))
+
+
+PARTITIONED = "partitioned:"
+
+
+@asynccontextmanager
+async def opened(target: str, **overrides: Any) -> AsyncIterator[Journal]:
+    """A journal on the ``backend`` fixture's target (PostgreSQL tables truncated first)."""
+    if target.startswith(PARTITIONED):  # the parts fixture emptied the tables
+        settings = JournalSettings.load(env={}, databases=target.removeprefix(PARTITIONED).split(" "), **overrides)
+        async with open_journal(settings=settings) as qj:
+            yield qj
+        return
+    async with open_test_journal(target, **overrides) as tj:
+        yield tj
 
 
 @pytest.fixture
@@ -50,8 +70,7 @@ async def j(backend: str) -> AsyncIterator[Journal]:
         async with open_journal(backend, settings=settings) as cj:
             yield cj
         return
-    await truncate_all(backend)
-    async with open_journal(backend, settings=JournalSettings.load(env={}, dsn=backend, **FAST)) as pj:
+    async with opened(backend, **FAST) as pj:
         yield pj
 
 
@@ -182,7 +201,7 @@ async def test_persist_many_each_part_atomic_and_conflict_checked_alone(j: Journ
 
 
 async def test_replay_and_pid_listing_page_by_buffer_size(backend: str) -> None:
-    async with open_test_journal(backend, buffer_size=3, **FAST) as j:
+    async with opened(backend, buffer_size=3, **FAST) as j:
         for chunk in ([0, 1, 2, 3], [4], [5, 6, 7], [8, 9]):
             await j.persist("Page|1", chunk)
         assert await events(j, "Page|1") == list(range(10))

@@ -11,12 +11,14 @@ UnsupportedOperation here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ..backend import (
     Backend,
     DurableStateStore,
     ReplicationStore,
     SharedConnections,
+    SliceHome,
     SliceLeases,
     SliceQueryBackend,
     TagRowWriter,
@@ -76,6 +78,12 @@ class CassandraBackend(CassandraWrites, CassandraSnapshots, CassandraInfo):
 
     def slice_leases(self, name: str, owner: str, ttl: float) -> SliceLeases:
         raise UnsupportedOperation("slice leases are not supported on the cassandra backend")
+
+    async def slice_homes(self, min_slice: int, max_slice: int, *, fresh: bool = False) -> list[SliceHome]:
+        raise UnsupportedOperation("slice queries are not supported on the cassandra backend: use events_by_tag")
+
+    def pool_for(self, persistence_id: str) -> Any:
+        raise UnsupportedOperation("persist_in is not supported on the cassandra backend (no PostgreSQL transaction)")
 
     def shared_connections(self) -> SharedConnections:
         raise UnsupportedOperation("the cassandra backend has no PostgreSQL pool to share")

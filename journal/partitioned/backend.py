@@ -22,6 +22,7 @@ from ..backend import (
     DurableStateStore,
     ManifestCount,
     SharedConnections,
+    SliceHome,
     SliceLeases,
     SnapshotRow,
     WriteCheck,
@@ -32,6 +33,7 @@ from ..postgres import MOVED, PostgresBackend, PostgresKeyStore, redact
 from ..settings import JournalSettings
 from ..write_batch import BatchResult, WriteBatch
 from .databases import Databases
+from .layout import NOWHERE
 from .replication import PartitionedReplicationStore
 from .routing import Router
 from .slice_reads import PartitionedSliceReads
@@ -42,7 +44,7 @@ from .writes import PartitionedWrites
 class PartitionedBackend:
     """Journal storage on several PostgreSQL databases (:class:`~journal.backend.Backend`)."""
 
-    name = "postgres"
+    name = "partitioned"
 
     def __init__(self, databases: Sequence[str], settings: JournalSettings, home: str | None = None) -> None:
         self.settings = settings
@@ -98,6 +100,17 @@ class PartitionedBackend:
     def pool_for(self, persistence_id: str) -> Any:
         """The connection pool of the database serving the pid's slice now (for ``persist_in``)."""
         return self.dbs.backends[max(self.dbs.map.owner(slice_for(persistence_id)), 0)].pool
+
+    async def slice_homes(self, min_slice: int, max_slice: int, *, fresh: bool = False) -> list[SliceHome]:
+        """The runs of the range by the database serving each (as of the map last loaded, or
+        read afresh); a run that a move is switching right now has no database (``dsn`` None)."""
+        m = await self.dbs.reload() if fresh else self.dbs.map
+        return [
+            SliceHome(p.min_slice, p.max_slice, None, "(being switched)")
+            if p.database == NOWHERE
+            else SliceHome(p.min_slice, p.max_slice, self.dbs.dsns[p.database], self.dbs.names[p.database])
+            for p in m.pieces(min_slice, max_slice)
+        ]
 
     async def check_write(self, batch: WriteBatch) -> list[WriteCheck]:
         """Each call where its slice is served."""

@@ -22,7 +22,8 @@ from .dsn import asyncpg_dsn, redact, target_of, validate_dsn, without_password
 from .embedded import start_embedded
 from .errors import driver_error, is_transient, mapped_errors
 from .key_store import PostgresKeyStore
-from .leases import HEARTBEAT_PID, LeaseSql, OffsetRow, PostgresSliceLeases
+from .leases import LeaseSql, PostgresSliceLeases
+from .offset_store import HEARTBEAT_PID, OffsetRow, OffsetSql
 from .partitions import FENCED, INCOMING, MOVED, MOVING, OWNED, SERVING, MoveRecord, PartitionRow, PostgresPartitions
 from .replication_part import ReplicationPart
 from .replication_store import (
@@ -36,6 +37,7 @@ from .replication_store import (
     racing_local_writes,
     vector_time_of,
 )
+from .settling import settle
 from .timestamp_rule import install as install_timestamp_rule
 from .timestamp_rule import installed as timestamp_rule_installed
 from .timestamp_rule import remove as remove_timestamp_rule
@@ -52,6 +54,7 @@ __all__ = [
     "LeaseSql",
     "MoveRecord",
     "OffsetRow",
+    "OffsetSql",
     "PartitionRow",
     "Passwords",
     "PostgresBackend",
@@ -75,6 +78,7 @@ __all__ = [
     "redact",
     "remove_timestamp_rule",
     "schema_migrations",
+    "settle",
     "start_embedded",
     "target_of",
     "timestamp_rule_installed",

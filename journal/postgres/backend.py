@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
-from ..backend import Backend, ReplicationStore, SliceLeases, SliceQueryBackend
+from ..backend import Backend, ReplicationStore, SliceHome, SliceLeases, SliceQueryBackend
 from ..settings import JournalSettings
 from ..write_batch import BatchResult, WriteBatch
 from .bulk_writes import BulkWrite
 from .cleanup import PostgresCleanup
 from .connections import PostgresConnections
+from .dsn import redact
 from .durable_state import PostgresDurableState
 from .info import PostgresInfo
 from .key_store import PostgresKeyStore
@@ -93,6 +95,15 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
         from .leases import PostgresSliceLeases
 
         return PostgresSliceLeases(lambda: self.conns.pool, self.settings.schema, name, owner, ttl)
+
+    async def slice_homes(self, min_slice: int, max_slice: int, *, fresh: bool = False) -> list[SliceHome]:
+        """One database: all slices here."""
+        dsn = self.settings.connection.dsn or self.dsn
+        return [SliceHome(min_slice, max_slice, dsn, redact(dsn))]
+
+    def pool_for(self, persistence_id: str) -> Any:
+        """The journal's pool (every slice is here)."""
+        return self.conns.pool
 
     def shared_connections(self) -> PostgresConnections:
         """The journal's pool, lent to the projection workers and tools of this process."""

@@ -8,9 +8,9 @@ contiguous chunks (:func:`journal.ids.chunk`); a member gives away what is no lo
 member's leases expire after the ttl and the others take its chunk. ``epoch`` grows with every
 acquisition: a job whose writes must be fenced checks it under a row lock (:meth:`LeaseSql.fence`).
 
-Also here, because a job that shares slices records what it has done per slice: the offset rows
-of ``projection_timestamp_offset_store`` (a heartbeat row, persistence id ``''``, says "every event
-of the slice before this timestamp is done").
+What a job that shares slices has done per slice is kept in the offset rows, whose statements
+live in :mod:`.offset_store` (a heartbeat row says "every event of the slice before this
+timestamp is done": :meth:`PostgresSliceLeases.save_progress`).
 """
 
 from __future__ import annotations
@@ -27,20 +27,10 @@ import asyncpg
 
 from ..ids import NUMBER_OF_SLICES, chunk
 from ..settings import validate_identifier
-
-HEARTBEAT_PID = ""
-"""persistence_id of heartbeat offset rows (seq_nr 0): the slice is done up to their timestamp."""
+from .offset_store import HEARTBEAT_PID, OffsetRow, OffsetSql
 
 FORGET_DEAD_AFTER = timedelta(hours=1)
 """Membership rows of members gone this long are deleted (a failed one stays, for status)."""
-
-
-@dataclass(frozen=True)
-class OffsetRow:
-    slice: int
-    persistence_id: str
-    seq_nr: int
-    timestamp: datetime
 
 
 @dataclass(frozen=True)
@@ -171,46 +161,6 @@ AND state <> 'failed' AND expires_at < clock_timestamp() - $2::interval""",
             older_than,
         )
 
-    # -- offset rows -------------------------------------------------------------------------
-
-    async def save_offsets(self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow]) -> None:
-        """Insert offset rows (insert-only; a repeat of an identical row is ignored)."""
-        if not rows:
-            return
-        await conn.execute(
-            f"""INSERT INTO {self.t("projection_timestamp_offset_store")}
-  (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
-SELECT $1, $2, u.s, u.p, u.n, u.t, clock_timestamp()
-FROM unnest($3::int[], $4::text[], $5::bigint[], $6::timestamptz[]) AS u(s, p, n, t)
-ON CONFLICT DO NOTHING""",
-            name,
-            key,
-            [r.slice for r in rows],
-            [r.persistence_id for r in rows],
-            [r.seq_nr for r in rows],
-            [r.timestamp for r in rows],
-        )
-        beats = [r for r in rows if r.persistence_id == HEARTBEAT_PID]
-        if beats:  # only the newest heartbeat row of a slice is worth keeping
-            await conn.execute(
-                f"""DELETE FROM {self.t("projection_timestamp_offset_store")} s
-USING unnest($2::int[], $3::timestamptz[]) AS u(sl, t)
-WHERE s.slice = u.sl AND s.projection_name = $1 AND s.persistence_id = '' AND s.timestamp_offset < u.t""",
-                name,
-                [r.slice for r in beats],
-                [r.timestamp for r in beats],
-            )
-
-    async def heartbeats(self, conn: Any, name: str, slices: Sequence[int]) -> dict[int, datetime]:
-        """Per slice of ``slices``: the timestamp of its newest heartbeat row (absent: none)."""
-        rows = await conn.fetch(
-            f"""SELECT slice, max(timestamp_offset) AS ts FROM {self.t("projection_timestamp_offset_store")}
-WHERE projection_name = $1 AND slice = ANY($2::int[]) AND persistence_id = '' GROUP BY slice""",
-            name,
-            list(slices),
-        )
-        return {r["slice"]: r["ts"] for r in rows}
-
 
 class PostgresSliceLeases:
     """One member of the job ``name`` (:class:`~journal.backend.SliceLeases`), over ``pool``."""
@@ -222,6 +172,7 @@ class PostgresSliceLeases:
         """``pool``: returns the pool to use (the journal's, or a worker's own)."""
         self._pool = pool
         self.sql = LeaseSql(schema)
+        self.offsets = OffsetSql(schema)
         self.name = name
         self.owner = owner
         self.ttl = timedelta(seconds=ttl)
@@ -287,8 +238,8 @@ class PostgresSliceLeases:
         the offset store under ``key``, the job's name for that stream)."""
         rows = [OffsetRow(s, HEARTBEAT_PID, 0, ts) for s, ts in done.items()]
         async with self._pool().acquire() as conn:
-            await self.sql.save_offsets(conn, key, f"{min(done)}-{max(done)}" if done else "", rows)
+            await self.offsets.save_offsets(conn, key, f"{min(done)}-{max(done)}" if done else "", rows)
 
     async def load_progress(self, key: str, slices: Sequence[int]) -> dict[int, datetime]:
         async with self._pool().acquire() as conn:
-            return await self.sql.heartbeats(conn, key, slices)
+            return await self.offsets.heartbeats(conn, key, slices)

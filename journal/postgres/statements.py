@@ -61,11 +61,6 @@ class Statements:
         deletes ($1 the map epoch, $2 the pid's slice as an array; :mod:`.timestamp_rule`)."""
         return delete_check_sql(self.schema)
 
-    writer_busy = "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND application_name = $2 AND state = 'active'"
-    """Is this write connection's server process still executing a statement?"""
-
-    terminate_writer = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1 AND application_name = $2"
-
     @property
     def written_check(self) -> str:
         """Rows of one pid in a seq_nr range written by a writer (resolving unknown outcomes)."""

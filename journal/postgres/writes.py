@@ -28,6 +28,7 @@ from .errors import (
     partition_refusal,
     write_error,
 )
+from .settling import settle
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
 from .write_statements import WriteStatements
 
@@ -220,26 +221,14 @@ class PostgresWrites(PostgresPart):
                 await asyncio.sleep(delay)
 
     async def wait_until_settled(self, server_pid: int, patience: float = 10.0) -> None:
-        """Wait until the interrupted statement's server process is no longer running it.
-
-        A client that lost its connection cannot tell whether the server is still executing the
-        statement; reading the rows before that ends could see "not written" for a write that
-        commits a moment later. Once the process is idle or gone its transaction is final. If it
-        is still busy after ``patience`` seconds it is terminated (only a process of this journal's
-        own write connections, found by application_name), which rolls the statement back; its row
-        leaves pg_stat_activity only after the abort.
-        """
+        """Wait until the interrupted statement's server process is no longer running it
+        (:func:`.settling.settle`: terminated after ``patience`` seconds, only a process of this
+        journal's own write connections, found by application_name)."""
         app = self.conns.writers.application_name
 
         async def op() -> None:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + patience
             async with self.pool.acquire() as c:
-                while await c.fetchval(self.sql.writer_busy, server_pid, app):
-                    if loop.time() > deadline:
-                        await c.fetchval(self.sql.terminate_writer, server_pid, app)
-                        deadline = loop.time() + patience
-                    await asyncio.sleep(0.01)
+                await settle(c, server_pid, app, patience=patience, who="write: ")
 
         try:
             await self.conns.retrying("settle an interrupted write", op)

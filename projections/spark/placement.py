@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from journal.errors import InvalidArgument, JournalUnavailable
 from journal.ids import NUMBER_OF_SLICES, slice_ranges
 from journal.journal import Journal
-from journal.partitioned.backend import PartitionedBackend
-from journal.partitioned.layout import NOWHERE
 
 from .jdbc import JdbcSource, jdbc_source
 
@@ -40,24 +38,17 @@ async def placement(journal: Journal, *, local: bool = True) -> list[SliceSource
     Raises:
         JournalUnavailable: a range is being switched by a move right now (nobody serves it).
     """
-    backend = journal.backend
     schema = journal.settings.schema
-    if not isinstance(backend, PartitionedBackend):
-        dsn = journal.settings.connection.dsn
-        assert dsn is not None, "a journal on PostgreSQL has a DSN"
-        return [SliceSource(jdbc_source(dsn, schema, local=local), 0, NUMBER_OF_SLICES - 1)]
-    dbs = backend.dbs
-    await dbs.reload()
-    sources: dict[int, JdbcSource] = {}
+    sources: dict[str, JdbcSource] = {}
     out = []
-    for p in dbs.map.pieces(0, NUMBER_OF_SLICES - 1):
-        if p.database == NOWHERE:
+    for home in await journal.backend.slice_homes(0, NUMBER_OF_SLICES - 1, fresh=True):
+        if home.dsn is None:
             raise JournalUnavailable(
-                f"slices {p.min_slice}-{p.max_slice} are being switched by a move: read again when it is done"
+                f"slices {home.min_slice}-{home.max_slice} are being switched by a move: read again when it is done"
             )
-        if p.database not in sources:
-            sources[p.database] = jdbc_source(dbs.dsns[p.database], schema, local=local)
-        out.append(SliceSource(sources[p.database], p.min_slice, p.max_slice))
+        if home.dsn not in sources:
+            sources[home.dsn] = jdbc_source(home.dsn, schema, local=local)
+        out.append(SliceSource(sources[home.dsn], home.min_slice, home.max_slice))
     return out
 
 
