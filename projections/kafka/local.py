@@ -219,6 +219,18 @@ class LocalKafka:
             raise
         return self
 
+    def restart(self, *, kill: bool = False) -> None:
+        """Stop the broker (``kill``: SIGKILL) and start it again on the same ports and data."""
+        assert self.process is not None, "the broker is not running"
+        stop_pid(self.process.pid, kill=kill, timeout=30.0, wait=self.process.wait)
+        lib = ensure_jars(self.version, self.cache, self.progress)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self._java(lib, "kafka.Kafka", str(self.data_dir / "server.properties")),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.data_dir,
+            )  # fmt: skip
+        self.wait_until_ready()
+
     def wait_until_ready(self) -> None:
         """Poll until the broker answers ApiVersions on its client port."""
         deadline = time.monotonic() + self.startup_timeout
