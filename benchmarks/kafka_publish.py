@@ -1,11 +1,14 @@
 """Events out to Kafka: the KafkaPublisher projection (exactly-once, then at-least-once) beside a
-bare confluent-kafka producer sending the same records (same keys, values, headers; idempotent,
-no transactions), in the same run. Usage:
+bare confluent-kafka producer sending the same records (same keys, values, headers, built by the
+same RecordBuilder; idempotent, no transactions, one flush at the end), in the same run. Usage:
     [JOURNAL_DSN=postgresql://...] [KAFKA_BOOTSTRAP_SERVERS=host:port] \\
-        python benchmarks/kafka_publish.py [--events N] [--workers K]
-(default 200,000 events; a fresh database on JOURNAL_DSN's server, else an embedded server; a
-local KRaft broker started from the Maven Central jars unless KAFKA_BOOTSTRAP_SERVERS is set).
-Prints events/s and each mode's ratio to the bare producer."""
+        python benchmarks/kafka_publish.py [--events N] [--workers K] [--rounds R]
+(default 200,000 events, 3 rounds; a fresh database on JOURNAL_DSN's server, else an embedded
+server; a local KRaft broker started from the Maven Central jars unless KAFKA_BOOTSTRAP_SERVERS is
+set). After an untimed warm-up of each side (20,000 events), each round runs the three sides one
+after the other, the order rotated round by round (each side into a fresh topic, each publisher
+run under a fresh projection name); it prints each round with the load average, then the medians
+of the rates and of the per-round ratios to the bare producer."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +28,8 @@ from confluent_kafka.cimpl import NewTopic
 from journal import EventEnvelope, JournalSettings, Write, failures, open_journal
 from projections import Worker
 from projections.kafka.local import LocalKafka
-from projections.kafka.publisher import KafkaPublisher, headers_of
+from projections.kafka.publisher import PRODUCER_DEFAULTS, KafkaPublisher
+from projections.kafka.records import RecordBuilder
 
 try:
     from benchmarks._common import fresh_database
@@ -49,15 +54,16 @@ def new_topic(bootstrap: str, partitions: int = 8) -> str:
     return topic
 
 
-async def bare(bootstrap: str, envs: list[EventEnvelope], value: KafkaPublisher) -> float:
-    """The same records through one idempotent producer, flushed at the end."""
+async def bare(bootstrap: str, envs: list[EventEnvelope]) -> float:
+    """The same records through one idempotent producer (the publisher's producer settings),
+    flushed at the end; building the records is timed as the publisher's is."""
     topic = new_topic(bootstrap)
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    p = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap, "enable.idempotence": True})
     t0 = time.perf_counter()
-    for e in envs:
+    for key, value, headers in RecordBuilder().records(envs):
         while True:
             try:
-                p.produce(topic, value.value(e.event), e.persistence_id.encode(), headers=headers_of(e))
+                p.produce(topic, value, key, headers=headers)
                 break
             except BufferError:
                 await asyncio.to_thread(p.poll, 0.1)
@@ -66,12 +72,18 @@ async def bare(bootstrap: str, envs: list[EventEnvelope], value: KafkaPublisher)
 
 
 async def publish(j: object, s: JournalSettings, et: str, bootstrap: str, n: int, workers: int, eo: bool) -> float:
+    """Workers of a fresh projection publish all ``n`` events; timed from their start (lease
+    rounds, producers' start, ``init_transactions``, reading the offsets topic back) to the last
+    event committed. Prints how long the first batch took to commit (the start-up part)."""
     topic = new_topic(bootstrap)
     publisher = KafkaPublisher(bootstrap, topic, exactly_once=eo)
     ws = [Worker(j, s, f"bench-{topic}", et, publisher, "grouped") for _ in range(workers)]  # type: ignore[arg-type]
     t0 = time.perf_counter()
     tasks = [asyncio.create_task(w.run()) for w in ws]
-    while sum(w.stats.events for w in ws) < n:
+    first: float | None = None
+    while (done := sum(w.stats.events for w in ws)) < n:
+        if first is None and done:
+            first = time.perf_counter() - t0
         for task in tasks:
             if task.done():
                 task.result()
@@ -81,10 +93,11 @@ async def publish(j: object, s: JournalSettings, et: str, bootstrap: str, n: int
         w.stop()
     await asyncio.gather(*tasks)
     await publisher.close()
+    print(f"  ({'exactly' if eo else 'at-least'}-once: first batch committed after {first or 0:.2f} s)")
     return rate
 
 
-async def main(dsn: str, bootstrap: str, n: int, entities: int, group_size: int, workers: int) -> None:
+async def main(dsn: str, bootstrap: str, n: int, entities: int, group_size: int, workers: int, rounds: int) -> None:
     et = f"Bench{uuid.uuid4().hex[:6]}"
     s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=10_000)
     async with open_journal(dsn, settings=s) as j:
@@ -102,13 +115,29 @@ async def main(dsn: str, bootstrap: str, n: int, entities: int, group_size: int,
         n = done
         envs = [e async for e in j.current_events_by_slices(et, 0, 1023)]
         assert len(envs) == n
-        bare_rate = await bare(bootstrap, envs, KafkaPublisher(bootstrap, "unused"))
-        eo_rate = await publish(j, s, et, bootstrap, n, workers, eo=True)
-        alo_rate = await publish(j, s, et, bootstrap, n, workers, eo=False)
-    print(f"load average: {os.getloadavg()}; {n} events, {workers} worker(s), group_size {group_size}")
-    print(f"bare idempotent producer (ceiling): {bare_rate:12,.0f} events/s")
-    print(f"exactly-once publisher:             {eo_rate:12,.0f} events/s  ({eo_rate / bare_rate:.2f} of bare)")
-    print(f"at-least-once publisher:            {alo_rate:12,.0f} events/s  ({alo_rate / bare_rate:.2f} of bare)")
+        sides = {
+            "bare": lambda: bare(bootstrap, envs),
+            "exactly-once": lambda: publish(j, s, et, bootstrap, n, workers, eo=True),
+            "at-least-once": lambda: publish(j, s, et, bootstrap, n, workers, eo=False),
+        }
+        warm = min(n, 20_000)  # untimed: the broker's JIT, its transaction-state topic, the pools
+        await bare(bootstrap, envs[:warm])
+        await publish(j, s, et, bootstrap, warm, workers, eo=True)
+        await publish(j, s, et, bootstrap, warm, workers, eo=False)
+        rates: dict[str, list[float]] = {name: [] for name in sides}
+        print(f"{n} events, {workers} worker(s), group_size {group_size}, {rounds} round(s)")
+        for r in range(rounds):
+            order = list(sides)[r % 3 :] + list(sides)[: r % 3]
+            for name in order:
+                rates[name].append(await sides[name]())
+            line = ", ".join(f"{name} {rates[name][-1]:,.0f}" for name in order)
+            print(f"round {r + 1}: {line} ev/s; load average {os.getloadavg()[0]:.1f}")
+    med = {name: statistics.median(v) for name, v in rates.items()}
+    print(f"medians, each ratio the median of the rounds' ratios (load average {os.getloadavg()[0]:.1f}):")
+    print(f"bare idempotent producer (ceiling): {med['bare']:12,.0f} events/s")
+    for name in ("exactly-once", "at-least-once"):
+        ratio = statistics.median(a / b for a, b in zip(rates[name], rates["bare"], strict=True))
+        print(f"{name + ' publisher:':35s} {med[name]:12,.0f} events/s  ({ratio:.2f} of bare)")
 
 
 if __name__ == "__main__":
@@ -117,6 +146,7 @@ if __name__ == "__main__":
     ap.add_argument("--entities", type=int, default=10_000)
     ap.add_argument("--group-size", type=int, default=5000)
     ap.add_argument("--workers", type=int, default=2, help="workers (slice ranges) in this process")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three sides, order rotated")
     a = ap.parse_args()
     with fresh_database() as dsn, broker() as bootstrap:
-        asyncio.run(main(dsn, bootstrap, a.events, a.entities, a.group_size, a.workers))
+        asyncio.run(main(dsn, bootstrap, a.events, a.entities, a.group_size, a.workers, a.rounds))

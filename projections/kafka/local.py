@@ -113,15 +113,18 @@ def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progr
     return lib
 
 
-def server_properties(data: Path, host: str, port: int, controller_port: int, node_id: int = 1) -> str:
+def server_properties(
+    data: Path, host: str, port: int, controller_port: int, node_id: int = 1, advertised_port: int | None = None
+) -> str:
     """A single-node KRaft ``server.properties``: broker and controller in one process, internal
-    topics with one replica, no automatic topic creation (a missing topic is an error to see)."""
+    topics with one replica, no automatic topic creation (a missing topic is an error to see).
+    ``advertised_port``: the port clients are told to connect to (a relay's), else ``port``."""
     return f"""\
 process.roles=broker,controller
 node.id={node_id}
 controller.quorum.bootstrap.servers={host}:{controller_port}
 listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
-advertised.listeners=PLAINTEXT://{host}:{port}
+advertised.listeners=PLAINTEXT://{host}:{advertised_port or port}
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
@@ -177,12 +180,14 @@ class LocalKafka:
         self.startup_timeout = startup_timeout
         self.progress = progress
         self.data_dir = Path(tempfile.mkdtemp(prefix="sj-kafka-"))
+        self.advertised_port: int | None = None
+        """Set before :meth:`start` to tell clients another port (a relay's in front of ``port``)."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
         """``host:port``, the form a client's ``bootstrap.servers`` takes."""
-        return f"{self.host}:{self.port}"
+        return f"{self.host}:{self.advertised_port or self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -197,7 +202,12 @@ class LocalKafka:
         with the log's tail otherwise)."""
         lib = ensure_jars(self.version, self.cache, self.progress)
         props = self.data_dir / "server.properties"
-        props.write_text(server_properties(self.data_dir, self.host, self.port, self.controller_port), "utf-8")
+        props.write_text(
+            server_properties(
+                self.data_dir, self.host, self.port, self.controller_port, advertised_port=self.advertised_port
+            ),
+            "utf-8",
+        )
         cluster_id = "-"
         while cluster_id.startswith("-"):  # the tool's argument parser takes a leading '-' for an option
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -218,6 +228,18 @@ class LocalKafka:
             self.stop()
             raise
         return self
+
+    def restart(self, *, kill: bool = False) -> None:
+        """Stop the broker (``kill``: SIGKILL) and start it again on the same ports and data."""
+        assert self.process is not None, "the broker is not running"
+        stop_pid(self.process.pid, kill=kill, timeout=30.0, wait=self.process.wait)
+        lib = ensure_jars(self.version, self.cache, self.progress)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self._java(lib, "kafka.Kafka", str(self.data_dir / "server.properties")),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.data_dir,
+            )  # fmt: skip
+        self.wait_until_ready()
 
     def wait_until_ready(self) -> None:
         """Poll until the broker answers ApiVersions on its client port."""

@@ -30,14 +30,9 @@ from confluent_kafka.cimpl import NewTopic
 
 from journal.envelope import EventEnvelope
 from journal.errors import ConfigurationError, KafkaPublishError
-from journal.serialization import JsonSerializer
 
 from .. import range_context
-
-Serializer = Callable[[Any], bytes]
-Headers = list[tuple[str, str | bytes | None]]
-_JSON = JsonSerializer()
-
+from .records import Record, RecordBuilder, Serializer, json_value
 
 _NO_LEADER_YET = (
     KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -45,6 +40,11 @@ _NO_LEADER_YET = (
     KafkaError.UNKNOWN_TOPIC_OR_PART,
 )
 """What a topic created a moment ago may answer before its partitions have leaders."""
+
+
+PRODUCER_DEFAULTS: dict[str, Any] = {"linger.ms": 5, "delivery.report.only.error": True}
+"""librdkafka settings of the publisher's producers unless ``config`` sets them: a short linger
+gathers records into batches; delivery reports (a Python call each) only for failed records."""
 
 
 def offsets_topic_for(projection: str) -> str:
@@ -57,16 +57,6 @@ def transactional_id(projection: str, lo: int, hi: int) -> str:
     return f"sj.{projection}.{lo}-{hi}"
 
 
-def headers_of(env: EventEnvelope) -> Headers:
-    return [
-        ("pid", env.persistence_id.encode()),
-        ("seq_nr", str(env.seq_nr).encode()),
-        ("slice", str(env.slice).encode()),
-        ("db_timestamp", env.db_timestamp.isoformat().encode()),
-        ("manifest", _JSON.manifest(env.event).encode()),
-    ]
-
-
 class _Range:
     """One owned slice range's producer and what it has published."""
 
@@ -74,6 +64,7 @@ class _Range:
         self.owned = owned
         self.p = publisher
         self.published: dict[str, int] = {}
+        self.builder = RecordBuilder(publisher.value)
         conf = dict(publisher.producer_config)
         if publisher.exactly_once:
             conf["transactional.id"] = transactional_id(owned.projection, owned.lo, owned.hi)
@@ -98,7 +89,7 @@ class _Range:
             consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
             seen: dict[str, int] = {}
             while pending:
-                for m in consumer.consume(10_000, 1.0):
+                for m in consumer.consume(10_000, 0.05):  # it waits for all 10,000 or the timeout
                     value = m.value()
                     if m.error() is None and value is not None:
                         row = orjson.loads(value)
@@ -137,9 +128,11 @@ class _Range:
         try:
             await self._produce_all(fresh)
             last = {e.persistence_id: e for e in fresh}
-            for e in last.values():
-                row = orjson.dumps({"pid": e.persistence_id, "slice": e.slice, "seq_nr": e.seq_nr})
-                await self._produce(self.p.offsets_topic, e.persistence_id.encode(), row, None)
+            rows: list[Record] = [
+                (pid.encode(), orjson.dumps({"pid": pid, "slice": e.slice, "seq_nr": e.seq_nr}), [])
+                for pid, e in last.items()
+            ]
+            await self._produce_records(self.p.offsets_topic, rows)
             await self._call(self.producer.commit_transaction, self.p.timeout)
         except BaseException:
             await self._abort()
@@ -148,18 +141,30 @@ class _Range:
             self.published[pid] = e.seq_nr
 
     async def _produce_all(self, envs: Sequence[EventEnvelope]) -> None:
-        for e in envs:
-            await self._produce(self.p.topic, e.persistence_id.encode(), self.p.value(e.event), headers_of(e))
+        await self._produce_records(self.p.topic, self.builder.records(envs))
 
-    async def _produce(self, topic: str, key: bytes, value: bytes, headers: Headers | None) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, value, key, headers=headers, on_delivery=self._delivered)
-                return
-            except BufferError:  # the local queue is full: let deliveries drain it
+    async def _produce_records(self, topic: str, records: Sequence[Record]) -> None:
+        """Hand every record to the producer (its ``produce`` does not block); only when its local
+        queue is full is there a wait, in a thread, for deliveries to drain it."""
+        done = 0
+        while done < len(records):
+            done = self._produce_until_full(topic, records, done)
+            if done < len(records):
                 await asyncio.to_thread(self.producer.poll, 0.1)
-            except KafkaException as e:
-                raise KafkaPublishError(f"Kafka refused a record for {topic!r}: {e.args[0].str()}") from None
+
+    def _produce_until_full(self, topic: str, records: Sequence[Record], start: int) -> int:
+        """Produce ``records[start:]`` until the local queue is full; the index reached."""
+        produce, delivered = self.producer.produce, self._delivered
+        i = start
+        try:
+            for i in range(start, len(records)):
+                key, value, headers = records[i]
+                produce(topic, value, key, headers=headers or None, on_delivery=delivered)
+        except BufferError:
+            return i
+        except KafkaException as e:
+            raise KafkaPublishError(f"Kafka refused a record for {topic!r}: {e.args[0].str()}") from None
+        return len(records)
 
     def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
         if err is not None and self.p.first_error is None:
@@ -221,10 +226,10 @@ class KafkaPublisher:
         self.topic = topic
         self.exactly_once = exactly_once
         self._offsets_topic = offsets_topic
-        self.value: Serializer = value or _JSON.to_bytes
+        self.value: Serializer = value or json_value
         self.config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(config or {})}
         """The client settings every client of the publisher shares (producers, the offsets' reader)."""
-        self.producer_config: dict[str, Any] = {"linger.ms": 5, **self.config}
+        self.producer_config: dict[str, Any] = {**PRODUCER_DEFAULTS, **self.config}
         if not exactly_once:
             self.producer_config.setdefault("enable.idempotence", True)
         self.timeout = timeout

@@ -1,0 +1,144 @@
+"""Faults of the broker under a publishing worker, on a real broker of the test's own (it is
+restarted, or reached through a relay that cuts the network): afterwards a read_committed
+consumer of the whole topic sees every event exactly once and each persistence id's events in
+seq_nr order."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from kafka_fixtures import create_topic, read_topic, skip_or_fail
+
+from journal import Journal
+from tests.support.relay import Relay
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+def own_broker() -> Iterator[object]:
+    """A broker of this test alone (the session's one is shared: it is not restarted)."""
+    pytest.importorskip("confluent_kafka")
+    from journal.errors import KafkaSetupError
+    from projections.kafka.local import LocalKafka
+
+    broker = LocalKafka()
+    try:
+        broker.start()
+    except KafkaSetupError as e:
+        broker.stop()
+        skip_or_fail(str(e))
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def records_so_far(bootstrap: str, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+    try:
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1] for p in range(4))
+    finally:
+        consumer.close()
+
+
+def publish_across_a_restart(dsn: str, broker: object, topic: str, mark: int) -> tuple[int, str]:
+    """A worker publishes; once the topic holds ``mark`` records the broker is SIGKILLed and
+    started again; the worker's exit code and stderr's tail."""
+    from projections.kafka.local import LocalKafka
+
+    assert isinstance(broker, LocalKafka)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.kafka_worker", dsn, broker.bootstrap_servers, topic, "exactly-once", "none"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while records_so_far(broker.bootstrap_servers, topic) < mark:
+        assert proc.poll() is None and time.monotonic() < deadline, f"the worker ended before {mark} records"
+    broker.restart(kill=True)
+    assert proc.poll() is None, "the worker finished before the broker restarted: the test tested nothing"
+    _, err = proc.communicate(timeout=240)
+    return proc.returncode, err[-3000:]
+
+
+async def test_a_broker_restart_while_publishing(journal: Journal, dsn: str, own_broker: object) -> None:
+    from projections.kafka.local import LocalKafka
+
+    assert isinstance(own_broker, LocalKafka)
+    pids, events = 100, 60
+    for p in range(pids):
+        await journal.persist(f"acct|{p}", [{"n": i} for i in range(events)])
+    topic = create_topic(own_broker.bootstrap_servers, partitions=4)
+    code, err = await asyncio.to_thread(publish_across_a_restart, dsn, own_broker, topic, 1500)
+    assert code == 0, err
+
+    by_pid: dict[str, list[int]] = {}
+    for _, _, _, h in read_topic(own_broker.bootstrap_servers, topic):
+        by_pid.setdefault(h["pid"].decode(), []).append(int(h["seq_nr"]))
+    assert by_pid == {f"acct|{p}": list(range(1, events + 1)) for p in range(pids)}
+
+
+def start_worker(dsn: str, bootstrap: str, topic: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.kafka_worker", dsn, bootstrap, topic, "exactly-once", "none"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_for_records(bootstrap: str, topic: str, proc: subprocess.Popen[str], mark: int) -> None:
+    deadline = time.monotonic() + 120
+    while records_so_far(bootstrap, topic) < mark:
+        assert proc.poll() is None and time.monotonic() < deadline, f"the worker ended before {mark} records"
+
+
+async def test_a_cut_network_between_the_worker_and_the_broker(journal: Journal, dsn: str) -> None:
+    """Every client reaches the broker through a relay (the broker advertises the relay's port);
+    while a worker publishes, the relay throws the broker's answers away and cuts every
+    connection for 5 s (the broker may have done what it was asked: a commit may have committed),
+    then lets traffic through again."""
+    pytest.importorskip("confluent_kafka")
+    from journal.errors import KafkaSetupError
+    from projections.kafka.local import LocalKafka
+
+    pids, events = 100, 60
+    for p in range(pids):
+        await journal.persist(f"acct|{p}", [{"n": i} for i in range(events)])
+    broker = LocalKafka()
+    relay = Relay(broker.host, broker.port)
+    await relay.start()
+    try:
+        broker.advertised_port = relay.address[1]
+        try:
+            await asyncio.to_thread(broker.start)
+        except KafkaSetupError as e:
+            skip_or_fail(str(e))
+        bootstrap = broker.bootstrap_servers
+        topic = await asyncio.to_thread(create_topic, bootstrap, 4)
+        proc = await asyncio.to_thread(start_worker, dsn, bootstrap, topic)
+        try:
+            await asyncio.to_thread(wait_for_records, bootstrap, topic, proc, 1500)
+            relay.losing = True
+            cut = time.monotonic()
+            await wait_until(lambda: relay.lost_answers >= 3 and time.monotonic() - cut >= 5, 60, "a 5 s cut")
+            relay.losing = False
+            assert proc.poll() is None, "the worker finished during the cut: the test tested nothing"
+            _, err = await asyncio.to_thread(proc.communicate, None, 240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, err[-3000:]
+        by_pid: dict[str, list[int]] = {}
+        for _, _, _, h in await asyncio.to_thread(read_topic, bootstrap, topic):
+            by_pid.setdefault(h["pid"].decode(), []).append(int(h["seq_nr"]))
+        assert by_pid == {f"acct|{p}": list(range(1, events + 1)) for p in range(pids)}
+    finally:
+        await asyncio.to_thread(broker.stop)
+        await relay.close()

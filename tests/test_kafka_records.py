@@ -1,0 +1,45 @@
+"""The records the Kafka publisher builds (projections/kafka/records.py): with the encodings it
+reuses across events, each record is still exactly the event's key, its JSON as the journal's
+serializer writes it, and its five headers computed from the event alone."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from journal.envelope import EventEnvelope
+from journal.offsets import TimestampOffset
+from journal.serialization import JsonSerializer
+from projections.kafka.records import RecordBuilder
+
+
+@dataclasses.dataclass
+class Shipped:
+    order: str
+    items: int
+
+
+def envelope(pid: str, seq_nr: int, slice_: int, at: datetime, event: Any) -> EventEnvelope:
+    return EventEnvelope(pid, "Order", slice_, seq_nr, at, event, TimestampOffset(at, {}))
+
+
+def expected(e: EventEnvelope) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    json = JsonSerializer()
+    headers = [
+        ("pid", e.persistence_id.encode()), ("seq_nr", str(e.seq_nr).encode()), ("slice", str(e.slice).encode()),
+        ("db_timestamp", e.db_timestamp.isoformat().encode()), ("manifest", json.manifest(e.event).encode()),
+    ]  # fmt: skip
+    return e.persistence_id.encode(), json.to_bytes(e.event), headers
+
+
+def test_records_match_the_event_alone() -> None:
+    t = datetime(2026, 11, 27, 8, 0, tzinfo=UTC)
+    events: list[Any] = [{"n": 1, "pad": "x"}, Shipped("o-1", 3), [1, 2.5, None], "text", {"nested": {"a": [1]}}]
+    envs = [
+        envelope(f"Order|{i % 3}", i + 1, (i * 37) % 1024, t + timedelta(microseconds=i // 2), events[i % len(events)])
+        for i in range(40)
+    ]
+    builder = RecordBuilder()
+    got = builder.records(envs) + builder.records(list(reversed(envs)))  # the second batch from the caches
+    assert got == [expected(e) for e in envs + list(reversed(envs))]
