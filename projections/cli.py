@@ -409,7 +409,7 @@ SeqNrOption = Annotated[int | None, typer.Option("--seq-nr", min=1, help="Only t
 @dead_letters_app.command("list")
 def dead_letters_list(
     name: str, dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,
-    databases: DatabasesOption = None,
+    databases: DatabasesOption = None, subject_of: SubjectOfOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, with the tracebacks.")] = False,
 ) -> None:  # fmt: skip
     """List a projection's dead letters, in the order a retry applies them."""
@@ -419,7 +419,7 @@ def dead_letters_list(
     letters = _with_conn(
         dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).letters(c, name), "dead-letters", databases
     )
-    letters = _opened(letters, dsn, schema, data_dir, databases)
+    letters = _opened(letters, dsn, schema, data_dir, databases, subject_of)
     if as_json:
         typer.echo(letters_json(letters))
         return
@@ -432,9 +432,15 @@ def dead_letters_list(
 
 
 def _opened(
-    letters: list[Any], dsn: str | None, schema: str | None, data_dir: Path | None, databases: str | None
+    letters: list[Any],
+    dsn: str | None,
+    schema: str | None,
+    data_dir: Path | None,
+    databases: str | None,
+    subject_of: str | None,
 ) -> list[Any]:
-    """Dead letters sealed with their subjects' keys (an encrypting journal's), opened."""
+    """Dead letters sealed with their subjects' keys (an encrypting journal's), opened: the
+    subjects are the writers' (``--subject-of`` or ``$JOURNAL_SUBJECT_OF``)."""
     from journal.cli.common import target_dsn
     from journal.journal import open_journal
     from journal.sealed_text import is_sealed
@@ -443,11 +449,12 @@ def _opened(
 
     if not any(is_sealed(d.error) or is_sealed(d.traceback) for d in letters):
         return letters
-    settings = _settings(schema, data_dir, databases)
+    settings = _settings(schema, data_dir, databases, **hook_settings(subject_of, None, None))
+    hooks = journal_hooks(settings)
     target, _ = target_dsn(dsn, settings)
 
     async def go() -> list[Any]:
-        async with open_journal(target, settings=settings) as j:
+        async with open_journal(target, settings=settings, **hooks) as j:
             return await opened(j.serializers, letters)
 
     return asyncio.run(go())

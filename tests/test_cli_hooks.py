@@ -78,8 +78,12 @@ async def test_run_and_retry_take_subjects_upcasters_and_serializers(conn: async
     assert worker.returncode == 0
     got = await projected(conn)
     assert got == {(pid, s): 2 if s == 1 else 3 for pid, s in events - {poison}}  # items: upcast from quantity
-    listed = await asyncio.to_thread(_cli, dsn, "dead-letters", "list", "hooks")
-    assert "Yrs|ann-2 #2" in listed.stdout and "ValueError" in listed.stdout
+    sealed = await asyncio.to_thread(_cli, dsn, "dead-letters", "list", "hooks")  # the pid is no subject
+    assert "Yrs|ann-2 #2" in sealed.stdout and "ValueError" not in sealed.stdout, sealed.stdout
+    assert "a sealed text that does not open" in sealed.stdout
+    subjects = ["--subject-of", "tests.hooks_app:customer"]
+    listed = await asyncio.to_thread(_cli, dsn, "dead-letters", "list", "hooks", *subjects)
+    assert "Yrs|ann-2 #2" in listed.stdout and "ValueError" in listed.stdout, listed.stdout
     fixed = ["dead-letters", "retry", "hooks", "--handler", "tests.hooks_app:project_fixed"]
     bare = await asyncio.to_thread(_cli, dsn, *fixed)  # no hooks: the pid is no subject, its key is not found
     assert bare.returncode == 1 and "no key of 'Yrs|ann-2'" in bare.stderr
