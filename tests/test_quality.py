@@ -134,6 +134,8 @@ WRITE_PATH = (
     "journal/postgres/timestamp_rule.py",
     "journal/postgres/replicated_insert.py",
     "journal/postgres/replication_store.py",
+    "journal/postgres/replication_part.py",
+    "journal/postgres/replication_sql.py",
     "journal/postgres/writer_connections.py",
     "journal/cassandra/writes.py",
 )

@@ -25,18 +25,8 @@ from .key_store import PostgresKeyStore
 from .leases import LeaseSql, PostgresSliceLeases
 from .offset_store import HEARTBEAT_PID, OffsetRow, OffsetSql
 from .partitions import FENCED, INCOMING, MOVED, MOVING, OWNED, SERVING, MoveRecord, PartitionRow, PostgresPartitions
-from .replication_part import ReplicationPart
-from .replication_store import (
-    STAMP_LIMIT,
-    PostgresReplicationStore,
-    dump_vt,
-    events_of,
-    log_head,
-    merged,
-    not_in,
-    racing_local_writes,
-    vector_time_of,
-)
+from .replication_part import LogPlaces, ReplicationPart
+from .replication_store import PostgresReplicationStore, ReplicationLogs
 from .settling import settle
 from .timestamp_rule import install as install_timestamp_rule
 from .timestamp_rule import installed as timestamp_rule_installed
@@ -50,8 +40,8 @@ __all__ = [
     "MOVING",
     "OWNED",
     "SERVING",
-    "STAMP_LIMIT",
     "LeaseSql",
+    "LogPlaces",
     "MoveRecord",
     "OffsetRow",
     "OffsetSql",
@@ -62,19 +52,14 @@ __all__ = [
     "PostgresPartitions",
     "PostgresReplicationStore",
     "PostgresSliceLeases",
+    "ReplicationLogs",
     "ReplicationPart",
     "asyncpg_dsn",
     "connect",
     "driver_error",
-    "dump_vt",
-    "events_of",
     "install_timestamp_rule",
     "is_transient",
-    "log_head",
     "mapped_errors",
-    "merged",
-    "not_in",
-    "racing_local_writes",
     "redact",
     "remove_timestamp_rule",
     "schema_migrations",
@@ -83,7 +68,6 @@ __all__ = [
     "target_of",
     "timestamp_rule_installed",
     "validate_dsn",
-    "vector_time_of",
     "without_password",
 ]
 

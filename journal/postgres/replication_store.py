@@ -1,39 +1,82 @@
-"""SQL of replicated logs (issue 14): stamping local events, reading a log by position, writing a
-replicated batch with its progress in one transaction.
+"""Replicated logs (issue 14): stamping local events, reading a log by position, writing a
+replicated batch with its progress in one transaction; one store for a location of one database
+and for a partitioned one, its :class:`~.replication_part.LogPlaces` choosing where each
+statement goes (the way Akka Persistence R2DBC's DAOs pick a connection factory per slice).
 
 Ordering argument (why "after position N" is a sound cursor here, although a PostgreSQL sequence
-would not be): a log position is handed out only by a transaction that holds the row lock on the
-log's ``replication_log`` row, and that lock is released after the transaction's commit became
-visible. So position N+1 is never visible before position N, and a reader paging by position
-never skips an event that commits late.
+would not be): a log position is handed out only by a transaction H that holds the row lock on
+the log's ``replication_log`` row in the home database, and that lock is released after H's
+commit became visible. So position N+1 is never visible before position N, and a reader paging
+by position never skips an event that commits late. Where the events are in other databases
+(a partitioned location) it is kept so:
+
+- **Writing** (a stamp of local events, a replicated batch) takes the row lock in H, writes its
+  events in each database in a transaction of that database (all statements first, then the
+  commits), and only then saves the position and version vector (and a batch's progress) in H
+  and commits H. In one database the events are written in H itself.
+- **Reading** first reads the home row's committed position M and reads only positions <= M
+  from every database (each filtered to the slices it serves, so a move's copy is never read
+  twice), merged by position. Every event <= M was committed before H, so nothing at or below M
+  appears later.
+- **Repair.** A crash between a database's commit and H's leaves committed events past M
+  (orphans). Every writer, under the home lock and before handing out a position, looks past M
+  in every database whose writes commit apart from H and adopts what it finds: the position
+  moves to the highest orphan and the orphans' vector times fold into the version vector.
+  Nobody has read past M, so adopting keeps every identity once; a position handed to a part
+  that rolled back is never used (a gap, as after ``reserve_positions``). A replicated batch
+  whose H did not commit is pulled again from the unchanged progress, and what a part stored is
+  skipped by identity (``missing_ids``).
+- **Moves.** A stamp changes rows: it runs the delete check of their slices first, so the rows
+  of a range being moved stay unstamped until the move is over (then they are stamped where the
+  range lands). A replicated batch's inserts pass each database's owner check (a fenced range
+  refuses: the batch fails whole, before any commit, and the endpoint pulls it again).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import hashlib
+import heapq
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from itertools import repeat
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-import orjson
 
-from ..buckets import bucket_millis
-from ..errors import ConfigurationError, JournalUnavailable, LocationMismatch, ReplicationError, SequenceConflict
-from ..ids import validate_entity_type
+from ..errors import ConfigurationError, LocationMismatch, SequenceConflict, SliceRangeMoved
 from ..replicated import ReplicatedEvent, WriteOutcome
 from ..serialization import Serialized
-from ..settings import validate_identifier
 from ..vector_time import VectorTime
 from ..write_batch import WriteBatch
 from ..write_validation import replicated_batch
-from . import recovery_guard
-from .errors import is_transient, partition_refusal
-from .replicated_insert import insert_replicated
-from .statements import notify_groups
-from .timestamp_rule import MARK_WRITER_LOCAL_SQL
+from .replication_part import LogPlaces, OneDatabase, ReplicationPart, ensure_indexes
+from .replication_sql import (
+    ReplicationStatements,
+    dump_vt,
+    log_head,
+    stamp_columns,
+    stored_ids,
+    unstamped_index_sql,
+    vector_time_of,
+)
 from .writes import PostgresWrites
+
+__all__ = [
+    "STAMP_LIMIT",
+    "PostgresReplicationStore",
+    "ReplicationLogs",
+    "ReplicationStatements",
+    "dump_vt",
+    "events_of",
+    "log_head",
+    "merged",
+    "not_in",
+    "racing_local_writes",
+    "stamp_columns",
+    "stored_ids",
+    "unstamped_index_sql",
+    "vector_time_of",
+]
 
 STAMP_LIMIT = 1000
 """Local events stamped per statement."""
@@ -42,204 +85,37 @@ SEQUENCE_RACE_ATTEMPTS = 3
 PRIMARY_KEY = "event_journal_pkey"
 
 
-class ReplicationStatements:
-    """Every statement of the replicated logs, built once per schema (identifiers validated, values parameters)."""
+@dataclass
+class _Held:
+    """The home log row under its lock (transaction H): what the writer hands out from."""
 
-    def __init__(self, schema: str) -> None:
-        validate_identifier(schema, "schema")
-        ej, rl, rp, rt, sn = (
-            f'"{schema}".{t}'
-            for t in (
-                "event_journal",
-                "replication_log",
-                "replication_progress",
-                "replication_target_progress",
-                "snapshot",
-            )
-        )
-        self.ensure_log = (
-            f"INSERT INTO {rl} (log_name, location, log_seq_nr, version_vector) VALUES ($1, $2, 0, '{{}}') "
-            f"ON CONFLICT (log_name) DO NOTHING"
-        )
-        self.log_row = f"SELECT location, log_seq_nr, version_vector, recovering FROM {rl} WHERE log_name = $1"
-        self.set_recovering = f"UPDATE {rl} SET recovering = $2 WHERE log_name = $1"
-        self.any_recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering)"
-        self.recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering AND log_name = ANY($1::text[]))"
-        self.lock_log = self.log_row + " FOR UPDATE"
-        self.save_log = f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
-        self.ej = ej
-        self.schema = schema
-        self._inserts: dict[tuple[bool, bool], str] = {}
-        self.origin_index = f'"{schema}".event_journal_origin_idx'
-        self.stamp = (
-            f"UPDATE {ej} e SET origin_location = s.origin, origin_seq_nr = s.origin_seq, "
-            f"vector_time = s.vt::jsonb, log_seq_nr = s.log_seq "
-            f"FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], $6::bigint[]) "
-            f"AS s(pid, seq_nr, origin, origin_seq, vt, log_seq) "
-            f"WHERE e.persistence_id = s.pid AND e.seq_nr = s.seq_nr"
-        )
-        columns = (
-            "persistence_id, event_ser_id, event_ser_manifest, event_payload, tags, meta_ser_id, "
-            "meta_ser_manifest, meta_payload, origin_location, origin_seq_nr, vector_time, log_seq_nr, deleted"
-        )
-        self.read_log = (
-            f"SELECT {columns} FROM {ej} WHERE entity_type = $1 AND log_seq_nr > $2 ORDER BY log_seq_nr LIMIT $3"
-        )
-        self.read_ids = (
-            f"SELECT {columns} FROM {ej} e JOIN unnest($2::text[], $3::bigint[]) AS s(origin, origin_seq) "
-            f"ON e.entity_type = $1 AND e.origin_location = s.origin AND e.origin_seq_nr = s.origin_seq "
-            f"ORDER BY e.log_seq_nr"
-        )
-        self.stored_ids = (
-            f"SELECT s.origin, s.origin_seq FROM unnest($2::text[], $3::bigint[]) AS s(origin, origin_seq) "
-            f"WHERE EXISTS (SELECT 1 FROM {ej} e WHERE e.entity_type = $1 AND e.origin_location = s.origin "
-            f"AND e.origin_seq_nr = s.origin_seq)"
-        )
-        self.progress = f"SELECT source_log_seq_nr FROM {rp} WHERE log_name = $1 AND source_location = $2"
-        self.all_progress = f"SELECT source_location, source_log_seq_nr FROM {rp} WHERE log_name = $1"
-        self.save_progress = (
-            f"INSERT INTO {rp} (log_name, source_location, source_log_seq_nr, updated_at) "
-            f"VALUES ($1, $2, $3, now()) ON CONFLICT (log_name, source_location) DO UPDATE "
-            f"SET source_log_seq_nr = GREATEST({rp}.source_log_seq_nr, EXCLUDED.source_log_seq_nr), updated_at = now()"
-        )
-        self.entity_events = (
-            f"SELECT event_ser_id, event_ser_manifest, event_payload, origin_location, origin_seq_nr, vector_time "
-            f"FROM {ej} WHERE persistence_id = $1 AND log_seq_nr IS NOT NULL AND NOT deleted ORDER BY seq_nr"
-        )
-        self.save_target_progress = (
-            f"INSERT INTO {rt} (log_name, target_location, log_seq_nr, updated_at) VALUES ($1, $2, $3, now()) "
-            f"ON CONFLICT (log_name, target_location) DO UPDATE "
-            f"SET log_seq_nr = GREATEST({rt}.log_seq_nr, EXCLUDED.log_seq_nr), updated_at = now()"
-        )
-        self.target_progress = f"SELECT target_location, log_seq_nr FROM {rt} WHERE log_name = $1"
-        self.reserve = f"UPDATE {rl} SET log_seq_nr = GREATEST(log_seq_nr, $2) WHERE log_name = $1"
-        self.delete_logically = (
-            f"UPDATE {ej} SET deleted = true WHERE entity_type = $1 AND log_seq_nr <= $2 AND NOT deleted"
-        )
-        self.delete_physically = (
-            f"DELETE FROM {ej} e WHERE e.entity_type = $1 AND e.deleted AND e.log_seq_nr <= $2 "
-            f"AND e.seq_nr < (SELECT max(h.seq_nr) FROM {ej} h WHERE h.persistence_id = e.persistence_id)"
-        )
-        self.delete_invalid_snapshots = (
-            f"DELETE FROM {sn} s WHERE s.entity_type = $1 AND s.seq_nr > "
-            f"COALESCE((SELECT max(e.seq_nr) FROM {ej} e WHERE e.persistence_id = s.persistence_id), 0)"
-        )
-        self.event_ids = (
-            f"SELECT origin_location, origin_seq_nr, count(*) AS n FROM {ej} WHERE entity_type = $1 "
-            f"AND log_seq_nr IS NOT NULL GROUP BY origin_location, origin_seq_nr"
-        )
-
-        # a database's part of a partitioned location's log ($N::int[]: the slices it serves)
-        self.read_log_within = (
-            f"SELECT {columns} FROM {ej} WHERE entity_type = $1 AND log_seq_nr > $2 AND log_seq_nr <= $3 "
-            f"AND slice = ANY($5::int[]) ORDER BY log_seq_nr LIMIT $4"
-        )
-        self.read_ids_within = (
-            f"SELECT {columns} FROM {ej} e JOIN unnest($2::text[], $3::bigint[]) AS s(origin, origin_seq) "
-            f"ON e.entity_type = $1 AND e.origin_location = s.origin AND e.origin_seq_nr = s.origin_seq "
-            f"WHERE e.log_seq_nr <= $4 AND e.slice = ANY($5::int[]) ORDER BY e.log_seq_nr"
-        )
-        self.event_ids_within = (
-            f"SELECT origin_location, origin_seq_nr, count(*) AS n FROM {ej} WHERE entity_type = $1 "
-            f"AND log_seq_nr IS NOT NULL AND slice = ANY($2::int[]) GROUP BY origin_location, origin_seq_nr"
-        )
-        self.above = f"SELECT log_seq_nr, vector_time FROM {ej} WHERE entity_type = $1 AND log_seq_nr > $2"
-        self.delete_logically_within = self.delete_logically + " AND slice = ANY($3::int[])"
-        self.delete_physically_within = self.delete_physically + " AND e.slice = ANY($3::int[])"
-        self.mark_recovering = (
-            f"INSERT INTO {rl} (log_name, location, log_seq_nr, version_vector, recovering) "
-            f"VALUES ($1, $2, 0, '{{}}', true) ON CONFLICT (log_name) DO UPDATE SET recovering = true"
-        )
-        self.unmark_recovering = f"DELETE FROM {rl} WHERE log_name = $1"
-
-    def insert(self, *, notify: bool, tagged: bool) -> str:
-        key = (notify, tagged)
-        if key not in self._inserts:
-            self._inserts[key] = insert_replicated(self.schema, notify=notify, tagged=tagged)
-        return self._inserts[key]
-
-    def unstamped(self, log_name: str) -> str:
-        """The log's local events not stamped yet, in commit-visible order. The log name is a
-        literal (quoted here), so even a generic plan matches the log's partial index."""
-        return (
-            f"SELECT persistence_id, seq_nr FROM {self.ej} WHERE entity_type = {_literal(log_name)} "
-            f"AND log_seq_nr IS NULL ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $1"
-        )
-
-    def unstamped_within(self, log_name: str) -> str:
-        """:meth:`unstamped` of the slices ``$2`` only, with each event's slice and timestamp."""
-        return (
-            f"SELECT persistence_id, seq_nr, slice, db_timestamp FROM {self.ej} "
-            f"WHERE entity_type = {_literal(log_name)} AND log_seq_nr IS NULL AND slice = ANY($2::int[]) "
-            f"ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $1"
-        )
-
-    def unstamped_index(self, log_name: str) -> str:
-        return unstamped_index_sql(log_name, self.schema)
+    conn: Any
+    pos: int
+    vv: VectorTime
+    recovering: bool
 
 
-def unstamped_index_sql(log_name: str, schema: str = "public", *, concurrently: bool = False) -> str:
-    """The partial index of a replicated log's events not stamped yet: only locations that
-    replicate, and only for the logs they replicate, pay for it (see migration 0006). The
-    endpoint creates it at start; ``concurrently`` gives the statement to build it beforehand
-    on a large table without holding writes back."""
-    validate_identifier(schema, "schema")
-    name = "event_journal_unstamped_" + hashlib.blake2b(log_name.encode(), digest_size=6).hexdigest()
-    how = "CONCURRENTLY " if concurrently else ""
-    return (
-        f'CREATE INDEX {how}IF NOT EXISTS "{name}" ON "{schema}".event_journal (db_timestamp, seq_nr, persistence_id) '
-        f"WHERE entity_type = {_literal(log_name)} AND log_seq_nr IS NULL"
-    )
+class ReplicationLogs:
+    """The replicated logs of ``location`` (log name = entity type), each statement where
+    ``places`` says (:class:`~journal.backend.ReplicationStore`)."""
 
-
-def _literal(value: str) -> str:
-    """A SQL string literal (standard_conforming_strings); log names carry no NUL (validated)."""
-    validate_entity_type(value)
-    return "'" + value.replace("'", "''") + "'"
-
-
-def vector_time_of(value: Any) -> VectorTime:
-    return VectorTime.from_json(orjson.loads(value) if isinstance(value, str | bytes) else value)
-
-
-async def log_head(conn: Any, sql: str, log_name: str) -> asyncpg.Record:
-    row: asyncpg.Record | None = await conn.fetchrow(sql, log_name)
-    if row is None:
-        raise ReplicationError(f"log {log_name!r} is not set up at this location (ensure_log first)")
-    return row
-
-
-def dump_vt(vt: VectorTime) -> str:
-    return orjson.dumps(vt.to_json()).decode()
-
-
-class PostgresReplicationStore:
-    """The replicated logs of one location in one journal database (log name = entity type)."""
-
-    def __init__(self, backend: PostgresWrites, location: str) -> None:
-        self.backend = backend
+    def __init__(self, places: LogPlaces, location: str) -> None:
+        self.places = places
         self.location = location
-        self.sql = ReplicationStatements(backend.settings.schema)
+        self._writers: dict[str, asyncio.Lock] = {}
+        """Per log: one writer of this process at a time waits for the home row. A writer holds a
+        home connection while it waits and may take a second one; without this, enough waiters
+        could hold every pooled connection."""
 
-    @contextlib.asynccontextmanager
-    async def connection(self) -> AsyncIterator[Any]:
-        """A pooled connection; the database being away (refused, lost, shutting down) becomes
-        :class:`JournalUnavailable`, which the endpoint answers as gRPC ``UNAVAILABLE``; the owner
-        check's refusal (a partitioned database) becomes :class:`SliceRangeMoved`."""
-        try:
-            async with self.backend.pool.acquire() as conn:
-                yield conn
-        except Exception as e:
-            if is_transient(e):
-                raise JournalUnavailable(f"location {self.location!r}: database unavailable: {e}") from e
-            moved = partition_refusal(e)
-            if moved is not None:  # the owner check of a partitioned database
-                raise moved from e
-            raise
+    @property
+    def sql(self) -> ReplicationStatements:
+        return self.places.home.sql
+
+    # -- the log's state: at home -------------------------------------------------------------
 
     async def ensure_log(self, log_name: str) -> None:
         """Create the log's state row for this location; refuse a database of another location."""
-        async with self.connection() as conn:
+        async with self._home() as conn:
             try:
                 await conn.execute(self.sql.ensure_log, log_name, self.location)
             except (asyncpg.UndefinedTableError, asyncpg.UndefinedColumnError) as e:
@@ -247,30 +123,109 @@ class PostgresReplicationStore:
                     "this database has no replication tables: run `journal migrate` (migration 0005) first"
                 ) from e
             row = await log_head(conn, self.sql.log_row, log_name)
-            await self.ensure_indexes(conn, log_name)
+            await ensure_indexes(conn, self.sql.origin_index, self.sql.unstamped_index(log_name))
         if row["location"] != self.location:
             raise LocationMismatch(
                 f"log {log_name!r} of this database belongs to location {row['location']!r}, not {self.location!r}"
             )
+        for p in await self.places.others():
+            await p.ensure_indexes(log_name)
 
-    async def ensure_indexes(self, conn: Any, log_name: str) -> None:
-        """Refuse a database without the replication indexes; create the log's unstamped index."""
-        if await conn.fetchval("SELECT to_regclass($1)", self.sql.origin_index) is None:
-            raise ConfigurationError(
-                "this database lacks the replication indexes: run `journal migrate` (migration 0006) first"
-            )
-        with contextlib.suppress(asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
-            await conn.execute(self.sql.unstamped_index(log_name))  # another process won the race
+    def _home(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self.places.home.connection()
 
     async def version_vector(self, log_name: str) -> VectorTime:
-        async with self.connection() as conn:
+        async with self._home() as conn:
             row = await conn.fetchrow(self.sql.log_row, log_name)
         return VectorTime() if row is None else vector_time_of(row["version_vector"])
 
     async def log_seq_nr(self, log_name: str) -> int:
-        async with self.connection() as conn:
+        async with self._home() as conn:
             row = await conn.fetchrow(self.sql.log_row, log_name)
         return 0 if row is None else int(row["log_seq_nr"])
+
+    async def progress(self, log_name: str, source_location: str) -> int:
+        async with self._home() as conn:
+            v = await conn.fetchval(self.sql.progress, log_name, source_location)
+        return 0 if v is None else int(v)
+
+    async def all_progress(self, log_name: str) -> dict[str, int]:
+        async with self._home() as conn:
+            rows = await conn.fetch(self.sql.all_progress, log_name)
+        return {r["source_location"]: int(r["source_log_seq_nr"]) for r in rows}
+
+    async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None:
+        """A target read after ``log_seq_nr``: it has stored everything of this log up to there."""
+        async with self._home() as conn:
+            await conn.execute(self.sql.save_target_progress, log_name, target_location, log_seq_nr)
+
+    async def target_progress(self, log_name: str) -> dict[str, int]:
+        async with self._home() as conn:
+            rows = await conn.fetch(self.sql.target_progress, log_name)
+        return {r["target_location"]: int(r["log_seq_nr"]) for r in rows}
+
+    async def reserve_positions(self, log_name: str, at_least: int) -> None:
+        """Make the log's next position greater than ``at_least`` (disaster recovery: peers may
+        have read this location's old log that far)."""
+        async with self._home() as conn:
+            await conn.execute(self.sql.reserve, log_name, at_least)
+
+    async def recovering(self, log_names: Sequence[str]) -> bool:
+        """Is one of these logs flagged as recovering (a recovery began and has not completed)?"""
+        async with self._home() as conn:
+            return bool(await conn.fetchval(self.sql.recovering, list(log_names)))
+
+    async def begin_recovery(self, log_names: Sequence[str]) -> None:
+        """Flag the logs as recovering and install the recovery guard, on every other database
+        first (local writes refused everywhere), then at home."""
+        for p in await self.places.others():
+            await p.flag_recovering(log_names, home=False)
+        await self.places.home.flag_recovering(log_names, home=True)
+
+    async def end_recovery(self, log_names: Sequence[str]) -> None:
+        """Clear the logs' recovering flags; drop each guard when no log is recovering there."""
+        await self.places.home.unflag_recovering(log_names, home=True)
+        for p in await self.places.others():
+            await p.unflag_recovering(log_names, home=False)
+
+    async def guard_installed(self) -> bool:
+        others = [await p.guard_installed() for p in await self.places.others()]
+        return await self.places.home.guard_installed() and all(others)
+
+    # -- writing: under the home lock ---------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _held(self, log_name: str) -> AsyncIterator[_Held]:
+        """Transaction H on the home log row, repaired first; the position and version vector
+        the block leaves are saved in H, which commits after the block (and its parts)."""
+        home = self.places.home
+        try:
+            async with (
+                self._writers.setdefault(log_name, asyncio.Lock()),
+                home.connection() as conn,
+                conn.transaction(),
+            ):
+                head = await log_head(conn, self.sql.lock_log, log_name)
+                saved = (int(head["log_seq_nr"]), vector_time_of(head["version_vector"]))
+                held = _Held(conn, saved[0], saved[1], bool(head["recovering"]))
+                await self._adopt(log_name, held)
+                yield held
+                if (held.pos, held.vv) != saved:
+                    await conn.execute(self.sql.save_log, log_name, held.pos, dump_vt(held.vv))
+        except SliceRangeMoved:
+            await self.places.moved()  # the next attempt writes where the slices are now
+            raise
+
+    async def _adopt(self, log_name: str, held: _Held) -> None:
+        """The repair: events committed past the home position by a writer whose H did not
+        commit become the log's (every database must answer, or nothing is handed out)."""
+        found = await asyncio.gather(*(p.above(log_name, held.pos) for p in await self.places.apart()))
+        top = max((t for t, _ in found), default=0)
+        if top > held.pos:
+            held.pos = top
+            for _, vts in found:
+                for vt in vts:
+                    held.vv = held.vv.merge(vt)
 
     async def stamp(self, log_name: str, limit: int = STAMP_LIMIT) -> int:
         """Give local events not yet in the log (written by the plain journal) their position,
@@ -280,75 +235,43 @@ class PostgresReplicationStore:
         peers have read of this location, and its version vector does not yet hold what the
         location had; local events written before or during the recovery are stamped after it,
         at new positions, with a vector time that covers everything recovered."""
-        async with self.connection() as conn, conn.transaction():
-            head = await log_head(conn, self.sql.lock_log, log_name)
-            if head["recovering"]:
+        async with self._held(log_name) as held:
+            return 0 if held.recovering else await self._stamp_locked(log_name, held, limit)
+
+    async def _stamp_locked(self, log_name: str, held: _Held, limit: int) -> int:
+        """:meth:`stamp` under H: how many (``held`` moves past them once every part committed)."""
+        async with contextlib.AsyncExitStack() as stack:
+            found: list[tuple[Any, ReplicationPart, Any]] = []
+            for part in await self.places.writing():
+                conn = await stack.enter_async_context(self.places.within(held.conn, part, replicated=False))
+                found.extend((r, part, conn) for r in await part.unstamped(conn, log_name, limit))
+            found.sort(key=lambda f: (f[0]["db_timestamp"], f[0]["seq_nr"], f[0]["persistence_id"]))
+            found = found[:limit]
+            if not found:
                 return 0
-            pos, vv = int(head["log_seq_nr"]), vector_time_of(head["version_vector"])
-            n, _, _ = await self._stamp_locked(conn, log_name, pos, vv, limit)
-            return n
-
-    async def _stamp_locked(
-        self, conn: Any, log_name: str, pos: int, vv: VectorTime, limit: int
-    ) -> tuple[int, int, VectorTime]:
-        """:meth:`stamp` under the log row lock the caller holds, from the log's position and
-        version vector: how many, and the position and version vector after them."""
-        rows = await conn.fetch(self.sql.unstamped(log_name), limit)
-        if not rows:
-            return 0, pos, vv
-        # never reuse a position of ours that the log (after a disaster recovery) has seen
-        pos = max(pos, vv.get(self.location, 0))
-        stamped = []
-        for r in rows:
-            pos += 1
-            vv = vv.with_entry(self.location, pos)
-            stamped.append((r["persistence_id"], r["seq_nr"], pos, vv))
-        await conn.execute(self.sql.stamp, *stamp_columns(self.location, stamped))
-        await conn.execute(self.sql.save_log, log_name, pos, dump_vt(vv))
-        return len(rows), pos, vv
-
-    async def read_log(self, log_name: str, after: int, limit: int) -> tuple[list[ReplicatedEvent], int]:
-        """Events of the log after position ``after`` in log order, and the last position
-        scanned (``after`` when none)."""
-        async with self.connection() as conn:
-            rows = await conn.fetch(self.sql.read_log, log_name, after, limit)
-        return events_of(rows), (int(rows[-1]["log_seq_nr"]) if rows else after)
-
-    async def read_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[ReplicatedEvent]:
-        """The log's events with these identities (origin location, origin seq nr), in log order."""
-        async with self.connection() as conn:
-            rows = await conn.fetch(self.sql.read_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
-        return events_of(rows)
-
-    async def missing_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
-        """Those of ``ids`` this location has not stored (in the order given)."""
-        if not ids:
-            return []
-        async with self.connection() as conn:
-            stored = await stored_ids(conn, self.sql, log_name, ids)
-        return [i for i in ids if i not in stored]
-
-    async def progress(self, log_name: str, source_location: str) -> int:
-        async with self.connection() as conn:
-            v = await conn.fetchval(self.sql.progress, log_name, source_location)
-        return 0 if v is None else int(v)
-
-    async def all_progress(self, log_name: str) -> dict[str, int]:
-        async with self.connection() as conn:
-            rows = await conn.fetch(self.sql.all_progress, log_name)
-        return {r["source_location"]: int(r["source_log_seq_nr"]) for r in rows}
+            # never reuse a position of ours that the log (after a disaster recovery) has seen
+            pos, vv = max(held.pos, held.vv.get(self.location, 0)), held.vv
+            by_part: dict[int, tuple[ReplicationPart, Any, list[tuple[str, int, int, VectorTime]]]] = {}
+            for r, part, conn in found:
+                pos += 1
+                vv = vv.with_entry(self.location, pos)
+                by_part.setdefault(id(part), (part, conn, []))[2].append((r["persistence_id"], r["seq_nr"], pos, vv))
+            await asyncio.gather(*(p.stamp(c, rows) for p, c, rows in by_part.values()))
+        held.pos, held.vv = pos, vv  # every part committed
+        return len(found)
 
     async def write_replicated(
         self, log_name: str, source_location: str, events: Sequence[ReplicatedEvent], last_scanned: int
     ) -> WriteOutcome:
         """Write a batch from ``source_location`` in its order and store the progress, in one
-        transaction, dropping every event this location already stored.
+        transaction (H; and each part's, committed before it), dropping every event this
+        location already stored.
 
         An event is dropped by its exact identity (origin location, origin seq nr), never
         because the log's version vector covers it: a filter on one path can keep an event from
         this location while a later event of the same origin arrives, and the event must still be
         stored when it comes by another path. The version vector merges only stored events. The
-        stored events go in with one statement (:mod:`.replicated_insert`).
+        stored events go in with one statement per database (:mod:`.replicated_insert`).
 
         A local write to one of the batch's pids that commits first takes the sequence number
         the batch computed; the batch is then written again at once (a few times at most, then
@@ -361,110 +284,83 @@ class PostgresReplicationStore:
         self, log_name: str, source_location: str, batch: WriteBatch, events: Sequence[ReplicatedEvent],
         last_scanned: int,
     ) -> WriteOutcome:  # fmt: skip
-        async with self.connection() as conn, conn.transaction():
-            # this transaction's rows pass the recovery guard and the timestamp rule trigger (if any)
-            await conn.execute(f"{recovery_guard.MARK_REPLICATED_SQL}; {MARK_WRITER_LOCAL_SQL}")
-            head = await log_head(conn, self.sql.lock_log, log_name)
-            pos, vv = int(head["log_seq_nr"]), vector_time_of(head["version_vector"])
-            while not head["recovering"]:
-                # local events committed before this batch are stamped first: their vector times
-                # never cover what arrives now, which their writers cannot have seen
-                n, pos, vv = await self._stamp_locked(conn, log_name, pos, vv, STAMP_LIMIT)
-                if n < STAMP_LIMIT:
-                    break
-            new = await self._not_stored(conn, log_name, events)
+        async with self._held(log_name) as held:
+            while not held.recovering and await self._stamp_locked(log_name, held, STAMP_LIMIT) == STAMP_LIMIT:
+                pass  # local events committed before this batch are stamped first (their vector
+                # times never cover what arrives now, which their writers cannot have seen)
+            ids = [e.event_id for e in events]
+            new = not_in(events, await self.places.stored(held.conn, log_name, ids)) if ids else []
             if new:
-                stored = [events[i] for i in new]
-                positions = list(range(pos + 1, pos + 1 + len(stored)))
-                await self.insert(conn, log_name, batch.select(new), stored, positions)
-                pos, vv = positions[-1], merged(vv, stored)
-                await conn.execute(self.sql.save_log, log_name, pos, dump_vt(vv))
-            await conn.execute(self.sql.save_progress, log_name, source_location, last_scanned)
+                await self._insert(log_name, batch, events, new, held)
+            await held.conn.execute(self.sql.save_progress, log_name, source_location, last_scanned)
         return WriteOutcome(written=len(new), dropped=len(events) - len(new), progress=last_scanned)
 
-    async def _not_stored(self, conn: Any, log_name: str, events: Sequence[ReplicatedEvent]) -> list[int]:
-        """The positions of the events not stored here yet, each once (a batch never repeats
-        one; be safe)."""
-        if not events:
-            return []
-        return not_in(events, await stored_ids(conn, self.sql, log_name, [e.event_id for e in events]))
-
-    async def insert(
-        self, conn: Any, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], positions: Sequence[int]
+    async def _insert(
+        self, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], new: list[int], held: _Held
     ) -> None:
-        """The events (``batch``, checked, and the events it was made of) at these log
-        positions, in one statement."""
-        b = self.backend
-        tagged = any(batch.tags)
-        metas = batch.metadata
-        params: list[Any] = [
-            batch.persistence_ids, batch.slices, batch.ser_ids, batch.manifests, batch.payloads,
-            [orjson.dumps(list(t)).decode() if t else None for t in batch.tags],
-            [m.ser_id if m else None for m in metas], [m.manifest if m else None for m in metas],
-            [m.payload if m else None for m in metas],
-            [e.origin_location for e in events], [e.origin_seq_nr for e in events],
-            [dump_vt(e.vector_time) for e in events], positions, log_name, b.writer_id, b.conns.epoch,
-        ]  # fmt: skip
-        notify = b.settings.write.notify
-        if notify:
-            params.append(sorted(notify_groups(set(batch.slices), repeat(log_name))))
-        if tagged:
-            params.append(bucket_millis(b.settings.tags.bucket_size))
-        await conn.fetchrow(self.sql.insert(notify=notify, tagged=tagged), *params)
+        """The batch's new events at the next positions, in batch order, each in its slice's
+        database: every part's statement first, then the commits."""
+        position = {i: held.pos + 1 + k for k, i in enumerate(new)}
+        async with contextlib.AsyncExitStack() as stack:
+            work = []
+            for part, idx in await self.places.placed(log_name, batch.slices, new):
+                conn = await stack.enter_async_context(self.places.within(held.conn, part, replicated=True))
+                work.append(
+                    part.insert(conn, log_name, batch.select(idx), [events[i] for i in idx], [position[i] for i in idx])
+                )
+            await asyncio.gather(*work)
+        held.pos, held.vv = held.pos + len(new), merged(held.vv, [events[i] for i in new])
 
-    async def begin_recovery(self, log_names: Sequence[str]) -> None:
-        """Flag the logs as recovering and install the recovery guard: from its commit on, every
-        local write to them, by any process or writer, is refused (:mod:`.recovery_guard`)."""
-        async with self.connection() as conn, conn.transaction():
-            for name in log_names:
-                await conn.execute(self.sql.set_recovering, name, True)
-            await conn.execute(recovery_guard.install_sql(self.backend.settings.schema))
+    # -- reading: up to the committed position ------------------------------------------------
 
-    async def end_recovery(self, log_names: Sequence[str]) -> None:
-        """Clear the logs' recovering flags; drop the guard when no log is recovering any more."""
-        async with self.connection() as conn, conn.transaction():
-            for name in log_names:
-                await conn.execute(self.sql.set_recovering, name, False)
-            if not await conn.fetchval(self.sql.any_recovering):
-                await conn.execute(recovery_guard.remove_sql(self.backend.settings.schema))
+    async def _upto(self, log_name: str) -> int | None:
+        return await self.log_seq_nr(log_name) if self.places.bounded else None
 
-    async def recovering(self, log_names: Sequence[str]) -> bool:
-        """Is one of these logs flagged as recovering (a recovery began and has not completed)?"""
-        async with self.connection() as conn:
-            return bool(await conn.fetchval(self.sql.recovering, list(log_names)))
+    async def read_log(self, log_name: str, after: int, limit: int) -> tuple[list[ReplicatedEvent], int]:
+        """Events of the log after position ``after`` in log order, and the last position
+        scanned (``after`` when none)."""
+        upto = await self._upto(log_name)
+        if upto is not None and upto <= after:
+            return [], after
+        got = await self.places.serving("read log", lambda p: p.read_log(log_name, after, upto, limit))
+        rows = list(heapq.merge(*got, key=lambda r: int(r["log_seq_nr"])))[:limit]
+        return events_of(rows), (int(rows[-1]["log_seq_nr"]) if rows else after)
 
-    async def guard_installed(self) -> bool:
-        schema = self.backend.settings.schema
-        async with self.connection() as conn:
-            found = await conn.fetchval(
-                recovery_guard.INSTALLED_SQL, f'"{schema}".event_journal', recovery_guard.TRIGGER
-            )
-        return bool(found)
+    async def read_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[ReplicatedEvent]:
+        """The log's events with these identities (origin location, origin seq nr), in log order."""
+        upto = await self._upto(log_name)
+        got = await self.places.serving("read ids", lambda p: p.read_ids(log_name, ids, upto))
+        return events_of(list(heapq.merge(*got, key=lambda r: int(r["log_seq_nr"]))))
 
-    async def record_target_progress(self, log_name: str, target_location: str, log_seq_nr: int) -> None:
-        """A target read after ``log_seq_nr``: it has stored everything of this log up to there."""
-        async with self.connection() as conn:
-            await conn.execute(self.sql.save_target_progress, log_name, target_location, log_seq_nr)
+    async def missing_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Those of ``ids`` this location has not stored (in the order given)."""
+        if not ids:
+            return []
+        stored = await self.places.stored(None, log_name, ids)
+        return [i for i in ids if i not in stored]
 
-    async def target_progress(self, log_name: str) -> dict[str, int]:
-        async with self.connection() as conn:
-            rows = await conn.fetch(self.sql.target_progress, log_name)
-        return {r["target_location"]: int(r["log_seq_nr"]) for r in rows}
+    async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]:
+        """Every event id of the log with how many times it is stored (for checks and status)."""
+        out: dict[tuple[str, int], int] = {}
+        for got in await self.places.serving("event ids", lambda p: p.event_ids(log_name)):
+            for k, n in got.items():
+                out[k] = out.get(k, 0) + n
+        return out
 
-    async def reserve_positions(self, log_name: str, at_least: int) -> None:
-        """Make the log's next position greater than ``at_least`` (disaster recovery: peers may
-        have read this location's old log that far)."""
-        async with self.connection() as conn:
-            await conn.execute(self.sql.reserve, log_name, at_least)
+    async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]:
+        """A pid's stamped events in local order: payload, origin location and seq nr, vector time."""
+        return await self.places.on_owner(persistence_id, "entity events", lambda p: p.entity_events(persistence_id))
+
+    # -- deleting: where the events are -------------------------------------------------------
 
     async def delete_logically(self, log_name: str, to_log_seq_nr: int) -> int:
         """Mark the log's events up to ``to_log_seq_nr`` deleted: local reads (slice queries,
         entities) skip them, replication still sends them. Returns the position actually applied
-        (no further than the log's current position)."""
-        async with self.connection() as conn, conn.transaction():
-            head = await log_head(conn, self.sql.lock_log, log_name)
-            applied = min(to_log_seq_nr, int(head["log_seq_nr"]))
-            await conn.execute(self.sql.delete_logically, log_name, applied)
+        (no further than the log's committed position; refused while a range of it moves)."""
+        async with self._home() as conn:
+            head = await log_head(conn, self.sql.log_row, log_name)
+        applied = min(to_log_seq_nr, int(head["log_seq_nr"]))
+        await self.places.serving("delete", lambda p: p.delete(log_name, applied, physically=False))
         return applied
 
     async def delete_physically(self, log_name: str, to_log_seq_nr: int, replicated_to: Sequence[str]) -> int:
@@ -474,35 +370,20 @@ class PostgresReplicationStore:
         progress = await self.target_progress(log_name)
         bound = min([to_log_seq_nr, *(progress.get(t, 0) for t in replicated_to)])
         if bound > 0:
-            async with self.connection() as conn:
-                await conn.execute(self.sql.delete_physically, log_name, bound)
+            await self.places.serving("delete", lambda p: p.delete(log_name, bound, physically=True))
         return max(bound, 0)
 
     async def delete_invalid_snapshots(self, log_name: str) -> int:
         """Delete snapshots of the log's entities that cover events this location no longer has."""
-        async with self.connection() as conn:
-            status = await conn.execute(self.sql.delete_invalid_snapshots, log_name)
-        return int(status.split()[-1])
+        return sum(await self.places.serving("delete snapshots", lambda p: p.delete_invalid_snapshots(log_name)))
 
-    async def entity_events(self, persistence_id: str) -> list[tuple[Serialized, str, int, VectorTime]]:
-        """A pid's stamped events in local order: payload, origin location and seq nr, vector time."""
-        async with self.connection() as conn:
-            rows = await conn.fetch(self.sql.entity_events, persistence_id)
-        return [
-            (
-                Serialized(r[0], r[1], bytes(r[2])),
-                r["origin_location"],
-                int(r["origin_seq_nr"]),
-                vector_time_of(r["vector_time"]),
-            )
-            for r in rows
-        ]
 
-    async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]:
-        """Every event id of the log with how many times it is stored (for checks and status)."""
-        async with self.connection() as conn:
-            rows = await conn.fetch(self.sql.event_ids, log_name)
-        return {(r["origin_location"], int(r["origin_seq_nr"])): int(r["n"]) for r in rows}
+class PostgresReplicationStore(ReplicationLogs):
+    """The replicated logs of one location in one journal database."""
+
+    def __init__(self, backend: PostgresWrites, location: str) -> None:
+        super().__init__(OneDatabase(backend, location), location)
+        self.backend = backend
 
 
 async def racing_local_writes(
@@ -522,24 +403,6 @@ async def racing_local_writes(
                     f"a replicated batch of {log_name!r} kept racing local writes: {e}",
                 ) from e  # fmt: skip
     raise AssertionError("unreachable")
-
-
-async def stored_ids(
-    conn: Any, sql: ReplicationStatements, log_name: str, ids: Sequence[tuple[str, int]]
-) -> set[tuple[str, int]]:
-    """Those of ``ids`` (origin location, origin seq nr) stored in this database's log."""
-    rows = await conn.fetch(sql.stored_ids, log_name, [i[0] for i in ids], [i[1] for i in ids])
-    return {(r["origin"], int(r["origin_seq"])) for r in rows}
-
-
-def stamp_columns(location: str, rows: Sequence[tuple[str, int, int, VectorTime]]) -> list[list[Any]]:
-    """The parameters of :attr:`ReplicationStatements.stamp` for local events (pid, seq nr,
-    position, vector time) stamped as ``location``'s."""
-    cols: list[list[Any]] = [[], [], [], [], [], []]
-    for pid, seq_nr, pos, vt in rows:
-        for col, v in zip(cols, (pid, seq_nr, location, pos, dump_vt(vt), pos), strict=True):
-            col.append(v)
-    return cols
 
 
 def not_in(events: Sequence[ReplicatedEvent], stored: set[tuple[str, int]]) -> list[int]:
