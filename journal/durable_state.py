@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from .backend import DurableStateStore, StateRow, StoredState
 from .backend import StateOutcome as RowOutcome
 from .envelope import EventEnvelope
-from .errors import InvalidArgument, JournalError, RevisionConflict, SerializationError
+from .errors import InvalidArgument, JournalError, JournalUnavailable, RevisionConflict, SerializationError
 from .ids import (
     entity_type_of,
     slice_for,
@@ -162,8 +162,10 @@ class DurableState:
             SerializationError: the value cannot be serialized (nothing sent).
             SubjectForgotten: the journal encrypts and the pid's subject was forgotten (nothing sent).
             RevisionConflict: the pid is not at ``revision - 1`` (1: it has a row); nothing written.
-            JournalUnavailable: the database could not be reached; ``outcome_unknown``: the upsert
-                was sent and may have been written (:meth:`get` tells).
+            JournalUnavailable: the database could not be reached. An upsert whose answer was
+                lost is read back: written (returned), a RevisionConflict, or known not written
+                (``outcome_unknown`` False: upsert it again); ``outcome_unknown`` True only when
+                that cannot be told (docs/durable-state.md).
         """
         if self._serializers.keyed:  # held until sealed (in _row)
             _held = await self._serializers.load_write_keys((validate_persistence_id(persistence_id),))
@@ -268,12 +270,7 @@ class DurableState:
                     await self._changed(conn, _change(row, value, answer))
 
         answers = await self._store.upsert_states(rows, in_transaction if watched else None)
-        return [
-            StateWritten(r.persistence_id, r.revision, a)
-            if isinstance(a, datetime)
-            else RevisionConflict(r.persistence_id, r.revision, a)
-            for r, a in zip(rows, answers, strict=True)
-        ]
+        return [_outcome(r, a) for r, a in zip(rows, answers, strict=True)]
 
     async def _changed(self, conn: Any, change: StateChange) -> None:
         to_event = self._events.get(change.entity_type)
@@ -326,6 +323,14 @@ def _part(i: int, part: object) -> StateWrite:
             f"part {i}: a StateWrite or a (persistence_id, revision, value[, tags]) tuple, got {part!r}"
         )
     return StateWrite(*part)
+
+
+def _outcome(row: StateRow, answer: RowOutcome) -> StateOutcome:
+    if isinstance(answer, datetime):
+        return StateWritten(row.persistence_id, row.revision, answer)
+    if isinstance(answer, JournalUnavailable):  # an answer lost, resolved as known not written
+        return answer
+    return RevisionConflict(row.persistence_id, row.revision, answer)
 
 
 def _change(row: StateRow, value: Any, db_timestamp: datetime) -> StateChange:

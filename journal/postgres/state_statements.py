@@ -81,6 +81,13 @@ SELECT d.db_timestamp AS ts, {settle("src")} AS settled
         self.revisions = f"SELECT persistence_id, revision FROM {ds} WHERE persistence_id = ANY($1::text[])"
         """The stored revision of each pid of a refused row (read after the statement: the revision
         a racing writer committed, which the statement's own snapshot may not show)."""
+        self.read_back = (
+            f"SELECT persistence_id, revision, db_timestamp, state_ser_id, state_ser_manifest, state_payload, tags"
+            f" FROM {ds} WHERE persistence_id = ANY($1::text[])"
+        )
+        """The rows of an upsert whose answer was lost, to resolve its outcome."""
+        self.busy = "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state IS DISTINCT FROM 'idle'"
+        """The server process of an interrupted upsert still runs it (or a transaction)."""
         self.get = (
             f"SELECT revision, db_timestamp, state_ser_id, state_ser_manifest, state_payload, tags"
             f" FROM {ds} WHERE persistence_id = $1"
