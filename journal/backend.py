@@ -609,6 +609,10 @@ class DurableStateStore(Protocol):
         when that cannot be done)."""
         ...
 
+    async def delete_tombstones(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Delete the tombstones (deleted states) written before ``before``; how many."""
+        ...
+
     async def hard_delete_state(self, persistence_id: str) -> bool:
         """Remove the pid's row (True: there was one)."""
         ...

@@ -209,6 +209,16 @@ class DurableState:
         rows = [self._row(w.persistence_id, w.revision, w.value, w.tags, f"part {i}: ") for i, w in enumerate(parts)]
         return await self._write(rows, [w.value for w in parts]) if rows else []
 
+    async def delete_tombstones(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Delete the tombstones (deleted states) written before ``before``, timezone-aware; how
+        many (``dry_run``: how many would be, deleting nothing). A pid whose tombstone is gone has
+        no row: its revisions start again at 1, and changes by slices do not deliver its delete
+        to a query that had not read it yet: pick ``before`` older than any follower's lag.
+        ``journal cleanup delete-state-tombstones`` runs it."""
+        if not isinstance(before, datetime) or before.tzinfo is None:
+            raise InvalidArgument(f"before must be a timezone-aware datetime, got {before!r}")
+        return await self._store.delete_tombstones(before, dry_run=dry_run)
+
     # -- changes by slices ----------------------------------------------------------------------
 
     def current_changes_by_slices(

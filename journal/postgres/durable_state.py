@@ -116,6 +116,22 @@ class PostgresDurableState(PostgresPart):
     def _failure(self, e: Exception) -> BaseException:
         return driver_error("durable state upsert", self.conns.target, e)
 
+    async def delete_tombstones(self, before: datetime, *, dry_run: bool = False, batch: int = 10_000) -> int:
+        """Delete the tombstones written before ``before``, ``batch`` at a time (each its own
+        transaction); how many (``dry_run``: how many would be)."""
+        if dry_run:
+            n: int = await self.conns.fetchval("durable state tombstones", self.statements.count_tombstones, before)
+            return n
+        deleted = 0
+        while True:
+            status = await self.conns.execute(
+                "durable state tombstones", self.statements.delete_tombstones, before, batch
+            )
+            n = int(status.rsplit(" ", 1)[1])
+            deleted += n
+            if n < batch:
+                return deleted
+
     async def hard_delete_state(self, persistence_id: str) -> bool:
         status = await self.conns.execute("durable state hard delete", self.statements.hard_delete, persistence_id)
         return status != "DELETE 0"
