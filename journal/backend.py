@@ -21,6 +21,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from .codec import KeyStore
+from .errors import JournalUnavailable
 from .serialization import Serialized
 from .transaction_slots import TransactionSlots
 from .write_batch import BatchResult, WriteBatch
@@ -597,9 +598,10 @@ class StoredState(NamedTuple):
     tags: tuple[str, ...]
 
 
-StateOutcome = datetime | int | None
+StateOutcome = datetime | int | None | JournalUnavailable
 """Per row of an upsert: its db_timestamp (written), else the revision found instead of the one
-before it (int; None: no row), and nothing of that row was written."""
+before it (int; None: no row), and nothing of that row was written; or, for an upsert whose
+answer was lost, a JournalUnavailable saying whether it is known not written."""
 
 
 class DurableStateStore(Protocol):
@@ -614,8 +616,13 @@ class DurableStateStore(Protocol):
     ) -> list[StateOutcome]:
         """Each row in one statement: revision 1 inserts, revision n updates only a row at n - 1.
         ``in_transaction(conn, outcomes)``: run after the statement in its transaction, on its
-        connection (what it raises rolls the rows back and propagates). Raises
-        JournalUnavailable(outcome_unknown=True) when the answer was lost."""
+        connection (what it raises rolls the rows back and propagates). An upsert whose answer
+        was lost is resolved from the rows read back (JournalUnavailable(outcome_unknown=True)
+        when that cannot be done)."""
+        ...
+
+    async def delete_tombstones(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Delete the tombstones (deleted states) written before ``before``; how many."""
         ...
 
     async def hard_delete_state(self, persistence_id: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from .backend import DurableStateStore, StateRow, StoredState
 from .backend import StateOutcome as RowOutcome
 from .envelope import EventEnvelope
-from .errors import InvalidArgument, JournalError, RevisionConflict, SerializationError
+from .errors import InvalidArgument, JournalError, JournalUnavailable, RevisionConflict, SerializationError
 from .ids import (
     entity_type_of,
     slice_for,
@@ -144,9 +144,14 @@ class DurableState:
             await self._queries.close()
 
     async def get(self, persistence_id: str) -> State | None:
-        """The pid's state and revision, or None when it has no row (never written, or hard deleted)."""
+        """The pid's state and revision, or None when it has no row (never written, or hard deleted).
+        The value of a forgotten subject's state is a :class:`~journal.codec.Forgotten`."""
         row = await self._store.get_state(validate_persistence_id(persistence_id))
-        return None if row is None else self._state(row)
+        if row is None:
+            return None
+        if self._serializers.keyed and row.state is not None:
+            _held = await self._serializers.load_keys([(row.persistence_id, row.state.ser_id)])
+        return self._state(row)
 
     async def upsert(self, persistence_id: str, revision: int, value: Any, *, tags: Sequence[str] = ()) -> StateWritten:
         """Store ``value`` as the pid's state at ``revision``.
@@ -155,17 +160,25 @@ class DurableState:
             InvalidArgument: a bad pid or tags, a revision below 1, a value over
                 ``write.max_event_bytes`` serialized (nothing sent).
             SerializationError: the value cannot be serialized (nothing sent).
+            SubjectForgotten: the journal encrypts and the pid's subject was forgotten (nothing sent).
             RevisionConflict: the pid is not at ``revision - 1`` (1: it has a row); nothing written.
-            JournalUnavailable: the database could not be reached; ``outcome_unknown``: the upsert
-                was sent and may have been written (:meth:`get` tells).
+            JournalUnavailable: the database could not be reached. An upsert whose answer was
+                lost is read back: written (returned), a RevisionConflict, or known not written
+                (``outcome_unknown`` False: upsert it again); ``outcome_unknown`` True only when
+                that cannot be told (docs/durable-state.md).
         """
+        if self._serializers.keyed:  # held until sealed (in _row)
+            _held = await self._serializers.load_write_keys((validate_persistence_id(persistence_id),))
         return _raised(await self._write([self._row(persistence_id, revision, value, tags, "")], [value]))
 
     async def delete(self, persistence_id: str, revision: int) -> StateWritten:
         """Delete the pid's state at ``revision`` (the next one after the stored): a tombstone row
         keeps the revision, so the pid's next write is ``revision + 1`` and changes by slices
         deliver the delete. Raises as :meth:`upsert`."""
-        return _raised(await self._write([self._row(persistence_id, revision, None, (), "")], [None]))
+        pid = validate_persistence_id(persistence_id)
+        if self._serializers.keyed and entity_type_of(pid) in self._events:  # the change event is sealed
+            _held = await self._serializers.load_write_keys((pid,))
+        return _raised(await self._write([self._row(pid, revision, None, (), "")], [None]))
 
     async def hard_delete(self, persistence_id: str) -> bool:
         """Remove the pid's row altogether (True: there was one). Its revisions start again at 1,
@@ -181,18 +194,30 @@ class DurableState:
         Raises (before anything is sent): InvalidArgument for a bad part or a pid in two parts,
         SerializationError for a value that cannot be serialized; the message names the part.
         """
-        parts = list(writes)
-        rows: list[StateRow] = []
-        values: list[Any] = []
+        parts = [_part(i, part) for i, part in enumerate(writes)]
         seen: set[str] = set()
-        for i, part in enumerate(parts):
-            write = _part(i, part)
-            if write.persistence_id in seen:
-                raise InvalidArgument(f"part {i}: {write.persistence_id!r} is in two parts of one upsert_many")
-            seen.add(write.persistence_id)
-            rows.append(self._row(write.persistence_id, write.revision, write.value, write.tags, f"part {i}: "))
-            values.append(write.value)
-        return await self._write(rows, values) if rows else []
+        for i, write in enumerate(parts):
+            try:
+                pid = validate_persistence_id(write.persistence_id)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"part {i}: {e}") from e
+            if pid in seen:
+                raise InvalidArgument(f"part {i}: {pid!r} is in two parts of one upsert_many")
+            seen.add(pid)
+        if self._serializers.keyed:  # held until sealed (in _row)
+            _held = await self._serializers.load_write_keys(seen)
+        rows = [self._row(w.persistence_id, w.revision, w.value, w.tags, f"part {i}: ") for i, w in enumerate(parts)]
+        return await self._write(rows, [w.value for w in parts]) if rows else []
+
+    async def delete_tombstones(self, before: datetime, *, dry_run: bool = False) -> int:
+        """Delete the tombstones (deleted states) written before ``before``, timezone-aware; how
+        many (``dry_run``: how many would be, deleting nothing). A pid whose tombstone is gone has
+        no row: its revisions start again at 1, and changes by slices do not deliver its delete
+        to a query that had not read it yet: pick ``before`` older than any follower's lag.
+        ``journal cleanup delete-state-tombstones`` runs it."""
+        if not isinstance(before, datetime) or before.tzinfo is None:
+            raise InvalidArgument(f"before must be a timezone-aware datetime, got {before!r}")
+        return await self._store.delete_tombstones(before, dry_run=dry_run)
 
     # -- changes by slices ----------------------------------------------------------------------
 
@@ -255,12 +280,7 @@ class DurableState:
                     await self._changed(conn, _change(row, value, answer))
 
         answers = await self._store.upsert_states(rows, in_transaction if watched else None)
-        return [
-            StateWritten(r.persistence_id, r.revision, a)
-            if isinstance(a, datetime)
-            else RevisionConflict(r.persistence_id, r.revision, a)
-            for r, a in zip(rows, answers, strict=True)
-        ]
+        return [_outcome(r, a) for r, a in zip(rows, answers, strict=True)]
 
     async def _changed(self, conn: Any, change: StateChange) -> None:
         to_event = self._events.get(change.entity_type)
@@ -277,7 +297,7 @@ class DurableState:
             clean_tags = validate_tags(tags)
             ser = None
             if value is not None:
-                ser = self._serializers.serialize(value, what=f"state of {pid!r}")
+                ser = self._serializers.serialize(value, what=f"state of {pid!r}", pid=pid)  # sealed by a codec
                 if ser.ser_id == 0:
                     raise SerializationError(f"serializer id 0 marks a deleted state: {pid!r} needs another")
                 if len(ser.payload) > self._max_bytes:
@@ -313,6 +333,14 @@ def _part(i: int, part: object) -> StateWrite:
             f"part {i}: a StateWrite or a (persistence_id, revision, value[, tags]) tuple, got {part!r}"
         )
     return StateWrite(*part)
+
+
+def _outcome(row: StateRow, answer: RowOutcome) -> StateOutcome:
+    if isinstance(answer, datetime):
+        return StateWritten(row.persistence_id, row.revision, answer)
+    if isinstance(answer, JournalUnavailable):  # an answer lost, resolved as known not written
+        return answer
+    return RevisionConflict(row.persistence_id, row.revision, answer)
 
 
 def _change(row: StateRow, value: Any, db_timestamp: datetime) -> StateChange:

@@ -588,14 +588,8 @@ class Journal:
         Raises:
             UnsupportedOperation: on Cassandra, or a partitioned journal (durable state needs
                 one PostgreSQL database).
-            ConfigurationError: ``codec.encrypt`` is on (state payloads are not encrypted yet).
         """
         store = self.backend.durable_state_store()
-        if self.settings.codec.encrypt:
-            raise ConfigurationError(
-                "durable state does not encrypt its payloads yet and codec.encrypt is on: "
-                "its states would be stored in the clear"
-            )
         if self._durable_state is None:
             self._durable_state = DurableState(store, self.serializers, self.settings, self.backend.write_on)
         return self._durable_state

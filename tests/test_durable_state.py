@@ -11,7 +11,6 @@ import asyncpg
 import pytest
 
 from journal import (
-    ConfigurationError,
     DurableState,
     InvalidArgument,
     Journal,
@@ -219,11 +218,3 @@ async def test_durable_state_needs_postgresql() -> None:
     backend = CassandraBackend(["127.0.0.1"], 9042, "ks", settings, lambda s: TagWriters(s, settings.tags))
     with pytest.raises(UnsupportedOperation, match="durable state needs PostgreSQL"):
         Journal(backend, settings).durable_state()
-
-
-async def test_encrypted_journal_refuses_the_store_rather_than_store_states_in_the_clear(dsn: str) -> None:
-    await truncate_all(dsn)
-    settings = JournalSettings.load(env={}, dsn=dsn, encrypt=True)
-    async with open_journal(dsn, settings=settings) as j:
-        with pytest.raises(ConfigurationError, match="does not encrypt its payloads yet"):
-            j.durable_state()

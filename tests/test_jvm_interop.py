@@ -540,3 +540,45 @@ async def test_jvm_projection_takes_over_a_python_projection(jvm: jvm_driver.Jvm
     got = Counter((r[0], r[1]) for r in rows)
     assert set(got) == batch2 | {(f"{TYPE}|u-marker", 1)}, "nothing of batch 1 again, nothing of batch 2 missed"
     assert max(got.values()) == 1
+
+
+# -- durable state, both ways ------------------------------------------------------------------
+
+STATE_TYPE = "JvmProfile"
+
+
+async def test_durable_state_crosses_both_ways_with_its_revisions(jvm: jvm_driver.Jvm, pyj: Journal) -> None:
+    """The plugin's R2dbcDurableStateStore and ``journal.durable_state()`` on one ``durable_state``
+    table: a JVM state is read here and its revision continued, a state upserted here is read by
+    the JVM's getObject and continued there, and each side's changes by slices see the other's."""
+    store = pyj.durable_state()
+    pid = f"{STATE_TYPE}|a"
+    for rev in (1, 2):
+        jvm.run("state-upsert", pid=pid, revision=rev, value=f'{{"writer":"jvm","rev":{rev}}}')
+    got = await store.get(pid)
+    assert got is not None and (got.revision, got.value, got.deleted) == (2, {"writer": "jvm", "rev": 2}, False)
+    await store.upsert(pid, 3, {"writer": "python", "rev": 3})
+    [seen] = jvm.run("state-get", pid=pid)
+    assert (seen["revision"], seen["value"]) == (3, {"writer": "python", "rev": 3})
+    jvm.run("state-upsert", pid=pid, revision=4, value='{"writer":"jvm","rev":4}')  # the JVM continues ours
+    with pytest.raises(jvm_driver.JvmError):  # and the plugin refuses a revision Python already wrote
+        jvm.run("state-upsert", pid=pid, revision=4, value='{"writer":"jvm","rev":"again"}')
+    got = await store.get(pid)
+    assert got is not None and (got.revision, got.value) == (4, {"writer": "jvm", "rev": 4})
+
+    py_pids = [f"{STATE_TYPE}|py-{i}" for i in range(5)]
+    await store.upsert_many([(p, 1, {"writer": "python", "i": i}) for i, p in enumerate(py_pids)])
+    await store.upsert(py_pids[0], 2, {"writer": "python", "i": 0, "rev": 2})
+    await store.delete(py_pids[1], 2)
+    [gone] = jvm.run("state-get", pid=py_pids[1])
+    assert (gone["revision"], gone["value"]) == (2, None), "the plugin reads our tombstone as a deleted state"
+
+    by_jvm = jvm.run("state-changes", **{"entity-type": STATE_TYPE})
+    assert by_jvm[-1] == {"done": 6}
+    changes = {x["pid"]: x for x in by_jvm[:-1]}
+    assert set(changes) == {pid, *py_pids}, "the plugin's changes by slices: each pid once, at its latest revision"
+    assert (changes[pid]["revision"], changes[py_pids[0]]["revision"]) == (4, 2)
+    assert changes[py_pids[0]]["value"] == {"writer": "python", "i": 0, "rev": 2}
+    assert changes[py_pids[1]] == {"pid": py_pids[1], "revision": 2, "deleted": True}
+    ours = [c async for c in store.current_changes_by_slices(STATE_TYPE, 0, 1023, mode="backtracking")]
+    assert {(c.persistence_id, c.revision) for c in ours} == {(p, x["revision"]) for p, x in changes.items()}

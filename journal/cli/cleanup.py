@@ -1,9 +1,11 @@
-"""``journal cleanup delete-all|delete-snapshots|delete-before-snapshot PID... [--pids-from FILE]``."""
+"""``journal cleanup delete-all|delete-snapshots|delete-before-snapshot PID... [--pids-from FILE]`` and
+``journal cleanup delete-state-tombstones --before TIME``."""
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import nullcontext
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +17,8 @@ from . import app
 from .common import DatabasesOption, DataDirOption, SchemaOption, settings_from
 
 cleanup_app = typer.Typer(
-    help="Delete events, tag rows and snapshots of given persistence ids (entities must not be running). "
+    help="Delete events, tag rows and snapshots of given persistence ids (entities must not be running), "
+    "or old durable state tombstones. "
     "Every step is idempotent: re-run an interrupted cleanup to finish it.",
     no_args_is_help=True,
 )
@@ -199,3 +202,40 @@ def delete_before_snapshot(
         CleanupAction.DELETE_BEFORE_SNAPSHOT, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose,
         databases=databases,
     )  # fmt: skip
+
+
+def _before(text: str) -> datetime:
+    try:
+        before = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(f"--before: not an ISO 8601 time: {text!r} (e.g. 2026-11-01T00:00:00+00:00)") from None
+    if before.tzinfo is None:
+        raise InvalidArgument(f"--before: give a timezone (e.g. {text}+00:00 or {text}Z): {text!r} has none")
+    return before
+
+
+@cleanup_app.command("delete-state-tombstones")
+def delete_state_tombstones(
+    before: Annotated[
+        str,
+        typer.Option("--before", help="Delete the tombstones written before this time (ISO 8601 with a timezone)."),
+    ],
+    dsn: TargetOption = None,
+    schema: SchemaOption = None,
+    data_dir: DataDirOption = None,
+    dry_run: DryRunOption = False,
+) -> None:
+    """Delete the durable state tombstones (deleted states) written before --before. Their pids
+    have no row afterwards (revisions start again at 1), and a changes-by-slices query that had
+    not read a delete yet never sees it: pick a time older than any projection's lag."""
+    from ..journal import open_journal
+
+    cutoff = _before(before)
+    settings = settings_from(schema, data_dir, None)
+
+    async def go() -> int:
+        async with open_journal(dsn, settings=settings) as journal:
+            return await journal.durable_state().delete_tombstones(cutoff, dry_run=dry_run)
+
+    n = asyncio.run(go())
+    typer.echo(f"{'would delete' if dry_run else 'deleted'} {n} durable state tombstones written before {cutoff}")

@@ -106,8 +106,8 @@ def info(
     data_dir: DataDirOption = None,
     databases: DatabasesOption = None,
 ) -> None:
-    """Server version, schema revision and event counts per entity type (of each database, and
-    the slices it serves, when the journal has several)."""
+    """Server version, schema revision, event counts per entity type and durable state rows (of
+    each database, and the slices it serves, when the journal has several)."""
     from ..backends import open_backend
     from ..postgres import schema_migrations
 
@@ -142,6 +142,9 @@ def info(
         typer.echo(f"events:          {sum(events.values())}")
         for et, n in events.items():
             typer.echo(f"  {et or '(none: pids without an entity type)':<20} {n}")
+        states = d.get("durable_state")
+        if states is not None:
+            typer.echo(f"durable states:  {states['states']} ({states['tombstones']} of them deleted: tombstones)")
     if isinstance(reports, list):
         typer.echo(f"map epoch:       {data['epoch']}; home database {data['home']}")
         down = [str(d["database"]) for d in reports if "error" in d]

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -15,6 +17,8 @@ from .connections import PostgresConnections, PostgresPart
 from .errors import cause_of, driver_error, is_transient, mapped_errors
 from .slice_reader import PostgresSliceReader
 from .state_statements import STATES, StateStatements
+
+log = logging.getLogger(__name__)
 
 TOMBSTONE_SER_ID = 0
 """``state_ser_id`` of a deleted state's row, as the plugin writes it (empty payload, manifest '')."""
@@ -53,6 +57,7 @@ class PostgresDurableState(PostgresPart):
         params = _params(rows, self.conns.epoch)
         with mapped_errors("durable state upsert", self.conns.target):  # nothing sent yet
             conn = await self.pool.acquire()
+        server_pid = conn.get_server_pid()
         try:
             if in_transaction is None:
                 return await self._upsert(conn, rows, params)
@@ -61,6 +66,9 @@ class PostgresDurableState(PostgresPart):
                 await in_transaction(conn, out)
                 return out
         except Exception as e:
+            if is_transient(e) or conn.is_closed():  # sent, maybe committed: read back what happened
+                log.warning("durable state upsert interrupted (%s), resolving its outcome", e)
+                return await self._resolve(rows, server_pid, e)
             error = self._failure(e)
             if error is e:  # the library's own errors, a handler's
                 raise
@@ -79,18 +87,85 @@ class PostgresDurableState(PostgresPart):
                 out[i] = found.get(rows[i].persistence_id)
         return out
 
-    def _failure(self, e: Exception) -> BaseException:
-        if is_transient(e):  # sent, maybe committed: never guessed
-            return JournalUnavailable(
-                f"durable state upsert: {self.conns.target} unavailable ({cause_of(e)}); "
-                "it may or may not be written: get the state to see its revision",
+    async def _resolve(self, rows: Sequence[StateRow], server_pid: int, cause: Exception) -> list[StateOutcome]:
+        """The outcome of each row of an upsert whose answer was lost, from the rows read back
+        once its server process has settled (its transaction is then final): see :func:`_resolved`."""
+        pids = [r.persistence_id for r in rows]
+        try:
+            await self.conns.run("durable state resolve", lambda c: self._settle(c, server_pid))
+            found = await self.conns.fetch("durable state resolve", self.statements.read_back, pids)
+        except JournalUnavailable as e:
+            raise JournalUnavailable(
+                f"durable state upsert: {self.conns.target} unavailable ({cause_of(cause)}) and its outcome "
+                f"could not be read back ({e}); it may or may not be written: get the state to see its revision",
                 outcome_unknown=True,
-            )
+            ) from cause
+        by_pid = {r["persistence_id"]: r for r in found}
+        return [_resolved(row, by_pid.get(row.persistence_id)) for row in rows]
+
+    async def _settle(self, conn: Any, server_pid: int, patience: float = 10.0) -> None:
+        """Wait until the interrupted upsert's server process is idle or gone. A process still
+        busy after ``patience`` (or a pid reused meanwhile) leaves the outcome unknown."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + patience
+        while await conn.fetchval(self.statements.busy, server_pid):
+            if loop.time() > deadline:
+                raise JournalUnavailable(f"its server process {server_pid} is still busy after {patience:g} s")
+            await asyncio.sleep(0.01)
+
+    def _failure(self, e: Exception) -> BaseException:
         return driver_error("durable state upsert", self.conns.target, e)
+
+    async def delete_tombstones(self, before: datetime, *, dry_run: bool = False, batch: int = 10_000) -> int:
+        """Delete the tombstones written before ``before``, ``batch`` at a time (each its own
+        transaction); how many (``dry_run``: how many would be)."""
+        if dry_run:
+            n: int = await self.conns.fetchval("durable state tombstones", self.statements.count_tombstones, before)
+            return n
+        deleted = 0
+        while True:
+            status = await self.conns.execute(
+                "durable state tombstones", self.statements.delete_tombstones, before, batch
+            )
+            n = int(status.rsplit(" ", 1)[1])
+            deleted += n
+            if n < batch:
+                return deleted
 
     async def hard_delete_state(self, persistence_id: str) -> bool:
         status = await self.conns.execute("durable state hard delete", self.statements.hard_delete, persistence_id)
         return status != "DELETE 0"
+
+
+def _resolved(row: StateRow, found: Any) -> StateOutcome:
+    """Decided by the revision read back: the row at ours with our payload and tags is ours
+    (written); at ours with another's, another writer took the revision (a conflict); at the one
+    before (none, for revision 1), ours is not written; below it (or none), ours was refused (a
+    conflict: revisions only grow). Above ours cannot be told apart from ours written and then
+    changed again, so it stays unknown. (A hard delete racing the upsert is outside this: it
+    removes what it would tell.)"""
+    pid, revision = row.persistence_id, row.revision
+    stored: int | None = None if found is None else found["revision"]
+    if stored == revision:
+        st = row.state
+        mine = (st.ser_id, st.manifest, st.payload) if st else (TOMBSTONE_SER_ID, "", b"")
+        theirs = (found["state_ser_id"], found["state_ser_manifest"] or "", bytes(found["state_payload"] or b""))
+        if mine == theirs and tuple(found["tags"] or ()) == row.tags:
+            written: datetime = found["db_timestamp"]
+            return written
+        return stored
+    if (stored is None and revision == 1) or stored == revision - 1:
+        return JournalUnavailable(
+            f"durable state upsert of {pid!r} at revision {revision}: its answer was lost and it is known "
+            "not written (the stored revision is the one before): upsert it again"
+        )
+    if stored is None or stored < revision:  # revisions only grow: ours was refused
+        return stored
+    return JournalUnavailable(
+        f"durable state upsert of {pid!r} at revision {revision}: its answer was lost and the stored revision "
+        f"{stored} cannot tell whether it was written (a later write may have followed it)",
+        outcome_unknown=True,
+    )
 
 
 def _params(rows: Sequence[StateRow], epoch: int) -> tuple[Any, ...]:

@@ -8,12 +8,14 @@ import asyncpg
 
 from ..backend import ManifestCount
 from .connections import PostgresPart
+from .state_statements import StateStatements
 
 
 class PostgresInfo(PostgresPart):
     async def info(self) -> dict[str, Any]:
-        """Server version, the schema's Alembic revision (None before migrations) and the event
-        count per entity type."""
+        """Server version, the schema's Alembic revision (None before migrations), the event
+        count per entity type and the ``durable_state`` rows (``states``, of which
+        ``tombstones``; None without the table)."""
 
         async def read(conn: Any) -> dict[str, Any]:
             version = await conn.fetchval(self.sql.server_version)
@@ -22,7 +24,12 @@ class PostgresInfo(PostgresPart):
                 rev = await conn.fetchval(self.sql.schema_revision)
             except asyncpg.exceptions.UndefinedTableError:
                 rev = None
-            return {"server_version": version, "schema_revision": rev, "events": {r[0]: r[1] for r in counts}}
+            try:
+                states = dict(await conn.fetchrow(StateStatements(self.settings.schema).counts))
+            except asyncpg.exceptions.UndefinedTableError:  # before migration 0011
+                states = None
+            events = {r[0]: r[1] for r in counts}
+            return {"server_version": version, "schema_revision": rev, "events": events, "durable_state": states}
 
         return await self.conns.run("info", read)
 

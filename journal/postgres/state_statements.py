@@ -81,10 +81,25 @@ SELECT d.db_timestamp AS ts, {settle("src")} AS settled
         self.revisions = f"SELECT persistence_id, revision FROM {ds} WHERE persistence_id = ANY($1::text[])"
         """The stored revision of each pid of a refused row (read after the statement: the revision
         a racing writer committed, which the statement's own snapshot may not show)."""
+        self.read_back = (
+            f"SELECT persistence_id, revision, db_timestamp, state_ser_id, state_ser_manifest, state_payload, tags"
+            f" FROM {ds} WHERE persistence_id = ANY($1::text[])"
+        )
+        """The rows of an upsert whose answer was lost, to resolve its outcome."""
+        self.busy = "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state IS DISTINCT FROM 'idle'"
+        """The server process of an interrupted upsert still runs it (or a transaction)."""
         self.get = (
             f"SELECT revision, db_timestamp, state_ser_id, state_ser_manifest, state_payload, tags"
             f" FROM {ds} WHERE persistence_id = $1"
         )
         self.hard_delete = f"DELETE FROM {ds} WHERE persistence_id = $1"
+        self.delete_tombstones = (
+            f"DELETE FROM {ds} WHERE persistence_id IN (SELECT persistence_id FROM {ds}"
+            f" WHERE state_ser_id = 0 AND db_timestamp < $1 LIMIT $2) AND state_ser_id = 0 AND db_timestamp < $1"
+        )
+        """Up to $2 tombstones older than $1 (the outer condition again: a tombstone written over
+        meanwhile is rechecked on its new row version and kept)."""
+        self.count_tombstones = f"SELECT count(*) FROM {ds} WHERE state_ser_id = 0 AND db_timestamp < $1"
+        self.counts = f"SELECT count(*) AS states, count(*) FILTER (WHERE state_ser_id = 0) AS tombstones FROM {ds}"
         self.load = f"SELECT {_STATE_COLUMNS} FROM {ds} WHERE persistence_id = $1 AND revision = $2"
         """The pid's row if it is still at the revision (a backtracking read's payload)."""

@@ -42,7 +42,8 @@ import java.util.concurrent.atomic.AtomicLong;
  * Command line driver of the Akka Persistence R2DBC plugin for slice-journal's interop tests.
  *
  * <p>Usage: {@code interop.Main <command> key=value...}; every result is printed on stdout as
- * one JSON object per line. Commands: persist, replay, events-by-slices, project. The connection
+ * one JSON object per line. Commands: persist, replay, events-by-slices, project, and the durable
+ * state store's state-get, state-upsert, state-changes ({@link StateCommands}). The connection
  * comes from system properties (akka.persistence.r2dbc.connection-factory.*). Long-running
  * commands stop when stdin is closed.
  */
@@ -54,7 +55,7 @@ public final class Main {
 
   public static void main(String[] args) throws Exception {
     if (args.length == 0) {
-      System.err.println("usage: interop.Main persist|replay|events-by-slices|project key=value...");
+      System.err.println("usage: interop.Main persist|replay|events-by-slices|project|state-get|state-upsert|state-changes key=value...");
       System.exit(2);
     }
     Map<String, String> opts = new HashMap<>();
@@ -71,6 +72,9 @@ public final class Main {
         case "replay" -> replay(system, opts);
         case "events-by-slices" -> eventsBySlices(system, opts);
         case "project" -> project(system, opts);
+        case "state-get" -> StateCommands.get(system, opts);
+        case "state-upsert" -> StateCommands.upsert(system, opts);
+        case "state-changes" -> StateCommands.changes(system, opts);
         default -> throw new IllegalArgumentException("unknown command " + args[0]);
       }
     } catch (Throwable t) {
@@ -83,7 +87,7 @@ public final class Main {
     System.exit(status);
   }
 
-  private static String req(Map<String, String> o, String k) {
+  static String req(Map<String, String> o, String k) {
     String v = o.get(k);
     if (v == null) throw new IllegalArgumentException("missing " + k + "=");
     return v;
@@ -94,7 +98,7 @@ public final class Main {
     return v == null ? dflt : Integer.parseInt(v);
   }
 
-  private static void emit(ObjectNode line) {
+  static void emit(ObjectNode line) {
     synchronized (OUT) {
       OUT.println(line.toString());
     }
