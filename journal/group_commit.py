@@ -6,8 +6,9 @@ Rules: FIFO; at most ``max_batch_events`` events per batch (a larger single call
 at most one call per persistence id in a batch and in flight, so calls for one pid are written
 in the order they were made; at most ``max_in_flight`` batches at once.
 
-A call whose slice range must be waited for (a move fences or switches it: the backend answers
-it :class:`~journal.write_batch.WriteLater`) waits apart: the batch's other callers are answered
+A call whose outcome must be waited for (a move fences or switches its slice range, its
+interrupted write is being resolved, its tags are being written: the backend answers it
+:class:`~journal.write_batch.WriteLater`) waits apart: the batch's other callers are answered
 at once and its slot is free for the next batch, while the waiting call (its pid still in
 flight, so no later call of that pid overtakes it) is finished on its own.
 """
@@ -179,7 +180,7 @@ class GroupCommit:
         self._bulk_in_flight = bulk_in_flight
         self._running: set[asyncio.Task[None]] = set()
         self._apart: set[asyncio.Task[None]] = set()
-        """Calls of queued batches waiting for their slice range on their own (they hold no slot)."""
+        """Calls of queued batches waiting on their own (:class:`WriteLater`; they hold no slot)."""
         self._direct_apart = 0
         """Callers' own writes (the idle paths) waiting so."""
         self._scheduled = False
@@ -320,7 +321,7 @@ class GroupCommit:
         try:
             result = await self._write_batch(batch)
             later = deferred(result)
-            if later is not None:  # its range must be waited for: free the slot, wait apart
+            if later is not None:  # its outcome must be waited for: free the slot, wait apart
                 self._direct -= 1
                 self._direct_apart += 1
                 direct = False

@@ -173,14 +173,15 @@ class ResultBuilder:
 
 
 class WriteLater(Exception):
-    """Not an outcome: calls that a backend did not write yet because their slice range must be
-    waited for (a move fences or switches it; the partitioned journal). Every deferred call of a
-    result carries this one instance. ``finish()`` writes them once their range is writable,
-    waiting on its own (never inside a batch other callers wait on), and returns their result in
-    the order of ``calls``; it never defers again."""
+    """Not an outcome: calls whose outcome a backend must wait for: their slice range (a move
+    fences or switches it; the partitioned journal), the resolution of their interrupted write
+    (the partitioned journal), or their tag rows (Cassandra). Every deferred call of a result
+    carries this one instance. ``finish()`` does that wait and whatever write follows it, on its
+    own (never inside a batch other callers wait on), and returns their result in the order of
+    ``calls``; it never defers again."""
 
     def __init__(self, calls: Sequence[int], finish: Callable[[], Awaitable[BatchResult]]) -> None:
-        super().__init__("the call waits for its slice range (a move of it is under way)")
+        super().__init__("the call's outcome is waited for apart from its batch")
         self.calls = list(calls)
         self.finish = finish
 
