@@ -174,8 +174,8 @@ class ResultBuilder:
 
 class WriteLater(Exception):
     """Not an outcome: calls whose outcome a backend must wait for: their slice range (a move
-    fences or switches it; the partitioned journal), the resolution of their interrupted write
-    (the partitioned journal), or their tag rows (Cassandra). Every deferred call of a result
+    fences or switches it), or the resolution of their interrupted write (both: the partitioned
+    journal). Every deferred call of a result
     carries this one instance. ``finish()`` does that wait and whatever write follows it, on its
     own (never inside a batch other callers wait on), and returns their result in the order of
     ``calls``; it never defers again."""
