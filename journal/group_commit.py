@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -170,7 +170,8 @@ async def _completed(
     result: BatchResult, laters: Sequence[WriteLater], finishing: Sequence[Awaitable[BatchResult]]
 ) -> BatchResult:
     """``result`` with the outcomes of the calls ``laters`` defer (``finishing``: their finishes)."""
-    for later, got in zip(laters, await asyncio.gather(*finishing), strict=True):
+    outcomes = [await finishing[0]] if len(finishing) == 1 else await asyncio.gather(*finishing)
+    for later, got in zip(laters, outcomes, strict=True):
         result = completed(result, later, got)
     return result
 
@@ -409,10 +410,14 @@ class GroupCommit:
         in flight until they are answered), and answer each queued batch holding some as soon as
         those it waits for are finished; returns the batch's other queued batches."""
         loop = asyncio.get_running_loop()
-        finishing = {id(later): asyncio.ensure_future(later.finish()) for later in laters}
+        groups = _waiting(batch, laters)
+        uses = Counter(id(m) for mine, _ in groups for m in mine)
+        # a deferral that holds calls of one group is finished by it; one of several groups, once
+        shared = {id(m): asyncio.ensure_future(m.finish()) for m in laters if uses[id(m)] > 1}
         held: set[int] = set()
-        for mine, waiting in _waiting(batch, laters):
-            task = loop.create_task(self._finish_apart(waiting, result, mine, [finishing[id(m)] for m in mine]))
+        for mine, waiting in groups:
+            finishing = [shared[id(m)] if id(m) in shared else m.finish() for m in mine]
+            task = loop.create_task(self._finish_apart(waiting, result, mine, finishing))
             self._apart.add(task)
             task.add_done_callback(self._apart.discard)
             held.update(id(p) for _, p in waiting)
@@ -423,7 +428,7 @@ class GroupCommit:
         waiting: list[tuple[int, Pending]],
         result: BatchResult,
         laters: list[WriteLater],
-        finishing: list[asyncio.Future[BatchResult]],
+        finishing: list[Awaitable[BatchResult]],
     ) -> None:
         try:
             full = await _completed(result, laters, finishing)
