@@ -6,8 +6,8 @@ Rules: FIFO; at most ``max_batch_events`` events per batch (a larger single call
 at most one call per persistence id in a batch and in flight, so calls for one pid are written
 in the order they were made; at most ``max_in_flight`` batches at once.
 
-A call whose outcome must be waited for (a move fences or switches its slice range, or its
-interrupted write is being resolved: the backend answers it
+A call whose outcome must be waited for (a move fences or switches its slice range, its
+interrupted write is being resolved, its tags are being written: the backend answers it
 :class:`~journal.write_batch.WriteLater`) waits apart: the batch's other callers are answered
 at once and its slot is free for the next batch, while the waiting call (its pid still in
 flight, so no later call of that pid overtakes it) is finished on its own.
