@@ -6,8 +6,9 @@ Rules: FIFO; at most ``max_batch_events`` events per batch (a larger single call
 at most one call per persistence id in a batch and in flight, so calls for one pid are written
 in the order they were made; at most ``max_in_flight`` batches at once.
 
-A call whose slice range must be waited for (a move fences or switches it: the backend answers
-it :class:`~journal.write_batch.WriteLater`) waits apart: the batch's other callers are answered
+A call whose outcome must be waited for (a move fences or switches its slice range, its
+interrupted write is being resolved, its tags are being written: the backend answers it
+:class:`~journal.write_batch.WriteLater`) waits apart: the batch's other callers are answered
 at once and its slot is free for the next batch, while the waiting call (its pid still in
 flight, so no later call of that pid overtakes it) is finished on its own.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,7 +26,7 @@ from typing import Any
 import msgspec
 
 from .errors import JournalUnavailable
-from .write_batch import BatchResult, WriteBatch, WriteFn, WriteLater, completed, deferred
+from .write_batch import BatchResult, WriteBatch, WriteFn, WriteLater, completed, deferrals
 
 log = logging.getLogger("journal.group_commit")
 
@@ -120,15 +121,16 @@ RELEASE_WAVE_MIN = 200
 :meth:`GroupCommit._release`)."""
 
 
-def _settle(batch: Sequence[Pending], result: BatchResult, later: WriteLater | None = None) -> None:
+def _settle(batch: Sequence[Pending], result: BatchResult, deferring: bool = False) -> None:
     """Give each queued batch its part of ``result`` (``batch`` written in that order), except
-    the ones with a call deferred by ``later`` (they are answered when it is finished)."""
+    (``deferring``: the result holds :class:`WriteLater`) the ones with a deferred call (they are
+    answered when it is finished)."""
     firsts, stamps, errors = result.first_seq_nrs, result.db_timestamps, result.errors
     i = 0
     for p in batch:
         n = len(p.batch)
         fut = p.future
-        if fut.done() or (later is not None and any(errors.get(k) is later for k in range(i, i + n))):
+        if fut.done() or (deferring and any(type(errors.get(k)) is WriteLater for k in range(i, i + n))):
             pass
         elif n != 1 or p.chunk:
             fut.set_result(result.part(i, i + n))
@@ -139,23 +141,39 @@ def _settle(batch: Sequence[Pending], result: BatchResult, later: WriteLater | N
         i += n
 
 
-def _waiting(batch: Sequence[Pending], later: WriteLater) -> list[tuple[int, Pending]]:
-    """The queued batches (with the index of their first call) holding a call ``later`` defers."""
-    calls = set(later.calls)
-    out: list[tuple[int, Pending]] = []
+Waiting = tuple[list[WriteLater], list[tuple[int, Pending]]]
+"""Queued batches (each with the index of its first call) and the :class:`WriteLater` that
+defer their calls: they are answered once every one of those is finished."""
+
+
+def _waiting(batch: Sequence[Pending], laters: Sequence[WriteLater]) -> list[Waiting]:
+    """The queued batches holding deferred calls, grouped by the ``laters`` deferring them."""
+    owner = {k: later for later in laters for k in later.calls}
+    groups: dict[tuple[int, ...], Waiting] = {}
     i = 0
     for p in batch:
         n = len(p.batch)
-        if not calls.isdisjoint(range(i, i + n)):
-            out.append((i, p))
+        mine = {id(owner[k]): owner[k] for k in range(i, i + n) if k in owner}
+        if mine:
+            groups.setdefault(tuple(mine), (list(mine.values()), []))[1].append((i, p))
         i += n
-    return out
+    return list(groups.values())
 
 
 async def _finished(result: BatchResult) -> BatchResult:
     """``result`` with its deferred calls (if any) written."""
-    later = deferred(result)
-    return result if later is None else completed(result, later, await later.finish())
+    laters = deferrals(result)
+    return await _completed(result, laters, [later.finish() for later in laters])
+
+
+async def _completed(
+    result: BatchResult, laters: Sequence[WriteLater], finishing: Sequence[Awaitable[BatchResult]]
+) -> BatchResult:
+    """``result`` with the outcomes of the calls ``laters`` defer (``finishing``: their finishes)."""
+    outcomes = [await finishing[0]] if len(finishing) == 1 else await asyncio.gather(*finishing)
+    for later, got in zip(laters, outcomes, strict=True):
+        result = completed(result, later, got)
+    return result
 
 
 class GroupCommit:
@@ -179,7 +197,7 @@ class GroupCommit:
         self._bulk_in_flight = bulk_in_flight
         self._running: set[asyncio.Task[None]] = set()
         self._apart: set[asyncio.Task[None]] = set()
-        """Calls of queued batches waiting for their slice range on their own (they hold no slot)."""
+        """Calls of queued batches waiting on their own (:class:`WriteLater`; they hold no slot)."""
         self._direct_apart = 0
         """Callers' own writes (the idle paths) waiting so."""
         self._scheduled = False
@@ -282,7 +300,7 @@ class GroupCommit:
         direct = True
         try:
             results = await self._write_chunks(feed())
-            if any(map(deferred, results)):  # calls waiting for their range: free the slot, wait apart
+            if any(map(deferrals, results)):  # calls waiting apart: free the slot
                 self._direct -= 1
                 self._direct_apart += 1
                 direct = False
@@ -319,14 +337,13 @@ class GroupCommit:
         self._planner.in_flight_pids.add(pid)
         try:
             result = await self._write_batch(batch)
-            later = deferred(result)
-            if later is not None:  # its range must be waited for: free the slot, wait apart
+            if deferrals(result):  # its outcome must be waited for: free the slot, wait apart
                 self._direct -= 1
                 self._direct_apart += 1
                 direct = False
                 if self._planner.queue:
                     self._pump()
-                result = completed(result, later, await later.finish())
+                result = await _finished(result)
         finally:
             if direct:
                 self._direct -= 1
@@ -368,16 +385,16 @@ class GroupCommit:
         else:
             self.batches_written += 1
             self.calls_written += len(result)
-            later = deferred(result)
-            if later is not None:
-                done = self._wait_apart(batch, result, later)
+            laters = deferrals(result)
+            if laters:
+                done = self._wait_apart(batch, result, laters)
             half = len(batch) // 2 if len(batch) >= 2 * RELEASE_WAVE_MIN else len(batch)
-            _settle(batch[:half], result, later)
+            _settle(batch[:half], result, bool(laters))
             if half < len(batch):
                 self._releasing += 1
                 calls = sum(len(p.batch) for p in batch[:half])
                 second = result.part(calls, len(result))
-                asyncio.get_running_loop().call_soon(self._release, batch[half:], second, later)
+                asyncio.get_running_loop().call_soon(self._release, batch[half:], second, bool(laters))
         finally:
             self._planner.done(done)
             # this task no longer occupies a slot: without this, the pump below could see every
@@ -388,19 +405,33 @@ class GroupCommit:
             if self._planner.queue and not self._releasing:  # else _release pumps, after its first wave
                 self._pump()
 
-    def _wait_apart(self, batch: list[Pending], result: BatchResult, later: WriteLater) -> list[Pending]:
-        """Finish the calls ``later`` defers in a task of their own (no slot; their pids stay in
-        flight until they are answered); returns the batch's other queued batches."""
-        waiting = _waiting(batch, later)
-        task = asyncio.get_running_loop().create_task(self._finish_apart(waiting, result, later))
-        self._apart.add(task)
-        task.add_done_callback(self._apart.discard)
-        held = {id(p) for _, p in waiting}
+    def _wait_apart(self, batch: list[Pending], result: BatchResult, laters: list[WriteLater]) -> list[Pending]:
+        """Finish the calls ``laters`` defer, each in a task of its own (no slot; their pids stay
+        in flight until they are answered), and answer each queued batch holding some as soon as
+        those it waits for are finished; returns the batch's other queued batches."""
+        loop = asyncio.get_running_loop()
+        groups = _waiting(batch, laters)
+        uses = Counter(id(m) for mine, _ in groups for m in mine)
+        # a deferral that holds calls of one group is finished by it; one of several groups, once
+        shared = {id(m): asyncio.ensure_future(m.finish()) for m in laters if uses[id(m)] > 1}
+        held: set[int] = set()
+        for mine, waiting in groups:
+            finishing = [shared[id(m)] if id(m) in shared else m.finish() for m in mine]
+            task = loop.create_task(self._finish_apart(waiting, result, mine, finishing))
+            self._apart.add(task)
+            task.add_done_callback(self._apart.discard)
+            held.update(id(p) for _, p in waiting)
         return [p for p in batch if id(p) not in held]
 
-    async def _finish_apart(self, waiting: list[tuple[int, Pending]], result: BatchResult, later: WriteLater) -> None:
+    async def _finish_apart(
+        self,
+        waiting: list[tuple[int, Pending]],
+        result: BatchResult,
+        laters: list[WriteLater],
+        finishing: list[Awaitable[BatchResult]],
+    ) -> None:
         try:
-            full = completed(result, later, await later.finish())
+            full = await _completed(result, laters, finishing)
         except BaseException as e:
             err = (
                 e if isinstance(e, Exception) else JournalUnavailable(f"write interrupted: {e!r}", outcome_unknown=True)
@@ -418,7 +449,7 @@ class GroupCommit:
             if self._planner.queue and not self._releasing:
                 self._pump()
 
-    def _release(self, batch: list[Pending], result: BatchResult, later: WriteLater | None = None) -> None:
+    def _release(self, batch: list[Pending], result: BatchResult, deferring: bool = False) -> None:
         """The second wave of a finished batch's callers.
 
         Woken all at once, a batch's callers would each write their next call before any of
@@ -430,7 +461,7 @@ class GroupCommit:
         """
         self._releasing -= 1
         self._pump()
-        _settle(batch, result, later)
+        _settle(batch, result, deferring)
 
     async def close(self) -> None:
         """Refuse new calls, then write everything already queued or in flight, and deliver

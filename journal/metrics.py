@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.utils import floatToGoString
 
 from .errors import JournalUnavailable
-from .write_batch import BatchResult, WriteBatch, WriteFn, WriteLater, deferred
+from .write_batch import BatchResult, WriteBatch, WriteFn, WriteLater, deferrals
 
 ChunksFn = Callable[[Iterator[WriteBatch]], Awaitable[list[BatchResult]]]
 
@@ -111,10 +111,12 @@ def instrumented(write_batch: WriteFn) -> WriteFn:
 def _count_later(batch: WriteBatch, result: BatchResult, started: float) -> None:
     """Calls a result defers (:class:`~journal.write_batch.WriteLater`) are recorded when they
     are finished, not as failures."""
-    later = deferred(result)
-    if later is None:
-        return
-    finish, calls = later.finish, batch.select(later.calls)
+    for later in deferrals(result):
+        _time_later(later, batch.select(later.calls), started)
+
+
+def _time_later(later: WriteLater, calls: WriteBatch, started: float) -> None:
+    finish = later.finish
 
     async def timed() -> BatchResult:
         got = await finish()

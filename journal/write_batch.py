@@ -173,25 +173,36 @@ class ResultBuilder:
 
 
 class WriteLater(Exception):
-    """Not an outcome: calls that a backend did not write yet because their slice range must be
-    waited for (a move fences or switches it; the partitioned journal). Every deferred call of a
-    result carries this one instance. ``finish()`` writes them once their range is writable,
-    waiting on its own (never inside a batch other callers wait on), and returns their result in
-    the order of ``calls``; it never defers again."""
+    """Not an outcome: calls whose outcome a backend must wait for: their slice range (a move
+    fences or switches it; the partitioned journal), the resolution of their interrupted write
+    (the partitioned journal), or their tag rows (Cassandra). The calls deferred together carry
+    one instance (a result may hold several: each is finished on its own, and its calls answered
+    as soon as it is). ``finish()`` does that wait and whatever write follows it, on its own
+    (never inside a batch other callers wait on), and returns their result in the order of
+    ``calls``; it never defers again."""
 
     def __init__(self, calls: Sequence[int], finish: Callable[[], Awaitable[BatchResult]]) -> None:
-        super().__init__("the call waits for its slice range (a move of it is under way)")
+        super().__init__("the call's outcome is waited for apart from its batch")
         self.calls = list(calls)
         self.finish = finish
 
 
 def deferred(result: BatchResult) -> WriteLater | None:
-    """The result's :class:`WriteLater`, if some of its calls wait for their range."""
+    """The result's first :class:`WriteLater`, if some of its calls wait (a backend's own result
+    that defers its calls together has one)."""
     if result.errors:
         for e in result.errors.values():
             if type(e) is WriteLater:
                 return e
     return None
+
+
+def deferrals(result: BatchResult) -> list[WriteLater]:
+    """Every :class:`WriteLater` of the result (none when no call waits)."""
+    if not result.errors:
+        return []
+    found = {id(e): e for e in result.errors.values() if type(e) is WriteLater}
+    return list(found.values())
 
 
 def completed(result: BatchResult, later: WriteLater, got: BatchResult) -> BatchResult:

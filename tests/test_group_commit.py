@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from datetime import UTC, datetime
 
 from journal.group_commit import BatchPlanner, Pending
@@ -220,4 +221,52 @@ async def test_a_call_waiting_for_its_range_is_finished_apart_in_order_without_a
     assert (await alone)[0] == 1 and (await after)[0] == 2
     assert [p for p in written if p.startswith("fenced|0")] == ["fenced|0@None", "fenced|0@1"]  # in order
     assert [p for p in written if p.startswith("fenced|1")] == ["fenced|1@None", "fenced|1@1"]
+    await gc.close()
+
+
+async def test_calls_deferred_apart_in_one_result_are_each_answered_when_their_own_wait_ends() -> None:
+    """A backend that defers several calls of one batch each on its own wait (a WriteLater per
+    call: Cassandra's tag rows) gets each answered when its own wait ends, the others at once;
+    a bulk write's chunk holding calls of two waits is answered when both end."""
+    from journal.group_commit import GroupCommit
+    from journal.write_batch import ResultBuilder, WriteLater
+
+    now = datetime.now(UTC)
+    gates: dict[str, asyncio.Event] = {}
+
+    async def write_batch(batch: WriteBatch) -> BatchResult:
+        await asyncio.sleep(0)
+        out = ResultBuilder(len(batch))
+        for i, p in enumerate(batch.persistence_ids):
+            out.written(i, 1, now)
+            if p.startswith("held"):
+                gate = gates.setdefault(p, asyncio.Event())
+
+                async def finish(gate: asyncio.Event = gate) -> BatchResult:
+                    await gate.wait()
+                    return BatchResult([1], [now])
+
+                out.failed(i, WriteLater([i], finish))
+        return out.result()
+
+    gc = GroupCommit(write_batch, no_chunks, max_batch_events=50, max_in_flight=1)
+    first = asyncio.ensure_future(gc.submit(call("held|first")))  # the idle path, deferred
+    await wait_until(lambda: gc._direct_apart == 1, 5, "the lone call waiting apart")
+    held = [asyncio.ensure_future(gc.submit(call(f"held|{i}"))) for i in range(3)]
+    others = [asyncio.ensure_future(gc.submit(call(f"p|{i}"))) for i in range(20)]
+    chunk = WriteBatch.concat([call("held|a"), call("p|a"), call("held|b")])
+    bulk = asyncio.ensure_future(gc.submit_chunks(iter([chunk])))  # queued: its chunk shares a batch
+    await asyncio.wait_for(asyncio.gather(*others), timeout=5)
+    gates["held|1"].set()
+    assert await asyncio.wait_for(held[1], 5) == (1, now)
+    assert not held[0].done() and not held[2].done() and not first.done()
+    gates["held|a"].set()
+    await wait_until(lambda: gc._planner.queue == deque(), 5, "the queue drained")
+    assert not bulk.done()  # held|b still waits
+    gates["held|b"].set()
+    _, (result,) = await asyncio.wait_for(bulk, 5)
+    assert list(result.first_seq_nrs) == [1, 1, 1] and not result.errors
+    for g in ("held|0", "held|2", "held|first"):
+        gates[g].set()
+    assert await asyncio.wait_for(asyncio.gather(first, *held), 5) == [(1, now)] * 4
     await gc.close()

@@ -2,7 +2,9 @@
 partition (:class:`~.partitions.PartitionLayout` says which); with ``single_writer_check`` the
 batch is a lightweight transaction on that partition's static ``highest_sequence_nr``, so a second
 writer of the same numbers gets SequenceConflict and nothing of its call is stored. Tag rows go
-through the tag writers, composed above the seam and handed in (:class:`~journal.backend.TagRowWriter`).
+through the tag writers, composed above the seam and handed in (:class:`~journal.backend.TagRowWriter`);
+a tagged call is answered when its own tag rows are written: it comes back
+:class:`~journal.write_batch.WriteLater`, so a slow tag holds up no other call of its batch.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any, NamedTuple, NoReturn
 
 from ..backend import TaggedEvent, TagRowWriter, WriteCheck, check_rows
 from ..buckets import bucket_of
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict, UnsupportedOperation
 from ..serialization import Serialized
 from ..timeuuid import datetime_of, new_timeuuid
-from ..write_batch import BatchResult, ResultBuilder, WriteBatch
+from ..write_batch import BatchResult, ResultBuilder, WriteBatch, WriteLater
 from .connections import CassandraConnections, execute
 from .reads import CassandraReads
 
@@ -59,6 +62,15 @@ class Call(NamedTuple):
         )
 
 
+class Stored(NamedTuple):
+    """A call whose events are stored: its first number and first event's timestamp, and the
+    write of its tag rows under way (None: untagged)."""
+
+    first_seq_nr: int
+    db_timestamp: datetime
+    tagging: asyncio.Task[None] | None
+
+
 class CassandraWrites(CassandraReads):
     """Event writes and deletes; remembers the write state of the pids it wrote last."""
 
@@ -72,6 +84,8 @@ class CassandraWrites(CassandraReads):
         self._states: OrderedDict[str, WriteState] = OrderedDict()
         self._pid_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._unlisted: set[str] = set()  # pids whose all_persistence_ids row may be missing
+        self._tagging: dict[str, asyncio.Task[None]] = {}
+        """Per pid: the tag rows of its last call being written (its next call waits for them)."""
 
     def forget(self, persistence_id: str) -> None:
         """Drop what this journal remembers of the pid's write state (its events were removed
@@ -79,12 +93,17 @@ class CassandraWrites(CassandraReads):
         self._states.pop(persistence_id, None)
 
     async def write_batch(self, batch: WriteBatch) -> BatchResult:
+        """Every call at once, each in its own Cassandra batch. A tagged call comes back
+        :class:`~journal.write_batch.WriteLater` (its own): it is answered once its tag rows are
+        written (or with their failure), while the batch's other calls are answered at once."""
         calls = Call.of(batch)
         results = await asyncio.gather(*(self._write_one(c) for c in calls), return_exceptions=True)
         out = ResultBuilder(len(calls))
         for i, r in enumerate(results):
-            if isinstance(r, tuple):
-                out.written(i, *r)
+            if isinstance(r, Stored):
+                out.written(i, r.first_seq_nr, r.db_timestamp)
+                if r.tagging is not None:
+                    out.failed(i, WriteLater([i], partial(_when_tagged, r)))
             else:
                 out.failed(i, r if isinstance(r, Exception) else JournalUnavailable(str(r)))
         return out.result()
@@ -93,7 +112,7 @@ class CassandraWrites(CassandraReads):
         """Every chunk checked first (Cassandra has no transaction to roll back), then written."""
         return [await self.write_batch(c) for c in list(chunks)]
 
-    async def _write_one(self, r: Call) -> tuple[int, datetime]:
+    async def _write_one(self, r: Call) -> Stored:
         """One call: the pid's calls one at a time (in this journal), each from the state the last
         one left (read from the table when unknown, or when ``expected_seq_nr`` disagrees).
 
@@ -101,19 +120,24 @@ class CassandraWrites(CassandraReads):
         read every event up to it: a previous call of the pid whose outcome was unknown may land
         late, and a recovery that missed it would number the next tag row in its place (its tag
         row lost for good). One that lands after the state was read makes this call's
-        conditional write fail (:meth:`store`); a call without ``expected_seq_nr`` then appends
-        after it (:meth:`_late_own_write`), any other gets SequenceConflict."""
+        conditional write fail (:meth:`_store`); a call without ``expected_seq_nr`` then appends
+        after it (:meth:`_late_own_write`), any other gets SequenceConflict. Its tag rows are
+        written in a task of their own (the result's ``tagging``), which the pid's next call
+        waits for first."""
         pid = r.persistence_id
         self._check_size(r)
         lock = self._pid_locks.setdefault(pid, asyncio.Lock())
         async with lock:
+            previous = self._tagging.get(pid)
+            if previous is not None:  # (its outcome is its own call's)
+                await asyncio.wait([previous])
             state = self._states.pop(pid, None)
             if state is not None and r.expected_seq_nr is not None and r.expected_seq_nr != state.highest:
                 state = None
             for _ in range(LATE_WRITE_RETRIES):
                 state = await self._ready(r, state)
                 try:
-                    result = await self.store(r, state)  # on any error the state is forgotten
+                    first, stamps = await self._store(r, state)  # on any error the state is forgotten
                     break
                 except SequenceConflict:
                     state = await self._late_own_write(r, state)
@@ -121,12 +145,24 @@ class CassandraWrites(CassandraReads):
                         raise
             else:
                 raise SequenceConflict(pid, r.expected_seq_nr, "late writes kept landing before this call")
-            last = result[0] + len(r.events) - 1
-            same = self.layout.write_partition(last + 1) == self.layout.write_partition(result[0])
+            await self._list(r, first)
+            last = first + len(r.events) - 1
+            same = self.layout.write_partition(last + 1) == self.layout.write_partition(first)
             self._states[pid] = WriteState(last, last if same else None)
             if len(self._states) > KNOWN_STATES:
                 self._states.popitem(last=False)
-            return result
+            tagging = None
+            if r.tags:
+                tagging = asyncio.get_running_loop().create_task(self._tag(r, first, stamps))
+                self._tagging[pid] = tagging
+                tagging.add_done_callback(partial(self._tagged, pid))
+            return Stored(first, datetime_of(stamps[0]), tagging)
+
+    def _tagged(self, pid: str, task: asyncio.Task[None]) -> None:
+        if self._tagging.get(pid) is task:
+            del self._tagging[pid]
+        if not task.cancelled():
+            task.exception()  # retrieved: its call's finish raises it
 
     async def _ready(self, r: Call, state: WriteState | None) -> WriteState:
         """The state the call is written from (read when unknown), with the pid's tag rows recovered
@@ -177,9 +213,18 @@ class CassandraWrites(CassandraReads):
         return WriteState(*await self.highest_and_guard(persistence_id))
 
     async def store(self, r: Call, state: WriteState) -> tuple[int, datetime]:
-        """Write ``r`` after ``state.highest``, in one batch to one partition; with the check, only
-        if that partition's ``highest_sequence_nr`` is still ``state.guard`` (a lightweight
-        transaction: SequenceConflict and nothing stored when another writer came first)."""
+        """Write ``r`` after ``state.highest`` (:meth:`_store`), then its listing and tag rows."""
+        first, stamps = await self._store(r, state)
+        await self._list(r, first)
+        if r.tags:
+            await self._tag(r, first, stamps)
+        return first, datetime_of(stamps[0])
+
+    async def _store(self, r: Call, state: WriteState) -> tuple[int, list[uuid.UUID]]:
+        """Write ``r``'s events after ``state.highest``, in one batch to one partition; with the
+        check, only if that partition's ``highest_sequence_nr`` is still ``state.guard`` (a
+        lightweight transaction: SequenceConflict and nothing stored when another writer came
+        first). Returns its first number and its events' TimeUUIDs."""
         pid = r.persistence_id
         if r.expected_seq_nr is not None and r.expected_seq_nr != state.highest:
             raise SequenceConflict(pid, r.expected_seq_nr, "expected_seq_nr is not the stored highest sequence number")
@@ -200,8 +245,7 @@ class CassandraWrites(CassandraReads):
             raise SequenceConflict(
                 pid, r.expected_seq_nr, f"another writer stored sequence numbers from {first} on meanwhile"
             )
-        await self._after_store(r, first, stamps)
-        return first, datetime_of(stamps[0])
+        return first, stamps
 
     def _statement(self, r: Call, first: int, guard: int | None) -> tuple[Any, list[uuid.UUID]]:
         """The call's batch (to the partition of its first event) and its events' TimeUUIDs."""
@@ -223,25 +267,31 @@ class CassandraWrites(CassandraReads):
             batch.add(prepared["insert_message"], (*row, set(r.tags) or None))
         return batch, stamps
 
-    async def _after_store(self, r: Call, first: int, stamps: list[uuid.UUID]) -> None:
-        """A stored call's listing (a new pid) and tag rows; the events are stored, so a failure
-        here is never "nothing written"."""
+    async def _list(self, r: Call, first: int) -> None:
+        """A stored call's listing (a new pid); the events are stored, so a failure here is never
+        "nothing written"."""
+        pid = r.persistence_id
+        if first == 1 or pid in self._unlisted:
+            try:
+                await self.run("insert_persistence_id", pid)
+            except Exception as e:
+                if r.tags:
+                    self.tag_writers.forget(pid)
+                _stored_but(pid, e)
+            self._unlisted.discard(pid)
+
+    async def _tag(self, r: Call, first: int, stamps: list[uuid.UUID]) -> None:
+        """A stored call's tag rows; the events are stored, so a failure here is never "nothing
+        written" (the pid's next call recovers them)."""
         pid = r.persistence_id
         try:
-            if first == 1 or pid in self._unlisted:
-                await self.run("insert_persistence_id", pid)
-                self._unlisted.discard(pid)
-            if r.tags:
-                await self.tag_writers.write([
-                    TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, r.metadata)
-                    for seq, (u, ev) in enumerate(zip(stamps, r.events, strict=True), first)
-                ])  # fmt: skip
+            await self.tag_writers.write([
+                TaggedEvent(pid, seq, u, r.tags, ev, self.writer_id, r.metadata)
+                for seq, (u, ev) in enumerate(zip(stamps, r.events, strict=True), first)
+            ])  # fmt: skip
         except Exception as e:
-            if r.tags:
-                self.tag_writers.forget(pid)
-            if isinstance(e, JournalUnavailable) and e.outcome_unknown:  # a TagWriteTimeout says so already
-                raise
-            raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
+            self.tag_writers.forget(pid)
+            _stored_but(pid, e)
 
     def _check_size(self, r: Call) -> None:
         """Refuse, before any I/O, a call the server would refuse (or that breaks the layout)."""
@@ -265,3 +315,20 @@ class CassandraWrites(CassandraReads):
         await self.run("write_deleted_to", upto, persistence_id)
         for p in self.layout.delete_partitions(done + 1, upto):
             await self.run("delete_messages", persistence_id, p, upto)
+
+
+def _stored_but(pid: str, e: Exception) -> NoReturn:
+    """Raise what a call whose events are stored gets when a step after them failed."""
+    if isinstance(e, JournalUnavailable) and e.outcome_unknown:  # a TagWriteTimeout says so already
+        raise e
+    raise JournalUnavailable(f"the events of {pid!r} are stored, but {e}", outcome_unknown=True) from e
+
+
+async def _when_tagged(stored: Stored) -> BatchResult:
+    """A tagged call's result once its tag rows are written (or their failure)."""
+    assert stored.tagging is not None
+    try:
+        await stored.tagging
+    except Exception as e:
+        return BatchResult.failed(1, e)
+    return BatchResult([stored.first_seq_nr], [stored.db_timestamp])

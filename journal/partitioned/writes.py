@@ -4,7 +4,8 @@ Every call stays atomic and conflict-checked on its own (each database's backend
 part as it writes any batch), and gets one outcome, at its index in the caller's batch. Calls
 whose range the database refuses (it moved, or a move is switching it) go again once the map
 says where the range is, on their own (:class:`~journal.write_batch.WriteLater`: the group
-commit answers the batch's other calls at once); calls of a database that is down fail with
+commit answers the batch's other calls at once), and so do the calls of a database whose write
+was interrupted, while it is resolved from the rows; calls of a database that is down fail with
 JournalUnavailable at once, without holding up the others.
 """
 
@@ -14,10 +15,14 @@ import asyncio
 from collections.abc import Iterable, Iterator, Sequence
 
 from ..errors import JournalUnavailable, SliceRangeMoved
-from ..write_batch import BatchResult, ResultBuilder, WriteBatch, WriteLater
+from ..write_batch import BatchResult, ResultBuilder, WriteBatch, WriteLater, deferred
 from .databases import Databases
 from .layout import NOWHERE
 from .routing import Router
+
+Held = tuple[list[int], WriteLater]
+"""Calls of a batch (their indexes, in the order of ``WriteLater.calls``) whose database's write
+was interrupted, and its resolution."""
 
 
 class PartitionedWrites:
@@ -27,7 +32,8 @@ class PartitionedWrites:
 
     async def write_batch(self, batch: WriteBatch) -> BatchResult:
         """Every call that can be written now, at once; the calls of a range a move fences or
-        switches (in the map, or refused by their database) come back
+        switches (in the map, or refused by their database), and those of a database whose
+        write was interrupted (resolved from its rows), come back
         :class:`~journal.write_batch.WriteLater`: they wait on their own (``finish``), so the
         other calls of a shared batch are answered without waiting for them."""
         m = self.dbs.map
@@ -39,17 +45,25 @@ class PartitionedWrites:
             if not any([type(e) is SliceRangeMoved for e in out.errors.values()]):
                 return out
             result = ResultBuilder(len(batch))
-            pending, waiting = self._file(result, range(len(batch)), out)
+            pending, waiting, held = self._file(result, range(len(batch)), out)
         else:
             result = ResultBuilder(len(batch))
-            pending, waiting = await self._round(batch, result, range(len(batch)))
-        if not pending:
+            pending, waiting, held = await self._round(batch, result, range(len(batch)))
+        if not pending and not held:
             return result.result()
-        calls = sorted(pending)
-        rest = batch.select(calls)
+        calls = sorted([*pending, *(i for part, _ in held for i in part)])
+        rest = batch.select(pending)
+        at = {i: k for k, i in enumerate(calls)}
 
         async def finish() -> BatchResult:
-            return await self._wait_and_write(rest, generation, waiting)
+            got = ResultBuilder(len(calls))
+            jobs = [(part, later.finish()) for part, later in held]
+            if pending:
+                jobs.append((pending, self._wait_and_write(rest, generation, waiting)))
+            outs = await asyncio.gather(*(job for _, job in jobs))
+            for (part, _), out in zip(jobs, outs, strict=True):
+                got.merge([at[i] for i in part], out)
+            return got.result()
 
         later = WriteLater(calls, finish)
         for i in calls:
@@ -72,13 +86,18 @@ class PartitionedWrites:
                     result.failed(i, e)
                 break
             generation = self.dbs.generation
-            pending, waiting = await self._round(batch, result, pending)
+            pending, waiting, held = await self._round(batch, result, pending)
+            for part, later in held:  # already apart: an interrupted write is resolved here
+                result.merge(part, await later.finish())
         return result.result()
 
-    async def _round(self, batch: WriteBatch, result: ResultBuilder, calls: Iterable[int]) -> tuple[list[int], bool]:
+    async def _round(
+        self, batch: WriteBatch, result: ResultBuilder, calls: Iterable[int]
+    ) -> tuple[list[int], bool, list[Held]]:
         """One round of ``calls``: each written where the map says its slice is served; the
         ones to do again (fenced, served nowhere, or refused) are returned, with whether a move's
-        fence or switch is under way."""
+        fence or switch is under way, and the calls of each database whose write was
+        interrupted (with its resolution)."""
         m = self.dbs.map
         groups: dict[int, list[int]] = {}
         later: list[int] = []
@@ -91,28 +110,35 @@ class PartitionedWrites:
                 groups.setdefault(o, []).append(i)
         outs = await asyncio.gather(*(self._part(db, batch.select(idx)) for db, idx in groups.items()))
         waiting = bool(later)
+        held: list[Held] = []
         for idx, out in zip(groups.values(), outs, strict=True):
-            again, wait = self._file(result, idx, out)
+            again, wait, part_held = self._file(result, idx, out)
             later += again
+            held += part_held
             waiting = waiting or wait
-        return later, waiting
+        return later, waiting, held
 
     @staticmethod
-    def _file(result: ResultBuilder, calls: Sequence[int], out: BatchResult) -> tuple[list[int], bool]:
+    def _file(result: ResultBuilder, calls: Sequence[int], out: BatchResult) -> tuple[list[int], bool, list[Held]]:
         """A part's outcomes into the batch's result; the calls refused as moved are returned
-        (to go again), and whether a move's switch is under way."""
+        (to go again), whether a move's switch is under way, and the calls whose write was
+        interrupted (at their index in the batch) with their resolution."""
         again: list[int] = []
         waiting = False
+        later = deferred(out)
         for j, i in enumerate(calls):
             e = out.errors.get(j)
             if isinstance(e, SliceRangeMoved):
                 again.append(i)
                 waiting = waiting or e.waiting
+            elif e is later and later is not None:
+                pass
             elif e is not None:
                 result.failed(i, e)
             else:
                 result.written(i, out.first_seq_nrs[j], out.db_timestamps[j])
-        return again, waiting
+        held = [] if later is None else [([calls[j] for j in later.calls], later)]
+        return again, waiting, held
 
     async def write_chunks(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
         """A bulk write: every chunk checked first (a bad one further on writes nothing), then
@@ -120,10 +146,26 @@ class PartitionedWrites:
         return [await self.write_batch(c) for c in list(chunks)]
 
     async def _part(self, db: int, batch: WriteBatch) -> BatchResult:
-        """One database's part; an outage fails its calls (the others' go on)."""
+        """One database's part; an outage fails its calls (the others' go on). A write whose
+        connection broke comes back :class:`~journal.write_batch.WriteLater`: its resolution
+        waits on its own."""
         try:
             backend = await self.dbs.usable(db)
-            return await backend.write_batch(batch)
+            out = await backend.write_batch_resolving_apart(batch)
         except JournalUnavailable as e:
             self.dbs.failed(db, e)
             return BatchResult.failed(len(batch), e)
+        later = deferred(out)
+        if later is None:
+            return out
+        resolution = later.finish
+
+        async def finish() -> BatchResult:
+            try:
+                return await resolution()
+            except JournalUnavailable as e:
+                self.dbs.failed(db, e)
+                return BatchResult.failed(len(later.calls), e)
+
+        later.finish = finish
+        return out

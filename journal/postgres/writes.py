@@ -18,7 +18,7 @@ from ..buckets import bucket_millis
 from ..envelope import ROW_STEP, consecutive_stamps
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict, SliceRangeMoved
 from ..ids import slice_for
-from ..write_batch import BatchResult, ResultBuilder, WriteBatch
+from ..write_batch import BatchResult, ResultBuilder, WriteBatch, WriteLater
 from .connections import PostgresConnections, PostgresPart
 from .errors import (
     LOCAL_WRITES_REFUSED_SQLSTATE,
@@ -41,8 +41,12 @@ TAKEN = "another writer took these sequence numbers"
 
 
 class Interrupted(Exception):
-    """The connection broke once the statement was sent; its server process has settled since,
-    so the rows now tell whether it committed."""
+    """The connection broke once the statement was sent: once its server process (``server_pid``)
+    has settled, the rows tell whether it committed."""
+
+    def __init__(self, message: str, server_pid: int) -> None:
+        super().__init__(message)
+        self.server_pid = server_pid
 
 
 class PostgresWrites(PostgresPart):
@@ -66,12 +70,27 @@ class PostgresWrites(PostgresPart):
         known not to be written is sent again (a bounded number of times)."""
         return await self._write(batch, self.settings.retry.attempts)
 
-    async def _write(self, batch: WriteBatch, attempts: int) -> BatchResult:
+    async def write_batch_resolving_apart(self, batch: WriteBatch) -> BatchResult:
+        """As :meth:`write_batch`, except that a statement whose connection broke comes back
+        :class:`~journal.write_batch.WriteLater` (every call of it): its resolution (waiting for
+        its server process to settle, reading the rows, sending again what is not stored) is the
+        deferred calls' ``finish``, so it holds up no one waiting on other databases' calls."""
+        return await self._write(batch, self.settings.retry.attempts, resolve_apart=True)
+
+    async def _write(self, batch: WriteBatch, attempts: int, *, resolve_apart: bool = False) -> BatchResult:
         stmt, params = self.statements.statement(batch, self.writer_id, self.conns.epoch)
         try:
             row = await self._send(stmt, params)
-        except Interrupted:
-            return await self.resolve(batch, attempts)
+        except Interrupted as e:
+            server_pid = e.server_pid
+
+            async def resolution() -> BatchResult:
+                await self.wait_until_settled(server_pid)
+                return await self.resolve(batch, attempts)
+
+            if resolve_apart:
+                return BatchResult.failed(len(batch), WriteLater(range(len(batch)), resolution))
+            return await resolution()
         except asyncpg.exceptions.PostgresError as e:  # nothing of the batch was written
             moved = partition_refusal(e)
             if moved is not None:
@@ -94,7 +113,7 @@ class PostgresWrites(PostgresPart):
 
     async def _send(self, stmt: str, params: tuple[Any, ...]) -> asyncpg.Record:
         """The statement on a write connection (autocommit). Raises :class:`Interrupted` when the
-        connection broke once it was sent, after its server process has settled."""
+        connection broke once it was sent."""
         conn = await self.take_writer()
         server_pid = conn.get_server_pid()
         try:
@@ -105,8 +124,7 @@ class PostgresWrites(PostgresPart):
                 raise
             self.release_writer(conn, broken=True)
             log.warning("write interrupted (%s), resolving its outcome", e)
-            await self.wait_until_settled(server_pid)
-            raise Interrupted(str(e)) from e
+            raise Interrupted(str(e), server_pid) from e
         except BaseException:  # cancelled mid-statement: the connection's state is unknown
             self.release_writer(conn, broken=True)
             raise
