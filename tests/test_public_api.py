@@ -38,6 +38,7 @@ JOURNAL_API = {
     "PersistNotAllowed", "EntityStopped", "StashTimeout", "RecoveryFailed", "ReplicationError", "LocationMismatch",
     "IncompatibleVersion", "LocalWritesRefused", "SliceRangeMoved",
     "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten", "UnknownVersion",
+    "KafkaSetupError", "KafkaStartError", "KafkaPublishError",
 }  # fmt: skip
 
 PROJECTIONS_API = {
