@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import maven_jars
 from ..errors import CassandraSetupError, CassandraStartError, ConfigurationError
 
 DEFAULT_VERSION = "5.0.9"
@@ -82,7 +82,7 @@ FAST_START_FLAGS = (
 SUPERUSER = ("cassandra", "cassandra")
 """The default superuser PasswordAuthenticator creates (username, password)."""
 
-Progress = Callable[[str], None]
+Progress = maven_jars.Progress
 
 
 def _stderr(msg: str) -> None:
@@ -130,63 +130,19 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 
 def require_tools() -> tuple[str, str]:
     """Paths of ``java`` and ``mvn``, or :class:`CassandraSetupError` saying what to install."""
-    java, mvn = shutil.which("java"), shutil.which("mvn")
-    missing = [name for name, path in (("Java 17 (java)", java), ("Maven (mvn)", mvn)) if path is None]
-    if missing:
-        raise CassandraSetupError(
-            f"a local Cassandra needs {' and '.join(missing)} on PATH "
-            "(Debian: apt-get install openjdk-17-jre-headless maven)"
-        )
-    assert java is not None and mvn is not None
-    return java, mvn
+    return maven_jars.require_tools("a local Cassandra", CassandraSetupError)
 
 
 def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progress: Progress = _stderr) -> Path:
-    """The ``lib`` directory holding cassandra-all ``version`` and its runtime dependencies.
-
-    Resolved by Maven the first time (printing progress), then reused; a file lock keeps two
-    processes from resolving into the same directory at once.
-    """
+    """The ``lib`` directory holding cassandra-all ``version`` and its runtime dependencies."""
     home = (cache or cache_root()) / f"cassandra-{version}"
-    lib = home / "lib"
-    done = home / "COMPLETE"
-    if done.exists():
-        return lib
+    if (home / "COMPLETE").exists():
+        return home / "lib"
     _, mvn = require_tools()
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
-            return lib
-        progress(f"cassandra: resolving org.apache.cassandra:cassandra-all:{version} from Maven Central into {lib}")
-        work = Path(tempfile.mkdtemp(prefix="resolve-", dir=home))
-        try:
-            (work / "pom.xml").write_text(_POM.format(version=version), encoding="utf-8")
-            cmd = [mvn, "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
-                   f"-DoutputDirectory={work / 'lib'}", "-DincludeScope=runtime"]  # fmt: skip
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
-            assert proc.stdout is not None
-            tail: list[str] = []
-            fetched = 0
-            for line in proc.stdout:
-                tail = [*tail[-40:], line.rstrip()]
-                if line.startswith("Downloaded from") and ".jar" in line:
-                    fetched += 1
-                    if fetched % 10 == 1:
-                        progress(f"cassandra: downloaded {fetched} jars ...")
-            if proc.wait() != 0:
-                raise CassandraSetupError(
-                    f"Maven could not resolve cassandra-all {version} (is Maven Central reachable?):\n"
-                    + "\n".join(tail)
-                )
-            if lib.exists():
-                shutil.rmtree(lib)
-            (work / "lib").rename(lib)
-            done.write_text(version, encoding="utf-8")
-            progress(f"cassandra: {len(list(lib.glob('*.jar')))} jars ready in {lib}")
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return lib
+    artifact = f"org.apache.cassandra:cassandra-all:{version}"
+    return maven_jars.resolve_jars(
+        home, artifact, _POM.format(version=version), mvn, CassandraSetupError, progress, "cassandra"
+    )
 
 
 # -- configuration -------------------------------------------------------------------------------

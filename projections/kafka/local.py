@@ -11,7 +11,6 @@ until the broker answers a Kafka request (ApiVersions) on its client port.
 from __future__ import annotations
 
 import base64
-import fcntl
 import shutil
 import socket
 import struct
@@ -20,9 +19,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
+from journal import maven_jars
 from journal.cassandra.local import cache_root, free_port, log_tail, stop_pid
 from journal.errors import KafkaSetupError, KafkaStartError
 
@@ -41,7 +40,7 @@ JVM_FLAGS = (
     "-Dorg.slf4j.simpleLogger.showDateTime=true",
 )
 
-Progress = Callable[[str], None]
+Progress = maven_jars.Progress
 
 
 def _stderr(msg: str) -> None:
@@ -68,49 +67,18 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 
 def require_tools() -> tuple[str, str]:
     """Paths of ``java`` and ``mvn``, or :class:`KafkaSetupError` saying what to install."""
-    java, mvn = shutil.which("java"), shutil.which("mvn")
-    missing = [name for name, path in (("Java 17 (java)", java), ("Maven (mvn)", mvn)) if path is None]
-    if missing:
-        raise KafkaSetupError(
-            f"a local Kafka broker needs {' and '.join(missing)} on PATH "
-            "(Debian: apt-get install openjdk-17-jre-headless maven)"
-        )
-    assert java is not None and mvn is not None
-    return java, mvn
+    return maven_jars.require_tools("a local Kafka broker", KafkaSetupError)
 
 
 def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progress: Progress = _stderr) -> Path:
-    """The ``lib`` directory holding kafka_2.13 ``version`` and its runtime dependencies: resolved
-    by Maven the first time, then reused; a file lock keeps two processes from resolving at once."""
+    """The ``lib`` directory holding kafka_2.13 ``version`` and its runtime dependencies."""
     home = (cache or cache_root()) / f"kafka-{version}"
-    lib, done = home / "lib", home / "COMPLETE"
-    if done.exists():
-        return lib
+    if (home / "COMPLETE").exists():
+        return home / "lib"
     _, mvn = require_tools()
-    home.mkdir(parents=True, exist_ok=True)
-    with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if done.exists():
-            return lib
-        progress(f"kafka: resolving org.apache.kafka:kafka_2.13:{version} from Maven Central into {lib}")
-        work = Path(tempfile.mkdtemp(prefix="resolve-", dir=home))
-        try:
-            (work / "pom.xml").write_text(_POM.format(version=version, slf4j=SLF4J_VERSION), encoding="utf-8")
-            cmd = [mvn, "-B", "-q", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
-                   f"-DoutputDirectory={work / 'lib'}", "-DincludeScope=runtime"]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work, check=False)
-            if proc.returncode != 0:
-                tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
-                raise KafkaSetupError(
-                    f"Maven could not resolve kafka_2.13 {version} (is Maven Central reachable?):\n{tail}"
-                )
-            if lib.exists():
-                shutil.rmtree(lib)
-            (work / "lib").rename(lib)
-            done.write_text(version, encoding="utf-8")
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return lib
+    pom = _POM.format(version=version, slf4j=SLF4J_VERSION)
+    artifact = f"org.apache.kafka:kafka_2.13:{version}"
+    return maven_jars.resolve_jars(home, artifact, pom, mvn, KafkaSetupError, progress, "kafka")
 
 
 def server_properties(
