@@ -391,14 +391,10 @@ class SerializerRegistry:
         """The value of a stored payload: opened (``pid``: whose it is, for its key), upcast when
         its manifest has an upcaster, built. An encrypted payload of a forgotten subject reads as a
         :class:`~journal.codec.Forgotten` value."""
-        if ser_id == CODEC_SERIALIZER_ID:
-            opened = (self.codec or _UNSEALER).open(pid, manifest, payload)
-            if type(opened) is Forgotten:
-                return opened
-            ser_id, manifest, payload = opened  # type: ignore[misc]
-        s = self._by_id.get(ser_id)
-        if s is None:
-            raise SerializationError(f"no serializer registered with id {ser_id} to read {what}")
+        opened = self._opened(ser_id, manifest, payload, what, pid)
+        if type(opened) is Forgotten:
+            return opened
+        s, ser_id, manifest, payload = opened  # type: ignore[misc]
         try:
             if manifest in self._upcast:
                 return self._upcasted(s, manifest, payload)
@@ -417,14 +413,10 @@ class SerializerRegistry:
         payload, opened and upcast but not built into registered types (Spark turns the data into
         columns). The data is the serializer's data form (for JSON the parsed JSON), or its value
         for a serializer without one. A forgotten subject's payload reads as Forgotten."""
-        if ser_id == CODEC_SERIALIZER_ID:
-            opened = (self.codec or _UNSEALER).open(pid, manifest, payload)
-            if type(opened) is Forgotten:
-                return opened
-            ser_id, manifest, payload = opened  # type: ignore[misc]
-        s = self._by_id.get(ser_id)
-        if s is None:
-            raise SerializationError(f"no serializer registered with id {ser_id} to read {what}")
+        opened = self._opened(ser_id, manifest, payload, what, pid)
+        if type(opened) is Forgotten:
+            return opened
+        s, ser_id, manifest, payload = opened  # type: ignore[misc]
         decode = getattr(s, "decode", None)
         try:
             if decode is None:
@@ -436,6 +428,21 @@ class SerializerRegistry:
             raise SerializationError(
                 f"cannot deserialize {what} (serializer {ser_id}, manifest {manifest!r}): {e}"
             ) from e
+
+    def _opened(
+        self, ser_id: int, manifest: str, payload: bytes, what: str, pid: str | None
+    ) -> tuple[Serializer, int, str, bytes] | Forgotten:
+        """The serializer of a stored payload and its plain (ser_id, manifest, payload): opened
+        when the codec sealed it (Forgotten for a forgotten subject's)."""
+        if ser_id == CODEC_SERIALIZER_ID:
+            opened = (self.codec or _UNSEALER).open(pid, manifest, payload)
+            if type(opened) is Forgotten:
+                return opened
+            ser_id, manifest, payload = opened  # type: ignore[misc]
+        s = self._by_id.get(ser_id)
+        if s is None:
+            raise SerializationError(f"no serializer registered with id {ser_id} to read {what}")
+        return s, ser_id, manifest, payload
 
     def _upcasted(self, s: Serializer, manifest: str, payload: bytes) -> Any:
         """An old row: its data through the upcasters, then built as what it became."""

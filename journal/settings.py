@@ -108,6 +108,11 @@ class RetrySettings:
     """Seconds an operation may spend in all its tries: no retry starts after this, so a server
     that never answers costs at most about ``budget + connect_timeout``, not ``attempts`` timeouts."""
 
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` failures in a row: ``initial_backoff`` doubled per
+        failure, at most ``max_backoff``."""
+        return min(self.max_backoff, self.initial_backoff * 2 ** min(failures, 30))
+
 
 QueryMode = Literal["horizon", "backtracking"]
 

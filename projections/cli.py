@@ -21,33 +21,19 @@ from journal.cli.common import (
     SerializersOption,
     SubjectOfOption,
     UpcastersOption,
-    VersionOption,
     hook_settings,
     journal_hooks,
+    root_app,
 )
-from journal.cli.failures import DebugOption, HandledGroup, configure_logging, run_app, set_debug
+from journal.cli.failures import configure_logging, run_app
 
 from .spark import cli as spark_cli
 
-app = typer.Typer(
-    name="projections",
-    help="Run and manage projection workers over the slice journal.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    cls=HandledGroup,
-    rich_markup_mode=None,  # click's help: wrapped at any width (rich's tables cut options at 80 columns)
-)
+app = root_app("projections", "Run and manage projection workers over the slice journal.")
 
 SlicesOption = Annotated[str, typer.Option("--slices", help="Slice range LO-HI (default: all).")]
 
 log = logging.getLogger("projections")
-
-
-@app.callback()
-def _root(version: bool = VersionOption, debug: bool = DebugOption) -> None:
-    """Projection workers: run, status, pause, resume, reset, clear."""
-    set_debug(debug)
 
 
 def _settings(schema: str | None, data_dir: Path | None, databases: str | None = None, **more: Any) -> Any:

@@ -9,29 +9,11 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-import typer
+from .common import root_app
+from .failures import configure_logging, run_app
 
-from .common import VersionOption
-from .failures import DebugOption, HandledGroup, configure_logging, run_app, set_debug
-
-app = typer.Typer(
-    name="journal",
-    help="slice-journal: an event journal on PostgreSQL (slices, projections, Spark, Cassandra).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    cls=HandledGroup,
-    rich_markup_mode=None,  # click's help: wrapped at any width (rich's tables cut options at 80 columns)
-)
-
-
-@app.callback()
-def _root(version: bool = VersionOption, debug: bool = DebugOption) -> None:
-    """slice-journal: an event journal on PostgreSQL (slices, projections, Spark, Cassandra).
-
-    Exit codes: 0 done, 1 failed, 2 usage or configuration, 3 unavailable (see docs/troubleshooting.md)."""
-    set_debug(debug)
-
+app = root_app("journal", "slice-journal: an event journal on PostgreSQL (slices, projections, Spark, Cassandra).")
+"""Exit codes: 0 done, 1 failed, 2 usage or configuration, 3 unavailable (see docs/troubleshooting.md)."""
 
 from . import cassandra as _cassandra  # noqa: E402,F401
 from . import cassandra_local as _cassandra_local  # noqa: E402,F401

@@ -73,6 +73,28 @@ def show_version(value: bool) -> None:
 VersionOption = typer.Option(False, "--version", is_eager=True, callback=show_version, help="Print the version.")
 
 
+def root_app(name: str, help: str) -> typer.Typer:
+    """A command line of its own (``journal``, ``projections``): its failures said in one line
+    (:class:`~.failures.HandledGroup`), click's help, and ``--version`` and ``--debug``."""
+    from .failures import DebugOption, HandledGroup, set_debug
+
+    app = typer.Typer(
+        name=name,
+        help=help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        cls=HandledGroup,
+        rich_markup_mode=None,  # click's help: wrapped at any width (rich's tables cut options at 80 columns)
+    )
+
+    @app.callback()
+    def _root(version: bool = VersionOption, debug: bool = DebugOption) -> None:
+        set_debug(debug)
+
+    return app
+
+
 def settings_from(
     schema: str | None = None, data_dir: Path | None = None, databases: str | None = None, **more: Any
 ) -> JournalSettings:

@@ -41,6 +41,16 @@ LOOK_EVERY = 0.5
 """Seconds between looks for a dead move while a write waits for its range."""
 
 
+_LAPSED = (
+    "the move fencing them on %s is gone; the fence lapsed (writes go on there; "
+    "run `journal partitions move` again to finish the move)"
+)
+_ABANDONED = (
+    "the move copying them from %s is gone; it is given up (the range is owned there "
+    "again, its deletes go on; run `journal partitions move` again to move it)"
+)
+
+
 class DeadMoves:
     """Undoes a dead move's fence, or finishes its switch, for the slices a write waits for."""
 
@@ -58,45 +68,28 @@ class DeadMoves:
             for s in sorted(set(slices)):
                 try:
                     if m.fenced[s]:
-                        changed |= await self._lapse(m.owners[s], s, seen)
+                        changed |= await self._undo(m.owners[s], s, seen, fenced=True)
                     elif m.owners[s] == NOWHERE:
                         changed |= await self._switch(s, seen)
                     else:  # a delete waits for a range being copied
-                        changed |= await self._abandon(m.owners[s], s, seen)
+                        changed |= await self._undo(m.owners[s], s, seen, fenced=False)
                 except JournalUnavailable as e:  # that database is down: its slices wait on
                     log.debug("looking for a dead move of slice %s: %s", s, e)
                 except JournalError as e:  # a state no move leaves (changed by hand?): said, left alone
                     log.warning("slice %s waits for a move in a state this journal does not finish: %s", s, e)
             return changed
 
-    async def _lapse(self, source: int, slice_: int, seen: set[tuple[int, int]]) -> bool:
-        row = _covering(self.dbs.rows_of(source), slice_, FENCED)
+    async def _undo(self, source: int, slice_: int, seen: set[tuple[int, int]], *, fenced: bool) -> bool:
+        """The dead move's fence lapsed on its source (``fenced``), else its copy given up there."""
+        row = _covering(self.dbs.rows_of(source), slice_, FENCED if fenced else MOVING)
         if row is None or (source, row.min_slice) in seen:
             return False
         seen.add((source, row.min_slice))
-        b = await self.dbs.usable(source)
-        if not await b.partitions().lapse_fence(row.min_slice):
+        partitions = (await self.dbs.usable(source)).partitions()
+        if not await (partitions.lapse_fence if fenced else partitions.abandon_move)(row.min_slice):
             return False
-        log.warning(
-            "slices %s-%s: the move fencing them on %s is gone; the fence lapsed (writes go on there; "
-            "run `journal partitions move` again to finish the move)",
-            row.min_slice, row.max_slice, self.dbs.names[source],
-        )  # fmt: skip
-        return True
-
-    async def _abandon(self, source: int, slice_: int, seen: set[tuple[int, int]]) -> bool:
-        row = _covering(self.dbs.rows_of(source), slice_, MOVING)
-        if row is None or (source, row.min_slice) in seen:
-            return False
-        seen.add((source, row.min_slice))
-        b = await self.dbs.usable(source)
-        if not await b.partitions().abandon_move(row.min_slice):
-            return False
-        log.warning(
-            "slices %s-%s: the move copying them from %s is gone; it is given up (the range is owned there "
-            "again, its deletes go on; run `journal partitions move` again to move it)",
-            row.min_slice, row.max_slice, self.dbs.names[source],
-        )  # fmt: skip
+        said = _LAPSED if fenced else _ABANDONED
+        log.warning("slices %s-%s: " + said, row.min_slice, row.max_slice, self.dbs.names[source])
         return True
 
     async def _switch(self, slice_: int, seen: set[tuple[int, int]]) -> bool:

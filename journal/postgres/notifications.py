@@ -74,8 +74,7 @@ class PostgresListener:
             except Exception as e:
                 if not is_transient(e):
                     log.error("notification listener failed: %s", e)
-                retry = self._settings.retry
-                delay = min(retry.max_backoff, retry.initial_backoff * 2 ** min(failures, 30))
+                delay = self._settings.retry.backoff(failures)
                 failures += 1
                 self.down.occurred("notification listener cannot connect (%s); retrying with backoff", e)
                 await asyncio.sleep(delay)

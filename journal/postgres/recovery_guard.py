@@ -15,6 +15,7 @@ refused statement is written. Installed only during recovery, so it costs ordina
 from __future__ import annotations
 
 from ..settings import validate_identifier
+from . import insert_trigger
 from .errors import LOCAL_WRITES_REFUSED_SQLSTATE
 
 REPLICATING_SETTING = "slice_journal.replicating"
@@ -24,37 +25,21 @@ MARK_REPLICATED_SQL = f"SELECT set_config('{REPLICATING_SETTING}', 'on', true)"
 """Inside a replicated write's transaction: its rows pass the guard."""
 
 
-def _names(schema: str) -> tuple[str, str, str]:
-    validate_identifier(schema, "schema")
-    return f'"{schema}".event_journal', f'"{schema}".replication_log', f'"{schema}".{TRIGGER}'
-
-
 def install_sql(schema: str) -> str:
-    table, logs, function = _names(schema)
-    return f"""
-CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $guard$
-BEGIN
-  IF EXISTS (SELECT 1 FROM {logs} WHERE log_name = NEW.entity_type AND recovering) THEN
+    validate_identifier(schema, "schema")
+    body = f"""\
+  IF EXISTS (SELECT 1 FROM "{schema}".replication_log WHERE log_name = NEW.entity_type AND recovering) THEN
     RAISE EXCEPTION USING ERRCODE = '{LOCAL_WRITES_REFUSED_SQLSTATE}',
       MESSAGE = format('log %s is being recovered from its peers: local writes are refused until '
                        'recovery completes', NEW.entity_type);
   END IF;
-  RETURN NEW;
-END
-$guard$;
-DROP TRIGGER IF EXISTS {TRIGGER} ON {table};
-CREATE TRIGGER {TRIGGER} BEFORE INSERT ON {table} FOR EACH ROW
-  WHEN (current_setting('{REPLICATING_SETTING}', true) IS DISTINCT FROM 'on')
-  EXECUTE FUNCTION {function}();
-"""
+  RETURN NEW;"""
+    return insert_trigger.install_sql(schema, TRIGGER, body, REPLICATING_SETTING, "on")
 
 
 def remove_sql(schema: str) -> str:
-    table, _, function = _names(schema)
-    return f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table};\nDROP FUNCTION IF EXISTS {function}();\n"
+    return insert_trigger.remove_sql(schema, TRIGGER)
 
 
-INSTALLED_SQL = (
-    "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $2 AND tgrelid = to_regclass($1) AND NOT tgisinternal)"
-)
+INSTALLED_SQL = insert_trigger.INSTALLED_SQL
 """$1: the event_journal table as text, $2: the trigger name."""

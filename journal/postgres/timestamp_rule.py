@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..settings import validate_identifier
+from . import insert_trigger
 
 WRITER_SETTING = "slice_journal.writer"
 """Custom setting this library's write connections carry; the trigger skips their rows."""
@@ -125,7 +126,7 @@ def check_function_sql(schema: str) -> str:
     query of a plpgsql function takes its own snapshot, after the statement's lock: a writer
     that the drain does not list reads a state the move committed before it listed."""
     fn = _function(schema)
-    ej, _ = _names(schema)
+    ej, _ = insert_trigger.table_and_function(schema, TRIGGER)
     parts = f'"{schema}".slice_partition'
     return f"""
 CREATE OR REPLACE FUNCTION {fn}(writer_epoch bigint, slices int[], mode text)
@@ -192,35 +193,20 @@ def settle(inserted: str) -> str:
     return f"(SELECT true FROM pg_sleep(GREATEST(0, extract(epoch FROM {last} - clock_timestamp()))))"
 
 
-def _names(schema: str) -> tuple[str, str]:
-    validate_identifier(schema, "schema")
-    return f'"{schema}".event_journal', f'"{schema}".{TRIGGER}'
+_RAISE = """\
+  NEW.db_timestamp := GREATEST(NEW.db_timestamp, clock_timestamp());
+  RETURN NEW;"""
 
 
 def install_sql(schema: str) -> str:
-    table, function = _names(schema)
-    return f"""
-CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $rule$
-BEGIN
-  NEW.db_timestamp := GREATEST(NEW.db_timestamp, clock_timestamp());
-  RETURN NEW;
-END
-$rule$;
-DROP TRIGGER IF EXISTS {TRIGGER} ON {table};
-CREATE TRIGGER {TRIGGER} BEFORE INSERT ON {table} FOR EACH ROW
-  WHEN (current_setting('{WRITER_SETTING}', true) IS DISTINCT FROM '{WRITER_VALUE}')
-  EXECUTE FUNCTION {function}();
-"""
+    return insert_trigger.install_sql(schema, TRIGGER, _RAISE, WRITER_SETTING, WRITER_VALUE)
 
 
 def remove_sql(schema: str) -> str:
-    table, function = _names(schema)
-    return f"DROP TRIGGER IF EXISTS {TRIGGER} ON {table};\nDROP FUNCTION IF EXISTS {function}();\n"
+    return insert_trigger.remove_sql(schema, TRIGGER)
 
 
-INSTALLED_SQL = (
-    "SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = $2 AND tgrelid = to_regclass($1) AND NOT tgisinternal)"
-)
+INSTALLED_SQL = insert_trigger.INSTALLED_SQL
 """$1: the event_journal table as text, $2: the trigger name."""
 
 MARK_WRITER_LOCAL_SQL = f"SELECT set_config('{WRITER_SETTING}', '{WRITER_VALUE}', true)"
@@ -239,5 +225,5 @@ async def remove(conn: Any, schema: str = "public") -> None:
 
 
 async def installed(conn: Any, schema: str = "public") -> bool:
-    table, _ = _names(schema)
+    table, _ = insert_trigger.table_and_function(schema, TRIGGER)
     return bool(await conn.fetchval(INSTALLED_SQL, table, TRIGGER))

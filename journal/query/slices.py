@@ -215,10 +215,7 @@ class SliceQueries:
                             last_emit = loop.time()
                     failures = 0
                 except JournalUnavailable as e:
-                    delay = min(
-                        self.settings.retry.max_backoff,
-                        self.settings.retry.initial_backoff * 2 ** min(failures, 30),
-                    )
+                    delay = self.settings.retry.backoff(failures)
                     failures += 1
                     down.occurred("live slice query %s %d-%d: %s; retrying with backoff", et, lo, hi, e)
                     await asyncio.sleep(delay)
@@ -250,8 +247,7 @@ class SliceQueries:
             try:
                 return await order.before(pid, first, seq_nr, ts)
             except JournalUnavailable as e:
-                retry = self.settings.retry
-                delay = min(retry.max_backoff, retry.initial_backoff * 2 ** min(failures, 30))
+                delay = self.settings.retry.backoff(failures)
                 failures += 1
                 level = logging.WARNING if failures == 1 else logging.DEBUG
                 log.log(level, "earlier events of %s: %s; retrying", pid, e)
@@ -318,10 +314,7 @@ class SliceQueries:
                     rows: list[StoredEvent] = await read_events(pid, nxt, MAX_SEQ_NR, page)
                     failures = 0
                 except JournalUnavailable as e:
-                    delay = min(
-                        self.settings.retry.max_backoff,
-                        self.settings.retry.initial_backoff * 2 ** min(failures, 30),
-                    )
+                    delay = self.settings.retry.backoff(failures)
                     failures += 1
                     down.occurred("live events of %s: %s; retrying with backoff", pid, e)
                     await asyncio.sleep(delay)
