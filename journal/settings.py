@@ -111,7 +111,7 @@ class RetrySettings:
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failures in a row: ``initial_backoff`` doubled per
         failure, at most ``max_backoff``."""
-        return min(self.max_backoff, self.initial_backoff * 2 ** min(failures, 30))
+        return min(self.max_backoff, self.initial_backoff * (1 << min(failures, 30)))
 
 
 QueryMode = Literal["horizon", "backtracking"]

@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from journal.postgres import SchemaSql
 from journal.sealed_text import open_texts, seal_texts
 from journal.serialization import SerializerRegistry
-from journal.settings import validate_identifier
 
 
 @dataclass(frozen=True)
@@ -67,17 +67,12 @@ def _letter(r: Any) -> DeadLetter:
 
 
 @dataclass(frozen=True)
-class DeadLetterSql:
+class DeadLetterSql(SchemaSql):
     """Statements for one schema (functions take a connection: callers choose the transaction)."""
-
-    schema: str
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.schema, "schema")
 
     @property
     def table(self) -> str:
-        return f'"{self.schema}".projection_dead_letter'
+        return self.t("projection_dead_letter")
 
     async def park(self, conn: Any, letter: DeadLetter) -> None:
         """Insert a dead letter; the same event parked again (an at-least-once redelivery)

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from journal.settings import validate_identifier
+from journal.postgres import SchemaSql
 
 
 @dataclass(frozen=True)
@@ -25,15 +25,10 @@ class TagOffsets:
 
 
 @dataclass(frozen=True)
-class TagOffsetSql:
-    schema: str
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.schema, "schema")
-
+class TagOffsetSql(SchemaSql):
     @property
     def table(self) -> str:
-        return f'"{self.schema}".projection_tag_offset_store'
+        return self.t("projection_tag_offset_store")
 
     async def load(self, conn: Any, name: str, tag: str) -> TagOffsets:
         rows = await conn.fetch(

@@ -27,6 +27,7 @@ from .offset_store import HEARTBEAT_PID, OffsetRow, OffsetSql
 from .partitions import FENCED, INCOMING, MOVED, MOVING, OWNED, SERVING, MoveRecord, PartitionRow, PostgresPartitions
 from .replication_part import LogPlaces, ReplicationPart
 from .replication_store import PostgresReplicationStore, ReplicationLogs
+from .schema_sql import SchemaSql
 from .settling import settle
 from .timestamp_rule import install as install_timestamp_rule
 from .timestamp_rule import installed as timestamp_rule_installed
@@ -54,6 +55,7 @@ __all__ = [
     "PostgresSliceLeases",
     "ReplicationLogs",
     "ReplicationPart",
+    "SchemaSql",
     "asyncpg_dsn",
     "connect",
     "driver_error",

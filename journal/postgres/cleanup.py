@@ -14,8 +14,8 @@ import asyncpg
 
 from ..backend import PidFootprint
 from ..ids import slice_for
-from ..settings import validate_identifier
 from .connections import PostgresConnections
+from .schema_sql import SchemaSql
 
 DELETE_BATCH_SIZE = 10_000
 """Event rows deleted per statement (each batch commits: an interrupted run keeps its progress)."""
@@ -24,30 +24,22 @@ _ALL = 2**63 - 1
 
 
 @dataclass(frozen=True)
-class CleanupStatements:
-    schema: str
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.schema, "schema")
-
-    def _t(self, table: str) -> str:
-        return f'"{self.schema}".{table}'
-
+class CleanupStatements(SchemaSql):
     @property
     def event_count(self) -> str:
         return (
             "SELECT count(*) FILTER (WHERE NOT deleted), COALESCE(max(seq_nr), 0), "
-            f"min(seq_nr) FILTER (WHERE NOT deleted) FROM {self._t('event_journal')} WHERE persistence_id = $1"
+            f"min(seq_nr) FILTER (WHERE NOT deleted) FROM {self.t('event_journal')} WHERE persistence_id = $1"
         )
 
     @property
     def snapshot_seq_nr(self) -> str:
-        return f"SELECT seq_nr FROM {self._t('snapshot')} WHERE persistence_id = $1"
+        return f"SELECT seq_nr FROM {self.t('snapshot')} WHERE persistence_id = $1"
 
     @property
     def tag_names(self) -> str:
         """Every distinct tag of the tag view, by a loose index scan (a probe per tag)."""
-        tv = self._t("tag_views")
+        tv = self.t("tag_views")
         return f"""
 WITH RECURSIVE t AS (
   (SELECT tag_name FROM {tv} ORDER BY tag_name LIMIT 1)
@@ -58,20 +50,20 @@ WITH RECURSIVE t AS (
 
     @property
     def tag_row_count(self) -> str:
-        return f"SELECT count(*) FROM {self._t('tag_views')} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1"
+        return f"SELECT count(*) FROM {self.t('tag_views')} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1"
 
     @property
     def delete_tag_rows(self) -> str:
-        return f"DELETE FROM {self._t('tag_views')} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1"
+        return f"DELETE FROM {self.t('tag_views')} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1"
 
     @property
     def raise_tag_progress(self) -> str:
         """The pid's progress per tag raised to its highest tag row (never lowered)."""
-        pr = self._t("tag_write_progress")
+        pr = self.t("tag_write_progress")
         return f"""
 INSERT INTO {pr} AS pr (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset")
 SELECT DISTINCT ON (tag_name) persistence_id, tag_name, sequence_nr, tag_pid_sequence_nr, timestamp
-FROM {self._t("tag_views")} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1
+FROM {self.t("tag_views")} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1
 ORDER BY tag_name, tag_pid_sequence_nr DESC
 ON CONFLICT (persistence_id, tag) DO UPDATE SET
   sequence_nr = GREATEST(pr.sequence_nr, EXCLUDED.sequence_nr),
@@ -81,15 +73,15 @@ ON CONFLICT (persistence_id, tag) DO UPDATE SET
 
     @property
     def delete_tag_progress(self) -> str:
-        return f"DELETE FROM {self._t('tag_write_progress')} WHERE persistence_id = $1"
+        return f"DELETE FROM {self.t('tag_write_progress')} WHERE persistence_id = $1"
 
     @property
     def delete_tag_scanning(self) -> str:
-        return f"DELETE FROM {self._t('tag_scanning')} WHERE persistence_id = $1"
+        return f"DELETE FROM {self.t('tag_scanning')} WHERE persistence_id = $1"
 
     @property
     def delete_events_batch(self) -> str:
-        ej = self._t("event_journal")
+        ej = self.t("event_journal")
         return (
             f"DELETE FROM {ej} WHERE persistence_id = $1 AND seq_nr IN ("
             f"SELECT seq_nr FROM {ej} WHERE persistence_id = $1 ORDER BY seq_nr LIMIT $2)"

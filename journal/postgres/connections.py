@@ -63,7 +63,9 @@ class PostgresConnections:
         self._writers = WriterConnections(self.dsn, c.connect_timeout, f"slice-journal writer {self.writer_id}"[:63])
         try:
             table = await self.retrying(
-                "connect", self._on_pool(lambda conn: conn.fetchval(self.sql.table_exists, self.sql.ej)), announce=True
+                "connect",
+                self._on_pool(lambda conn: conn.fetchval(self.sql.table_exists, self.sql.t("event_journal"))),
+                announce=True,
             )
         except BaseException:
             await self.close()

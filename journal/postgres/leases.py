@@ -26,25 +26,17 @@ from typing import Any
 import asyncpg
 
 from ..ids import NUMBER_OF_SLICES, chunk
-from ..settings import validate_identifier
 from .offset_store import HEARTBEAT_PID, OffsetRow, OffsetSql
+from .schema_sql import SchemaSql
 
 FORGET_DEAD_AFTER = timedelta(hours=1)
 """Membership rows of members gone this long are deleted (a failed one stays, for status)."""
 
 
 @dataclass(frozen=True)
-class LeaseSql:
+class LeaseSql(SchemaSql):
     """Statements of the leases, the membership and the offset rows, for one schema. Functions
     take an asyncpg connection, so callers choose the transaction."""
-
-    schema: str
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.schema, "schema")
-
-    def t(self, name: str) -> str:
-        return f'"{self.schema}".{name}'
 
     # -- leases ------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from ..settings import validate_identifier
+from .schema_sql import SchemaSql
 
 HEARTBEAT_PID = ""
 """persistence_id of heartbeat offset rows (seq_nr 0): the slice is done up to their timestamp."""
@@ -34,16 +34,8 @@ class OffsetRow:
 
 
 @dataclass(frozen=True)
-class OffsetSql:
+class OffsetSql(SchemaSql):
     """Statements of the offset rows, for one schema."""
-
-    schema: str
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.schema, "schema")
-
-    def t(self, name: str) -> str:
-        return f'"{self.schema}".{name}'
 
     async def save_offsets(self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow]) -> None:
         """Insert offset rows (insert-only; a repeat of an identical row is ignored)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..settings import validate_identifier
+from .schema_sql import SchemaSql
 from .timestamp_rule import delete_check_sql, fence_key, mover_key
 
 COPIED_TABLES = ("event_journal", "snapshot", "snapshot_older", "tag_views", "tag_write_progress", "tag_scanning")
@@ -18,15 +19,11 @@ they are: they belong to a database, not to a slice)."""
 
 
 @dataclass(frozen=True)
-class PartitionStatements:
-    schema: str
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.schema, "schema")
-
+class PartitionStatements(SchemaSql):
     def t(self, table: str) -> str:
+        """(Tables come from callers here too: each is checked.)"""
         validate_identifier(table, "table")
-        return f'"{self.schema}".{table}'
+        return super().t(table)
 
     @property
     def fence_key(self) -> int:

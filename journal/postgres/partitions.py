@@ -266,7 +266,7 @@ class PostgresPartitions:
         """Wait until every transaction holding the write lock on event_journal now has ended: a
         state committed before this call is then seen by every write still to come (refused
         after ``patience`` seconds)."""
-        vxids = [r[0] for r in await self.conns.fetch("writers", self.sql.writers, self.conns.sql.ej)]
+        vxids = [r[0] for r in await self.conns.fetch("writers", self.sql.writers, self.conns.sql.t("event_journal"))]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience
         while vxids and await self.conns.fetchval("writers", self.sql.still_running, vxids):

@@ -8,6 +8,8 @@ the configured schema is applied through the connection's ``search_path``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -68,22 +70,30 @@ event_journal = Table(
     ),
 )
 
+
+def _snapshot_columns() -> list[Column[Any]]:
+    """The columns of a snapshot row (reference DDL), in ``snapshot`` and ``snapshot_older`` alike."""
+    return [
+        Column("slice", Integer, nullable=False),
+        Column("entity_type", String(255), nullable=False),
+        Column("persistence_id", String(255), nullable=False),
+        Column("seq_nr", BigInteger, nullable=False),
+        Column("db_timestamp", TIMESTAMP(timezone=True)),
+        Column("write_timestamp", BigInteger, nullable=False),
+        Column("ser_id", Integer, nullable=False),
+        Column("ser_manifest", String(255), nullable=False),
+        Column("snapshot", LargeBinary, nullable=False),
+        Column("tags", ARRAY(Text)),
+        Column("meta_ser_id", Integer),
+        Column("meta_ser_manifest", String(255)),
+        Column("meta_payload", LargeBinary),
+    ]
+
+
 snapshot = Table(
     "snapshot",
     metadata,
-    Column("slice", Integer, nullable=False),
-    Column("entity_type", String(255), nullable=False),
-    Column("persistence_id", String(255), nullable=False),
-    Column("seq_nr", BigInteger, nullable=False),
-    Column("db_timestamp", TIMESTAMP(timezone=True)),
-    Column("write_timestamp", BigInteger, nullable=False),
-    Column("ser_id", Integer, nullable=False),
-    Column("ser_manifest", String(255), nullable=False),
-    Column("snapshot", LargeBinary, nullable=False),
-    Column("tags", ARRAY(Text)),
-    Column("meta_ser_id", Integer),
-    Column("meta_ser_manifest", String(255)),
-    Column("meta_payload", LargeBinary),
+    *_snapshot_columns(),
     PrimaryKeyConstraint("persistence_id", name="snapshot_pkey"),
     Index("snapshot_slice_idx", "slice", "entity_type", "db_timestamp"),
 )
@@ -93,19 +103,7 @@ snapshot = Table(
 snapshot_older = Table(
     "snapshot_older",
     metadata,
-    Column("slice", Integer, nullable=False),
-    Column("entity_type", String(255), nullable=False),
-    Column("persistence_id", String(255), nullable=False),
-    Column("seq_nr", BigInteger, nullable=False),
-    Column("db_timestamp", TIMESTAMP(timezone=True)),
-    Column("write_timestamp", BigInteger, nullable=False),
-    Column("ser_id", Integer, nullable=False),
-    Column("ser_manifest", String(255), nullable=False),
-    Column("snapshot", LargeBinary, nullable=False),
-    Column("tags", ARRAY(Text)),
-    Column("meta_ser_id", Integer),
-    Column("meta_ser_manifest", String(255)),
-    Column("meta_payload", LargeBinary),
+    *_snapshot_columns(),
     PrimaryKeyConstraint("persistence_id", "seq_nr", name="snapshot_older_pkey"),
 )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..settings import validate_identifier
+from .schema_sql import SchemaSql
 from .statements import EVENT_COLUMNS
 from .timestamp_rule import read_check
 
@@ -38,21 +38,13 @@ EVENTS = SliceTable(
 
 
 @dataclass(frozen=True)
-class SliceStatements:
-    schema: str
+class SliceStatements(SchemaSql):
     table: SliceTable = EVENTS
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.schema, "schema")
-
-    @property
-    def ej(self) -> str:
-        return f'"{self.schema}".{self.table.name}'
 
     @property
     def table_name(self) -> str:
-        """The table name as a regclass literal (a parameter, resolved by the server)."""
-        return self.ej
+        """The table, qualified; also as a regclass literal (a parameter, resolved by the server)."""
+        return self.t(self.table.name)
 
     def page(self, *, with_payload: bool) -> str:
         """One page of a slice range in ``[$3, $4)``, ordered by (db_timestamp, seq_nr, pid).
@@ -69,7 +61,7 @@ class SliceStatements:
         t = self.table
         cols = t.columns if with_payload else t.no_payload_columns
         return (
-            f"SELECT {cols} FROM {self.ej} "
+            f"SELECT {cols} FROM {self.table_name} "
             "WHERE entity_type = $1 AND slice = ANY($2::int[]) "
             f"AND db_timestamp >= $3 AND db_timestamp < $4 AND {t.delivered} "
             "AND NOT (db_timestamp = $3 AND EXISTS (SELECT 1 FROM unnest($5::text[], $6::bigint[]) "
@@ -88,7 +80,7 @@ class SliceStatements:
         return (
             "SELECT min(t.db_timestamp) FROM generate_series($2::int, $3::int) AS s(slice) "
             "CROSS JOIN LATERAL ("
-            f"SELECT e.db_timestamp FROM {self.ej} e WHERE e.slice = s.slice "
+            f"SELECT e.db_timestamp FROM {self.table_name} e WHERE e.slice = s.slice "
             "AND e.entity_type = $1 AND e.db_timestamp >= $4 AND e.db_timestamp < $5 "
             f"AND {self.table.delivered} ORDER BY e.db_timestamp LIMIT 1) AS t "
             f"WHERE {read_check(self.schema, '$6', 'ARRAY(SELECT generate_series($2::int, $3::int))')}"

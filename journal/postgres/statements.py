@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..backend import SLICE_GROUP_SIZE, SLICE_ROW_COLUMNS
-from ..settings import validate_identifier
+from .schema_sql import SchemaSql
 from .timestamp_rule import delete_check_sql
 
 EVENT_COLUMNS = ", ".join(SLICE_ROW_COLUMNS)
@@ -37,20 +37,7 @@ _SNAP_COLS = (
 
 
 @dataclass(frozen=True)
-class Statements:
-    schema: str
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.schema, "schema")
-
-    @property
-    def ej(self) -> str:
-        return f'"{self.schema}".event_journal'
-
-    @property
-    def snap(self) -> str:
-        return f'"{self.schema}".snapshot'
-
+class Statements(SchemaSql):
     @property
     def channel(self) -> str:
         return notify_channel(self.schema)
@@ -65,13 +52,13 @@ class Statements:
     def written_check(self) -> str:
         """Rows of one pid in a seq_nr range written by a writer (resolving unknown outcomes)."""
         return (
-            f"SELECT writer, event_payload, db_timestamp FROM {self.ej} "
+            f"SELECT writer, event_payload, db_timestamp FROM {self.t('event_journal')} "
             "WHERE persistence_id = $1 AND seq_nr BETWEEN $2 AND $3 ORDER BY seq_nr"
         )
 
     @property
     def highest_seq_nr(self) -> str:
-        return f"SELECT COALESCE(max(seq_nr), 0) FROM {self.ej} WHERE persistence_id = $1"
+        return f"SELECT COALESCE(max(seq_nr), 0) FROM {self.t('event_journal')} WHERE persistence_id = $1"
 
     @property
     def event_columns(self) -> str:
@@ -80,23 +67,26 @@ class Statements:
     @property
     def events_by_pid(self) -> str:
         return (
-            f"SELECT {EVENT_COLUMNS} FROM {self.ej} WHERE persistence_id = $1 "
+            f"SELECT {EVENT_COLUMNS} FROM {self.t('event_journal')} WHERE persistence_id = $1 "
             "AND seq_nr >= $2 AND seq_nr <= $3 AND deleted = false ORDER BY seq_nr LIMIT $4"
         )
 
     @property
     def load_event(self) -> str:
-        return f"SELECT {EVENT_COLUMNS} FROM {self.ej} WHERE persistence_id = $1 AND seq_nr = $2 AND deleted = false"
+        return (
+            f"SELECT {EVENT_COLUMNS} FROM {self.t('event_journal')} "
+            "WHERE persistence_id = $1 AND seq_nr = $2 AND deleted = false"
+        )
 
     @property
     def timestamp_of(self) -> str:
-        return f"SELECT db_timestamp FROM {self.ej} WHERE persistence_id = $1 AND seq_nr = $2"
+        return f"SELECT db_timestamp FROM {self.t('event_journal')} WHERE persistence_id = $1 AND seq_nr = $2"
 
     @property
     def delete_batch(self) -> str:
         return (
-            f"DELETE FROM {self.ej} WHERE persistence_id = $1 AND seq_nr IN ("
-            f"SELECT seq_nr FROM {self.ej} WHERE persistence_id = $1 AND seq_nr <= $2 "
+            f"DELETE FROM {self.t('event_journal')} WHERE persistence_id = $1 AND seq_nr IN ("
+            f"SELECT seq_nr FROM {self.t('event_journal')} WHERE persistence_id = $1 AND seq_nr <= $2 "
             "ORDER BY seq_nr LIMIT $3)"
         )
 
@@ -104,20 +94,21 @@ class Statements:
     def tombstone(self) -> str:
         """Turn the highest event into the reference's tombstone: deleted, payload dropped."""
         return (
-            f"UPDATE {self.ej} SET deleted = true, event_payload = '\\x'::bytea, "
+            f"UPDATE {self.t('event_journal')} SET deleted = true, event_payload = '\\x'::bytea, "
             "meta_payload = NULL WHERE persistence_id = $1 AND seq_nr = $2"
         )
 
     @property
     def persistence_ids(self) -> str:
         return (
-            f"SELECT DISTINCT persistence_id FROM {self.ej} WHERE persistence_id > $1 ORDER BY persistence_id LIMIT $2"
+            f"SELECT DISTINCT persistence_id FROM {self.t('event_journal')} WHERE persistence_id > $1 "
+            "ORDER BY persistence_id LIMIT $2"
         )
 
     @property
     def persistence_ids_by_type(self) -> str:
         return (
-            f"SELECT DISTINCT persistence_id FROM {self.ej} WHERE persistence_id > $1 "
+            f"SELECT DISTINCT persistence_id FROM {self.t('event_journal')} WHERE persistence_id > $1 "
             "AND entity_type = $3 ORDER BY persistence_id LIMIT $2"
         )
 
@@ -129,7 +120,7 @@ class Statements:
         )
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in cols.split(", ") if c != "persistence_id")
         return (
-            f"INSERT INTO {self.snap} ({cols}) VALUES "
+            f"INSERT INTO {self.t('snapshot')} ({cols}) VALUES "
             "($1, $2, $3, $4, clock_timestamp(), $5, $6, $7, $8, $9, $10, $11, $12) "
             f"ON CONFLICT (persistence_id) DO UPDATE SET {updates}"
         )
@@ -137,19 +128,21 @@ class Statements:
     @property
     def replace_snapshot(self) -> str:
         """The upsert, also dropping the older snapshots kept before (one statement: atomic)."""
-        return f"WITH older AS (DELETE FROM {self.older} WHERE persistence_id = $3) {self.upsert_snapshot}"
+        return (
+            f"WITH older AS (DELETE FROM {self.t('snapshot_older')} WHERE persistence_id = $3) {self.upsert_snapshot}"
+        )
 
     @property
     def load_snapshot(self) -> str:
         return (
             "SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, "
             "ser_id, ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload "
-            f"FROM {self.snap} WHERE persistence_id = $1"
+            f"FROM {self.t('snapshot')} WHERE persistence_id = $1"
         )
 
     @property
     def delete_snapshot(self) -> str:
-        return f"DELETE FROM {self.snap} WHERE persistence_id = $1"
+        return f"DELETE FROM {self.t('snapshot')} WHERE persistence_id = $1"
 
     table_exists = "SELECT to_regclass($1)"
     """The table (a regclass literal, :attr:`ej`) if it exists, else NULL."""
@@ -159,17 +152,13 @@ class Statements:
     @property
     def schema_revision(self) -> str:
         """The Alembic revision of the journal's schema (its own version table)."""
-        return f'SELECT version_num FROM "{self.schema}".slice_journal_alembic_version'
-
-    @property
-    def older(self) -> str:
-        return f'"{self.schema}".snapshot_older'
+        return f"SELECT version_num FROM {self.t('slice_journal_alembic_version')}"
 
     @property
     def keep_previous_snapshot(self) -> str:
         """Copy the pid's current snapshot (older than $2) into snapshot_older."""
         return (
-            f"INSERT INTO {self.older} ({_SNAP_COLS}) SELECT {_SNAP_COLS} FROM {self.snap} "
+            f"INSERT INTO {self.t('snapshot_older')} ({_SNAP_COLS}) SELECT {_SNAP_COLS} FROM {self.t('snapshot')} "
             "WHERE persistence_id = $1 AND seq_nr < $2 ON CONFLICT (persistence_id, seq_nr) DO NOTHING"
         )
 
@@ -177,34 +166,37 @@ class Statements:
     def prune_older_snapshots(self) -> str:
         """Keep the $3 newest older snapshots below the current one ($2)."""
         return (
-            f"DELETE FROM {self.older} WHERE persistence_id = $1 AND (seq_nr >= $2 OR seq_nr NOT IN "
-            f"(SELECT seq_nr FROM {self.older} WHERE persistence_id = $1 AND seq_nr < $2 "
+            f"DELETE FROM {self.t('snapshot_older')} WHERE persistence_id = $1 AND (seq_nr >= $2 OR seq_nr NOT IN "
+            f"(SELECT seq_nr FROM {self.t('snapshot_older')} WHERE persistence_id = $1 AND seq_nr < $2 "
             "ORDER BY seq_nr DESC LIMIT $3))"
         )
 
     @property
     def load_older_snapshots(self) -> str:
-        return f"SELECT {_SNAP_COLS} FROM {self.older} WHERE persistence_id = $1 ORDER BY seq_nr DESC LIMIT $2"
+        return (
+            f"SELECT {_SNAP_COLS} FROM {self.t('snapshot_older')} "
+            "WHERE persistence_id = $1 ORDER BY seq_nr DESC LIMIT $2"
+        )
 
     @property
     def delete_older_snapshots(self) -> str:
-        return f"DELETE FROM {self.older} WHERE persistence_id = $1"
+        return f"DELETE FROM {self.t('snapshot_older')} WHERE persistence_id = $1"
 
     @property
     def insert_keys(self) -> str:
         return (
-            f'INSERT INTO "{self.schema}".encryption_key (subject, data_key, created_at) '
+            f"INSERT INTO {self.t('encryption_key')} (subject, data_key, created_at) "
             "SELECT s, k, now() FROM unnest($1::text[], $2::bytea[]) AS u(s, k) ON CONFLICT DO NOTHING"
         )
 
     @property
     def load_keys(self) -> str:
-        return f'SELECT subject, data_key FROM "{self.schema}".encryption_key WHERE subject = ANY($1::text[])'
+        return f"SELECT subject, data_key FROM {self.t('encryption_key')} WHERE subject = ANY($1::text[])"
 
     @property
     def forget_key(self) -> str:
         """A subject with no key yet gets its tombstone too: it is never made later."""
-        t = f'"{self.schema}".encryption_key'
+        t = self.t("encryption_key")
         return (
             f"WITH old AS (SELECT data_key FROM {t} WHERE subject = $1) "
             f"INSERT INTO {t} AS k (subject, data_key, created_at, forgotten_at) VALUES ($1, NULL, now(), now()) "
@@ -215,12 +207,13 @@ class Statements:
     @property
     def manifest_counts(self) -> str:
         return (
-            f"SELECT 'event', event_ser_id, event_ser_manifest, count(*) FROM {self.ej} WHERE NOT deleted "
-            f"GROUP BY 2, 3 UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.snap} "
-            f"GROUP BY 2, 3 UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.older} "
+            "SELECT 'event', event_ser_id, event_ser_manifest, count(*) "
+            f"FROM {self.t('event_journal')} WHERE NOT deleted GROUP BY 2, 3 "
+            f"UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.t('snapshot')} GROUP BY 2, 3 "
+            f"UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.t('snapshot_older')} "
             "GROUP BY 2, 3 ORDER BY 1, 3, 2"
         )
 
     @property
     def event_counts(self) -> str:
-        return f"SELECT entity_type, count(*) FROM {self.ej} GROUP BY entity_type ORDER BY entity_type"
+        return f"SELECT entity_type, count(*) FROM {self.t('event_journal')} GROUP BY entity_type ORDER BY entity_type"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..settings import validate_identifier
+from .schema_sql import SchemaSql
 
 GREGORIAN_OFFSET = 0x01B21DD213814000
 
@@ -36,27 +36,10 @@ TAG_PAGE_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class TagStatements:
-    schema: str
-
-    def __post_init__(self) -> None:
-        validate_identifier(self.schema, "schema")
-
-    @property
-    def tv(self) -> str:
-        return f'"{self.schema}".tag_views'
-
-    @property
-    def progress(self) -> str:
-        return f'"{self.schema}".tag_write_progress'
-
-    @property
-    def scanning(self) -> str:
-        return f'"{self.schema}".tag_scanning'
-
+class TagStatements(SchemaSql):
     @property
     def view_settings(self) -> str:
-        return f'"{self.schema}".tag_view_settings'
+        return self.t("tag_view_settings")
 
     def insert_from_events(self, src: str, writer_param: str, bucket_param: str, conflict: str) -> str:
         """The data-modifying CTE body that inserts the tag rows of the events in CTE ``src``
@@ -65,7 +48,7 @@ class TagStatements:
         rows and keeps the progress)."""
         t = "tvs.uuid_time"
         return f"""
-  INSERT INTO {self.tv} ({TAG_ROW_COLUMNS})
+  INSERT INTO {self.t("tag_views")} ({TAG_ROW_COLUMNS})
   SELECT tvs.tag, ((tvs.uuid_time - {GREGORIAN_OFFSET}) / 10000 / {bucket_param}) * {bucket_param},
     {timeuuid_sql(t, "tvs.persistence_id", "tvs.seq_nr")}, tvs.uuid_time, tvs.persistence_id,
     COALESCE(pm.n, 0) + row_number() OVER (PARTITION BY tvs.tag, tvs.persistence_id ORDER BY tvs.seq_nr),
@@ -78,8 +61,8 @@ class TagStatements:
     FROM {src} s CROSS JOIN LATERAL unnest(s.tags) AS tg(tag)
   ) tvs
   LEFT JOIN LATERAL (
-    SELECT GREATEST(max(v.tag_pid_sequence_nr), (SELECT p.tag_pid_sequence_nr FROM {self.progress} p
-      WHERE p.persistence_id = tvs.persistence_id AND p.tag = tvs.tag)) AS n FROM {self.tv} v
+    SELECT GREATEST(max(v.tag_pid_sequence_nr), (SELECT p.tag_pid_sequence_nr FROM {self.t("tag_write_progress")} p
+      WHERE p.persistence_id = tvs.persistence_id AND p.tag = tvs.tag)) AS n FROM {self.t("tag_views")} v
     WHERE v.tag_name = tvs.tag AND v.persistence_id = tvs.persistence_id
   ) pm ON true
   {conflict}
@@ -89,7 +72,7 @@ class TagStatements:
     def insert_rows(self) -> str:
         """Idempotent upsert of tag rows (a resend after recovery writes nothing twice)."""
         return (
-            f"INSERT INTO {self.tv} ({TAG_ROW_COLUMNS}) SELECT * FROM unnest($1::text[], $2::bigint[], "
+            f"INSERT INTO {self.t('tag_views')} ({TAG_ROW_COLUMNS}) SELECT * FROM unnest($1::text[], $2::bigint[], "
             "$3::uuid[], $4::bigint[], $5::text[], $6::bigint[], $7::bigint[], $8::text[], $9::int[], "
             "$10::text[], $11::bytea[], $12::int[], $13::text[], $14::bytea[]) ON CONFLICT DO NOTHING"
         )
@@ -97,19 +80,20 @@ class TagStatements:
     @property
     def read_rows(self) -> str:
         return (
-            f"SELECT {TAG_PAGE_COLUMNS} FROM {self.tv} WHERE tag_name = $1 AND timebucket = $2 "
+            f"SELECT {TAG_PAGE_COLUMNS} FROM {self.t('tag_views')} WHERE tag_name = $1 AND timebucket = $2 "
             "AND (uuid_time, timestamp) > ($3, $4) AND uuid_time < $5 "
             "ORDER BY uuid_time, timestamp LIMIT $6"
         )
 
     @property
     def next_bucket(self) -> str:
-        return f"SELECT min(timebucket) FROM {self.tv} WHERE tag_name = $1 AND timebucket BETWEEN $2 AND $3"
+        return f"SELECT min(timebucket) FROM {self.t('tag_views')} WHERE tag_name = $1 AND timebucket BETWEEN $2 AND $3"
 
     @property
     def upsert_progress(self) -> str:
         return (
-            f'INSERT INTO {self.progress} (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset") '
+            f"INSERT INTO {self.t('tag_write_progress')} "
+            '(persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset") '
             "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::uuid[]) "
             "ON CONFLICT (persistence_id, tag) DO UPDATE SET sequence_nr = EXCLUDED.sequence_nr, "
             'tag_pid_sequence_nr = EXCLUDED.tag_pid_sequence_nr, "offset" = EXCLUDED."offset"'
@@ -118,18 +102,18 @@ class TagStatements:
     @property
     def read_progress(self) -> str:
         return (
-            f'SELECT persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset" FROM {self.progress} '
-            "WHERE persistence_id = $1"
+            'SELECT persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset" '
+            f"FROM {self.t('tag_write_progress')} WHERE persistence_id = $1"
         )
 
     @property
     def read_scanning(self) -> str:
-        return f"SELECT sequence_nr FROM {self.scanning} WHERE persistence_id = $1"
+        return f"SELECT sequence_nr FROM {self.t('tag_scanning')} WHERE persistence_id = $1"
 
     @property
     def upsert_scanning(self) -> str:
         return (
-            f"INSERT INTO {self.scanning} (persistence_id, sequence_nr) VALUES ($1, $2) "
+            f"INSERT INTO {self.t('tag_scanning')} (persistence_id, sequence_nr) VALUES ($1, $2) "
             "ON CONFLICT (persistence_id) DO UPDATE SET sequence_nr = EXCLUDED.sequence_nr"
         )
 
@@ -154,4 +138,4 @@ class TagStatements:
 
     @property
     def any_rows(self) -> str:
-        return f"SELECT EXISTS (SELECT 1 FROM {self.tv})"
+        return f"SELECT EXISTS (SELECT 1 FROM {self.t('tag_views')})"

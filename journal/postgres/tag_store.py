@@ -72,7 +72,7 @@ class PostgresTagStore:
         )
 
     async def tagged_events(self, persistence_id: str, from_seq_nr: int, limit: int) -> list[TaggedEvent]:
-        stmt = self.sql.tagged_events(self.conns.sql.ej)
+        stmt = self.sql.tagged_events(self.conns.sql.t("event_journal"))
         rows = await self._run("read tagged events", lambda conn: conn.fetch(stmt, persistence_id, from_seq_nr, limit))
         return [
             TaggedEvent(

@@ -68,7 +68,7 @@ class WriteStatements:
     """
 
     def __init__(self, sql: Statements, *, notify: bool, bucket_millis: int) -> None:
-        self._ej = sql.ej
+        self._ej = sql.t("event_journal")
         self._schema = sql.schema
         self._channel = sql.channel
         self._tags = TagStatements(sql.schema)
