@@ -61,6 +61,11 @@ def mask_passwords(text: str) -> str:
     return _PASSWORD_PARAMETER.sub(r"\1***", _PASSWORD_IN_URL.sub(r"\1***@", text))
 
 
+def _with_detail(message: str, detail: str) -> str:
+    """``message``, then ``: detail`` when there is one."""
+    return f"{message}: {detail}" if detail else message
+
+
 class JournalError(Exception):
     """Root of every error this library raises. A DSN's password in the message is masked."""
 
@@ -133,12 +138,8 @@ class SequenceConflict(JournalError):
     def __init__(self, persistence_id: str, expected_seq_nr: int | None, detail: str = "") -> None:
         self.persistence_id = persistence_id
         self.expected_seq_nr = expected_seq_nr
-        msg = f"sequence conflict for {persistence_id!r}"
-        if expected_seq_nr is not None:
-            msg += f" (expected highest seq_nr {expected_seq_nr})"
-        if detail:
-            msg += f": {detail}"
-        super().__init__(msg)
+        at = "" if expected_seq_nr is None else f" (expected highest seq_nr {expected_seq_nr})"
+        super().__init__(_with_detail(f"sequence conflict for {persistence_id!r}{at}", detail))
 
 
 class RevisionConflict(JournalError):
@@ -308,12 +309,8 @@ class RecoveryFailed(EntityError):
     def __init__(self, persistence_id: str, seq_nr: int | None, detail: str = "") -> None:
         self.persistence_id = persistence_id
         self.seq_nr = seq_nr
-        msg = f"recovery of {persistence_id!r} failed"
-        if seq_nr is not None:
-            msg += f" at seq_nr {seq_nr}"
-        if detail:
-            msg += f": {detail}"
-        super().__init__(msg)
+        at = "" if seq_nr is None else f" at seq_nr {seq_nr}"
+        super().__init__(_with_detail(f"recovery of {persistence_id!r} failed{at}", detail))
 
 
 class ReplicationError(JournalError):

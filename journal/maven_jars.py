@@ -28,14 +28,16 @@ def require_tools(what: str, error: type[ConfigurationError]) -> tuple[str, str]
 
 
 def resolve_jars(
-    home: Path, artifact: str, pom: str, mvn: str, error: type[ConfigurationError], progress: Progress, label: str
+    home: Path, artifact: str, pom: str, what: str, error: type[ConfigurationError], progress: Progress, label: str
 ) -> Path:
     """``home/lib``: the runtime dependencies of ``pom`` (which names ``artifact``), resolved by
-    Maven the first time (printing progress), then reused; a file lock keeps two processes from
-    resolving into the same directory at once, and ``home/COMPLETE`` marks a whole set."""
+    Maven the first time (printing progress), then reused without Java or Maven; a file lock keeps
+    two processes from resolving into the same directory at once, and ``home/COMPLETE`` marks a
+    whole set. ``what`` and ``error``: as :func:`require_tools` says a missing tool."""
     lib, done = home / "lib", home / "COMPLETE"
     if done.exists():
         return lib
+    _, mvn = require_tools(what, error)
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -128,21 +128,20 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
+_NEEDS = "a local Cassandra"
+
+
 def require_tools() -> tuple[str, str]:
     """Paths of ``java`` and ``mvn``, or :class:`CassandraSetupError` saying what to install."""
-    return maven_jars.require_tools("a local Cassandra", CassandraSetupError)
+    return maven_jars.require_tools(_NEEDS, CassandraSetupError)
 
 
 def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progress: Progress = _stderr) -> Path:
     """The ``lib`` directory holding cassandra-all ``version`` and its runtime dependencies."""
     home = (cache or cache_root()) / f"cassandra-{version}"
-    if (home / "COMPLETE").exists():
-        return home / "lib"
-    _, mvn = require_tools()
     artifact = f"org.apache.cassandra:cassandra-all:{version}"
-    return maven_jars.resolve_jars(
-        home, artifact, _POM.format(version=version), mvn, CassandraSetupError, progress, "cassandra"
-    )
+    pom = _POM.format(version=version)
+    return maven_jars.resolve_jars(home, artifact, pom, _NEEDS, CassandraSetupError, progress, "cassandra")
 
 
 # -- configuration -------------------------------------------------------------------------------

@@ -93,21 +93,15 @@ class ReplicationPart:
     async def read_log(self, log_name: str, after: int, upto: int | None, limit: int) -> list[asyncpg.Record]:
         """The log's events after ``after`` (and up to ``upto``, the committed position of a
         partitioned location), in log order."""
-        async with self.connection() as conn:
-            if self.slices is None:
-                rows: list[asyncpg.Record] = await conn.fetch(self.sql.read_log, log_name, after, limit)
-            else:
-                rows = await conn.fetch(self.sql.read_log_within, log_name, after, upto, limit, self.slices)
-        return rows
+        return await self._fetch(
+            (self.sql.read_log, log_name, after, limit), (self.sql.read_log_within, log_name, after, upto, limit)
+        )
 
     async def read_ids(self, log_name: str, ids: Sequence[tuple[str, int]], upto: int | None) -> list[asyncpg.Record]:
         origins, seqs = [i[0] for i in ids], [i[1] for i in ids]
-        async with self.connection() as conn:
-            if self.slices is None:
-                rows: list[asyncpg.Record] = await conn.fetch(self.sql.read_ids, log_name, origins, seqs)
-            else:
-                rows = await conn.fetch(self.sql.read_ids_within, log_name, origins, seqs, upto, self.slices)
-        return rows
+        return await self._fetch(
+            (self.sql.read_ids, log_name, origins, seqs), (self.sql.read_ids_within, log_name, origins, seqs, upto)
+        )
 
     async def stored_ids(self, log_name: str, ids: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
         """Those of ``ids`` stored here (in any slice: a move's copy counts)."""
@@ -115,12 +109,18 @@ class ReplicationPart:
             return await stored_ids(conn, self.sql, log_name, ids)
 
     async def event_ids(self, log_name: str) -> dict[tuple[str, int], int]:
+        rows = await self._fetch((self.sql.event_ids, log_name), (self.sql.event_ids_within, log_name))
+        return {(r[0], int(r[1])): int(r[2]) for r in rows}
+
+    async def _fetch(self, whole: tuple[Any, ...], within: tuple[Any, ...]) -> list[asyncpg.Record]:
+        """``whole`` (a statement and its arguments) for a location with a database of its own,
+        else ``within``, with this location's slices as its last argument."""
         async with self.connection() as conn:
             if self.slices is None:
-                rows = await conn.fetch(self.sql.event_ids, log_name)
+                rows: list[asyncpg.Record] = await conn.fetch(*whole)
             else:
-                rows = await conn.fetch(self.sql.event_ids_within, log_name, self.slices)
-        return {(r[0], int(r[1])): int(r[2]) for r in rows}
+                rows = await conn.fetch(*within, self.slices)
+        return rows
 
     async def unstamped(self, conn: Any, log_name: str, limit: int) -> list[asyncpg.Record]:
         """The oldest local events of the log not stamped yet. In a partitioned database, of

@@ -65,20 +65,20 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
+_NEEDS = "a local Kafka broker"
+
+
 def require_tools() -> tuple[str, str]:
     """Paths of ``java`` and ``mvn``, or :class:`KafkaSetupError` saying what to install."""
-    return maven_jars.require_tools("a local Kafka broker", KafkaSetupError)
+    return maven_jars.require_tools(_NEEDS, KafkaSetupError)
 
 
 def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progress: Progress = _stderr) -> Path:
     """The ``lib`` directory holding kafka_2.13 ``version`` and its runtime dependencies."""
     home = (cache or cache_root()) / f"kafka-{version}"
-    if (home / "COMPLETE").exists():
-        return home / "lib"
-    _, mvn = require_tools()
-    pom = _POM.format(version=version, slf4j=SLF4J_VERSION)
     artifact = f"org.apache.kafka:kafka_2.13:{version}"
-    return maven_jars.resolve_jars(home, artifact, pom, mvn, KafkaSetupError, progress, "kafka")
+    pom = _POM.format(version=version, slf4j=SLF4J_VERSION)
+    return maven_jars.resolve_jars(home, artifact, pom, _NEEDS, KafkaSetupError, progress, "kafka")
 
 
 def server_properties(
