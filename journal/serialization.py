@@ -391,10 +391,12 @@ class SerializerRegistry:
         """The value of a stored payload: opened (``pid``: whose it is, for its key), upcast when
         its manifest has an upcaster, built. An encrypted payload of a forgotten subject reads as a
         :class:`~journal.codec.Forgotten` value."""
-        opened = self._opened(ser_id, manifest, payload, what, pid)
-        if type(opened) is Forgotten:
-            return opened
-        s, ser_id, manifest, payload = opened  # type: ignore[misc]
+        s = self._by_id.get(ser_id)
+        if s is None:  # sealed by the codec (its id is never registered), or an unknown serializer
+            opened = self._opened(ser_id, manifest, payload, what, pid)
+            if type(opened) is Forgotten:
+                return opened
+            s, ser_id, manifest, payload = opened  # type: ignore[misc]
         try:
             if manifest in self._upcast:
                 return self._upcasted(s, manifest, payload)
