@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -29,6 +30,7 @@ from journal.offsets import TimeUUIDOffset
 
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
 from .tag_offset_store import TagOffsetSql
+from .transactions import Unit
 from .validation import Validator
 
 R = TypeVar("R")
@@ -93,21 +95,19 @@ class OffsetRows(Protocol[R]):
         ...
 
 
+@dataclass(eq=False)
 class SliceOffsetRows:
     """A slice range's offset rows (``list[OffsetRow]``), pending in its validator."""
 
-    def __init__(
-        self, sql: ProjectionSql, name: str, key: str, epochs: dict[int, int], validator: Validator, slices: range
-    ) -> None:
-        self.sql = sql
-        self.name = name
-        self.key = key
-        self.epochs = epochs
-        self.validator = validator
-        self.slices = slices
-        self.delivered_upto: datetime | None = None
-        """Horizon mode: every event of the range below it is delivered and committed (the
-        processor notes it after each batch a transactional delivery committed)."""
+    sql: ProjectionSql
+    unit: Unit
+    """The projection and the range's key (``lo-hi``), as the rows store them."""
+    epochs: dict[int, int]
+    """The range's leases: slice -> epoch, for each slice of the range in order."""
+    validator: Validator
+    delivered_upto: datetime | None = None
+    """Horizon mode: every event of the range below it is delivered (the processor notes it after
+    each batch; a transactional delivery has committed it then, and stores it at stop)."""
 
     @property
     def has_pending(self) -> bool:
@@ -140,7 +140,7 @@ class SliceOffsetRows:
         return [r for r in rows if r.persistence_id == HEARTBEAT_PID]  # the heartbeat rows
 
     async def store(self, conn: Any, rows: list[OffsetRow]) -> None:
-        await self.sql.save_offsets(conn, self.name, self.key, rows)
+        await self.sql.save_offsets(conn, self.unit.name, self.unit.key, rows)
 
     def fence(self, rows: list[OffsetRow], env: EventEnvelope | None = None) -> dict[int, int]:
         touched = {r.slice: self.epochs[r.slice] for r in rows}
@@ -152,7 +152,7 @@ class SliceOffsetRows:
         row = next((r for r in rows if r.persistence_id != HEARTBEAT_PID), None)
 
         async def committed(conn: Any) -> bool:
-            return row is not None and await self.sql.offset_row_exists(conn, self.name, row)
+            return row is not None and await self.sql.offset_row_exists(conn, self.unit.name, row)
 
         return committed
 
@@ -160,7 +160,7 @@ class SliceOffsetRows:
         """Heartbeats at ``ts`` for the slices whose stored offset is older than ``ts - every``."""
         below = ts - every
         out: dict[int, datetime] = {}
-        for s in self.slices:
+        for s in self.epochs:
             st = self.validator.slices.get(s)
             if st is None or st.latest is None or st.latest < below:
                 out[s] = ts
@@ -181,11 +181,10 @@ class SliceOffsetRows:
 class TagOffsetRows:
     """A tag's offset rows (``{pid: (seq_nr, TimeUUID)}``), fenced by the tag's one lease."""
 
-    def __init__(self, sql: TagOffsetSql, name: str, tag: str, epochs: dict[int, int]) -> None:
-        self.sql = sql
-        self.name = name
-        self.tag = tag
-        self.epochs = epochs
+    def __init__(self, sql: TagOffsetSql, name: str, tag: str, epoch: int) -> None:
+        self.sql, self.name, self.tag = sql, name, tag
+        self.lease = {0: epoch}
+        """The tag's one lease (slice 0 of the projection's lease rows) at its epoch."""
         self.seq_nrs: dict[str, int] = {}
         """pid -> the latest seq_nr whose offset is stored."""
         self.accepted: TagRows = {}
@@ -236,7 +235,7 @@ class TagOffsetRows:
         await self.sql.save(conn, self.name, self.tag, rows)
 
     def fence(self, rows: TagRows, env: EventEnvelope | None = None) -> dict[int, int]:
-        return dict(self.epochs)  # the tag's one lease
+        return dict(self.lease)
 
     def proof(self, rows: TagRows) -> Proof:
         row = next(iter(rows.items()), None)

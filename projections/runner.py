@@ -69,7 +69,9 @@ class RangeProcessor:
         self._stopping = asyncio.Event()
         self.tx = parts.transactions(self.key, self._stopping)
         """Every transaction and read of the database of this processor (:mod:`.transactions`)."""
-        self.offsets = SliceOffsetRows(self.sql, self.name, self.key, dict(epochs), self.validator, range(lo, hi + 1))
+        self.offsets = SliceOffsetRows(
+            self.sql, self.tx.unit, {s: epochs[s] for s in range(lo, hi + 1)}, self.validator
+        )
         self.delivery = parts.delivery(self.tx, self.offsets)
         self._heartbeat_every = timedelta(seconds=self.s.heartbeat_offset_interval)
 
