@@ -69,10 +69,10 @@ class Batches:
     async def next(self) -> Batch:
         """Up to ``size`` envelopes: what is read ahead, or what comes within ``max_wait`` of the
         first; a heartbeat ends a batch; empty when nothing came for a moment."""
-        queue = self.queue
+        queue, size, stopping = self.queue, self.size, self.stopping
         batch: Batch = []
         deadline: float | None = None
-        while len(batch) < self.size:
+        while len(batch) < size:
             if queue.empty():  # only then is the clock read: items already read ahead are free
                 if batch:
                     assert deadline is not None
@@ -88,7 +88,7 @@ class Batches:
             else:
                 item = queue.get_nowait()
             if item is _END:
-                self.stopping.set()
+                stopping.set()
                 break
             if isinstance(item, BaseException):
                 raise item
@@ -97,7 +97,7 @@ class Batches:
                 break
             if deadline is None:
                 deadline = time.monotonic() + self.max_wait
-            if self.stopping.is_set():
+            if stopping.is_set():
                 break
         return batch
 

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from journal.envelope import EventEnvelope
 from journal.offsets import Offset, TimeUUIDOffset
@@ -33,7 +33,7 @@ from .batches import Batch, Batches, process
 from .offset_rows import TagOffsetRows
 from .parts import ProjectionParts
 from .recovery import HandlerRecovery
-from .tag_offset_store import TagOffsetSql
+from .tag_offset_store import TagOffsets, TagOffsetSql
 from .worker import Worker
 
 log = logging.getLogger("projections.tag_runner")
@@ -69,7 +69,7 @@ class TagProcessor:
         self._stopping.set()
 
     async def run(self) -> None:
-        async def load() -> Any:
+        async def load() -> TagOffsets:
             async with self.tx.pool.acquire() as conn:
                 return await self.tag_sql.load(conn, self.name, self.tag)
 
