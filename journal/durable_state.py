@@ -274,10 +274,12 @@ class DurableState:
     async def _write(self, rows: Sequence[StateRow], values: Sequence[Any]) -> list[StateOutcome]:
         watched = any(r.entity_type in self._handlers or r.entity_type in self._events for r in rows)
 
-        async def in_transaction(conn: Any, answers: list[RowOutcome]) -> None:
-            for row, value, answer in zip(rows, values, answers, strict=True):
+        value_of = {r.persistence_id: v for r, v in zip(rows, values, strict=True)}  # a pid is in one part
+
+        async def in_transaction(conn: Any, written: Sequence[StateRow], answers: list[RowOutcome]) -> None:
+            for row, answer in zip(written, answers, strict=True):
                 if isinstance(answer, datetime):
-                    await self._changed(conn, _change(row, value, answer))
+                    await self._changed(conn, _change(row, value_of[row.persistence_id], answer))
 
         answers = await self._store.upsert_states(rows, in_transaction if watched else None)
         return [_outcome(r, a) for r, a in zip(rows, answers, strict=True)]

@@ -19,7 +19,6 @@ from typing import Any
 
 from ..backend import (
     Backend,
-    DurableStateStore,
     ManifestCount,
     SharedConnections,
     SliceHome,
@@ -37,6 +36,7 @@ from .layout import NOWHERE
 from .replication import PartitionedReplicationStore
 from .routing import Router
 from .slice_reads import PartitionedSliceReads
+from .states import PartitionedDurableState
 from .stores import PartitionedCleanup, PartitionedTagStore
 from .writes import PartitionedWrites
 
@@ -56,6 +56,7 @@ class PartitionedBackend:
         self._writes = PartitionedWrites(self.dbs, self.router)
         self._tags = PartitionedTagStore(self.dbs, self.router)
         self._cleanup = PartitionedCleanup(self.router)
+        self._states = PartitionedDurableState(self.dbs, self.router)
         self._home: PostgresBackend | None = None
 
     async def start(self, *, claim: bool = True) -> None:
@@ -234,11 +235,9 @@ class PartitionedBackend:
         """Leases of a job over slices live in the home database (they belong to the job)."""
         return self._home_backend().slice_leases(name, owner, ttl)
 
-    def durable_state_store(self) -> DurableStateStore:
-        raise UnsupportedOperation(
-            "durable state needs one PostgreSQL database: it does not follow data partitions yet "
-            "(partitions.databases is set)"
-        )
+    def durable_state_store(self) -> PartitionedDurableState:
+        """Each state in the database serving its slice (:mod:`.states`)."""
+        return self._states
 
 
 _check: type[Backend] = PartitionedBackend

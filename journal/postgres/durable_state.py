@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..backend import StateOutcome, StateRow, StoredEvent, StoredState, stored_event
-from ..errors import JournalUnavailable
+from ..backend import StateOutcome, StateRow, StateTransaction, StoredEvent, StoredState, stored_event
+from ..errors import JournalUnavailable, SliceRangeMoved
+from ..ids import slice_for
 from ..serialization import Serialized
 from .connections import PostgresConnections, PostgresPart
 from .errors import cause_of, driver_error, is_transient, mapped_errors
@@ -50,11 +51,12 @@ class PostgresDurableState(PostgresPart):
     async def upsert_states(
         self,
         rows: Sequence[StateRow],
-        in_transaction: Callable[[Any, list[StateOutcome]], Awaitable[None]] | None = None,
+        in_transaction: StateTransaction | None = None,
     ) -> list[StateOutcome]:
         """The rows in one statement (autocommit, or in a transaction with ``in_transaction``
         after it); a refused row gets the revision stored now."""
-        params = _params(rows, self.conns.epoch)
+        epoch = self.conns.epoch
+        params = _params(rows, epoch)
         with mapped_errors("durable state upsert", self.conns.target):  # nothing sent yet
             conn = await self.pool.acquire()
         server_pid = conn.get_server_pid()
@@ -63,12 +65,12 @@ class PostgresDurableState(PostgresPart):
                 return await self._upsert(conn, rows, params)
             async with conn.transaction():
                 out = await self._upsert(conn, rows, params)
-                await in_transaction(conn, out)
+                await in_transaction(conn, rows, out)
                 return out
         except Exception as e:
             if is_transient(e) or conn.is_closed():  # sent, maybe committed: read back what happened
                 log.warning("durable state upsert interrupted (%s), resolving its outcome", e)
-                return await self._resolve(rows, server_pid, e)
+                return await self._resolve(rows, server_pid, epoch, e)
             error = self._failure(e)
             if error is e:  # the library's own errors, a handler's
                 raise
@@ -87,13 +89,22 @@ class PostgresDurableState(PostgresPart):
                 out[i] = found.get(rows[i].persistence_id)
         return out
 
-    async def _resolve(self, rows: Sequence[StateRow], server_pid: int, cause: Exception) -> list[StateOutcome]:
+    async def _resolve(
+        self, rows: Sequence[StateRow], server_pid: int, epoch: int, cause: Exception
+    ) -> list[StateOutcome]:
         """The outcome of each row of an upsert whose answer was lost, from the rows read back
         once its server process has settled (its transaction is then final): see :func:`_resolved`."""
         pids = [r.persistence_id for r in rows]
+        slices = sorted({r.slice for r in rows})
         try:
             await self.conns.run("durable state resolve", lambda c: self._settle(c, server_pid))
-            found = await self.conns.fetch("durable state resolve", self.statements.read_back, pids)
+            found = await self.conns.fetch("durable state resolve", self.statements.read_back, pids, epoch, slices)
+        except SliceRangeMoved as e:  # the range left this database meanwhile, with its rows
+            raise JournalUnavailable(
+                f"durable state upsert: its answer was lost and its slices moved to another database meanwhile "
+                f"({e}); it may or may not be written: get the state to see its revision",
+                outcome_unknown=True,
+            ) from cause
         except JournalUnavailable as e:
             raise JournalUnavailable(
                 f"durable state upsert: {self.conns.target} unavailable ({cause_of(cause)}) and its outcome "
@@ -116,16 +127,22 @@ class PostgresDurableState(PostgresPart):
     def _failure(self, e: Exception) -> BaseException:
         return driver_error("durable state upsert", self.conns.target, e)
 
-    async def delete_tombstones(self, before: datetime, *, dry_run: bool = False, batch: int = 10_000) -> int:
-        """Delete the tombstones written before ``before``, ``batch`` at a time (each its own
-        transaction); how many (``dry_run``: how many would be)."""
+    async def delete_tombstones(
+        self, before: datetime, *, dry_run: bool = False, batch: int = 10_000, slices: tuple[int, int] = (0, 1023)
+    ) -> int:
+        """Delete the tombstones of ``slices`` (a range) written before ``before``, ``batch`` at a
+        time (each its own transaction, after the owner check for deletes: SliceRangeMoved while
+        the range is moved); how many (``dry_run``: how many would be)."""
+        lo, hi = slices
         if dry_run:
-            n: int = await self.conns.fetchval("durable state tombstones", self.statements.count_tombstones, before)
+            n: int = await self.conns.fetchval(
+                "durable state tombstones", self.statements.count_tombstones, before, lo, hi, self.conns.epoch
+            )
             return n
         deleted = 0
         while True:
-            status = await self.conns.execute(
-                "durable state tombstones", self.statements.delete_tombstones, before, batch
+            status = await self._deleting(
+                "durable state tombstones", range(lo, hi + 1), self.statements.delete_tombstones, before, batch, lo, hi
             )
             n = int(status.rsplit(" ", 1)[1])
             deleted += n
@@ -133,8 +150,22 @@ class PostgresDurableState(PostgresPart):
                 return deleted
 
     async def hard_delete_state(self, persistence_id: str) -> bool:
-        status = await self.conns.execute("durable state hard delete", self.statements.hard_delete, persistence_id)
+        """Remove the pid's row, after the owner check for deletes (a moving range's wait)."""
+        status = await self._deleting(
+            "durable state hard delete", (slice_for(persistence_id),), self.statements.hard_delete, persistence_id
+        )
         return status != "DELETE 0"
+
+    async def _deleting(self, what: str, slices: Iterable[int], sql: str, *args: Any) -> str:
+        checked = list(slices)
+
+        async def op(conn: Any) -> str:
+            async with conn.transaction():
+                await conn.execute(self.statements.delete_check, self.conns.epoch, checked)
+                status: str = await conn.execute(sql, *args)
+                return status
+
+        return await self.conns.run(what, op)
 
 
 def _resolved(row: StateRow, found: Any) -> StateOutcome:
