@@ -10,11 +10,14 @@ a live changes query following the range never sees a revision go back.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
+from asyncio.subprocess import DEVNULL, PIPE
 from typing import Any
 
 import asyncpg
-from test_partition_dead_moves import _waiting_on_lock
+import pytest
+from test_partition_dead_moves import BACK_WITHIN, FENCE_WAIT, STEPS, _kill_mover_at, _waiting_on_lock, move_tool
 from test_partitions import partitioned, settings, stored
 
 from journal import DeletedState, DurableState, JournalUnavailable, StateWrite, StateWritten, UpdatedState, slice_for
@@ -228,3 +231,83 @@ def _dsn(d: str) -> str:
     from journal.postgres import asyncpg_dsn
 
     return asyncpg_dsn(d)
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+async def test_a_mover_killed_9_leaves_no_state_behind(parts: list[str], step: str) -> None:
+    """The mover (a real ``journal partitions move``) killed -9 at its fence, between its switch
+    steps, or at its removal, while states of the range and of the others are upserted: the
+    range's states are written again within seconds, and after the move is run again every pid
+    is at its acknowledged revision, the range's states on the target only."""
+    dbs, target = parts[:2], parts[2]
+    source = dbs[1]
+    et = f"DeadState{step.title()}"
+    moving, staying = pids_of(et, LO, HI, 40), pids_of(et, 0, 511, 20) + pids_of(et, HI + 1, 1023, 20)
+    db, state = STEPS[step]
+    async with partitioned(dbs, eventual_consistency_delay=0.0, fence_wait=FENCE_WAIT) as j:
+        store = j.durable_state()
+        for p in moving[:10]:  # events of the range: the removal step's first rows
+            await j.persist(p, [{"n": k} for k in range(5)])
+        await j.save_snapshot(moving[0], 5, {"state": 1})
+        load = Upserters(store, moving + staying)
+        writing = asyncio.create_task(load.run())
+        try:
+            await wait_until(lambda: len(load.acks) > 1000, 60, "upserts under way")
+            killed_at, _ = await _kill_mover_at(step, {"source": source, "target": target}, dbs, target, db, state)
+            before = dict(load.acked)
+            back = await wait_until(
+                lambda: any(load.acked[p] > before[p] for p in moving), BACK_WITHIN + FENCE_WAIT, "the range upserted"
+            )
+            assert back and time.monotonic() - killed_at < BACK_WITHIN + 1.0
+            rerun = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=PIPE, stderr=PIPE)
+            _, err = await asyncio.wait_for(rerun.communicate(), 120)
+            assert rerun.returncode == 0, err.decode()
+            done = dict(load.acked)
+            await wait_until(lambda: all(load.acked[p] > done[p] for p in moving), 30, "every state after the move")
+        finally:
+            load.stop()
+            await writing
+        assert load.failed == []
+        for p in moving + staying:
+            got = await store.get(p)
+            assert got is not None and got.revision == load.acked[p], (p, got, load.acked[p])
+    assert await state_rows(target) == {p: load.acked[p] for p in moving}
+    assert await stored(source, "SELECT 1 FROM durable_state WHERE slice BETWEEN $1 AND $2", LO, HI) == []
+    assert await stored(source, "SELECT step FROM slice_move") == []
+
+
+async def test_a_mover_killed_9_in_the_state_copy_is_given_up_by_a_hard_delete(parts: list[str]) -> None:
+    """Killed while it copies the range's states (held by a lock on the target's durable_state):
+    the next hard delete of the range gives the move up and goes on within seconds; the move run
+    again copies afresh, so the deleted state does not come back from the first copy."""
+    dbs, target = parts[:2], parts[2]
+    source = dbs[1]
+    pids = pids_of("DeadStateCopy", LO, HI, 20)
+    async with partitioned(dbs, eventual_consistency_delay=0.0, fence_wait=FENCE_WAIT) as j:
+        store = j.durable_state()
+        for p in pids:
+            await store.upsert(p, 1, {"p": p})
+        c = await asyncpg.connect(_dsn(target))
+        await c.execute("BEGIN")
+        await c.execute("LOCK TABLE durable_state IN SHARE MODE")
+        tool = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=DEVNULL, stderr=DEVNULL)
+        try:
+            await wait_until(lambda: _waiting_on_lock(target), 120, "the mover held in its state copy")
+            tool.send_signal(signal.SIGKILL)
+            await tool.wait()
+        finally:
+            if tool.returncode is None:
+                tool.kill()
+                await tool.wait()
+            await c.close()
+        await store.upsert(pids[1], 2, {"p": pids[1]})  # upserts go on meanwhile
+        started = time.monotonic()
+        assert await store.hard_delete(pids[0])
+        assert time.monotonic() - started < BACK_WITHIN
+        assert await stored(source, "SELECT 1 FROM slice_move") == []
+        rerun = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=PIPE, stderr=PIPE)
+        _, err = await asyncio.wait_for(rerun.communicate(), 120)
+        assert rerun.returncode == 0, err.decode()
+        assert await store.get(pids[0]) is None
+    assert await state_rows(target) == {pids[1]: 2, **{p: 1 for p in pids[2:]}}
+    assert await state_rows(source) == {}
