@@ -3,10 +3,11 @@
 :class:`PartitionedBackend` implements the whole seam (:class:`~journal.backend.Backend`) by
 routing each operation to the database that serves its slice (writes split by database, reads by
 persistence id, snapshots, deletes, the tag view, cleanup), and by reading slice ranges where
-they are served (:mod:`.slice_reads`). It never inherits from the PostgreSQL backend: it holds one
-per database (:mod:`.databases`); its durable state store routes the same way (:mod:`.states`). The journal's home database (``dsn``; default: the first one)
-holds what belongs to a journal rather than to a slice: projection offsets and read models,
-leases, dead letters, the encryption keys. See docs/scaling-out.md.
+they are served (:mod:`.slice_reads`); its durable state store routes the same way
+(:mod:`.states`). It never inherits from the PostgreSQL backend: it holds one per database
+(:mod:`.databases`). The journal's home database (``dsn``; default: the first one) holds what
+belongs to a journal rather than to a slice: projection offsets and read models, leases, dead
+letters, the encryption keys. See docs/scaling-out.md.
 """
 
 from __future__ import annotations
