@@ -604,6 +604,14 @@ before it (int; None: no row), and nothing of that row was written; or, for an u
 answer was lost, a JournalUnavailable saying whether it is known not written."""
 
 
+class StateColumn(NamedTuple):
+    """An additional column of durable states: ``column`` of ``durable_state`` (``table`` None)
+    or of a table of its own keyed by ``persistence_id``."""
+
+    table: str | None
+    column: str
+
+
 StateTransaction = Callable[[Any, Sequence[StateRow], list[StateOutcome]], Awaitable[None]]
 """``(conn, rows, outcomes)``: what runs in an upsert's transaction after its statement."""
 
@@ -628,6 +636,14 @@ class DurableStateStore(Protocol):
 
     async def delete_tombstones(self, before: datetime, *, dry_run: bool = False) -> int:
         """Delete the tombstones (deleted states) written before ``before``; how many."""
+        ...
+
+    async def check_columns(self, columns: Sequence[StateColumn]) -> None:
+        """ConfigurationError naming the first column (or table) that the database lacks."""
+        ...
+
+    async def write_columns(self, conn: Any, persistence_id: str, values: Sequence[tuple[StateColumn, Any]]) -> None:
+        """The pid's additional column values, on ``conn`` (in the upsert's transaction)."""
         ...
 
     async def hard_delete_state(self, persistence_id: str) -> bool:

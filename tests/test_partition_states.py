@@ -20,7 +20,17 @@ import pytest
 from test_partition_dead_moves import BACK_WITHIN, FENCE_WAIT, STEPS, _kill_mover_at, _waiting_on_lock, move_tool
 from test_partitions import partitioned, settings, stored
 
-from journal import DeletedState, DurableState, JournalUnavailable, StateWrite, StateWritten, UpdatedState, slice_for
+from journal import (
+    AdditionalColumn,
+    ConfigurationError,
+    DeletedState,
+    DurableState,
+    JournalUnavailable,
+    StateWrite,
+    StateWritten,
+    UpdatedState,
+    slice_for,
+)
 from journal.backends import open_partitioned
 from journal.partitioned.move import SliceMove
 from tests.support.waiting import wait_until
@@ -311,3 +321,49 @@ async def test_a_mover_killed_9_in_the_state_copy_is_given_up_by_a_hard_delete(p
         assert await store.get(pids[0]) is None
     assert await state_rows(target) == {pids[1]: 2, **{p: 1 for p in pids[2:]}}
     assert await state_rows(source) == {}
+
+
+async def test_additional_columns_follow_their_state(parts: list[str]) -> None:
+    """An additional column of durable_state must be in every database (refused when added
+    otherwise, naming the one without it); it is written in the database of the pid's slice and
+    moves with the state. A table of its own is refused on a partitioned journal."""
+    dbs, target = parts[:2], parts[2]
+    col = AdditionalColumn("Col", "total", lambda c: c.value["n"] if isinstance(c, UpdatedState) else None)
+    pids = pids_of("Col", 0, 511, 3) + pids_of("Col", LO, HI, 3)
+    try:
+        await _alter(dbs[0], "ADD COLUMN total int")
+        async with partitioned(dbs, eventual_consistency_delay=0.0) as j:
+            store = j.durable_state()
+            with pytest.raises(ConfigurationError, match=r"durable_state has no column 'total' in .*sjpart"):
+                await store.add_columns(col)
+            with pytest.raises(ConfigurationError, match="a table of its own is not supported on a partitioned"):
+                await store.add_columns(AdditionalColumn("Col", "items", lambda c: 1, table="col_items"))
+            for d in parts[1:]:
+                await _alter(d, "ADD COLUMN total int")
+            await store.add_columns(col)
+            for k, p in enumerate(pids):
+                await store.upsert(p, 1, {"n": k})
+            mover = await open_partitioned(dbs[0], settings(dbs))
+            try:
+                await SliceMove(mover, LO, HI, target).run()  # type: ignore[arg-type]
+            finally:
+                await mover.close()
+            await store.upsert(pids[-1], 2, {"n": 50})  # written on the target now
+        totals = {
+            d: {r[0]: r[1] for r in await stored(d, "SELECT persistence_id, total FROM durable_state")}
+            for d in parts[:3]
+        }
+        assert totals[dbs[0]] == {p: k for k, p in enumerate(pids[:3])}
+        assert totals[dbs[1]] == {}
+        assert totals[target] == {pids[3]: 3, pids[4]: 4, pids[5]: 50}
+    finally:
+        for d in parts:
+            await _alter(d, "DROP COLUMN IF EXISTS total")
+
+
+async def _alter(dsn: str, what: str) -> None:
+    conn = await asyncpg.connect(_dsn(dsn))
+    try:
+        await conn.execute(f"ALTER TABLE durable_state {what}")
+    finally:
+        await conn.close()

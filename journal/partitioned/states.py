@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from ..backend import SliceQueryBackend, StateOutcome, StateRow, StateTransaction, StoredState
+from ..backend import SliceQueryBackend, StateColumn, StateOutcome, StateRow, StateTransaction, StoredState
 from ..errors import JournalUnavailable, SliceRangeMoved
 from ..ids import slice_for
 from ..postgres import PostgresBackend
@@ -53,6 +54,16 @@ class PartitionedDurableState:
             slice_for(persistence_id), "durable state hard delete",
             lambda b: b.durable_state_store().hard_delete_state(persistence_id),
         )  # fmt: skip
+
+    async def check_columns(self, columns: Sequence[StateColumn]) -> None:
+        """On every database that serves a slice (an additional column must be in each)."""
+        for db in self.dbs.map.served():
+            await (await self.dbs.usable(db)).durable_state_store().check_columns(columns)
+
+    async def write_columns(self, conn: Any, persistence_id: str, values: Sequence[tuple[StateColumn, Any]]) -> None:
+        """On ``conn``, a connection to the database of the pid's slice (the upsert's)."""
+        owner = self.dbs.backends[max(self.dbs.map.owner(slice_for(persistence_id)), 0)]
+        await owner.durable_state_store().write_columns(conn, persistence_id, values)
 
     async def upsert_states(
         self, rows: Sequence[StateRow], in_transaction: StateTransaction | None = None

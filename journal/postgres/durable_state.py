@@ -10,14 +10,14 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..backend import StateOutcome, StateRow, StateTransaction, StoredEvent, StoredState, stored_event
-from ..errors import JournalUnavailable, SliceRangeMoved
+from ..backend import StateColumn, StateOutcome, StateRow, StateTransaction, StoredEvent, StoredState, stored_event
+from ..errors import ConfigurationError, JournalUnavailable, SliceRangeMoved
 from ..ids import slice_for
 from ..serialization import Serialized
 from .connections import PostgresConnections, PostgresPart
 from .errors import cause_of, driver_error, is_transient, mapped_errors
 from .slice_reader import PostgresSliceReader
-from .state_statements import STATES, StateStatements
+from .state_statements import COLUMNS_OF, KEYED_BY_PID, STATES, StateStatements, column_writes
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class PostgresDurableState(PostgresPart):
         super().__init__(conns)
         self.statements = StateStatements(self.settings.schema)
         self._changes = PostgresStateChanges(conns)
+        self._column_writes: dict[tuple[StateColumn, ...], list[tuple[str, list[int]]]] = {}
 
     def changes(self) -> PostgresStateChanges:
         """The slice reads of ``durable_state`` (changes by slices)."""
@@ -148,6 +149,36 @@ class PostgresDurableState(PostgresPart):
             deleted += n
             if n < batch:
                 return deleted
+
+    async def check_columns(self, columns: Sequence[StateColumn]) -> None:
+        tables = sorted({c.table or "durable_state" for c in columns})
+        schema = self.settings.schema
+        found = await self.conns.fetch("additional columns", COLUMNS_OF, schema, tables)
+        have = {(r[0], r[1]) for r in found}
+        keyed = {r[0] for r in await self.conns.fetch("additional columns", KEYED_BY_PID, schema, tables)}
+        for c in columns:
+            table = c.table or "durable_state"
+            if not any(t == table for t, _ in have):
+                raise ConfigurationError(
+                    f"additional column {table}.{c.column}: no table {schema}.{table} in {self.conns.target}"
+                )
+            if (table, c.column) not in have:
+                raise ConfigurationError(
+                    f"additional column {table}.{c.column}: {schema}.{table} has no column {c.column!r} in "
+                    f"{self.conns.target} (add it: ALTER TABLE {schema}.{table} ADD COLUMN {c.column} ...)"
+                )
+            if c.table is not None and table not in keyed:
+                raise ConfigurationError(
+                    f"additional column {table}.{c.column}: {schema}.{table} needs persistence_id as its primary key"
+                )
+
+    async def write_columns(self, conn: Any, persistence_id: str, values: Sequence[tuple[StateColumn, Any]]) -> None:
+        key = tuple(c for c, _ in values)
+        statements = self._column_writes.get(key)
+        if statements is None:
+            statements = self._column_writes[key] = column_writes(self.settings.schema, list(key))
+        for sql, its in statements:
+            await conn.execute(sql, persistence_id, *(values[i][1] for i in its))
 
     async def hard_delete_state(self, persistence_id: str) -> bool:
         """Remove the pid's row, after the owner check for deletes (a moving range's wait)."""

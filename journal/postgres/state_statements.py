@@ -112,3 +112,45 @@ SELECT d.db_timestamp AS ts, {settle("src")} AS settled
         self.counts = f"SELECT count(*) AS states, count(*) FILTER (WHERE state_ser_id = 0) AS tombstones FROM {ds}"
         self.load = f"SELECT {_STATE_COLUMNS} FROM {ds} WHERE persistence_id = $1 AND revision = $2"
         """The pid's row if it is still at the revision (a backtracking read's payload)."""
+
+
+def column_writes(schema: str, columns: list[tuple[str | None, str]]) -> list[tuple[str, list[int]]]:
+    """The statements writing a pid's additional column values ($1 the pid, then the values in
+    the order of ``columns``), one per table: ``durable_state``'s row updated, a table of its own
+    upserted on ``persistence_id``. Each statement with the indexes of its values."""
+    by_table: dict[str | None, list[int]] = {}
+    for i, (table, _) in enumerate(columns):
+        by_table.setdefault(table, []).append(i)
+    out = []
+    for table, its in by_table.items():
+        names = [f'"{validate_identifier(columns[i][1], "column")}"' for i in its]
+        params = [f"${n + 2}" for n in range(len(its))]
+        if table is None:
+            sets = ", ".join(f"{c} = {p}" for c, p in zip(names, params, strict=True))
+            sql = f'UPDATE "{schema}".durable_state SET {sets} WHERE persistence_id = $1'
+        else:
+            t = f'"{schema}"."{validate_identifier(table, "table")}"'
+            sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in names)
+            sql = (
+                f"INSERT INTO {t} (persistence_id, {', '.join(names)}) VALUES ($1, {', '.join(params)}) "
+                f"ON CONFLICT (persistence_id) DO UPDATE SET {sets}"
+            )
+        out.append((sql, its))
+    return out
+
+
+COLUMNS_OF = (
+    "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = ANY($2::text[]) "
+    "AND a.attnum > 0 AND NOT a.attisdropped"
+)
+"""The columns of these tables ($2) of the schema ($1)."""
+
+KEYED_BY_PID = (
+    "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0] "
+    "WHERE n.nspname = $1 AND c.relname = ANY($2::text[]) AND i.indisunique AND i.indnatts = 1 "
+    "AND a.attname = 'persistence_id'"
+)
+"""Which of these tables ($2) have a unique index on ``persistence_id`` alone (the upsert's conflict target)."""
