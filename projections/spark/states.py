@@ -13,7 +13,6 @@ flagged).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,7 +22,8 @@ from journal.ids import slice_ranges, validate_entity_type
 from .decode import decode_events
 from .jdbc import JdbcSource
 from .payloads import PayloadReader
-from .placement import SliceSource, spark_ranges
+from .placement import SliceSource
+from .reader import read_slice_ranges
 from .sql import state_predicate
 
 STATE_COLUMNS: tuple[str, ...] = (
@@ -73,22 +73,10 @@ def read_states(
     unknown = [c for c in wanted if c not in STATE_COLUMNS]
     if unknown or not wanted:
         raise InvalidArgument(f"unknown durable state columns {unknown}: choose from {list(STATE_COLUMNS)}")
-    placed = [SliceSource(source, 0, 1023)] if isinstance(source, JdbcSource) else list(source)
-    by_database: dict[str, tuple[JdbcSource, list[str]]] = {}
-    for r in spark_ranges(placed, partitions):
-        by_database.setdefault(r.source.url, (r.source, []))[1].append(
-            state_predicate(entity_type, r.min_slice, r.max_slice, include_deleted=include_deleted)
-        )
-    frames = [
-        spark.read.jdbc(
-            url=db.url,
-            table=db.table("durable_state"),
-            predicates=predicates,
-            properties=db.with_properties(fetchsize=str(fetch_size)),
-        ).select(*wanted)
-        for db, predicates in by_database.values()
-    ]
-    return functools.reduce(lambda a, b: a.union(b), frames)
+    return read_slice_ranges(
+        spark, source, "durable_state", partitions, fetch_size, wanted,
+        lambda lo, hi: state_predicate(entity_type, lo, hi, include_deleted=include_deleted),
+    )  # fmt: skip
 
 
 def decode_states(
