@@ -10,14 +10,21 @@ a live changes query following the range never sees a revision go back.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
-from asyncio.subprocess import DEVNULL, PIPE
+from asyncio.subprocess import PIPE
 from typing import Any
 
 import asyncpg
 import pytest
-from test_partition_dead_moves import BACK_WITHIN, FENCE_WAIT, STEPS, _kill_mover_at, _waiting_on_lock, move_tool
+from test_partition_dead_moves import (
+    BACK_WITHIN,
+    FENCE_WAIT,
+    STEPS,
+    _kill_mover_at,
+    _waiting_on_lock,
+    kill_mover_in_its_copy,
+    move_tool,
+)
 from test_partitions import partitioned, settings, stored
 
 from journal import (
@@ -297,19 +304,7 @@ async def test_a_mover_killed_9_in_the_state_copy_is_given_up_by_a_hard_delete(p
         store = j.durable_state()
         for p in pids:
             await store.upsert(p, 1, {"p": p})
-        c = await asyncpg.connect(_dsn(target))
-        await c.execute("BEGIN")
-        await c.execute("LOCK TABLE durable_state IN SHARE MODE")
-        tool = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=DEVNULL, stderr=DEVNULL)
-        try:
-            await wait_until(lambda: _waiting_on_lock(target), 120, "the mover held in its state copy")
-            tool.send_signal(signal.SIGKILL)
-            await tool.wait()
-        finally:
-            if tool.returncode is None:
-                tool.kill()
-                await tool.wait()
-            await c.close()
+        await kill_mover_in_its_copy(dbs, target, "LOCK TABLE durable_state IN SHARE MODE")
         await store.upsert(pids[1], 2, {"p": pids[1]})  # upserts go on meanwhile
         started = time.monotonic()
         assert await store.hard_delete(pids[0])
