@@ -74,12 +74,15 @@ from .offsets import NO_OFFSET, NoOffset, Offset, SequenceOffset, TimestampOffse
 from .serialization import Serialized, Serializer, SerializerRegistry
 from .settings import JournalSettings, QueryMode
 from .snapshots import Snapshot
+from .state_columns import SKIP, AdditionalColumn
 from .upcasting import EventSeq, StoredManifest, Upcasters
 from .vector_time import VectorTime
 
 __all__ = [
     "NO_OFFSET",
     "NUMBER_OF_SLICES",
+    "SKIP",
+    "AdditionalColumn",
     "Backend",
     "CassandraSetupError",
     "CassandraStartError",

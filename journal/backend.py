@@ -604,6 +604,18 @@ before it (int; None: no row), and nothing of that row was written; or, for an u
 answer was lost, a JournalUnavailable saying whether it is known not written."""
 
 
+class StateColumn(NamedTuple):
+    """An additional column of durable states: ``column`` of ``durable_state`` (``table`` None)
+    or of a table of its own keyed by ``persistence_id``."""
+
+    table: str | None
+    column: str
+
+
+StateTransaction = Callable[[Any, Sequence[StateRow], list[StateOutcome]], Awaitable[None]]
+"""``(conn, rows, outcomes)``: what runs in an upsert's transaction after its statement."""
+
+
 class DurableStateStore(Protocol):
     """The ``durable_state`` table (PostgreSQL; docs/durable-state.md)."""
 
@@ -612,17 +624,26 @@ class DurableStateStore(Protocol):
     async def upsert_states(
         self,
         rows: Sequence[StateRow],
-        in_transaction: Callable[[Any, list[StateOutcome]], Awaitable[None]] | None = None,
+        in_transaction: StateTransaction | None = None,
     ) -> list[StateOutcome]:
         """Each row in one statement: revision 1 inserts, revision n updates only a row at n - 1.
-        ``in_transaction(conn, outcomes)``: run after the statement in its transaction, on its
-        connection (what it raises rolls the rows back and propagates). An upsert whose answer
+        ``in_transaction(conn, rows, outcomes)``: run after the statement in its transaction, on
+        its connection, with the rows of that statement and their outcomes (what it raises rolls
+        them back and propagates; a partitioned journal runs one statement per database). An upsert whose answer
         was lost is resolved from the rows read back (JournalUnavailable(outcome_unknown=True)
         when that cannot be done)."""
         ...
 
     async def delete_tombstones(self, before: datetime, *, dry_run: bool = False) -> int:
         """Delete the tombstones (deleted states) written before ``before``; how many."""
+        ...
+
+    async def check_columns(self, columns: Sequence[StateColumn]) -> None:
+        """ConfigurationError naming the first column (or table) that the database lacks."""
+        ...
+
+    async def write_columns(self, conn: Any, persistence_id: str, values: Sequence[tuple[StateColumn, Any]]) -> None:
+        """The pid's additional column values, on ``conn`` (in the upsert's transaction)."""
         ...
 
     async def hard_delete_state(self, persistence_id: str) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from .backend import DurableStateStore, StateRow, StoredState
+from .backend import DurableStateStore, StateColumn, StateRow, StoredState
 from .backend import StateOutcome as RowOutcome
 from .envelope import EventEnvelope
 from .errors import InvalidArgument, JournalError, JournalUnavailable, RevisionConflict, SerializationError
@@ -28,6 +28,7 @@ from .query.slices import SliceQueries
 from .query.validation import check_slice_query
 from .serialization import SerializerRegistry
 from .settings import JournalSettings, QueryMode
+from .state_columns import AdditionalColumn, StateColumns
 from .write_batch import BatchResult, WriteBatch
 from .write_validation import WriteValidator
 
@@ -110,6 +111,7 @@ class DurableState:
     def __init__(
         self, store: DurableStateStore, serializers: SerializerRegistry, settings: JournalSettings, write_on: WriteOn
     ) -> None:
+        self._partitioned = bool(settings.partitions.databases)
         self._store = store
         self._serializers = serializers
         self._settings = settings
@@ -119,6 +121,7 @@ class DurableState:
         self._validator = WriteValidator(serializers, settings.write.max_event_bytes)
         self._handlers: dict[str, list[ChangeHandler]] = {}
         self._events: dict[str, Callable[[StateChange], Any]] = {}
+        self._columns = StateColumns()
 
     def add_change_handler(self, entity_type: str, handler: ChangeHandler) -> None:
         """Call ``await handler(conn, change)`` for every change of ``entity_type`` written from
@@ -137,6 +140,16 @@ class DurableState:
         nothing is written)."""
         validate_entity_type(entity_type)
         self._events[entity_type] = to_event
+
+    async def add_columns(self, *columns: AdditionalColumn) -> None:
+        """Write ``column.bind(change)`` to each additional column for every change of its
+        entity type from now on, in the upsert's transaction (docs/durable-state.md, "Additional
+        columns"). Checked here, before any write: a column or table that the database (every
+        database of a partitioned journal) lacks, a table of its own without ``persistence_id``
+        as its key, or a bad name raise ConfigurationError naming it, and none is added."""
+        checked = self._columns.checked(columns, self._partitioned)
+        await self._store.check_columns([StateColumn(c.table, c.column) for c in checked])
+        self._columns.add(checked)
 
     async def close(self) -> None:
         """Stop the changes queries' listener (the journal does it when it closes)."""
@@ -272,17 +285,25 @@ class DurableState:
                 yield DeletedState(pid, rev, offset, ts, et, sl)
 
     async def _write(self, rows: Sequence[StateRow], values: Sequence[Any]) -> list[StateOutcome]:
-        watched = any(r.entity_type in self._handlers or r.entity_type in self._events for r in rows)
+        watched = any(
+            r.entity_type in self._handlers or r.entity_type in self._events or r.entity_type in self._columns
+            for r in rows
+        )
 
-        async def in_transaction(conn: Any, answers: list[RowOutcome]) -> None:
-            for row, value, answer in zip(rows, values, answers, strict=True):
+        value_of = {r.persistence_id: v for r, v in zip(rows, values, strict=True)}  # a pid is in one part
+
+        async def in_transaction(conn: Any, written: Sequence[StateRow], answers: list[RowOutcome]) -> None:
+            for row, answer in zip(written, answers, strict=True):
                 if isinstance(answer, datetime):
-                    await self._changed(conn, _change(row, value, answer))
+                    await self._changed(conn, _change(row, value_of[row.persistence_id], answer))
 
         answers = await self._store.upsert_states(rows, in_transaction if watched else None)
         return [_outcome(r, a) for r, a in zip(rows, answers, strict=True)]
 
     async def _changed(self, conn: Any, change: StateChange) -> None:
+        values = self._columns.values(change)
+        if values:
+            await self._store.write_columns(conn, change.persistence_id, values)
         to_event = self._events.get(change.entity_type)
         if to_event is not None:
             batch = self._validator.call(change.persistence_id, [to_event(change)], change.revision - 1)

@@ -70,8 +70,8 @@ UNION SELECT projection_name FROM {self.t("projection_management")} ORDER BY 1""
     async def set_paused(self, conn: Any, name: str, key: str, paused: bool) -> None:
         await conn.execute(
             f"""INSERT INTO {self.t("projection_management")} (projection_name, projection_key, paused, last_updated)
-VALUES ($1, $2, $3, now())
-ON CONFLICT (projection_name, projection_key) DO UPDATE SET paused = $3, last_updated = now()""",
+VALUES ($1, $2, $3, (extract(epoch FROM now()) * 1000)::bigint)
+ON CONFLICT (projection_name, projection_key) DO UPDATE SET paused = $3, last_updated = EXCLUDED.last_updated""",
             name,
             key,
             paused,

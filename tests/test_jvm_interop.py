@@ -582,3 +582,30 @@ async def test_durable_state_crosses_both_ways_with_its_revisions(jvm: jvm_drive
     assert changes[py_pids[1]] == {"pid": py_pids[1], "revision": 2, "deleted": True}
     ours = [c async for c in store.current_changes_by_slices(STATE_TYPE, 0, 1023, mode="backtracking")]
     assert {(c.persistence_id, c.revision) for c in ours} == {(p, x["revision"]) for p, x in changes.items()}
+
+
+async def test_tags_written_by_the_plugin_are_seen_by_events_by_tag(jvm: jvm_driver.Jvm, jvm_db: str) -> None:
+    """The plugin stores an event's tags in its row and has no tag view; with `journal
+    timestamp-rule install` (the shared deployment's rule) the database writes their tag rows, so
+    events_by_tag sees the JVM's tagged events beside this library's, each once, in per-pid order.
+    Before: the JVM's tagged events were never seen by events_by_tag."""
+    conn = await asyncpg.connect(jvm_db)
+    try:
+        await timestamp_rule.install(conn)
+    finally:
+        await conn.close()
+    jvm.run("persist", **{"entity-type": TYPE, "prefix": "tagged", "entities": 3, "events": 4, "tag": "jvm-tag"})
+    fast = JournalSettings.load(env={}, dsn=jvm_db, eventual_consistency_delay=0.0)
+    async with open_journal(jvm_db, settings=fast) as j:
+        await j.persist(f"{TYPE}|tagged-py", [{"n": 1}, {"n": 2}], tags=["jvm-tag"])
+        got = [(e.persistence_id, e.seq_nr, e.event) async for e in j.current_events_by_tag("jvm-tag")]
+    want = {(f"{TYPE}|tagged-{i}", n) for i in range(3) for n in range(1, 5)} | {
+        (f"{TYPE}|tagged-py", 1),
+        (f"{TYPE}|tagged-py", 2),
+    }
+    assert Counter((p, s) for p, s, _ in got) == Counter(dict.fromkeys(want, 1))
+    for pid in {p for p, _, _ in got}:
+        assert [s for p, s, _ in got if p == pid] == sorted(s for p, s, _ in got if p == pid)
+    for p, s, e in got:
+        if not p.endswith("-py"):
+            assert e == {"writer": "jvm", "entity": int(p.rsplit("-", 1)[1]), "n": s}

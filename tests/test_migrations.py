@@ -160,3 +160,28 @@ def test_durable_state_of_the_plugins_older_ddl_gets_its_new_key(empty_db: str) 
         engine.dispose()
     assert pk == ["persistence_id"]
     assert [tuple(r) for r in rows] == [("t|a", 3)]
+
+
+def test_management_last_updated_is_akka_projections_bigint(empty_db: str) -> None:
+    """projection_management.last_updated holds epoch milliseconds (BIGINT, as in Akka Projection's
+    DDL, so a JVM projection's management API writes the shared row): a row written before
+    migration 0012 is converted, and back on downgrade. Before: timestamptz."""
+    upgrade(empty_db, revision="0011")
+    engine = create_engine(sqlalchemy_url(empty_db))
+    insert = "INSERT INTO projection_management VALUES ('p', '0-1023', true, '2026-11-27 10:00:00.123+00'::timestamptz)"
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(insert)
+        upgrade(empty_db)
+        insp = inspect(engine)
+        types = {c["name"]: str(c["type"]) for c in insp.get_columns("projection_management")}
+        with engine.connect() as conn:
+            millis = conn.exec_driver_sql("SELECT last_updated FROM projection_management").scalar_one()
+        downgrade(empty_db, revision="0011")
+        with engine.connect() as conn:
+            back = conn.exec_driver_sql("SELECT last_updated::text FROM projection_management").scalar_one()
+    finally:
+        engine.dispose()
+    assert types["last_updated"] == "BIGINT"
+    assert millis == 1_795_773_600_123
+    assert back.startswith("2026-11-27 10:00:00.123")

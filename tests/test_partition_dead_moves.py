@@ -265,6 +265,22 @@ async def _kill_mover_at(
             await held.release()
 
 
+async def kill_mover_in_its_copy(dbs: list[str], target: str, lock: str) -> None:
+    """Run the move, held in its copy by ``lock`` taken on the target, kill it -9 there, release the lock."""
+    at_copy = await Held(target, lock).take()
+    tool = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=DEVNULL, stderr=DEVNULL)
+    try:
+        await wait_until(lambda: state_is(dbs[1], "moving"), 120, "the copy", every=0.01)
+        await wait_until(lambda: _waiting_on_lock(target), 30, "the mover stopped in its copy")
+        tool.send_signal(signal.SIGKILL)
+        await tool.wait()
+    finally:
+        if tool.returncode is None:
+            tool.kill()
+            await tool.wait()
+        await at_copy.release()
+
+
 async def _waiting_on_lock(dsn: str) -> bool:
     """Some session of this database (the mover's) waits for a lock the test holds."""
     rows = await stored(
@@ -323,18 +339,7 @@ async def test_a_mover_killed_9_during_the_copy_is_given_up_by_the_next_delete(p
     async with partitioned(dbs, eventual_consistency_delay=0.0, fence_wait=FENCE_WAIT) as j:
         for p in pids:
             await j.persist(p, [{"n": k} for k in range(1, 21)])
-        at_copy = await Held(target, "LOCK TABLE event_journal IN SHARE MODE").take()
-        tool = await asyncio.create_subprocess_exec(*move_tool(dbs, target), stdout=DEVNULL, stderr=DEVNULL)
-        try:
-            await wait_until(lambda: state_is(source, "moving"), 120, "the copy", every=0.01)
-            await wait_until(lambda: _waiting_on_lock(target), 30, "the mover stopped in its copy")
-            tool.send_signal(signal.SIGKILL)
-            await tool.wait()
-        finally:
-            if tool.returncode is None:
-                tool.kill()
-                await tool.wait()
-            await at_copy.release()
+        await kill_mover_in_its_copy(dbs, target, "LOCK TABLE event_journal IN SHARE MODE")
         await j.persist(pids[1], [{"n": 21}])  # writes go on meanwhile
         started = time.monotonic()
         await j.delete_events_to(pids[0], 10)

@@ -95,3 +95,6 @@ async def test_pause_resume_reset_clear(conn: asyncpg.Connection) -> None:
     assert st.ranges[0].paused and st.ranges[0].offset is None
     await management.set_paused(conn, SQL, "p", 100, 100, False)
     assert await SQL.paused_keys(conn, "p") == []
+    # epoch milliseconds, as Akka Projection's management table (migration 0012)
+    millis = await conn.fetchval("SELECT max(last_updated) FROM projection_management WHERE projection_name = 'p'")
+    assert abs(millis - datetime.now(UTC).timestamp() * 1000) < 60_000

@@ -21,7 +21,7 @@ JOURNAL_API = {
     "Write", "Written", "Outcome", "failures",
     # durable state (issue 34)
     "DurableState", "State", "StateWrite", "StateWritten", "StateOutcome", "RevisionConflict",
-    "UpdatedState", "DeletedState", "StateChange",
+    "UpdatedState", "DeletedState", "StateChange", "AdditionalColumn", "SKIP",
     # serialization
     "Serializer", "SerializerRegistry", "Serialized",
     # the backend seam (for a backend of one's own)

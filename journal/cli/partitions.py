@@ -109,7 +109,8 @@ def move(
             return [
                 f"moved slices {r.min_slice}-{r.max_slice} from {r.source} to {r.target} (map epoch {r.epoch})"
                 + (f", resumed at step {r.resumed_from!r}" if r.resumed_from else ""),
-                f"copied {r.rows} events in {r.passes} passes ({rate:,.0f} rows/s while writes went on); "
+                f"copied {r.rows} events and {r.states} durable states in {r.passes} passes "
+                f"({rate:,.0f} rows/s while writes went on); "
                 f"writes of the range waited at most {r.fence_seconds * 1000:.0f} ms; "
                 f"removed {r.removed_pids} persistence ids from the source",
             ]

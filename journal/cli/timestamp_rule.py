@@ -31,7 +31,8 @@ def timestamp_rule_command(
 ) -> None:
     """Make horizon mode sound with writers that do not follow this library's timestamp rule
     (Akka Persistence R2DBC services sharing the tables): a trigger stamps their rows inside the
-    insert, after the table lock. See docs/jvm-interop.md. With several databases, on each one."""
+    insert, after the table lock, and another writes the tag view rows of their tagged events.
+    See docs/jvm-interop.md. With several databases, on each one."""
     if action not in ("install", "remove", "status"):
         raise InvalidArgument(f"action must be install, remove or status; got {action!r}")
     settings = settings_from(schema, data_dir, databases)

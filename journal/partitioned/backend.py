@@ -3,10 +3,11 @@
 :class:`PartitionedBackend` implements the whole seam (:class:`~journal.backend.Backend`) by
 routing each operation to the database that serves its slice (writes split by database, reads by
 persistence id, snapshots, deletes, the tag view, cleanup), and by reading slice ranges where
-they are served (:mod:`.slice_reads`). It never inherits from the PostgreSQL backend: it holds one
-per database (:mod:`.databases`). The journal's home database (``dsn``; default: the first one)
-holds what belongs to a journal rather than to a slice: projection offsets and read models,
-leases, dead letters, the encryption keys. See docs/scaling-out.md.
+they are served (:mod:`.slice_reads`); its durable state store routes the same way
+(:mod:`.states`). It never inherits from the PostgreSQL backend: it holds one per database
+(:mod:`.databases`). The journal's home database (``dsn``; default: the first one) holds what
+belongs to a journal rather than to a slice: projection offsets and read models, leases, dead
+letters, the encryption keys. See docs/scaling-out.md.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 
 from ..backend import (
     Backend,
-    DurableStateStore,
     ManifestCount,
     SharedConnections,
     SliceHome,
@@ -37,6 +37,7 @@ from .layout import NOWHERE
 from .replication import PartitionedReplicationStore
 from .routing import Router
 from .slice_reads import PartitionedSliceReads
+from .states import PartitionedDurableState
 from .stores import PartitionedCleanup, PartitionedTagStore
 from .writes import PartitionedWrites
 
@@ -56,6 +57,7 @@ class PartitionedBackend:
         self._writes = PartitionedWrites(self.dbs, self.router)
         self._tags = PartitionedTagStore(self.dbs, self.router)
         self._cleanup = PartitionedCleanup(self.router)
+        self._states = PartitionedDurableState(self.dbs, self.router)
         self._home: PostgresBackend | None = None
 
     async def start(self, *, claim: bool = True) -> None:
@@ -234,11 +236,9 @@ class PartitionedBackend:
         """Leases of a job over slices live in the home database (they belong to the job)."""
         return self._home_backend().slice_leases(name, owner, ttl)
 
-    def durable_state_store(self) -> DurableStateStore:
-        raise UnsupportedOperation(
-            "durable state needs one PostgreSQL database: it does not follow data partitions yet "
-            "(partitions.databases is set)"
-        )
+    def durable_state_store(self) -> PartitionedDurableState:
+        """Each state in the database serving its slice (:mod:`.states`)."""
+        return self._states
 
 
 _check: type[Backend] = PartitionedBackend

@@ -89,6 +89,8 @@ class MoveReport:
     epoch: int
     resumed_from: str | None = None
     rows: int = 0
+    states: int = 0
+    """Durable state rows copied (a state copied again at a later revision counts again)."""
     passes: int = 0
     copy_seconds: float = 0.0
     fence_seconds: float = 0.0
@@ -111,6 +113,7 @@ class SliceMove:
         self.target_dsn = target
         self.say = say or (lambda line: log.info("%s", line))
         self._tracker = HorizonTracker()
+        self._state_tracker = HorizonTracker()
 
     # -- where things are ---------------------------------------------------------------------
 
@@ -227,6 +230,7 @@ class SliceMove:
             report.steps.append("fenced")
             await src.partitions().drain(DRAIN_TIMEOUT)
             report.rows += await self._copy_window(src, dst, copied_to, None)
+            report.states += await self._copy_states(src, dst, copied_to, None)
             await dst.partitions().write_rows(
                 "snapshot",
                 await src.partitions().rows_by_slices("snapshot", self.lo, self.hi),
@@ -269,7 +273,11 @@ class SliceMove:
         report.steps.append("moving")
 
     async def _bound(self, src: PostgresBackend) -> datetime:
-        return self._tracker.observe(await src.slices.horizon_reading())
+        """Below it every row of the source's event_journal and durable_state is committed: the
+        least of the two tables' horizons."""
+        events = self._tracker.observe(await src.slices.horizon_reading())
+        states = self._state_tracker.observe(await src.durable_state_store().changes().horizon_reading())
+        return min(events, states)
 
     async def _catch_up(
         self, src: PostgresBackend, dst: PostgresBackend, copied_to: datetime, report: MoveReport
@@ -278,11 +286,13 @@ class SliceMove:
         while True:
             bound = await self._bound(src)
             n = await self._copy_window(src, dst, copied_to, bound)
+            states = await self._copy_states(src, dst, copied_to, bound)
             copied_to = bound
             await src.partitions().save_move(self.lo, "moving", copied_to)
             report.rows += n
+            report.states += states
             report.passes += 1
-            if n < SMALL_PASS:
+            if n + states < SMALL_PASS:
                 break
         report.copy_seconds = time.perf_counter() - started
         return copied_to
@@ -306,6 +316,26 @@ class SliceMove:
             n += len(rows)
             last = rows[-1]
             after = (last["persistence_id"], last["seq_nr"])
+            if len(rows) < COPY_PAGE:
+                return n
+
+    async def _copy_states(
+        self, src: PostgresBackend, dst: PostgresBackend, since: datetime, until: datetime | None
+    ) -> int:
+        """Every durable state of the range stamped in ``[since, until)``, as it is now. A state
+        is one row updated in place: one updated after a pass read it is stamped above that
+        pass's bound (the horizon's promise), so a later pass, or the last one at the fence,
+        copies it again over its earlier copy (:attr:`~journal.postgres.partition_statements.
+        PartitionStatements.newer_state`)."""
+        after = ""
+        n = 0
+        while True:
+            rows = await src.partitions().state_rows(self.lo, self.hi, since, until, after, COPY_PAGE)
+            if not rows:
+                return n
+            await dst.partitions().write_rows("durable_state", rows)
+            n += len(rows)
+            after = rows[-1]["persistence_id"]
             if len(rows) < COPY_PAGE:
                 return n
 

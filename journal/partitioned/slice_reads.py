@@ -23,7 +23,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from ..backend import HorizonReading, Listening, PageRequest, SliceRange, StoredEvent, stored_event
+from ..backend import (
+    HorizonReading,
+    Listening,
+    PageRequest,
+    SliceQueryBackend,
+    SliceRange,
+    StoredEvent,
+    stored_event,
+)
 from ..errors import JournalUnavailable, SliceRangeMoved
 from ..ids import slice_for
 from ..postgres import PostgresBackend
@@ -39,12 +47,21 @@ def _key(r: Any) -> tuple[datetime, int, str]:
     return (r[4], r[3], r[0])
 
 
+def events_of(backend: PostgresBackend) -> SliceQueryBackend:
+    """A database's slice reads of ``event_journal``."""
+    return backend.slices
+
+
 class PartitionedSliceReads:
     """:class:`~journal.backend.SliceQueryBackend` over the databases of a partitioned journal."""
 
-    def __init__(self, dbs: Databases, router: Router) -> None:
+    def __init__(
+        self, dbs: Databases, router: Router, reader: Callable[[PostgresBackend], SliceQueryBackend] = events_of
+    ) -> None:
+        """``reader``: which table of each database (its events, or its durable states)."""
         self.dbs = dbs
         self.router = router
+        self.reader = reader
         self._trackers: dict[int, HorizonTracker] = {}
         self.covered: dict[int, datetime] = {}
         """Per database: the greatest bound a horizon reading of it proved."""
@@ -54,7 +71,7 @@ class PartitionedSliceReads:
     async def _bound(self, db: int) -> datetime:
         backend = await self.dbs.usable(db)
         try:
-            reading = await backend.slices.horizon_reading()
+            reading = await self.reader(backend).horizon_reading()
         except JournalUnavailable as e:
             self.dbs.failed(db, e)
             raise
@@ -135,7 +152,7 @@ class PartitionedSliceReads:
     async def read_slice_rows(self, slices: SliceRange, page: PageRequest, *, with_payload: bool = True) -> list[Any]:
         got = await self._each(
             slices, page.to_timestamp, "slice page",
-            lambda b, r: b.slices.read_slice_rows(r, page, with_payload=with_payload),
+            lambda b, r: self.reader(b).read_slice_rows(r, page, with_payload=with_payload),
         )  # fmt: skip
         if len(got) == 1:
             return got[0]
@@ -151,7 +168,7 @@ class PartitionedSliceReads:
     ) -> datetime | None:
         got = await self._each(
             slices, to_timestamp, "next slice timestamp",
-            lambda b, r: b.slices.next_slice_timestamp(r, from_timestamp, to_timestamp),
+            lambda b, r: self.reader(b).next_slice_timestamp(r, from_timestamp, to_timestamp),
         )  # fmt: skip
         found = [t for t in got if t is not None]
         return min(found) if found else None
@@ -160,20 +177,20 @@ class PartitionedSliceReads:
 
     async def timestamp_of(self, persistence_id: str, seq_nr: int) -> datetime | None:
         return await self.router.on_owner(
-            slice_for(persistence_id), "timestamp of", lambda b: b.slices.timestamp_of(persistence_id, seq_nr),
+            slice_for(persistence_id), "timestamp of", lambda b: self.reader(b).timestamp_of(persistence_id, seq_nr),
             check="read",
         )  # fmt: skip
 
     async def load_event(self, persistence_id: str, seq_nr: int) -> StoredEvent | None:
         return await self.router.on_owner(
-            slice_for(persistence_id), "load event", lambda b: b.slices.load_event(persistence_id, seq_nr),
+            slice_for(persistence_id), "load event", lambda b: self.reader(b).load_event(persistence_id, seq_nr),
             check="read",
         )  # fmt: skip
 
     async def read_events(self, persistence_id: str, from_seq_nr: int, to_seq_nr: int, limit: int) -> list[StoredEvent]:
         return await self.router.on_owner(
             slice_for(persistence_id), "read events",
-            lambda b: b.read_events(persistence_id, from_seq_nr, to_seq_nr, limit), check="read",
+            lambda b: self.reader(b).read_events(persistence_id, from_seq_nr, to_seq_nr, limit), check="read",
         )  # fmt: skip
 
     async def persistence_ids(self, entity_type: str | None, after: str | None, limit: int) -> list[str]:
@@ -187,7 +204,7 @@ class PartitionedSliceReads:
 
     async def _ids(self, db: int, entity_type: str | None, after: str | None, limit: int) -> list[str]:
         backend = await self.dbs.usable(db)
-        return await backend.persistence_ids(entity_type, after, limit)
+        return await self.reader(backend).persistence_ids(entity_type, after, limit)
 
     # -- notifications ------------------------------------------------------------------------
 
@@ -212,7 +229,7 @@ class _Listeners:
     async def follow(self) -> None:
         for db in self.dbs.map.served():
             if db not in self.by_db and not self.closed:
-                self.by_db[db] = await self.dbs.backends[db].slices.listen(self.on_notify, self.on_reconnect)
+                self.by_db[db] = await events_of(self.dbs.backends[db]).listen(self.on_notify, self.on_reconnect)
 
     def follow_soon(self) -> None:
         """After a map load: listen on databases new to the map (and wake every query)."""

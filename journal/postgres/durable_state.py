@@ -6,17 +6,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..backend import StateOutcome, StateRow, StoredEvent, StoredState, stored_event
-from ..errors import JournalUnavailable
+from ..backend import StateColumn, StateOutcome, StateRow, StateTransaction, StoredEvent, StoredState, stored_event
+from ..errors import ConfigurationError, JournalUnavailable, SliceRangeMoved
+from ..ids import slice_for
 from ..serialization import Serialized
 from .connections import PostgresConnections, PostgresPart
 from .errors import cause_of, driver_error, is_transient, mapped_errors
 from .slice_reader import PostgresSliceReader
-from .state_statements import STATES, StateStatements
+from .state_statements import COLUMNS_OF, KEYED_BY_PID, STATES, StateStatements, column_writes
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class PostgresDurableState(PostgresPart):
         super().__init__(conns)
         self.statements = StateStatements(self.settings.schema)
         self._changes = PostgresStateChanges(conns)
+        self._column_writes: dict[tuple[StateColumn, ...], list[tuple[str, list[int]]]] = {}
 
     def changes(self) -> PostgresStateChanges:
         """The slice reads of ``durable_state`` (changes by slices)."""
@@ -50,11 +52,12 @@ class PostgresDurableState(PostgresPart):
     async def upsert_states(
         self,
         rows: Sequence[StateRow],
-        in_transaction: Callable[[Any, list[StateOutcome]], Awaitable[None]] | None = None,
+        in_transaction: StateTransaction | None = None,
     ) -> list[StateOutcome]:
         """The rows in one statement (autocommit, or in a transaction with ``in_transaction``
         after it); a refused row gets the revision stored now."""
-        params = _params(rows, self.conns.epoch)
+        epoch = self.conns.epoch
+        params = _params(rows, epoch)
         with mapped_errors("durable state upsert", self.conns.target):  # nothing sent yet
             conn = await self.pool.acquire()
         server_pid = conn.get_server_pid()
@@ -63,12 +66,12 @@ class PostgresDurableState(PostgresPart):
                 return await self._upsert(conn, rows, params)
             async with conn.transaction():
                 out = await self._upsert(conn, rows, params)
-                await in_transaction(conn, out)
+                await in_transaction(conn, rows, out)
                 return out
         except Exception as e:
             if is_transient(e) or conn.is_closed():  # sent, maybe committed: read back what happened
                 log.warning("durable state upsert interrupted (%s), resolving its outcome", e)
-                return await self._resolve(rows, server_pid, e)
+                return await self._resolve(rows, server_pid, epoch, e)
             error = self._failure(e)
             if error is e:  # the library's own errors, a handler's
                 raise
@@ -87,13 +90,22 @@ class PostgresDurableState(PostgresPart):
                 out[i] = found.get(rows[i].persistence_id)
         return out
 
-    async def _resolve(self, rows: Sequence[StateRow], server_pid: int, cause: Exception) -> list[StateOutcome]:
+    async def _resolve(
+        self, rows: Sequence[StateRow], server_pid: int, epoch: int, cause: Exception
+    ) -> list[StateOutcome]:
         """The outcome of each row of an upsert whose answer was lost, from the rows read back
         once its server process has settled (its transaction is then final): see :func:`_resolved`."""
         pids = [r.persistence_id for r in rows]
+        slices = sorted({r.slice for r in rows})
         try:
             await self.conns.run("durable state resolve", lambda c: self._settle(c, server_pid))
-            found = await self.conns.fetch("durable state resolve", self.statements.read_back, pids)
+            found = await self.conns.fetch("durable state resolve", self.statements.read_back, pids, epoch, slices)
+        except SliceRangeMoved as e:  # the range left this database meanwhile, with its rows
+            raise JournalUnavailable(
+                f"durable state upsert: its answer was lost and its slices moved to another database meanwhile "
+                f"({e}); it may or may not be written: get the state to see its revision",
+                outcome_unknown=True,
+            ) from cause
         except JournalUnavailable as e:
             raise JournalUnavailable(
                 f"durable state upsert: {self.conns.target} unavailable ({cause_of(cause)}) and its outcome "
@@ -116,25 +128,75 @@ class PostgresDurableState(PostgresPart):
     def _failure(self, e: Exception) -> BaseException:
         return driver_error("durable state upsert", self.conns.target, e)
 
-    async def delete_tombstones(self, before: datetime, *, dry_run: bool = False, batch: int = 10_000) -> int:
-        """Delete the tombstones written before ``before``, ``batch`` at a time (each its own
-        transaction); how many (``dry_run``: how many would be)."""
+    async def delete_tombstones(
+        self, before: datetime, *, dry_run: bool = False, batch: int = 10_000, slices: tuple[int, int] = (0, 1023)
+    ) -> int:
+        """Delete the tombstones of ``slices`` (a range) written before ``before``, ``batch`` at a
+        time (each its own transaction, after the owner check for deletes: SliceRangeMoved while
+        the range is moved); how many (``dry_run``: how many would be)."""
+        lo, hi = slices
         if dry_run:
-            n: int = await self.conns.fetchval("durable state tombstones", self.statements.count_tombstones, before)
+            n: int = await self.conns.fetchval(
+                "durable state tombstones", self.statements.count_tombstones, before, lo, hi, self.conns.epoch
+            )
             return n
         deleted = 0
         while True:
-            status = await self.conns.execute(
-                "durable state tombstones", self.statements.delete_tombstones, before, batch
+            status = await self._deleting(
+                "durable state tombstones", range(lo, hi + 1), self.statements.delete_tombstones, before, batch, lo, hi
             )
             n = int(status.rsplit(" ", 1)[1])
             deleted += n
             if n < batch:
                 return deleted
 
+    async def check_columns(self, columns: Sequence[StateColumn]) -> None:
+        tables = sorted({c.table or "durable_state" for c in columns})
+        schema = self.settings.schema
+        found = await self.conns.fetch("additional columns", COLUMNS_OF, schema, tables)
+        have = {(r[0], r[1]) for r in found}
+        keyed = {r[0] for r in await self.conns.fetch("additional columns", KEYED_BY_PID, schema, tables)}
+        for c in columns:
+            table = c.table or "durable_state"
+            if not any(t == table for t, _ in have):
+                raise ConfigurationError(
+                    f"additional column {table}.{c.column}: no table {schema}.{table} in {self.conns.target}"
+                )
+            if (table, c.column) not in have:
+                raise ConfigurationError(
+                    f"additional column {table}.{c.column}: {schema}.{table} has no column {c.column!r} in "
+                    f"{self.conns.target} (add it: ALTER TABLE {schema}.{table} ADD COLUMN {c.column} ...)"
+                )
+            if c.table is not None and table not in keyed:
+                raise ConfigurationError(
+                    f"additional column {table}.{c.column}: {schema}.{table} needs persistence_id as its primary key"
+                )
+
+    async def write_columns(self, conn: Any, persistence_id: str, values: Sequence[tuple[StateColumn, Any]]) -> None:
+        key = tuple(c for c, _ in values)
+        statements = self._column_writes.get(key)
+        if statements is None:
+            statements = self._column_writes[key] = column_writes(self.settings.schema, list(key))
+        for sql, its in statements:
+            await conn.execute(sql, persistence_id, *(values[i][1] for i in its))
+
     async def hard_delete_state(self, persistence_id: str) -> bool:
-        status = await self.conns.execute("durable state hard delete", self.statements.hard_delete, persistence_id)
+        """Remove the pid's row, after the owner check for deletes (a moving range's wait)."""
+        status = await self._deleting(
+            "durable state hard delete", (slice_for(persistence_id),), self.statements.hard_delete, persistence_id
+        )
         return status != "DELETE 0"
+
+    async def _deleting(self, what: str, slices: Iterable[int], sql: str, *args: Any) -> str:
+        checked = list(slices)
+
+        async def op(conn: Any) -> str:
+            async with conn.transaction():
+                await conn.execute(self.statements.delete_check, self.conns.epoch, checked)
+                status: str = await conn.execute(sql, *args)
+                return status
+
+        return await self.conns.run(what, op)
 
 
 def _resolved(row: StateRow, found: Any) -> StateOutcome:

@@ -13,7 +13,9 @@ from ..settings import validate_identifier
 from .schema_sql import SchemaSql
 from .timestamp_rule import delete_check_sql, fence_key, mover_key
 
-COPIED_TABLES = ("event_journal", "snapshot", "snapshot_older", "tag_views", "tag_write_progress", "tag_scanning")
+COPIED_TABLES = (
+    "event_journal", "snapshot", "snapshot_older", "tag_views", "tag_write_progress", "tag_scanning", "durable_state",
+)  # fmt: skip
 """The tables whose rows follow their slice (the projection and replication tables stay where
 they are: they belong to a database, not to a slice)."""
 
@@ -100,13 +102,14 @@ class PartitionStatements(SchemaSql):
 
     @property
     def writers(self) -> str:
-        """Transactions holding the write lock on event_journal now (other than this session)."""
+        """Transactions holding the write lock on event_journal or durable_state now (other than
+        this session)."""
         return (
             "SELECT DISTINCT l.virtualtransaction FROM pg_locks l "
             "WHERE l.locktype = 'relation' "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            "AND l.relation = $1::regclass AND l.mode = 'RowExclusiveLock' AND l.granted "
-            "AND l.pid IS DISTINCT FROM pg_backend_pid()"
+            f"AND l.relation IN ('{self.t('event_journal')}'::regclass, '{self.t('durable_state')}'::regclass) "
+            "AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid IS DISTINCT FROM pg_backend_pid()"
         )
 
     still_running = "SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY($1::text[])"
@@ -185,6 +188,31 @@ class PartitionStatements(SchemaSql):
             "AND ($4::timestamptz IS NULL OR db_timestamp < $4) AND (persistence_id, seq_nr) > ($5, $6) "
             "ORDER BY persistence_id, seq_nr LIMIT $7"
         )
+
+    @property
+    def copy_states(self) -> str:
+        """Every ``durable_state`` row (tombstones too) of slices ``[$1, $2]`` stamped in ``[$3, $4)``
+        ($4 NULL: no end), after the pid ``$5``, in pid order, at most ``$6``."""
+        return (
+            f"SELECT * FROM {self.t('durable_state')} WHERE slice BETWEEN $1 AND $2 AND db_timestamp >= $3 "
+            "AND ($4::timestamptz IS NULL OR db_timestamp < $4) AND persistence_id > $5 "
+            "ORDER BY persistence_id LIMIT $6"
+        )
+
+    newer_state = (
+        "ON CONFLICT (persistence_id) DO UPDATE SET revision = EXCLUDED.revision, "
+        "db_timestamp = EXCLUDED.db_timestamp, "
+        "state_ser_id = EXCLUDED.state_ser_id, state_ser_manifest = EXCLUDED.state_ser_manifest, "
+        "state_payload = EXCLUDED.state_payload, tags = EXCLUDED.tags "
+        "WHERE durable_state.revision < EXCLUDED.revision"
+    )
+    """A state copied again at a later revision replaces the earlier copy (a state is one row,
+    updated in place; an earlier revision copied late never goes back over a later one)."""
+
+    @property
+    def states_in(self) -> str:
+        """Up to ``$3`` persistence ids with a state in slices ``[$1, $2]``."""
+        return f"SELECT persistence_id FROM {self.t('durable_state')} WHERE slice BETWEEN $1 AND $2 LIMIT $3"
 
     def by_slices(self, table: str) -> str:
         """Every row of a table with a slice column, of slices ``[$1, $2]``."""

@@ -263,10 +263,11 @@ class PostgresPartitions:
         return await self._run("finish a switch", op)
 
     async def drain(self, patience: float) -> None:
-        """Wait until every transaction holding the write lock on event_journal now has ended: a
+        """Wait until every transaction holding the write lock on event_journal or durable_state
+        now has ended: a
         state committed before this call is then seen by every write still to come (refused
         after ``patience`` seconds)."""
-        vxids = [r[0] for r in await self.conns.fetch("writers", self.sql.writers, self.conns.sql.t("event_journal"))]
+        vxids = [r[0] for r in await self.conns.fetch("writers", self.sql.writers)]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + patience
         while vxids and await self.conns.fetchval("writers", self.sql.still_running, vxids):
@@ -315,6 +316,14 @@ class PostgresPartitions:
             "copy events", self.sql.copy_events, min_slice, max_slice, since, until, after[0], after[1], limit
         )
 
+    async def state_rows(
+        self, min_slice: int, max_slice: int, since: datetime, until: datetime | None, after: str, limit: int
+    ) -> list[asyncpg.Record]:
+        """A page of the range's ``durable_state`` rows stamped in ``[since, until)``, by pid after ``after``."""
+        return await self.conns.fetch(
+            "copy durable states", self.sql.copy_states, min_slice, max_slice, since, until, after, limit
+        )
+
     async def rows_by_slices(self, table: str, min_slice: int, max_slice: int) -> list[asyncpg.Record]:
         return await self.conns.fetch(f"copy {table}", self.sql.by_slices(table), min_slice, max_slice)
 
@@ -333,8 +342,9 @@ class PostgresPartitions:
         replace_pids: Sequence[str] | None = None,
     ) -> None:  # fmt: skip
         """Insert copied rows as they are (their db_timestamp kept; rows already here are left
-        alone), in one transaction; ``replace_slices``/``replace_pids``: first delete this
-        table's rows of those slices or pids (a table copied whole at the fence)."""
+        alone, but a durable state copied again at a later revision replaces its copy), in one
+        transaction; ``replace_slices``/``replace_pids``: first delete this table's rows of those
+        slices or pids (a table copied whole at the fence)."""
         columns = await self.columns(table)
         names = ", ".join(f'"{c}"' for c in columns)
 
@@ -352,7 +362,10 @@ class PostgresPartitions:
                 await conn.copy_records_to_table(
                     f"sj_stage_{table}", records=[tuple(r[c] for c in columns) for r in rows], columns=columns
                 )
-                await conn.execute(self.sql.insert_staged(table, names))
+                if table == "durable_state":
+                    await conn.execute(self.sql.insert_staged(table, names, self.sql.newer_state))
+                else:
+                    await conn.execute(self.sql.insert_staged(table, names))
 
         await self._run(f"copy {table}", op)
 
@@ -360,7 +373,8 @@ class PostgresPartitions:
 
     async def remove_range(self, min_slice: int, max_slice: int, batch: int = 500) -> int:
         """Delete every row of the range from this database (events, snapshots, tag rows and tag
-        progress of its pids), in batches of pids; returns the number of pids."""
+        progress of its pids, durable states), in batches of pids; returns the number of pids
+        (a pid with events and a state counted twice)."""
         sql = self.sql
         total = 0
         while True:
@@ -377,6 +391,13 @@ class PostgresPartitions:
                         await conn.execute(sql.delete_by_pids(table), pids)
 
             await self._run("remove a range", op)
+            total += len(pids)
+
+        while True:  # the range's durable states
+            pids = [r[0] for r in await self.conns.fetch("remove a range", sql.states_in, min_slice, max_slice, batch)]
+            if not pids:
+                break
+            await self.conns.execute("remove a range", sql.delete_by_pids("durable_state"), pids)
             total += len(pids)
 
         async def snapshots(conn: Any) -> None:

@@ -198,10 +198,11 @@ projection_management = Table(
     Column("projection_name", String(255), nullable=False),
     Column("projection_key", String(255), nullable=False),
     Column("paused", Boolean, nullable=False),
-    Column("last_updated", TIMESTAMP(timezone=True), nullable=False),
+    Column("last_updated", BigInteger, nullable=False),
     PrimaryKeyConstraint("projection_name", "projection_key", name="projection_management_pkey"),
 )
-"""Pause flag per projection and slice-range key (reference columns)."""
+"""Pause flag per projection and slice-range key (reference columns; ``last_updated`` in epoch
+milliseconds, as Akka Projection's DDL, since migration 0012)."""
 
 projection_slice_lease = Table(
     "projection_slice_lease",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..settings import validate_identifier
 from .slice_queries import SliceTable
-from .timestamp_rule import MICROSECOND, clock, settle
+from .timestamp_rule import MICROSECOND, clock, delete_check_sql, read_check, settle
 
 _STATE_COLUMNS = (
     "persistence_id, entity_type, slice, revision AS seq_nr, db_timestamp, state_ser_id AS event_ser_id, "
@@ -83,9 +83,14 @@ SELECT d.db_timestamp AS ts, {settle("src")} AS settled
         a racing writer committed, which the statement's own snapshot may not show)."""
         self.read_back = (
             f"SELECT persistence_id, revision, db_timestamp, state_ser_id, state_ser_manifest, state_payload, tags"
-            f" FROM {ds} WHERE persistence_id = ANY($1::text[])"
+            f" FROM {ds} WHERE persistence_id = ANY($1::text[]) AND {read_check(schema, '$2', '$3')}"
         )
-        """The rows of an upsert whose answer was lost, to resolve its outcome."""
+        """The rows of an upsert whose answer was lost, to resolve its outcome, read only while this
+        database still serves their slices ($3) at the writer's map epoch ($2): a range moved away
+        meanwhile took the rows with it (the owner check raises)."""
+        self.delete_check = delete_check_sql(schema)
+        """First in a transaction that deletes rows ($1 the map epoch, $2 the slices): the owner
+        check for deletes (they wait while a move copies the range, as the events' deletes)."""
         self.busy = "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state IS DISTINCT FROM 'idle'"
         """The server process of an interrupted upsert still runs it (or a transaction)."""
         self.get = (
@@ -93,13 +98,59 @@ SELECT d.db_timestamp AS ts, {settle("src")} AS settled
             f" FROM {ds} WHERE persistence_id = $1"
         )
         self.hard_delete = f"DELETE FROM {ds} WHERE persistence_id = $1"
+        old = "state_ser_id = 0 AND db_timestamp < $1 AND slice BETWEEN $3 AND $4"
         self.delete_tombstones = (
-            f"DELETE FROM {ds} WHERE persistence_id IN (SELECT persistence_id FROM {ds}"
-            f" WHERE state_ser_id = 0 AND db_timestamp < $1 LIMIT $2) AND state_ser_id = 0 AND db_timestamp < $1"
+            f"DELETE FROM {ds} WHERE persistence_id IN (SELECT persistence_id FROM {ds} WHERE {old} LIMIT $2) AND {old}"
         )
-        """Up to $2 tombstones older than $1 (the outer condition again: a tombstone written over
-        meanwhile is rechecked on its new row version and kept)."""
-        self.count_tombstones = f"SELECT count(*) FROM {ds} WHERE state_ser_id = 0 AND db_timestamp < $1"
+        """Up to $2 tombstones older than $1 of slices $3 to $4 (the outer condition again: a
+        tombstone written over meanwhile is rechecked on its new row version and kept)."""
+        self.count_tombstones = (
+            f"SELECT count(*) FROM {ds} WHERE {old.replace('$3', '$2').replace('$4', '$3')}"
+            f" AND {read_check(schema, '$4', 'ARRAY(SELECT generate_series($2::int, $3::int))')}"
+        )
+        """The tombstones older than $1 of slices $2 to $3, while this database serves them ($4: the map epoch)."""
         self.counts = f"SELECT count(*) AS states, count(*) FILTER (WHERE state_ser_id = 0) AS tombstones FROM {ds}"
         self.load = f"SELECT {_STATE_COLUMNS} FROM {ds} WHERE persistence_id = $1 AND revision = $2"
         """The pid's row if it is still at the revision (a backtracking read's payload)."""
+
+
+def column_writes(schema: str, columns: list[tuple[str | None, str]]) -> list[tuple[str, list[int]]]:
+    """The statements writing a pid's additional column values ($1 the pid, then the values in
+    the order of ``columns``), one per table: ``durable_state``'s row updated, a table of its own
+    upserted on ``persistence_id``. Each statement with the indexes of its values."""
+    by_table: dict[str | None, list[int]] = {}
+    for i, (table, _) in enumerate(columns):
+        by_table.setdefault(table, []).append(i)
+    out = []
+    for table, its in by_table.items():
+        names = [f'"{validate_identifier(columns[i][1], "column")}"' for i in its]
+        params = [f"${n + 2}" for n in range(len(its))]
+        if table is None:
+            sets = ", ".join(f"{c} = {p}" for c, p in zip(names, params, strict=True))
+            sql = f'UPDATE "{schema}".durable_state SET {sets} WHERE persistence_id = $1'
+        else:
+            t = f'"{schema}"."{validate_identifier(table, "table")}"'
+            sets = ", ".join(f"{c} = EXCLUDED.{c}" for c in names)
+            sql = (
+                f"INSERT INTO {t} (persistence_id, {', '.join(names)}) VALUES ($1, {', '.join(params)}) "
+                f"ON CONFLICT (persistence_id) DO UPDATE SET {sets}"
+            )
+        out.append((sql, its))
+    return out
+
+
+COLUMNS_OF = (
+    "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = ANY($2::text[]) "
+    "AND a.attnum > 0 AND NOT a.attisdropped"
+)
+"""The columns of these tables ($2) of the schema ($1)."""
+
+KEYED_BY_PID = (
+    "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0] "
+    "WHERE n.nspname = $1 AND c.relname = ANY($2::text[]) AND i.indisunique AND i.indnatts = 1 "
+    "AND a.attname = 'persistence_id'"
+)
+"""Which of these tables ($2) have a unique index on ``persistence_id`` alone (the upsert's conflict target)."""

@@ -199,11 +199,62 @@ _RAISE = """\
 
 
 def install_sql(schema: str) -> str:
-    return insert_trigger.install_sql(schema, TRIGGER, _RAISE, WRITER_SETTING, WRITER_VALUE)
+    return insert_trigger.install_sql(schema, TRIGGER, _RAISE, WRITER_SETTING, WRITER_VALUE) + foreign_tags_sql(schema)
 
 
 def remove_sql(schema: str) -> str:
-    return insert_trigger.remove_sql(schema, TRIGGER)
+    table, _ = insert_trigger.table_and_function(schema, TRIGGER)
+    tags = f'"{schema}".{TAGS_TRIGGER}'
+    return (
+        insert_trigger.remove_sql(schema, TRIGGER)
+        + f"DROP TRIGGER IF EXISTS {TAGS_TRIGGER} ON {table};\nDROP FUNCTION IF EXISTS {tags}();\n"
+    )
+
+
+TAGS_TRIGGER = "slice_journal_foreign_tags"
+"""The trigger that writes the tag view rows of a foreign writer's tagged events."""
+
+
+def foreign_tags_sql(schema: str) -> str:
+    """An AFTER INSERT statement trigger on event_journal: the tag rows of the tagged events that
+    a writer other than this library inserted (an Akka Persistence R2DBC service stores ``tags``
+    on its event rows and has no tag view), in its transaction, numbered and bucketed as this
+    library's write statement does (:meth:`.tag_statements.TagStatements.insert_from_events`),
+    so ``events_by_tag`` sees them. This library's own writes (``slice_journal.writer`` set)
+    write their tag rows themselves and are skipped; a tag already in the view for the event is
+    left out, so nothing is numbered twice."""
+    from ..buckets import BUCKET_MILLIS
+    from .tag_statements import TagStatements
+
+    table, _ = insert_trigger.table_and_function(schema, TAGS_TRIGGER)
+    tags = TagStatements(schema)
+    function = f'"{schema}".{TAGS_TRIGGER}'
+    sizes = " ".join(f"WHEN '{k}' THEN {v}" for k, v in BUCKET_MILLIS.items())
+    bucket = f"(SELECT CASE value {sizes} END FROM \"{schema}\".tag_view_settings WHERE name = 'bucket_size')"
+    src = (
+        "(SELECT n.persistence_id, n.seq_nr, n.db_timestamp, n.event_ser_id AS ser_id, "
+        "n.event_ser_manifest AS ser_manifest, n.event_payload AS payload, n.meta_ser_id, n.meta_ser_manifest, "
+        f"n.meta_payload, ARRAY(SELECT t FROM unnest(n.tags) t WHERE NOT EXISTS (SELECT 1 FROM {tags.t('tag_views')} v "
+        "WHERE v.tag_name = t AND v.persistence_id = n.persistence_id AND v.sequence_nr = n.seq_nr)) AS tags "
+        "FROM sj_new n WHERE n.tags IS NOT NULL AND NOT n.deleted)"
+    )
+    insert = tags.insert_from_events(src, "'foreign'", f"COALESCE({bucket}, 3600000)", "ON CONFLICT DO NOTHING")
+    return f"""
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $tags$
+DECLARE
+  n bigint;
+BEGIN
+  IF current_setting('{WRITER_SETTING}', true) IS DISTINCT FROM '{WRITER_VALUE}' THEN
+    WITH tv AS ({insert}
+    ) SELECT count(*) INTO n FROM tv;
+  END IF;
+  RETURN NULL;
+END
+$tags$;
+DROP TRIGGER IF EXISTS {TAGS_TRIGGER} ON {table};
+CREATE TRIGGER {TAGS_TRIGGER} AFTER INSERT ON {table} REFERENCING NEW TABLE AS sj_new
+  FOR EACH STATEMENT EXECUTE FUNCTION {function}();
+"""
 
 
 INSTALLED_SQL = insert_trigger.INSTALLED_SQL

@@ -12,10 +12,12 @@ from .export import export_parquet
 from .jdbc import JdbcSource, jdbc_source
 from .placement import SliceSource, placement, spark_ranges
 from .reader import JOURNAL_COLUMNS, journal_predicates, read_journal
+from .states import STATE_COLUMNS, decode_states, read_states, state_predicates
 from .writer import WriteResult, drop_staging_tables, write_read_model
 
 __all__ = [
     "JOURNAL_COLUMNS",
+    "STATE_COLUMNS",
     "BackfillResult",
     "JdbcDriver",
     "JdbcSource",
@@ -26,6 +28,7 @@ __all__ = [
     "WriteResult",
     "backfill",
     "decode_events",
+    "decode_states",
     "drop_staging_tables",
     "export_parquet",
     "find_java",
@@ -36,7 +39,9 @@ __all__ = [
     "merge_schemas",
     "placement",
     "read_journal",
+    "read_states",
     "spark_ranges",
     "spark_session",
+    "state_predicates",
     "write_read_model",
 ]

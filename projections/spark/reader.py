@@ -11,7 +11,7 @@ per database, their partitions united.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -93,21 +93,32 @@ def read_journal(
     unknown = [c for c in wanted if c not in JOURNAL_COLUMNS]
     if unknown or not wanted:
         raise InvalidArgument(f"unknown journal columns {unknown}: choose from {list(JOURNAL_COLUMNS)}")
+    return read_slice_ranges(
+        spark, source, "event_journal", partitions, fetch_size, wanted,
+        lambda lo, hi: slice_predicate(
+            entity_type, lo, hi, from_timestamp, to_timestamp, include_deleted=include_deleted
+        ),
+    )  # fmt: skip
+
+
+def read_slice_ranges(
+    spark: Any, source: JdbcSource | Sequence[SliceSource], table: str, partitions: int, fetch_size: int,
+    columns: Sequence[str], predicate: Callable[[int, int], str],
+) -> Any:  # fmt: skip
+    """``columns`` of ``table`` with one JDBC partition per slice range of ``partitions`` (cut
+    where the database changes), each reading ``predicate(min_slice, max_slice)`` on the
+    database that holds the range; one JDBC read per database, their partitions united."""
     placed = [SliceSource(source, 0, 1023)] if isinstance(source, JdbcSource) else list(source)
     by_database: dict[str, tuple[JdbcSource, list[str]]] = {}
     for r in spark_ranges(placed, partitions):
-        by_database.setdefault(r.source.url, (r.source, []))[1].append(
-            slice_predicate(
-                entity_type, r.min_slice, r.max_slice, from_timestamp, to_timestamp, include_deleted=include_deleted
-            )
-        )
+        by_database.setdefault(r.source.url, (r.source, []))[1].append(predicate(r.min_slice, r.max_slice))
     frames = [
         spark.read.jdbc(
             url=db.url,
-            table=db.table("event_journal"),
+            table=db.table(table),
             predicates=predicates,
             properties=db.with_properties(fetchsize=str(fetch_size)),
-        ).select(*wanted)
+        ).select(*columns)
         for db, predicates in by_database.values()
     ]
     return functools.reduce(lambda a, b: a.union(b), frames)

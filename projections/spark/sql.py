@@ -55,6 +55,17 @@ def slice_predicate(
     return " AND ".join(parts)
 
 
+def state_predicate(entity_type: str, min_slice: int, max_slice: int, *, include_deleted: bool = False) -> str:
+    """``entity_type = 'T' AND slice BETWEEN a AND b [AND state_ser_id <> 0]`` over
+    ``durable_state`` (serializer id 0: a tombstone, the state deleted)."""
+    validate_entity_type(entity_type)
+    validate_slice_range(min_slice, max_slice)
+    parts = [f"entity_type = {literal(entity_type)}", f"slice BETWEEN {min_slice} AND {max_slice}"]
+    if not include_deleted:
+        parts.append("state_ser_id <> 0")
+    return " AND ".join(parts)
+
+
 def ident(name: str, what: str = "identifier") -> str:
     return f'"{validate_identifier(name, what)}"'
 

@@ -14,6 +14,7 @@ import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.util.List;
+import java.util.Set;
 
 /**
  * An entity whose events are JSON values and whose state is {"events": [payload, ...]}: the list
@@ -32,16 +33,28 @@ public final class Entity extends EventSourcedBehavior<Entity.Command, JsonValue
   public record Snapshot(JsonValue state, long seqNr) {}
 
   private final int snapshotEvery;
+  private final String tag;
   private final ActorContext<Command> context;
 
-  private Entity(PersistenceId pid, int snapshotEvery, ActorContext<Command> context) {
+  private Entity(PersistenceId pid, int snapshotEvery, String tag, ActorContext<Command> context) {
     super(pid);
     this.snapshotEvery = snapshotEvery;
+    this.tag = tag;
     this.context = context;
   }
 
   public static Behavior<Command> create(String pid, int snapshotEvery) {
-    return Behaviors.setup(ctx -> new Entity(PersistenceId.ofUniqueId(pid), snapshotEvery, ctx));
+    return create(pid, snapshotEvery, "");
+  }
+
+  /** Every event tagged {@code tag} (the plugin stores it in the event row's tags; "" = none). */
+  public static Behavior<Command> create(String pid, int snapshotEvery, String tag) {
+    return Behaviors.setup(ctx -> new Entity(PersistenceId.ofUniqueId(pid), snapshotEvery, tag, ctx));
+  }
+
+  @Override
+  public Set<String> tagsFor(JsonValue event) {
+    return tag.isEmpty() ? Set.of() : Set.of(tag);
   }
 
   @Override

@@ -112,7 +112,7 @@ public final class Main {
   }
 
   /**
-   * persist entity-type=T prefix=P entities=M events=N [per-call=1] [snapshot-every=K]: M entities at once,
+   * persist entity-type=T prefix=P entities=M events=N [per-call=1] [snapshot-every=K] [tag=G]: M entities at once,
    * each writing its N events in calls of per-call events (one atomic write each). warmup=W first
    * writes 5 events to each of W other entities, untimed (JIT, connection pool). The time printed
    * starts once every entity has recovered (its empty history read), so it is the writes' alone.
@@ -125,8 +125,9 @@ public final class Main {
     int snapshotEvery = intOpt(o, "snapshot-every", 0);
     int perCall = intOpt(o, "per-call", 1);
     int warmup = intOpt(o, "warmup", 0);
-    if (warmup > 0) writeAll(system, type, "warmup-" + prefix, warmup, 5, perCall, 0);
-    double seconds = writeAll(system, type, prefix, entities, events, perCall, snapshotEvery);
+    String tag = o.getOrDefault("tag", "");
+    if (warmup > 0) writeAll(system, type, "warmup-" + prefix, warmup, 5, perCall, 0, tag);
+    double seconds = writeAll(system, type, prefix, entities, events, perCall, snapshotEvery, tag);
     ObjectNode line = JsonNodeFactory.instance.objectNode();
     line.put("written", (long) entities * events);
     line.put("seconds", seconds);
@@ -138,12 +139,12 @@ public final class Main {
    * events in calls of perCall. Returns the seconds the writes took.
    */
   private static double writeAll(ActorSystem<SpawnProtocol.Command> system, String type, String prefix, int entities,
-      int events, int perCall, int snapshotEvery) throws Exception {
+      int events, int perCall, int snapshotEvery, String tag) throws Exception {
     List<ActorRef<Entity.Command>> refs = new ArrayList<>();
     List<CompletableFuture<Entity.Snapshot>> recovered = new ArrayList<>();
     for (int i = 0; i < entities; i++) {
       String pid = type + "|" + prefix + "-" + i;
-      ActorRef<Entity.Command> ref = spawn(system, Entity.create(pid, snapshotEvery), prefix + "-" + i);
+      ActorRef<Entity.Command> ref = spawn(system, Entity.create(pid, snapshotEvery, tag), prefix + "-" + i);
       refs.add(ref);
       recovered.add(AskPattern.<Entity.Command, Entity.Snapshot>ask(ref, Entity.Get::new, ASK, system.scheduler())
           .toCompletableFuture());
