@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -328,32 +329,30 @@ def status(
             console.print(f"{st.dead_letters} dead letters (projections dead-letters list {st.name})")
 
 
-@app.command()
-def pause(
-    name: str, slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
-    data_dir: DataDirOption = None, databases: DatabasesOption = None,
-) -> None:  # fmt: skip
-    """Pause a projection (or a slice range): workers commit their batch and stop processing it."""
-    from . import management
+def _pausing(paused: bool, summary: str) -> Callable[..., None]:
+    """``pause`` (``paused``) or ``resume``: the same options, ``summary`` its help."""
+    what = "pause" if paused else "resume"
 
-    lo, hi = _range(slices)
-    _with_conn(dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, True), "pause", databases)
-    typer.echo(f"paused {name} slices {lo}-{hi}")
+    def command(
+        name: str, slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
+        data_dir: DataDirOption = None, databases: DatabasesOption = None,
+    ) -> None:  # fmt: skip
+        from . import management
+
+        lo, hi = _range(slices)
+        _with_conn(
+            dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, paused), what, databases
+        )
+        typer.echo(f"{what}d {name} slices {lo}-{hi}")
+
+    command.__doc__ = summary
+    return command
 
 
-@app.command()
-def resume(
-    name: str, slices: SlicesOption = "0-1023", dsn: DsnOption = None, schema: SchemaOption = None,
-    data_dir: DataDirOption = None, databases: DatabasesOption = None,
-) -> None:  # fmt: skip
-    """Resume a paused projection (or slice range): workers reload offsets and go on."""
-    from . import management
-
-    lo, hi = _range(slices)
-    _with_conn(
-        dsn, schema, data_dir, lambda c, s: management.set_paused(c, s, name, lo, hi, False), "resume", databases
-    )
-    typer.echo(f"resumed {name} slices {lo}-{hi}")
+app.command("pause")(
+    _pausing(True, "Pause a projection (or a slice range): workers commit their batch and stop processing it.")
+)
+app.command("resume")(_pausing(False, "Resume a paused projection (or slice range): workers reload offsets and go on."))
 
 
 @app.command()

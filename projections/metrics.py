@@ -61,18 +61,12 @@ class _Processor(Protocol):
 class _Counters(Protocol):
     """What the metrics read of a worker's :class:`projections.stats.Stats`."""
 
-    @property
-    def events(self) -> int: ...
-    @property
-    def duplicates(self) -> int: ...
-    @property
-    def replayed(self) -> int: ...
-    @property
-    def retries(self) -> int: ...
-    @property
-    def skipped(self) -> int: ...
-    @property
-    def dead_lettered(self) -> int: ...
+    events: int
+    duplicates: int
+    replayed: int
+    retries: int
+    skipped: int
+    dead_lettered: int
 
 
 class TrackedWorker(Protocol):

@@ -376,3 +376,26 @@ async def test_cli_dry_run_then_cleanup_with_done_file(env: Env, tmp_path: Path)
 
     r = await asyncio.to_thread(cli, "delete-snapshots")  # one line, the usage exit code
     assert r.exit_code == 2 and "error: no persistence ids" in r.output and "Traceback" not in r.output
+
+
+async def test_cli_snapshot_commands_report_their_own_action(env: Env) -> None:
+    """delete-snapshots and delete-before-snapshot (one command made twice, journal.cli.cleanup):
+    each runs its own action and says it."""
+    await _populate(env)
+    before = await env.dump()
+    runner = CliRunner()
+
+    def cli(*args: str) -> Any:
+        return runner.invoke(app, ["cleanup", *args, "--dsn", env.target], catch_exceptions=False)
+
+    r = await asyncio.to_thread(cli, "delete-before-snapshot", "Cart|v1", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "delete-before-snapshot: 1 pids, would delete 3 event rows" in r.output
+    r = await asyncio.to_thread(cli, "delete-snapshots", *VICTIMS, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "delete-snapshots: 2 pids, would delete 0 event rows, 0 tag rows, 1 snapshots" in r.output
+    assert await env.dump() == before
+    r = await asyncio.to_thread(cli, "delete-snapshots", *VICTIMS, "--verbose")
+    assert r.exit_code == 0, r.output
+    assert "delete-snapshots: 2 pids, deleted 0 event rows, 0 tag rows, 1 snapshots" in r.output
+    assert "Cart|v1: 5 event rows (highest 5), 4 tag rows, snapshot at 3 -> 5 event rows" in r.output

@@ -111,37 +111,14 @@ def _port_open(host: str, port: int) -> bool:
 
 # -- the jars ------------------------------------------------------------------------------------
 
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>slice-journal</groupId>
-  <artifactId>cassandra-runtime</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.cassandra</groupId>
-      <artifactId>cassandra-all</artifactId>
-      <version>{version}</version>
-    </dependency>
-  </dependencies>
-</project>
-"""
-
-
-_NEEDS = "a local Cassandra"
-
-
-def require_tools() -> tuple[str, str]:
-    """Paths of ``java`` and ``mvn``, or :class:`CassandraSetupError` saying what to install."""
-    return maven_jars.require_tools(_NEEDS, CassandraSetupError)
+JARS = maven_jars.JarSet(
+    "cassandra", "a local Cassandra", CassandraSetupError, ("org.apache.cassandra:cassandra-all:{version}",)
+)
 
 
 def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progress: Progress = _stderr) -> Path:
     """The ``lib`` directory holding cassandra-all ``version`` and its runtime dependencies."""
-    home = (cache or cache_root()) / f"cassandra-{version}"
-    artifact = f"org.apache.cassandra:cassandra-all:{version}"
-    pom = _POM.format(version=version)
-    return maven_jars.resolve_jars(home, artifact, pom, _NEEDS, CassandraSetupError, progress, "cassandra")
+    return JARS.ensure(version, cache or cache_root(), progress)
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -345,7 +322,7 @@ class LocalCassandra:
         return self.data_dir / "node.log"
 
     def command(self, lib: Path) -> list[str]:
-        java, _ = require_tools()
+        java, _ = JARS.require_tools()
         conf = self.data_dir / "conf"
         return [
             java, f"-Xms{self.heap}", f"-Xmx{self.heap}", *JVM17_FLAGS, *FAST_START_FLAGS,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import datetime
 from pathlib import Path
@@ -166,42 +167,35 @@ def delete_all(
     )
 
 
-@cleanup_app.command("delete-snapshots")
-def delete_snapshots(
-    pids: PidsArg = None,
-    pids_from: PidsFromOption = None,
-    dsn: TargetOption = None,
-    databases: DatabasesOption = None,
-    schema: SchemaOption = None,
-    data_dir: DataDirOption = None,
-    dry_run: DryRunOption = False,
-    done_file: DoneFileOption = None,
-    verbose: VerboseOption = False,
-) -> None:
-    """Delete only the snapshots of the pids."""
-    _run(
-        CleanupAction.DELETE_SNAPSHOTS, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose,
-        databases=databases,
-    )  # fmt: skip
+def _pids_command(action: CleanupAction, summary: str) -> Callable[..., None]:
+    """The command of ``action``: the options of every cleanup of pids, ``summary`` its help."""
+
+    def command(
+        pids: PidsArg = None,
+        pids_from: PidsFromOption = None,
+        dsn: TargetOption = None,
+        databases: DatabasesOption = None,
+        schema: SchemaOption = None,
+        data_dir: DataDirOption = None,
+        dry_run: DryRunOption = False,
+        done_file: DoneFileOption = None,
+        verbose: VerboseOption = False,
+    ) -> None:
+        _run(action, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose, databases=databases)
+
+    command.__doc__ = summary
+    return command
 
 
-@cleanup_app.command("delete-before-snapshot")
-def delete_before_snapshot(
-    pids: PidsArg = None,
-    pids_from: PidsFromOption = None,
-    dsn: TargetOption = None,
-    databases: DatabasesOption = None,
-    schema: SchemaOption = None,
-    data_dir: DataDirOption = None,
-    dry_run: DryRunOption = False,
-    done_file: DoneFileOption = None,
-    verbose: VerboseOption = False,
-) -> None:
-    """Delete the events of each pid up to its snapshot's sequence number (pids without one are skipped)."""
-    _run(
-        CleanupAction.DELETE_BEFORE_SNAPSHOT, pids, pids_from, dsn, schema, data_dir, dry_run, done_file, verbose,
-        databases=databases,
-    )  # fmt: skip
+cleanup_app.command("delete-snapshots")(
+    _pids_command(CleanupAction.DELETE_SNAPSHOTS, "Delete only the snapshots of the pids.")
+)
+cleanup_app.command("delete-before-snapshot")(
+    _pids_command(
+        CleanupAction.DELETE_BEFORE_SNAPSHOT,
+        "Delete the events of each pid up to its snapshot's sequence number (pids without one are skipped).",
+    )
+)
 
 
 def _before(text: str) -> datetime:

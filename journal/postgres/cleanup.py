@@ -71,22 +71,6 @@ ON CONFLICT (persistence_id, tag) DO UPDATE SET
     THEN EXCLUDED."offset" ELSE pr."offset" END,
   tag_pid_sequence_nr = GREATEST(pr.tag_pid_sequence_nr, EXCLUDED.tag_pid_sequence_nr)"""
 
-    @property
-    def delete_tag_progress(self) -> str:
-        return f"DELETE FROM {self.t('tag_write_progress')} WHERE persistence_id = $1"
-
-    @property
-    def delete_tag_scanning(self) -> str:
-        return f"DELETE FROM {self.t('tag_scanning')} WHERE persistence_id = $1"
-
-    @property
-    def delete_events_batch(self) -> str:
-        ej = self.t("event_journal")
-        return (
-            f"DELETE FROM {ej} WHERE persistence_id = $1 AND seq_nr IN ("
-            f"SELECT seq_nr FROM {ej} WHERE persistence_id = $1 ORDER BY seq_nr LIMIT $2)"
-        )
-
 
 class PostgresCleanup:
     """``delete_events_to``: the backend's own (the highest row kept as the tombstone)."""
@@ -123,8 +107,8 @@ class PostgresCleanup:
                 if tags:
                     await conn.execute(self.sql.delete_tag_rows, persistence_id, tags)
                 if not keep_numbering:
-                    await conn.execute(self.sql.delete_tag_progress, persistence_id)
-                    await conn.execute(self.sql.delete_tag_scanning, persistence_id)
+                    await conn.execute(self.sql.delete_pid("tag_write_progress"), persistence_id)
+                    await conn.execute(self.sql.delete_pid("tag_scanning"), persistence_id)
 
         await self._run("cleanup tag rows", op)
 
@@ -137,7 +121,7 @@ class PostgresCleanup:
         async def batch(conn: asyncpg.Connection) -> str:
             async with conn.transaction():
                 await conn.execute(self.conns.sql.delete_check, self.conns.epoch, [slice_for(persistence_id)])
-                status: str = await conn.execute(self.sql.delete_events_batch, persistence_id, DELETE_BATCH_SIZE)
+                status: str = await conn.execute(self.conns.sql.delete_batch, persistence_id, _ALL, DELETE_BATCH_SIZE)
                 return status
 
         while True:

@@ -19,3 +19,7 @@ class SchemaSql:
     def t(self, table: str) -> str:
         """``table`` of this schema, as the statements name it."""
         return f'"{self.schema}".{table}'
+
+    def delete_pid(self, table: str) -> str:
+        """Delete every row of the persistence id ``$1`` from ``table``."""
+        return f"DELETE FROM {self.t(table)} WHERE persistence_id = $1"

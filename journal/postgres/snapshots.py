@@ -47,8 +47,8 @@ class PostgresSnapshots(PostgresPart):
     async def delete_snapshot(self, persistence_id: str) -> None:
         async def delete(conn: Any) -> None:
             async with conn.transaction():
-                await conn.execute(self.sql.delete_snapshot, persistence_id)
-                await conn.execute(self.sql.delete_older_snapshots, persistence_id)
+                await conn.execute(self.sql.delete_pid("snapshot"), persistence_id)
+                await conn.execute(self.sql.delete_pid("snapshot_older"), persistence_id)
 
         await self.conns.run("delete snapshot", delete)
 

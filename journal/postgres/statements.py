@@ -140,10 +140,6 @@ class Statements(SchemaSql):
             f"FROM {self.t('snapshot')} WHERE persistence_id = $1"
         )
 
-    @property
-    def delete_snapshot(self) -> str:
-        return f"DELETE FROM {self.t('snapshot')} WHERE persistence_id = $1"
-
     table_exists = "SELECT to_regclass($1)"
     """The table (a regclass literal, :attr:`ej`) if it exists, else NULL."""
 
@@ -177,10 +173,6 @@ class Statements(SchemaSql):
             f"SELECT {_SNAP_COLS} FROM {self.t('snapshot_older')} "
             "WHERE persistence_id = $1 ORDER BY seq_nr DESC LIMIT $2"
         )
-
-    @property
-    def delete_older_snapshots(self) -> str:
-        return f"DELETE FROM {self.t('snapshot_older')} WHERE persistence_id = $1"
 
     @property
     def insert_keys(self) -> str:

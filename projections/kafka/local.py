@@ -47,38 +47,15 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>slice-journal</groupId>
-  <artifactId>kafka-runtime</artifactId>
-  <version>1</version>
-  <packaging>pom</packaging>
-  <dependencies>
-    <dependency>
-      <groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{version}</version>
-    </dependency>
-    <dependency>
-      <groupId>org.slf4j</groupId><artifactId>slf4j-simple</artifactId><version>{slf4j}</version>
-    </dependency>
-  </dependencies>
-</project>
-"""
-
-
-_NEEDS = "a local Kafka broker"
-
-
-def require_tools() -> tuple[str, str]:
-    """Paths of ``java`` and ``mvn``, or :class:`KafkaSetupError` saying what to install."""
-    return maven_jars.require_tools(_NEEDS, KafkaSetupError)
+JARS = maven_jars.JarSet(
+    "kafka", "a local Kafka broker", KafkaSetupError,
+    ("org.apache.kafka:kafka_2.13:{version}", f"org.slf4j:slf4j-simple:{SLF4J_VERSION}"),
+)  # fmt: skip
 
 
 def ensure_jars(version: str = DEFAULT_VERSION, cache: Path | None = None, progress: Progress = _stderr) -> Path:
     """The ``lib`` directory holding kafka_2.13 ``version`` and its runtime dependencies."""
-    home = (cache or cache_root()) / f"kafka-{version}"
-    artifact = f"org.apache.kafka:kafka_2.13:{version}"
-    pom = _POM.format(version=version, slf4j=SLF4J_VERSION)
-    return maven_jars.resolve_jars(home, artifact, pom, _NEEDS, KafkaSetupError, progress, "kafka")
+    return JARS.ensure(version, cache or cache_root(), progress)
 
 
 def server_properties(
@@ -162,7 +139,7 @@ class LocalKafka:
         return self.data_dir / "broker.log"
 
     def _java(self, lib: Path, *args: str) -> list[str]:
-        java, _ = require_tools()
+        java, _ = JARS.require_tools()
         return [java, f"-Xms{self.heap}", f"-Xmx{self.heap}", *JVM_FLAGS, "-cp", f"{lib}/*", *args]
 
     def start(self) -> LocalKafka:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,20 +41,41 @@ MasterOption = Annotated[
 ]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Source:
+    """What both commands read: the settings (the home database's DSN in them), that database's
+    JDBC source and the journal's hooks."""
+
+    settings: Any
+    jdbc: Any
+    hooks: dict[str, Any]
+
+    @contextlib.asynccontextmanager
+    async def journal(self, entity_type: str) -> AsyncIterator[Any]:
+        """The journal opened as its services open it, once it is known to hold ``entity_type``."""
+        from journal.journal import open_journal
+
+        async with open_journal(self.settings.connection.dsn, settings=self.settings, **self.hooks) as j:
+            await check_entity_type(j, entity_type)
+            yield j
+
+
 def _prepare(
-    dsn: str | None, schema: str | None, data_dir: Path | None, master: str | None, databases: str | None, **over: Any
-) -> Any:
-    """Settings, the home database's DSN and its JDBC source; the JDBC source needs a TCP route
-    for a cluster."""
+    dsn: str | None, schema: str | None, data_dir: Path | None, databases: str | None, master: str | None,
+    partitions: int | None, hooked: dict[str, Any],
+) -> _Source:  # fmt: skip
+    """The options of both commands read: the settings, the home database's DSN and its JDBC
+    source (which needs a TCP route for a cluster), the hooks loaded."""
     from journal.cli.common import settings_from, target_dsn
 
     from .environment import runs_on_this_host
     from .jdbc import jdbc_source
 
-    settings = settings_from(schema, data_dir, databases, master=master, **over)
+    settings = settings_from(schema, data_dir, databases, master=master, partitions=partitions, **hooked)
     target, _embedded = target_dsn(dsn, settings)
     settings = settings.with_dsn(target)
-    return settings, jdbc_source(target, settings.schema, local=runs_on_this_host(settings.spark.master))
+    source = jdbc_source(target, settings.schema, local=runs_on_this_host(settings.spark.master))
+    return _Source(settings, source, journal_hooks(settings))
 
 
 async def _placed(journal: Any, settings: Any) -> Any:
@@ -127,26 +149,23 @@ def spark_backfill(
 ) -> None:
     """Compute a read model with Spark up to the journal's horizon, write it, and store the
     projection's offsets there so `projections run NAME` continues from exactly that point."""
-    from journal.journal import open_journal
-
     from .backfill import backfill, load_job
     from .environment import spark_session
 
     fn = load_job(job)
-    hooked = hook_settings(subject_of, upcasters, serializers)
-    settings, source = _prepare(dsn, schema, data_dir, master, databases, partitions=partitions, **hooked)
-    hooks = journal_hooks(settings)
-    sp = settings.spark
+    src = _prepare(
+        dsn, schema, data_dir, databases, master, partitions, hook_settings(subject_of, upcasters, serializers)
+    )
+    source, sp = src.jdbc, src.settings.spark
 
     async def go() -> Any:
-        async with open_journal(settings.connection.dsn, settings=settings, **hooks) as j:
-            await check_entity_type(j, entity_type)
+        async with src.journal(entity_type) as j:
             payloads = await _payloads(j, source)
             spark = spark_session(sp)
             return await backfill(
                 spark, j, source, name, entity_type, fn, table=table, key=tuple(key or ()),
                 partitions=sp.partitions, fetch_size=sp.fetch_size, batch_size=sp.batch_size,
-                placed=await _placed(j, settings), payloads=payloads,
+                placed=await _placed(j, src.settings), payloads=payloads,
             )  # fmt: skip
 
     with _worker_errors():
@@ -177,22 +196,19 @@ def spark_export(
     """Write the events of an entity type to Parquet, partitioned by slice range (or date);
     decoded as the journal reads them (decrypted, upcast), a forgotten subject's with forgotten
     true and a null event."""
-    from journal.journal import open_journal
-
     from .decode import decode_events
     from .environment import spark_session
     from .export import export_parquet
     from .reader import read_journal
 
-    hooked = hook_settings(subject_of, upcasters, serializers)
-    settings, source = _prepare(dsn, schema, data_dir, master, databases, partitions=partitions, **hooked)
-    hooks = journal_hooks(settings)
-    sp = settings.spark
+    src = _prepare(
+        dsn, schema, data_dir, databases, master, partitions, hook_settings(subject_of, upcasters, serializers)
+    )
+    sp = src.settings.spark
 
     async def check() -> Any:
-        async with open_journal(settings.connection.dsn, settings=settings, **hooks) as j:
-            await check_entity_type(j, entity_type)
-            return await _placed(j, settings), (await _payloads(j, source) if decode else None)
+        async with src.journal(entity_type) as j:
+            return await _placed(j, src.settings), (await _payloads(j, src.jdbc) if decode else None)
 
     placed, payloads = asyncio.run(check())
     started = time.monotonic()
