@@ -7,7 +7,7 @@
     per-call probe of the pid's newest event (its previous highest taken from
     ``expected_seq_nr``). The difference of the last two is the probe.
 (l) A lone call's statement (one event, ``expected_seq_nr`` given) and the same without each of
-    its server-side parts (NOTIFY, the owner check of the clock CTE, the probe of the pid's
+    its server-side parts (NOTIFY, the owner check with the clock, the probe of the pid's
     newest row) beside a bare single-row INSERT, one call of each in turn.
 (t) The timeline of ``persist_many`` calls of 1000 parts (median over the calls, from the
     call): columns built (checked and serialized), each statement sent and done, returned.
@@ -102,30 +102,23 @@ async def lone(dsn: str, calls: int) -> None:
     validator = WriteValidator(SerializerRegistry())
     pay = payload(3)
     full = sql.statement(validator.batch([("x|1", [pay], 1)]), writer, 0)[0]
-    start = full.index("clock AS MATERIALIZED (")
-    end = full.index("), prev AS (")
-    no_clock = full[:start] + "clock AS MATERIALIZED (SELECT clock_timestamp() AS t, $12::bigint AS epoch" + full[end:]
-    start = full.index("prev AS (") + len("prev AS (")
-    end = full.index("\n), chk AS")
-    no_probe = full[:start] + "SELECT $4::bigint AS seq_nr, NULL::timestamptz AS db_timestamp" + full[end:]
-    one_slice = full.replace("(SELECT min(x) AS lo, max(x) AS hi FROM unnest(ARRAY[$1::int]::int[]) x) b",
-                             "(SELECT $1::int AS lo, $1::int AS hi) b")  # fmt: skip
-    assert one_slice != full
-    bare_parts = (
-        no_clock[: no_clock.index("prev AS (") + len("prev AS (")]
-        + no_probe[no_probe.index("SELECT $4::bigint AS seq_nr") :]
+    owner = full[full.index("FROM (SELECT CASE") : full.index(") k LEFT JOIN") + len(") k")]
+    probe = full[full.index("LEFT JOIN LATERAL (SELECT e.seq_nr") : full.index(") p ON true") + len(") p ON true")]
+    no_clock = full.replace(owner, "FROM (SELECT clock_timestamp() AS t, $12::bigint AS epoch) k")
+    no_probe = full.replace(
+        probe, "LEFT JOIN LATERAL (SELECT $4::bigint AS seq_nr, NULL::timestamptz AS db_timestamp) p ON true"
     )
-    bare_parts = bare_parts.replace(
-        full[full.index(", CASE WHEN NOT chk.bad THEN pg_notify") : full.index(" AS notified") + len(" AS notified")],
-        "",
+    quiet_text = quiet.statement(validator.batch([("x|1", [pay], 1)]), writer, 0)[0]
+    bare_parts = quiet_text.replace(owner, "FROM (SELECT clock_timestamp() AS t, $12::bigint AS epoch) k").replace(
+        probe, "LEFT JOIN LATERAL (SELECT $4::bigint AS seq_nr, NULL::timestamptz AS db_timestamp) p ON true"
     )
+    assert len({full, no_clock, no_probe, quiet_text, bare_parts}) == 5
     variants = {
         "bare single-row INSERT": RAW_SINGLE,
         "journal's lone statement": full,
-        "without NOTIFY": quiet.statement(validator.batch([("x|1", [pay], 1)]), writer, 0)[0],
+        "without NOTIFY": quiet_text,
         "without the owner check": no_clock,
         "without the probe": no_probe,
-        "owner check of one slice": one_slice,
         "without all three": bare_parts,
     }
     prepared = {name: await conn.prepare(text) for name, text in variants.items()}
