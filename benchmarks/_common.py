@@ -1,4 +1,5 @@
-"""Shared benchmark plumbing: a fresh migrated database and a results printer.
+"""Shared benchmark plumbing: a fresh migrated database, a results printer, and the rounds that
+alternate a row's sides (:func:`alternate`).
 
 The server is ``JOURNAL_DSN`` when set, else an embedded PostgreSQL in a temporary directory.
 """
@@ -6,11 +7,13 @@ The server is ``JOURNAL_DSN`` when set, else an embedded PostgreSQL in a tempora
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import platform
+import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from journal.postgres.migrations import upgrade
@@ -105,3 +108,65 @@ def _stat(pid: int, *, with_children: bool = False) -> tuple[int, float] | None:
     if with_children:
         ticks += int(fields[13]) + int(fields[14])
     return int(fields[1]), ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclasses.dataclass
+class Rounds:
+    """Rates of a row's sides measured round by round (:func:`alternate`): every round runs each
+    side once, in an order rotated from round to round, so the table's growth, a warming server
+    and the shared machine's load weigh on all sides alike. A ratio is the median of the rounds'
+    own ratios (each from sides run back to back), never one side's best against another's."""
+
+    rates: dict[str, list[float]]
+    loads: list[float] = dataclasses.field(default_factory=list)
+    """The 1-minute load average at the start of each round."""
+
+    def median(self, side: str) -> float:
+        return statistics.median(self.rates[side])
+
+    def ratios(self, side: str, of: str) -> list[float]:
+        return [a / b for a, b in zip(self.rates[side], self.rates[of], strict=True)]
+
+    def ratio(self, side: str, of: str) -> float:
+        return statistics.median(self.ratios(side, of))
+
+    def load(self) -> str:
+        return f"load {min(self.loads):.2f}-{max(self.loads):.2f}" if self.loads else "load n/a"
+
+    def report(self, name: str, side: str, of: str, unit: str = "rows/s", target: float | None = None) -> None:
+        """One line: the sides' median rates, the median of the paired rounds' ratios against the
+        goal, and below it each round's ratio and the load average the rounds ran at."""
+        ratio = self.ratio(side, of)
+        verdict = "" if target is None else ("  OK" if ratio >= target else f"  BELOW target {target}")
+        print(f"{name:<44} {side} {self.median(side):>10,.0f} {unit}   {of} {self.median(of):>10,.0f} {unit}"
+              f"   ratio {ratio:.2f}{verdict}")  # fmt: skip
+        rounds = " ".join(f"{r:.2f}" for r in self.ratios(side, of))
+        print(f"    median of {len(self.loads)} paired rounds (order rotated): ratios {rounds}; {self.load()}")
+
+
+def _order(sides: list[str], k: int) -> list[str]:
+    return sides[k % len(sides) :] + sides[: k % len(sides)]
+
+
+def alternate(rounds: int, sides: dict[str, Callable[[int], float]]) -> Rounds:
+    """Run every side once per round (``side(round)`` returns its rate), rotating their order."""
+    out = Rounds({name: [] for name in sides})
+    for k in range(rounds):
+        out.loads.append(_load())
+        for name in _order(list(sides), k):
+            out.rates[name].append(sides[name](k))
+    return out
+
+
+async def alternate_async(rounds: int, sides: dict[str, Callable[[int], Awaitable[float]]]) -> Rounds:
+    """:func:`alternate` for sides that are coroutines run on the caller's loop."""
+    out = Rounds({name: [] for name in sides})
+    for k in range(rounds):
+        out.loads.append(_load())
+        for name in _order(list(sides), k):
+            out.rates[name].append(await sides[name](k))
+    return out
+
+
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -2,10 +2,11 @@
 in the same run. ``--events`` tagged events of ``--pids`` entities are written through the
 journal first; then the journal's current_events_by_tag reads them all (gap checks, envelopes,
 deserialization) and the raw driver reads the same (tag, bucket) partitions page by page with
-the same page size. Best of three each (the machine is shared). Uses CASSANDRA_CONTACT_POINTS,
+the same page size, in paired rounds whose order is rotated each round (the machine is shared):
+the median of the rounds' ratios. Uses CASSANDRA_CONTACT_POINTS,
 else starts a local node through the project's runner. Run it alone (flock /tmp/sj-bench.lock).
 
-    python -m benchmarks.cassandra_tags [--events 20000] [--pids 20]
+    python -m benchmarks.cassandra_tags [--events 20000] [--pids 20] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from journal.buckets import BUCKET_MILLIS, parse_first_bucket
 
 try:
     from benchmarks._cassandra import BenchCassandra, cassandra_keyspace
-    from benchmarks._common import header
+    from benchmarks._common import alternate, header
 except ImportError:  # run as a script from benchmarks/
     from _cassandra import BenchCassandra, cassandra_keyspace  # type: ignore[no-redef]
-    from _common import header  # type: ignore[no-redef]
+    from _common import alternate, header  # type: ignore[no-redef]
 
 TAG = "bench"
 
@@ -84,15 +85,17 @@ def main(args: argparse.Namespace) -> None:
     with cassandra_keyspace() as c:
         w = asyncio.run(write(c, events, args.pids))
         page = settings().tags.query_page_size
-        ours = max(asyncio.run(catch_up(c, events)) for _ in range(3))
-        raw = max(raw_paged(c, events, page) for _ in range(3))
+        rounds = alternate(args.rounds, {
+            "raw": lambda _: raw_paged(c, events, page),
+            "journal": lambda _: asyncio.run(catch_up(c, events)),
+        })  # fmt: skip
         print(f"# {events} tagged events of {args.pids} pids written at {w:,.0f} ev/s (10 per call); page {page}")
-        print(f"{'events_by_tag catch-up (vs raw paged SELECT)':<52} journal {ours:>9,.0f} ev/s   "
-              f"raw driver {raw:>9,.0f} rows/s   ratio {ours / raw:.2f}")  # fmt: skip
+        rounds.report("events_by_tag catch-up (vs raw paged SELECT)", "journal", "raw", "ev/s", target=0.7)
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--events", type=int, default=20_000)
     p.add_argument("--pids", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3, help="paired rounds (each side once per round)")
     main(p.parse_args())

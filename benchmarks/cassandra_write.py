@@ -23,10 +23,10 @@ from journal.cassandra.partitions import PartitionLayout
 
 try:
     from benchmarks._cassandra import BenchCassandra, cassandra_keyspace
-    from benchmarks._common import header
+    from benchmarks._common import alternate, header
 except ImportError:  # run as a script from benchmarks/
     from _cassandra import BenchCassandra, cassandra_keyspace  # type: ignore[no-redef]
-    from _common import header  # type: ignore[no-redef]
+    from _common import alternate, header  # type: ignore[no-redef]
 
 
 def payload(i: int) -> bytes:
@@ -79,10 +79,6 @@ async def journal_writes(c: BenchCassandra, prefix: str, entities: int, per_enti
         return entities * per_entity / (time.perf_counter() - start)
 
 
-def line(name: str, ours: float, raw: float) -> None:
-    print(f"{name:<52} journal {ours:>9,.0f} ev/s   raw driver {raw:>9,.0f} ev/s   ratio {ours / raw:.2f}")
-
-
 def main(args: argparse.Namespace) -> None:
     per_entity = args.events - args.events % args.per_call
     header("cassandra_write")
@@ -90,17 +86,17 @@ def main(args: argparse.Namespace) -> None:
         # warm up both paths (connections, prepared statements, JIT of the node)
         raw_batched(c, "warmraw", args.entities, args.per_call * 4, args.per_call)
         asyncio.run(journal_writes(c, "warmj", args.entities, args.per_call * 4, args.per_call, True))
-        raws, offs, ons = [], [], []
-        for r in range(args.rounds):  # interleaved rounds, best of each: the node warms up, the machine is shared
-            raws.append(raw_batched(c, f"raw{r}", args.entities, per_entity, args.per_call))
-            offs.append(asyncio.run(journal_writes(c, f"off{r}", args.entities, per_entity, args.per_call, False)))
-            ons.append(asyncio.run(journal_writes(c, f"on{r}", args.entities, per_entity, args.per_call, True)))
-        ceiling, off, on = max(raws), max(offs), max(ons)
-        print(f"# {args.entities} entities x {per_entity} events, {args.per_call} per call, best of {args.rounds} "
-              f"interleaved rounds (raw {', '.join(f'{x:,.0f}' for x in raws)} ev/s)")  # fmt: skip
-        line("single_writer_check off (plain batch)", off, ceiling)
-        line("single_writer_check on (lightweight transaction)", on, ceiling)
-        print(f"# the check costs {1 - on / off:.0%} of the unchecked throughput")
+        # paired rounds, the sides' order rotated each round: the node warms up, the machine is shared
+        e, n, k = args.entities, per_entity, args.per_call
+        rounds = alternate(args.rounds, {
+            "raw": lambda r: raw_batched(c, f"raw{r}", e, n, k),
+            "off": lambda r: asyncio.run(journal_writes(c, f"off{r}", e, n, k, False)),
+            "on": lambda r: asyncio.run(journal_writes(c, f"on{r}", e, n, k, True)),
+        })  # fmt: skip
+        print(f"# {e} entities x {n} events, {k} per call")
+        rounds.report("single_writer_check off (plain batch)", "off", "raw", "ev/s", target=0.7)
+        rounds.report("single_writer_check on (lightweight transaction)", "on", "raw", "ev/s", target=0.7)
+        print(f"# the check costs {1 - rounds.ratio('on', 'off'):.0%} of the unchecked throughput")
 
 
 if __name__ == "__main__":

@@ -2,15 +2,18 @@
 read rate measured in the same run.
 
 Two databases on one server (location A = source, B = target). A is filled with N events; then:
-(a) local: ``current_events_by_slices`` over all slices at A (the ceiling: what A can read);
 (b) stamping: A's endpoint giving the N local events their log position and vector time (once);
-(c) replication: B pulls all N from A's endpoint process over gRPC, in batches, into its journal
-    (events, vector check, progress in one transaction per batch) - events/s end to end;
+then ``--rounds`` paired rounds, their order rotated each round (benchmarks._common.alternate):
+(a) local: ``current_events_by_slices`` over all slices at A (the ceiling: what A can read);
+(c) replication: a fresh B (one database per round) pulls all N from A's endpoint process over
+    gRPC, in batches, into its journal (events, vector check, progress in one transaction per
+    batch) - events/s end to end; the ratio is the median of the rounds' ratios;
 (d) latency: endpoints A and B as processes with update notifications on; single events written
-    at A one at a time (each once the previous is stored at B, then 50 ms pause), timed until
-    stored at B (polled) and until B's live slice query delivers them (p50/p99).
+    at A one at a time (each once B's live slice query delivered the previous, then 50 ms pause),
+    timed until stored at B (polled by primary key, an index lookup) and until B's live slice
+    query delivers them (p50/p99).
 
-    flock /tmp/sj-bench.lock python benchmarks/replication_throughput.py [--events 50000]
+    flock /tmp/sj-bench.lock python benchmarks/replication_throughput.py [--events 50000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 
 import asyncpg
 
-from journal import JournalSettings, open_journal, slice_for
+from journal import Journal, JournalSettings, open_journal, slice_for
 from journal.postgres.backend import PostgresBackend
 from journal.postgres.migrations import upgrade
 from journal.postgres.replication_store import PostgresReplicationStore
@@ -40,9 +43,9 @@ from journal.replication.transport import RemoteSource
 from tests.support.scratch import scratch_database
 
 try:
-    from benchmarks._common import header
+    from benchmarks._common import alternate_async, header
 except ImportError:  # run as a script from benchmarks/
-    from _common import header  # type: ignore[no-redef]
+    from _common import alternate_async, header  # type: ignore[no-redef]
 
 LOG = "bench"
 ENTITIES = 1000
@@ -106,20 +109,40 @@ async def ready(address: str) -> None:
     raise RuntimeError(f"endpoint {address} did not start")
 
 
-async def run(a: str, b: str, events: int, batch: int, latency_events: int, tmp: Path) -> None:
-    await fill(a, events)
-    s_a, s_b = JournalSettings.load(dsn=a), JournalSettings.load(dsn=b)
-    async with open_journal(a, settings=s_a) as ja, open_journal(b, settings=s_b) as jb:
-        assert isinstance(ja.backend, PostgresBackend) and isinstance(jb.backend, PostgresBackend)
-        store_a, store_b = PostgresReplicationStore(ja.backend, "A"), PostgresReplicationStore(jb.backend, "B")
-        await store_a.ensure_log(LOG)
-        await store_b.ensure_log(LOG)
+async def local_read(ja: Journal) -> float:
+    t = time.perf_counter()
+    n = 0
+    async for _ in ja.current_events_by_slices(LOG, 0, 1023):
+        n += 1
+    return n / (time.perf_counter() - t)
 
-        t = time.perf_counter()
-        n = 0
-        async for _ in ja.current_events_by_slices(LOG, 0, 1023):
-            n += 1
-        local_rate = n / (time.perf_counter() - t)
+
+async def replicate(target: str, address_a: str, batch: int, events: int) -> float:
+    """B (a fresh database) pulls every event of A's log over gRPC."""
+    async with open_journal(target, settings=JournalSettings.load(dsn=target)) as jb:
+        assert isinstance(jb.backend, PostgresBackend)
+        store_b = PostgresReplicationStore(jb.backend, "B")
+        await store_b.ensure_log(LOG)
+        source = RemoteSource(address_a, None)
+        try:
+            replicator = Replicator(store_b, source, LOG, batch_size=batch)
+            t = time.perf_counter()
+            written = await replicator.catch_up()
+            rate = written / (time.perf_counter() - t)
+        finally:
+            await source.close()
+    assert written == events, (written, events)
+    return rate
+
+
+async def run(a: str, bs: list[str], events: int, batch: int, latency_events: int, tmp: Path) -> None:
+    await fill(a, events)
+    s_a = JournalSettings.load(dsn=a)
+    async with open_journal(a, settings=s_a) as ja:
+        assert isinstance(ja.backend, PostgresBackend)
+        store_a = PostgresReplicationStore(ja.backend, "A")
+        await store_a.ensure_log(LOG)
+        await local_read(ja)  # untimed: A's cache warm for both sides
 
         t = time.perf_counter()
         stamped = 0
@@ -131,21 +154,14 @@ async def run(a: str, b: str, events: int, batch: int, latency_events: int, tmp:
         cfg_a = {"location": "A", "dsn": a, "listen": address_a, "logs": [LOG], "batch_size": batch}
         with endpoint(tmp, cfg_a):
             await ready(address_a)
-            source = RemoteSource(address_a, None)
-            try:
-                replicator = Replicator(store_b, source, LOG, batch_size=batch)
-                t = time.perf_counter()
-                written = await replicator.catch_up()
-                repl_rate = written / (time.perf_counter() - t)
-            finally:
-                await source.close()
-        assert written == events, (written, events)
-        print(
-            f"{'replication A->B over gRPC, batch ' + str(batch):<44} {repl_rate:>10,.0f} events/s   "
-            f"ceiling (local slice read at A, same run) {local_rate:>10,.0f} events/s   "
-            f"ratio {repl_rate / local_rate:.3f}"
-        )
+            rounds = await alternate_async(len(bs) - 1, {
+                "local": lambda k: local_read(ja),
+                "replication": lambda k: replicate(bs[k + 1], address_a, batch, events),
+            })  # fmt: skip
+        rounds.report(f"replication A->B over gRPC, batch {batch}", "replication", "local", "ev/s", target=0.5)
         print(f"{'stamping local events at A (once per event)':<44} {stamp_rate:,.0f} events/s")
+    b = bs[0]
+    s_b = JournalSettings.load(dsn=b)
 
     # latency with update notifications: both endpoints as processes
     address_a, address_b = free_address(), free_address()
@@ -161,36 +177,37 @@ async def run(a: str, b: str, events: int, batch: int, latency_events: int, tmp:
             stored: list[float] = []
             conn_b = await asyncpg.connect(b)
             done = asyncio.Event()
+            delivered = asyncio.Event()
 
             async def follow() -> None:
                 async for env in jb.events_by_slices(LOG, 0, 1023):
                     key = env.event.get("lat") if isinstance(env.event, dict) else None
                     if key in sent:
                         latencies.append(time.perf_counter() - sent.pop(key))
+                        delivered.set()
                         if len(latencies) == latency_events:
                             done.set()
 
             follower = asyncio.create_task(follow())
             # warm up: one event end to end (the Watch stream and the follower are connected)
-            warm = json.dumps({"lat": "warm-up"}, separators=(",", ":")).encode()
+            sent["warm-up"] = time.perf_counter()
             await ja.persist(f"{LOG}|warm", [{"lat": "warm-up"}])
             async with asyncio.timeout(120):
-                q = "SELECT count(*) FROM event_journal WHERE entity_type = $1 AND event_payload = $2"
-                while not await conn_b.fetchval(q, LOG, warm):  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
-            await asyncio.sleep(1.0)  # the follower has caught up with the bulk events
+                await delivered.wait()
+            latencies.clear()
+            # stored at B: polled by primary key (one index lookup), not a scan of B's table
+            stored_q = "SELECT 1 FROM event_journal WHERE persistence_id = $1 AND seq_nr = 1"
             for i in range(latency_events):
                 key = f"l{i}"
+                delivered.clear()
                 sent[key] = time.perf_counter()
                 t0 = sent[key]
-                await ja.persist(f"{LOG}|lat{i % 10}", [{"lat": key}])
-                while not await conn_b.fetchval(  # noqa: ASYNC110 (polling B's table is the measurement)
-                    "SELECT count(*) FROM event_journal WHERE entity_type = $1 AND event_payload = $2",
-                    LOG,
-                    json.dumps({"lat": key}, separators=(",", ":")).encode(),
-                ):
+                await ja.persist(f"{LOG}|lat{i}", [{"lat": key}])
+                while not await conn_b.fetchval(stored_q, f"{LOG}|lat{i}"):  # noqa: ASYNC110 (the measurement)
                     await asyncio.sleep(0.002)
                 stored.append(time.perf_counter() - t0)
+                async with asyncio.timeout(120):
+                    await delivered.wait()
                 await asyncio.sleep(0.05)
             try:
                 await asyncio.wait_for(done.wait(), 120)
@@ -214,6 +231,7 @@ def main() -> None:
     p.add_argument("--events", type=int, default=50_000)
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--latency-events", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=3, help="paired rounds of local read and replication")
     args = p.parse_args()
     header(f"replication throughput: {args.events} events, batch {args.batch_size}")
     with contextlib.ExitStack() as stack:
@@ -224,10 +242,10 @@ def main() -> None:
 
             server = start_embedded(tmp / "pgdata")
         a = stack.enter_context(scratch_database(server, "sjbencha"))
-        b = stack.enter_context(scratch_database(server, "sjbenchb"))
-        upgrade(a)
-        upgrade(b)
-        asyncio.run(run(a, b, args.events, args.batch_size, args.latency_events, tmp))
+        bs = [stack.enter_context(scratch_database(server, f"sjbenchb{k}")) for k in range(args.rounds + 1)]
+        for dsn in (a, *bs):
+            upgrade(dsn)
+        asyncio.run(run(a, bs, args.events, args.batch_size, args.latency_events, tmp))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ default: how most users first write: a plain ``asyncio.run`` (the standard event
     (A) 512 concurrent callers over 4,000 pids, ``persist(pid, [event])``;
     (C) ``persist_many`` of plain ``(pid, events)`` tuples, 1000 pids per call.
 tuned: under journal.runtime.run (uvloop, the collector tuned), ``expected_seq_nr`` passed.
+Each row runs its sides round by round, their order rotated every round, and reports the median of
+the rounds' ratios with the load average (benchmarks._common.alternate).
 (a) many entities persisting concurrently (one event per call, expected_seq_nr known) vs a raw
     multi-row INSERT (unnest, 1000 rows per statement) of the same rows;
 (b) one entity persisting one event at a time vs a raw single-row autocommit INSERT;
@@ -28,12 +30,13 @@ import asyncio
 import contextlib
 import gc
 import json
-import statistics
+import os
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -42,9 +45,9 @@ import orjson
 from journal import JournalSettings, Write, failures, open_journal, runtime, slice_for
 
 try:
-    from benchmarks._common import fresh_database, header, report
+    from benchmarks._common import Rounds, alternate_async, fresh_database, header
 except ImportError:  # run as a script from benchmarks/
-    from _common import fresh_database, header, report  # type: ignore[no-redef]
+    from _common import Rounds, alternate_async, fresh_database, header  # type: ignore[no-redef]
 
 RAW_BATCH = 1000
 RAW_INSERT = """
@@ -98,8 +101,9 @@ async def journal_concurrent(
 class Interleaved:
     """(c), one call at a time in turn: the raw INSERT of rows built up front, the raw INSERT
     of rows built and serialized in the timed section, and ``persist_many`` of the same number
-    of parts (built in its timed section, as a caller does). Turn by turn, so the table's
-    growth and the shared machine's load weigh on all three alike; each sums its own time."""
+    of parts (built in its timed section, as a caller does). Call by call in an order rotated
+    every call, so the table's growth and the shared machine's load weigh on all three alike;
+    ``rounds`` blocks of calls, each a paired round (:class:`Rounds`) whose rates are its sums."""
 
     def __init__(self, parts: Callable[[int, int], list[Any]] | None = None, prefix: str = "") -> None:
         self.prefix = prefix
@@ -107,39 +111,56 @@ class Interleaved:
         self.seconds = {"raw": 0.0, "values": 0.0, "bulk": 0.0}
         self.client = dict.fromkeys(self.seconds, 0.0)
         self.rows = 0
+        self.rounds = Rounds({what: [] for what in self.seconds})
 
-    async def run(self, dsn: str, pids: int, calls: int) -> None:
+    async def run(self, dsn: str, pids: int, calls: int, rounds: int = 3) -> Rounds:
         settings = JournalSettings.load(env={}, dsn=dsn)
         conn = await asyncpg.connect(dsn)
         writer = str(uuid.uuid4())
         async with open_journal(dsn, settings=settings) as j:
             await j.persist_many([Write(f"warm{self.prefix}|{e}", [payload(e)]) for e in range(pids)])
-            for n in range(calls):
-                names = [f"rawc{self.prefix}|{e}" for e in range(pids)]
-                rows = ([slice_for(p) for p in names], names, [n + 1] * pids, [json.dumps(payload(n)).encode()] * pids)
-                with self._timed("raw"):
-                    await conn.execute(RAW_INSERT, *rows, writer)
-                with self._timed("values"):
-                    names = [f"rawv{self.prefix}|{e}" for e in range(pids)]
-                    await conn.execute(
-                        RAW_INSERT, [slice_for(p) for p in names], names, [n + 1] * pids,
-                        [orjson.dumps(payload(n)) for _ in names], writer,
-                    )  # fmt: skip
-                with self._timed("bulk"):
-                    out = await j.persist_many(self.parts(pids, n))
-                assert not failures(out), failures(out)[:3]
-                self.rows += pids
+            per_round = max(1, calls // rounds)
+            for k in range(rounds):
+                self.rounds.loads.append(os.getloadavg()[0])
+                seconds = dict.fromkeys(self.seconds, 0.0)
+                for n in range(k * per_round, (k + 1) * per_round):
+                    names = [f"rawc{self.prefix}|{e}" for e in range(pids)]
+                    rows = ([slice_for(p) for p in names], names, [n + 1] * pids,
+                            [json.dumps(payload(n)).encode()] * pids)  # fmt: skip
+                    sides: dict[str, Callable[[], Awaitable[Any]]] = {
+                        "raw": partial(conn.execute, RAW_INSERT, *rows, writer),  # rows built beforehand
+                        "values": partial(self._values, conn, writer, pids, n),
+                        "bulk": partial(self._bulk, j, pids, n),
+                    }
+                    for what in list(sides)[n % 3 :] + list(sides)[: n % 3]:
+                        seconds[what] += await self._timed(what, sides[what])
+                self.rows += pids * per_round
+                for what, t in seconds.items():
+                    self.rounds.rates[what].append(pids * per_round / t)
         await conn.close()
+        return self.rounds
 
-    @contextlib.contextmanager
-    def _timed(self, what: str) -> Iterator[None]:
+    async def _values(self, conn: asyncpg.Connection, writer: str, pids: int, n: int) -> None:
+        names = [f"rawv{self.prefix}|{e}" for e in range(pids)]
+        await conn.execute(
+            RAW_INSERT, [slice_for(p) for p in names], names, [n + 1] * pids,
+            [orjson.dumps(payload(n)) for _ in names], writer,
+        )  # fmt: skip
+
+    async def _bulk(self, j: Any, pids: int, n: int) -> None:
+        out = await j.persist_many(self.parts(pids, n))
+        assert not failures(out), failures(out)[:3]
+
+    async def _timed(self, what: str, call: Callable[[], Awaitable[Any]]) -> float:
         c0, t0 = time.process_time(), time.perf_counter()
-        yield
-        self.seconds[what] += time.perf_counter() - t0
+        await call()
+        elapsed = time.perf_counter() - t0
+        self.seconds[what] += elapsed
         self.client[what] += time.process_time() - c0
+        return elapsed
 
     def rate(self, what: str) -> float:
-        return self.rows / self.seconds[what]
+        return self.rounds.median(what)
 
     def client_ms_per_1000(self, what: str) -> float:
         return 1e6 * self.client[what] / self.rows
@@ -191,28 +212,23 @@ async def run_default(dsn: str, args: argparse.Namespace) -> None:
     header(f"write_throughput, default mode (event loop {loop}; gc untouched, threshold {gc.get_threshold()[0]})")
     await raw_single(dsn, 200, "warmD|raw")
     await journal_single(dsn, 200, "warmD|journal")
-    rounds = 3
+    rounds = args.rounds
     per_round = max(DEFAULT_CALLERS, args.events // rounds)
-    raws, ours = [], []
-    for k in range(rounds):
-        raws.append(await raw_batched(dsn, DEFAULT_PIDS, max(1, per_round // DEFAULT_PIDS), f"rawA{k}"))
-        ours.append(await journal_default(dsn, per_round, f"A{k}"))
-    ratios = [o / r for o, r in zip(ours, raws, strict=True)]
-    med = statistics.median(ratios)
-    report(
-        f"(A) default: {DEFAULT_CALLERS} callers, {DEFAULT_PIDS} pids", statistics.median(ours),
-        statistics.median(raws), target=0.5,
-    )  # fmt: skip
-    print(f"    median of {rounds} alternating rounds of {per_round} events: round ratios "
-          f"{' '.join(f'{r:.2f}' for r in ratios)} (median {med:.2f}); no expected_seq_nr")  # fmt: skip
+    a = await alternate_async(rounds, {
+        "raw": lambda k: raw_batched(dsn, DEFAULT_PIDS, max(1, per_round // DEFAULT_PIDS), f"rawA{k}"),
+        "journal": lambda k: journal_default(dsn, per_round, f"A{k}"),
+    })  # fmt: skip
+    a.report(f"(A) default: {DEFAULT_CALLERS} callers, {DEFAULT_PIDS} pids", "journal", "raw", "ev/s", target=0.5)
+    print(f"    rounds of {per_round} events; no expected_seq_nr")
     pids = min(args.entities, RAW_BATCH)
     c = Interleaved(lambda pids, n: [(f"bulkd|{e}", [payload(n)]) for e in range(pids)], prefix="D")
-    await c.run(dsn, pids, max(1, args.events // pids))
-    report(f"(C) default: persist_many of (pid, events), {pids}", c.rate("bulk"), c.rate("raw"), target=0.8)
+    cr = await c.run(dsn, pids, max(1, args.events // pids), rounds)
+    cr.report(f"(C) default: persist_many of (pid, events), {pids}", "bulk", "raw", target=0.8)
     print(
         f"    {c.rows} rows each, one call of each in turn; like for like: raw {c.rate('values'):,.0f} rows/s,"
-        f" ratio {c.rate('bulk') / c.rate('values'):.2f}; client CPU per 1000 rows: raw"
-        f" {c.client_ms_per_1000('raw'):.2f} ms, persist_many {c.client_ms_per_1000('bulk'):.2f} ms"
+        f" ratio {cr.ratio('bulk', 'values'):.2f}; client CPU per 1000 rows: raw"
+        f" {c.client_ms_per_1000('raw'):.2f} ms, raw from values {c.client_ms_per_1000('values'):.2f} ms,"
+        f" persist_many {c.client_ms_per_1000('bulk'):.2f} ms"
     )
 
 
@@ -224,40 +240,48 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
     # warm up both paths (connections, plans, caches)
     await raw_single(dsn, 200, "warm|raw")
     await journal_single(dsn, 200, "warm|journal")
-    # the machine's load swings: alternate rounds of each side, compare the best of each
-    rounds = 3
+    # the machine's load swings: each row's sides alternate round by round, median of the pairs
+    rounds = args.rounds
     per_round = max(1, per_entity // rounds)
-    raws, ours, batches = [], [], 0
-    for k in range(rounds):
-        raws.append(await raw_batched(dsn, args.entities, per_round, f"rawa{k}"))
-        rate, b = await journal_concurrent(dsn, args.entities, per_round, prefix=f"a{k}-")
-        ours.append(rate)
-        batches += b
-    report(f"(a) {args.entities} entities concurrently", max(ours), max(raws), target=0.6)
-    ratios = sorted(o / r for o, r in zip(ours, raws, strict=True))
-    print(
-        f"    best of {rounds} alternating rounds of {args.entities * per_round} events, one per call, in"
-        f" {batches} group-commit batches in all; median round ratio {ratios[rounds // 2]:.2f}"
-    )
-    ours_a5, _ = await journal_concurrent(dsn, args.entities, per_entity - per_entity % 5, per_call=5)
-    report(f"(a') {args.entities} entities, 5 events per call", ours_a5, max(raws), target=0.95)
+    per_round5 = max(5, per_round - per_round % 5)
+    batches: list[int] = []
+
+    async def concurrent(k: int, per_call: int, per: int) -> float:
+        rate, b = await journal_concurrent(dsn, args.entities, per, per_call, prefix=f"a{per_call}-{k}-")
+        batches.append(b)
+        return rate
+
+    a = await alternate_async(rounds, {
+        "raw": lambda k: raw_batched(dsn, args.entities, per_round, f"rawa{k}"),
+        "journal": lambda k: concurrent(k, 1, per_round),
+    })  # fmt: skip
+    a.report(f"(a) {args.entities} entities concurrently", "journal", "raw", "ev/s", target=0.6)
+    print(f"    rounds of {args.entities * per_round} events, one per call, in {sum(batches)} group-commit batches")
+    a5 = await alternate_async(rounds, {
+        "raw": lambda k: raw_batched(dsn, args.entities, per_round5, f"rawa5{k}"),
+        "journal": lambda k: concurrent(k, 5, per_round5),
+    })  # fmt: skip
+    a5.report(f"(a') {args.entities} entities, 5 events per call", "journal", "raw", "ev/s", target=0.95)
     pids = min(args.entities, RAW_BATCH)
     c = Interleaved()
-    await c.run(dsn, pids, max(1, args.events // pids))
-    report(f"(c) persist_many, {pids} pids per call", c.rate("bulk"), c.rate("raw"), target=0.9)
+    cr = await c.run(dsn, pids, max(1, args.events // pids), rounds)
+    cr.report(f"(c) persist_many, {pids} pids per call", "bulk", "raw", target=0.9)
     print(
         f"    {c.rows} rows each, one statement (or call) of each in turn; like for like (raw also builds and"
         f" serializes its rows in the timed section): raw {c.rate('values'):,.0f} rows/s,"
-        f" ratio {c.rate('bulk') / c.rate('values'):.2f}"
+        f" ratio {cr.ratio('bulk', 'values'):.2f}"
     )
     print(
         f"    client CPU per 1000 rows: raw {c.client_ms_per_1000('raw'):.2f} ms, raw from values"
         f" {c.client_ms_per_1000('values'):.2f} ms, persist_many {c.client_ms_per_1000('bulk'):.2f} ms"
         " (including building its Write parts)"
     )
-    raw_b = await raw_single(dsn, args.single)
-    ours_b = await journal_single(dsn, args.single)
-    report("(b) one entity, one event per call", ours_b, raw_b, target=0.85)
+    single = max(1, args.single // rounds)
+    b = await alternate_async(rounds, {
+        "raw": lambda k: raw_single(dsn, single, f"rawone|{k}"),
+        "journal": lambda k: journal_single(dsn, single, f"one|{k}"),
+    })  # fmt: skip
+    b.report("(b) one entity, one event per call", "journal", "raw", "ev/s", target=0.85)
 
 
 if __name__ == "__main__":
@@ -265,6 +289,7 @@ if __name__ == "__main__":
     p.add_argument("--events", type=int, default=200_000)
     p.add_argument("--entities", type=int, default=1000)
     p.add_argument("--single", type=int, default=3000)
+    p.add_argument("--rounds", type=int, default=3, help="paired rounds per row (each side once per round)")
     p.add_argument("--asyncio", action="store_true", help="the standard event loop instead of uvloop (both sides)")
     p.add_argument("--no-gc-tuning", action="store_true", help="without journal.runtime.tune_gc (both sides)")
     p.add_argument("--mode", choices=("both", "default", "tuned"), default="both")

@@ -105,8 +105,10 @@ class RetrySettings:
     initial_backoff: float = 0.05
     max_backoff: float = 2.0
     budget: float = 20.0
-    """Seconds an operation may spend in all its tries: no retry starts after this, so a server
-    that never answers costs at most about ``budget + connect_timeout``, not ``attempts`` timeouts."""
+    """Seconds an operation may spend in all its tries: no retry starts after this, and a try that
+    timed out (``connection.connect_timeout``) is retried only when a whole new try ends within it.
+    So a server that never answers costs at most ``budget``, not ``attempts`` timeouts: with the
+    defaults one connect timeout (10 s), since a second would end after 20 s."""
 
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failures in a row: ``initial_backoff`` doubled per

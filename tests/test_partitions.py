@@ -175,6 +175,8 @@ async def test_a_plain_journal_on_a_partitioned_database_is_refused_then_follows
         with pytest.raises(SliceRangeMoved) as refused:
             await j.persist(high, [{"n": 1}])
         assert (refused.value.min_slice, refused.value.state) == (slice_for(high), None)
+        with pytest.raises(SliceRangeMoved):  # the owner check comes first, not the expected_seq_nr check
+            await j.persist(high, [{"n": 1}], expected_seq_nr=3)
         await j.persist(low, [{"n": 1}])
         with pytest.raises(SliceRangeMoved):  # nor read by slice
             [e async for e in j.current_events_by_slices("route", 512, 1023)]

@@ -150,6 +150,7 @@ async def with_retries(
     loop = asyncio.get_running_loop()
     started = loop.time()
     for attempt in range(settings.attempts):
+        waiting = _say_waiting(loop, target, connect_timeout) if announce and not attempt else None
         try:
             return await op()
         except Exception as e:
@@ -161,7 +162,10 @@ async def with_retries(
             cause = cause_of(e, connect_timeout)
             spent = loop.time() - started
             subject = f"cannot connect to {target}" if what == "connect" else f"{what}: {target} unavailable"
-            if attempt >= len(delays) or spent + delays[attempt] > settings.budget:
+            # a try that timed out is tried again only if a whole new one ends within the budget:
+            # a silent server costs one connect timeout with the defaults (10 s), not two
+            next_try = connect_timeout if isinstance(e, TimeoutError) and connect_timeout else 0.0
+            if attempt >= len(delays) or spent + delays[attempt] + next_try > settings.budget:
                 tries = f"{attempt + 1} attempt{'s' if attempt else ''} in {spent:.1f} s"
                 raise JournalUnavailable(f"{subject}: {cause} ({tries})") from e
             # a caller that keeps failing gets JournalUnavailable and reports the outage once
@@ -169,7 +173,25 @@ async def with_retries(
                 "%s: %s; retrying %d/%d in %.1f s", subject, cause, attempt + 2, settings.attempts, delays[attempt]
             )
             await asyncio.sleep(delays[attempt])
+        finally:
+            if waiting is not None:
+                waiting.cancel()
     raise AssertionError("unreachable")
+
+
+SAY_WAITING_AFTER = 2.0
+"""Seconds of a first connection attempt without an answer after which a person is told what
+the command waits for (a silent server is otherwise only said when the connect timeout ends)."""
+
+
+def _say_waiting(
+    loop: asyncio.AbstractEventLoop, target: str, connect_timeout: float | None
+) -> asyncio.TimerHandle | None:
+    if connect_timeout is None or connect_timeout <= SAY_WAITING_AFTER:
+        return None
+    return loop.call_later(
+        SAY_WAITING_AFTER, log.warning, "waiting for %s to answer (up to %g s)", target, connect_timeout
+    )
 
 
 def partition_refusal(cause: BaseException) -> SliceRangeMoved | None:

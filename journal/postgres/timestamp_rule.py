@@ -34,14 +34,16 @@ CHECK_FUNCTION = "slice_journal_check"
 check, and for writes the clock reading): :func:`check_function_sql`."""
 
 
-def _covered(schema: str, epoch: str, slices: str, states: str) -> str:
+def _covered(schema: str, epoch: str, slices: str, states: str, bounds: str | None = None) -> str:
     """The fast path of the owner check, inline in a statement: one row of ``slice_partition``
     in one of ``states`` covers every slice of ``slices`` (from its least to its greatest) at
     an epoch the writer knows. Anything else (no such row, or a database that was never
-    partitioned) goes to the exact check (:func:`check_function_sql`)."""
+    partitioned) goes to the exact check (:func:`check_function_sql`). ``bounds``: a FROM item
+    ``b(lo, hi)`` of the least and greatest slice when the statement has them without ``slices``."""
     parts = f'"{schema}".slice_partition'
+    bounds = bounds or f"(SELECT min(x) AS lo, max(x) AS hi FROM unnest({slices}::int[]) x) b"
     return (
-        f"(SELECT min(x) AS lo, max(x) AS hi FROM unnest({slices}::int[]) x) b LEFT JOIN LATERAL ("
+        f"{bounds} LEFT JOIN LATERAL ("
         f"SELECT true AS ok, p.floor FROM {parts} p WHERE p.min_slice <= b.lo AND p.max_slice >= b.hi "
         f"AND p.state IN ({states}) AND p.epoch <= {epoch}::bigint LIMIT 1) c ON true"
     )
@@ -54,12 +56,24 @@ def clock(schema: str, epoch: str, slices: str) -> str:
     the slices' range. The common case (one owned range covers the slices, or a database never
     partitioned) is decided inline; anything else calls the exact check, which raises when
     this database does not hold those slices for writes (:func:`check_function_sql`)."""
+    return f"clock AS MATERIALIZED ({_clock_select(schema, epoch, slices)})"
+
+
+def clock_of_one(schema: str, epoch: str, slice_: str) -> str:
+    """:func:`clock` for a statement that writes one slice (an int expression), as a FROM item
+    ``k(t)``: the range lookup takes the slice as it is (no array to unnest and aggregate), and
+    as a FROM item it runs whether or not the statement's row is then inserted."""
+    bounds = f"(SELECT {slice_} AS lo, {slice_} AS hi) b"
+    return f"({_clock_select(schema, epoch, f'ARRAY[{slice_}]', bounds)}) k"
+
+
+def _clock_select(schema: str, epoch: str, slices: str, bounds: str | None = None) -> str:
     fn = _function(schema)
     return (
-        f"clock AS MATERIALIZED (SELECT CASE WHEN c.ok THEN GREATEST(clock_timestamp(), c.floor) "
+        f"SELECT CASE WHEN c.ok THEN GREATEST(clock_timestamp(), c.floor) "
         f'WHEN NOT EXISTS (SELECT 1 FROM "{schema}".slice_partition) THEN clock_timestamp() '
         f"ELSE {fn}({epoch}::bigint, {slices}::int[], 'write') END AS t "
-        f"FROM {_covered(schema, epoch, slices, _WRITABLE)})"
+        f"FROM {_covered(schema, epoch, slices, _WRITABLE, bounds)}"
     )
 
 
