@@ -1,6 +1,6 @@
 """Projections against the journal's own slice read of the same rows, side by side in one run.
 
-Writes N events once (10 pids per ``persist_many`` call of 500 events each, as a bulk loader
+Writes N events once (``persist_many`` calls of 20 pids with 500 events each, as a bulk loader
 would), then measures, each as a row of paired rounds against ``current_events_by_slices`` over
 all slices (the "slice read": what the projection reads, with no offsets, handler or commits):
 
