@@ -1,113 +1,256 @@
-"""Grouped exactly-once projection of N events into a table, beside the raw slice read rate
-(``current_events_by_slices`` over all slices) and a raw asyncpg SELECT, in the same run. Usage:
-    [JOURNAL_DSN=postgresql://...] python benchmarks/projection_throughput.py [--events N] [--workers K]
-(default 1,000,000 events; a fresh database on JOURNAL_DSN's server, else an embedded server).
-Prints events/s and ratios."""
+"""Projections against the journal's own slice read of the same rows, side by side in one run.
+
+Writes N events once (``persist_many`` calls of 20 pids with 500 events each, as a bulk loader
+would), then measures, each as a row of paired rounds against ``current_events_by_slices`` over
+all slices (the "slice read": what the projection reads, with no offsets, handler or commits):
+
+- raw asyncpg SELECT of the same rows and columns (the ceiling of both);
+- grouped exactly-once (a batch and its offsets in one transaction; the handler inserts the
+  batch into a table with one statement), with the default settings, then tuned;
+- at-least-once (the handler keeps the newest value per pid in memory; offsets are stored every
+  ``at_least_once_every`` envelopes), with the default settings, then tuned.
+
+Each round runs the row's two sides one after the other, the order swapped every round, and the
+row reports the median of the rounds' ratios (a busy moment of the shared machine hits one round
+of both sides, not one side of every round), the load average before and after, and the CPU per
+1,000 events of this process (client) and of the server's backends (server), which do not
+depend on how busy the machine is. A projection side starts its workers on a fresh projection
+name and ends when every event is committed (grouped) or handled (at-least-once: its offsets
+trail by design); its workers are stopped outside the timed part.
+
+    [JOURNAL_DSN=postgresql://...] python benchmarks/projection_throughput.py [--events N] [--rounds R]
+
+(default 300,000 events, 3 rounds, 2 workers; a fresh database on JOURNAL_DSN's server, else an
+embedded one).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
+import statistics
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
 
-from journal import EventEnvelope, JournalSettings, Write, failures, open_journal
+from journal import EventEnvelope, Journal, JournalSettings, Write, failures, open_journal
 from projections import Worker
 
 try:
-    from benchmarks._common import CpuMeter, fresh_database
+    from benchmarks._common import CpuMeter, fresh_database, header
 except ImportError:  # run as a script from benchmarks/
-    from _common import CpuMeter, fresh_database  # type: ignore[no-redef]
+    from _common import CpuMeter, fresh_database, header  # type: ignore[no-redef]
+
+RAW = """SELECT persistence_id, entity_type, slice, seq_nr, db_timestamp, event_ser_id, event_ser_manifest,
+  event_payload, writer, tags, meta_ser_id, meta_ser_manifest, meta_payload
+FROM event_journal WHERE entity_type = $1 AND deleted = false ORDER BY db_timestamp, seq_nr, persistence_id"""
+
+TUNED = {"group_size": 5000, "buffer_size": 10_000, "at_least_once_every": 5000}
+"""The tuned rows' settings (the default rows take none)."""
 
 
-async def handler(conn: Any, envs: Sequence[EventEnvelope]) -> None:
-    await conn.execute(
-        "INSERT INTO bench_projected SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])",
-        [e.persistence_id for e in envs],
-        [e.seq_nr for e in envs],
-        [e.event["v"] for e in envs],
-    )
+@dataclass
+class Side:
+    """One side of one round: events, seconds, CPU of this process and of the server."""
+
+    events: int
+    seconds: float
+    client: float
+    server: float | None
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+    def per_1000(self) -> tuple[float, float | None]:
+        s = None if self.server is None else self.server / self.events * 1e6
+        return self.client / self.events * 1e6, s
 
 
-async def main(dsn: str, n: int, entities: int, group_size: int, workers: int) -> None:
-    et = f"Bench{uuid.uuid4().hex[:6]}"
-    s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=10_000)
-    conn = await asyncpg.connect(dsn)
-    await conn.execute("CREATE UNLOGGED TABLE IF NOT EXISTS bench_projected (pid TEXT, seq BIGINT, v BIGINT)")
-    await conn.execute("TRUNCATE bench_projected")
-    async with open_journal(dsn, settings=s) as j:
+class Bench:
+    def __init__(self, dsn: str, conn: asyncpg.Connection, entity_type: str, n: int, workers: int) -> None:
+        self.dsn, self.conn, self.et, self.n, self.workers = dsn, conn, entity_type, n, workers
+        self.meter_pid = conn.get_server_pid()
+
+    async def measured(self, body: Callable[[], Awaitable[int]]) -> Side:
+        cpu = CpuMeter(self.meter_pid)
+        cpu.start()
+        t0 = time.perf_counter()
+        events = await body()
+        seconds = time.perf_counter() - t0
+        cpu.stop()
+        return Side(events, seconds, cpu.client, cpu.server)
+
+    async def raw(self, _j: Journal) -> Side:
+        async def body() -> int:
+            return len(await self.conn.fetch(RAW, self.et))
+
+        return await self.measured(body)
+
+    async def slice_read(self, j: Journal) -> Side:
+        async def body() -> int:
+            count = 0
+            async for _ in j.current_events_by_slices(self.et, 0, 1023):
+                count += 1
+            return count
+
+        return await self.measured(body)
+
+    async def grouped(self, j: Journal) -> Side:
+        await self.conn.execute("TRUNCATE bench_projected")
+
+        async def handler(conn: Any, envs: Sequence[EventEnvelope]) -> None:
+            await conn.execute(
+                "INSERT INTO bench_projected SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])",
+                [e.persistence_id for e in envs],
+                [e.seq_nr for e in envs],
+                [e.event["v"] for e in envs],
+            )
+
+        side = await self._projection(j, handler, "grouped")
+        projected = await self.conn.fetchval("SELECT count(*) FROM bench_projected")
+        dup = await self.conn.fetchval("SELECT count(*) - count(DISTINCT (pid, seq)) FROM bench_projected")
+        assert projected == self.n and dup == 0, f"read model: {projected} rows ({dup} duplicates), expected {self.n}"
+        return side
+
+    async def at_least_once(self, j: Journal) -> Side:
+        newest: dict[str, int] = {}
+        handled = [0]
+
+        async def handler(env: EventEnvelope) -> None:
+            newest[env.persistence_id] = env.event["v"]
+            handled[0] += 1
+
+        side = await self._projection(j, handler, "at-least-once", handled)
+        assert len(newest) * 500 == self.n and handled[0] == self.n, (len(newest), handled[0])
+        return side
+
+    async def _projection(self, j: Journal, handler: Any, mode: str, handled: list[int] | None = None) -> Side:
+        name = f"bench-{uuid.uuid4().hex[:8]}"
+        ws = [Worker(j, j.settings, name, self.et, handler, mode) for _ in range(self.workers)]
+        for w in ws:
+            # members before the first lease round (untimed), as workers of separate processes
+            # would be: two workers starting at the same instant each see itself alone and take
+            # leases at once, a split that only the next rounds (seconds later) put right
+            await w.leases.sql.heartbeat_worker(
+                self.conn, name, w.worker_id, "bench", os.getpid(), timedelta(seconds=30), "running", 0, None
+            )
+        tasks: list[asyncio.Task[None]] = []
+
+        def done() -> int:
+            return handled[0] if handled is not None else sum(w.stats.events for w in ws)
+
+        async def body() -> int:
+            tasks.extend(asyncio.create_task(w.run()) for w in ws)
+            # done when the workers' own counters say so: polling count(*) on the growing read
+            # model would itself cost the server a scan each time (checked once after)
+            while done() < self.n:
+                for task in tasks:
+                    if task.done():
+                        task.result()
+                await asyncio.sleep(0.01)
+            return self.n
+
+        side = await self.measured(body)
+        for w in ws:
+            w.stop()
+        await asyncio.gather(*tasks)
+        return side
+
+
+async def load(dsn: str, et: str, n: int) -> int:
+    async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as j:
         t0 = time.perf_counter()
         per_call, done = 500, 0
         while done < n:
             parts = [
-                Write(f"{et}|e{(done // per_call + k) % entities}", [{"v": i} for i in range(per_call)])
+                Write(f"{et}|e{done // per_call + k}", [{"v": i} for i in range(per_call)])
                 for k in range(min(20, max(1, (n - done) // per_call)))
             ]
             # bounded: a write that never returns is reported instead of hanging the benchmark
             out = await asyncio.wait_for(j.persist_many(parts), 120)
             assert not failures(out), failures(out)[:3]
             done += len(parts) * per_call
-        n = done
-        write_rate = n / (time.perf_counter() - t0)
-        print(f"wrote {n} events at {write_rate:,.0f} events/s")
-        # settle the fresh table (hint bits, visibility map, statistics) before measuring, so
-        # neither the reads nor the projection below pay for, or race with, autovacuum's first pass
-        await conn.execute("VACUUM (ANALYZE) event_journal")
+        print(f"# wrote {done:,} events at {done / (time.perf_counter() - t0):,.0f} events/s")
+        return done
 
-        t0 = time.perf_counter()
-        count = 0
-        async for _ in j.current_events_by_slices(et, 0, 1023):
-            count += 1
-        read_rate = count / (time.perf_counter() - t0)
 
-        t0 = time.perf_counter()
-        rows = await conn.fetch("SELECT * FROM event_journal WHERE entity_type = $1 ORDER BY db_timestamp, seq_nr", et)
-        raw_rate = len(rows) / (time.perf_counter() - t0)
-        del rows
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}"
 
-        ws = [Worker(j, s, f"bench-{et}", et, handler, "grouped") for _ in range(workers)]
-        cpu = CpuMeter(conn.get_server_pid())
-        cpu.start()
-        t0 = time.perf_counter()
-        tasks = [asyncio.create_task(w.run()) for w in ws]
-        # done when the workers have committed n events (their own counters: polling count(*) on
-        # the growing read model would itself cost the server a full scan every time); the
-        # read model is checked against n right after
-        while sum(w.stats.events for w in ws) < n:
-            for task in tasks:
-                if task.done():
-                    task.result()
-            await asyncio.sleep(0.02)
-        proj_rate = n / (time.perf_counter() - t0)
-        cpu.stop()
-        projected = await conn.fetchval("SELECT count(*) FROM bench_projected")
-        assert projected == n, f"read model has {projected} rows, expected {n}"
-        for w in ws:
-            w.stop()
-        await asyncio.gather(*tasks)
-        dup = await conn.fetchval("SELECT count(*) - count(DISTINCT (pid, seq)) FROM bench_projected")
-    await conn.close()
-    print(f"load average: {os.getloadavg()}")
-    print(f"raw asyncpg SELECT (ceiling):       {raw_rate:12,.0f} events/s")
-    print(f"current_events_by_slices (0-1023):  {read_rate:12,.0f} events/s  ({read_rate / raw_rate:.2f} of raw)")
+
+async def row(
+    title: str, settings: JournalSettings, bench: Bench, ours: Callable[[Journal], Awaitable[Side]],
+    rounds: int, goal: float | None,
+) -> None:  # fmt: skip
+    """Paired rounds of ``ours`` and the slice read (order swapped each round); the median ratio."""
+    load0 = os.getloadavg()[0]
+    sides: list[tuple[Side, Side]] = []
+    async with open_journal(bench.dsn, settings=settings) as j:
+        await bench.slice_read(j)  # warm: the pool, the prepared statements, the page cache
+        for r in range(rounds):
+            if r % 2 == 0:
+                a = await ours(j)
+                b = await bench.slice_read(j)
+            else:
+                b = await bench.slice_read(j)
+                a = await ours(j)
+            assert a.events == b.events == bench.n, (a.events, b.events, bench.n)
+            sides.append((a, b))
+    ratios = [a.rate / b.rate for a, b in sides]
+    ratio = statistics.median(ratios)
+    mid = sorted(range(rounds), key=lambda i: ratios[i])[rounds // 2]
+    a, b = sides[mid]
+    verdict = "" if goal is None else f"  goal {goal:.1f}: {'MET' if ratio >= goal else 'MISSED'}"
+    print(f"{title}")
     print(
-        f"grouped exactly-once projection, {workers} worker(s): {proj_rate:12,.0f} events/s  "
-        f"({proj_rate / read_rate:.2f} of the slice read rate, {proj_rate / raw_rate:.2f} of raw; duplicates {dup})"
+        f"    {a.rate:>9,.0f} ev/s against the slice read's {b.rate:>9,.0f} (median round); "
+        f"ratio {ratio:.2f}{verdict}; rounds {', '.join(f'{x:.2f}' for x in ratios)}; "
+        f"load {load0:.1f} -> {os.getloadavg()[0]:.1f}"
     )
-    print(f"    projection {cpu.per_1000(n)} (load-independent; the machine has {os.cpu_count()} cores)")
+    ca, sa = a.per_1000()
+    cb, sb = b.per_1000()
+    print(f"    CPU ms per 1000 events, client / server: this row {_ms(ca)} / {_ms(sa)}, ", end="")
+    print(f"slice read {_ms(cb)} / {_ms(sb)}")
+
+
+async def main(n: int, rounds: int, workers: int, dsn: str) -> None:
+    et = f"Bench{uuid.uuid4().hex[:6]}"
+    n = await load(dsn, et, n)
+    conn = await asyncpg.connect(dsn)
+    try:
+        # settle the fresh table (hint bits, visibility map, statistics) before measuring, so
+        # neither side pays for, or races with, autovacuum's first pass
+        await conn.execute("VACUUM (ANALYZE) event_journal")
+        await conn.execute("CREATE UNLOGGED TABLE bench_projected (pid TEXT, seq BIGINT, v BIGINT)")
+        bench = Bench(dsn, conn, et, n, workers)
+        default = JournalSettings.load(env={}, dsn=dsn)
+        tuned = JournalSettings.load(env={}, dsn=dsn, **TUNED)
+        tuned_text = ", ".join(f"{k} {v}" for k, v in TUNED.items())
+        async with open_journal(dsn, settings=default) as j:
+            # untimed: the first projection of a fresh server costs it twice the CPU of the next
+            await bench.grouped(j)
+        await row("raw asyncpg SELECT of the same rows (the ceiling)", default, bench, bench.raw, rounds, None)
+        for title, settings, goal in (("default settings", default, 0.6), (f"tuned: {tuned_text}", tuned, 0.6)):
+            await row(f"grouped exactly-once, {workers} workers, {title}", settings, bench, bench.grouped, rounds, goal)
+        for title, settings in (("default settings", default), (f"tuned: {tuned_text}", tuned)):
+            await row(f"at-least-once, {workers} workers, {title}", settings, bench, bench.at_least_once, rounds, 0.8)
+    finally:
+        await conn.close()
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--events", type=int, default=1_000_000)
-    ap.add_argument("--entities", type=int, default=10_000)
-    ap.add_argument("--group-size", type=int, default=5000)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=300_000)
+    ap.add_argument("--rounds", type=int, default=3, help="paired rounds per row (at least 3 for a median)")
     ap.add_argument("--workers", type=int, default=2, help="workers (slice ranges) in this process")
     a = ap.parse_args()
-    with fresh_database() as dsn:
-        asyncio.run(main(dsn, a.events, a.entities, a.group_size, a.workers))
+    header(f"projection throughput: {a.events:,} events, {a.rounds} paired rounds per row")
+    with fresh_database() as fresh:
+        asyncio.run(main(a.events, a.rounds, a.workers, fresh))

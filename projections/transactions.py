@@ -118,7 +118,21 @@ class TransactionRunner:
     ) -> None:
         """Run ``body`` until it commits (``transactional``; else the body alone, every error
         its own): each handler error noted in ``failures``, HandlerFailed after ``tries``."""
-        state = _Backoffs(self.s.handler_backoff)
+        if not transactional:
+            # at-least-once calls this once per envelope: the first try runs the body alone,
+            # without the loop's objects (most tries succeed); a failure counts as that try's
+            try:
+                await body(None)
+                return
+            except (LeaseLost, EventsMissing):
+                raise
+            except Exception as e:
+                state = _Backoffs(self.s.handler_backoff)
+                first = _Attempt()
+                first.phase, first.handler_exc = "handler", e
+                await self._failed(e, first, state, tries, failures)
+        else:
+            state = _Backoffs(self.s.handler_backoff)
         while True:
             attempt = _Attempt()
             try:

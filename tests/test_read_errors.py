@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import pytest
 
 from journal import (
@@ -101,3 +102,25 @@ def test_a_type_registered_at_no_version_reads_any_as_data() -> None:
     assert reg.deserialize(1, "shop:Other#7", b'{"a": 1}') == {"a": 1}
     with pytest.raises(UnknownVersion):
         release(3).deserialize(1, f"{NAME}#5", b'{"order": "x", "cents": 1}')
+
+
+async def test_a_plain_json_row_that_is_not_json_is_a_located_error(journal: Journal, dsn: str) -> None:
+    """A row of plain JSON (no manifest) is read by parsing alone on the slice query's hot path
+    (:meth:`SerializerRegistry.plain_json_reader`); a payload that is not JSON is still an error
+    naming the row and why."""
+    settings = JournalSettings.load(env={}, dsn=dsn, eventual_consistency_delay=0.0)
+    async with open_journal(dsn, settings=settings) as j:
+        await j.persist("Plain|p1", [{"n": 1}, {"n": 2}], tags=["placed"])
+        assert await read_every_way(j, "Plain|p1") == [[{"n": 1}, {"n": 2}]] * 3
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "UPDATE event_journal SET event_payload = 'not json' WHERE persistence_id = 'Plain|p1' AND seq_nr = 2"
+        )
+    finally:
+        await conn.close()
+    async with open_journal(dsn, settings=settings) as plain:
+        got = await read_every_way(plain, "Plain|p1")
+    for e in got[:2]:  # the pid and slice queries (the tag query reads its view's own copy)
+        assert isinstance(e, SerializationError), e
+        assert "Plain|p1#2" in str(e) and "cannot deserialize event" in str(e), e

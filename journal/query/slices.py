@@ -22,7 +22,7 @@ from ..errors import JournalUnavailable, SerializationError
 from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
 from ..offsets import SequenceOffset as SeqOffset
 from ..offsets import TimestampOffset
-from ..serialization import SerializerRegistry
+from ..serialization import JSON_SERIALIZER_ID, SerializerRegistry
 from ..settings import JournalSettings, QueryMode
 from ..waits import wait_set
 from .backtracking import BacktrackingState
@@ -341,7 +341,7 @@ class _Page:
     that timestamp: what ``SliceQueryState.offset_for`` gives row by row, computed only on demand.
     """
 
-    __slots__ = ("_events", "_memo", "_offsets", "base", "keys", "rows", "serializers")
+    __slots__ = ("_events", "_memo", "_offsets", "_plain_json", "base", "keys", "rows", "serializers")
 
     def __init__(
         self, rows: list[Any], base: TimestampOffset | None, serializers: SerializerRegistry, keys: KeysInUse = ()
@@ -354,18 +354,26 @@ class _Page:
         self._memo: tuple[int, TimestampOffset] | None = None
         self._events: dict[int, Any] = {}
         self._offsets: dict[int, TimestampOffset] = {}
+        self._plain_json = serializers.plain_json_reader()
 
     def event_at(self, i: int) -> Any:
-        if i in self._events:
-            return self._events[i]
+        events = self._events
+        if i in events:
+            return events[i]
         r = self.rows[i]
+        if r["event_ser_id"] == JSON_SERIALIZER_ID and not r["event_ser_manifest"]:
+            try:
+                event = events[i] = self._plain_json(r["event_payload"])
+                return event
+            except ValueError:  # not JSON: the general path below says so, located
+                pass
         try:
             event = self.serializers.deserialize(
                 r["event_ser_id"], r["event_ser_manifest"], r["event_payload"], pid=r["persistence_id"]
             )
         except SerializationError as e:
             raise e.located(f"{r['persistence_id']}#{r['seq_nr']}") from e
-        self._events[i] = event
+        events[i] = event
         return event
 
     def metadata(self, r: Any) -> Any:
