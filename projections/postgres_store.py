@@ -9,6 +9,7 @@ parameters. Functions take an asyncpg connection so callers choose the transacti
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,13 +18,29 @@ from typing import Any
 from journal.ids import NUMBER_OF_SLICES, entity_type_of
 from journal.postgres import HEARTBEAT_PID, LeaseSql, OffsetRow, OffsetSql
 
-__all__ = ["HEARTBEAT_PID", "OffsetRow", "ProjectionSql", "offsets_channel"]
+__all__ = ["HEARTBEAT_PID", "OffsetRow", "ProjectionSql", "offsets_channel", "offsets_payload"]
 
 
 def offsets_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel on which a projection's offset transaction announces its
     commit (payload: the projection's name); :mod:`projections.write_waits` listens on it."""
     return f"slice_journal_offsets.{schema}"
+
+
+NOTIFIED_ROWS = 100
+"""Up to this many offset rows a batch's notification carries (a waiter needs no query); a
+larger batch's names only the projection (the waiters look its rows up)."""
+
+
+def offsets_payload(name: str, rows: Sequence[OffsetRow]) -> str:
+    """JSON ``[name, [[pid, seq_nr], ...]]``, or ``[name]`` for a batch over :data:`NOTIFIED_ROWS`
+    (a notification's payload is at most 8000 bytes)."""
+    stored = [[r.persistence_id, r.seq_nr] for r in rows if r.persistence_id != HEARTBEAT_PID]
+    if len(stored) <= NOTIFIED_ROWS:
+        payload = json.dumps([name, stored], separators=(",", ":"))
+        if len(payload.encode()) < 7900:
+            return payload
+    return json.dumps([name])
 
 
 @dataclass(frozen=True)
@@ -37,11 +54,13 @@ class ProjectionSql(OffsetSql):
         object.__setattr__(self, "leases", LeaseSql(self.schema))
 
     async def save_offsets(
-        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], channel: str | None = None
+        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], notify: tuple[str, str] | None = None
     ) -> None:
-        """The offset rows of a batch, announced on :func:`offsets_channel` at commit (unless
-        ``channel`` names another)."""
-        await super().save_offsets(conn, name, key, rows, channel or offsets_channel(self.schema))
+        """The offset rows of a batch, announced on :func:`offsets_channel` at commit when they
+        name persistence ids (not heartbeats only): :func:`offsets_payload`."""
+        if notify is None and any(r.persistence_id != HEARTBEAT_PID for r in rows):
+            notify = (offsets_channel(self.schema), offsets_payload(name, rows))
+        await super().save_offsets(conn, name, key, rows, notify)
 
     async def processed(self, conn: Any, name: str, targets: Sequence[tuple[int, str]]) -> dict[str, int]:
         """The highest seq_nr stored for each ``(slice, pid)`` of ``targets`` (absent: none)."""

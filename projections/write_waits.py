@@ -1,10 +1,12 @@
 """Wait until a projection has processed a write: read your own write.
 
 A projection's offset transaction sends ``pg_notify`` on :func:`~projections.postgres_store.
-offsets_channel` with the projection's name, delivered when it commits. :class:`WriteWaits`
-holds one LISTEN connection for any number of waits: each wait checks the offset store once
-(the write may be processed already), then again on every notification of its projection, one
-query for all the waits of that projection at once. A wait ends when the projection has stored
+offsets_channel` when it commits, naming the projection and the batch's (pid, seq_nr)s
+(:func:`~projections.postgres_store.offsets_payload`). :class:`WriteWaits` holds one LISTEN
+connection for any number of waits: each wait checks the offset store once (the write may be
+processed already), then is settled by the notifications that name its events, without a query;
+a batch too large to be listed has the waits of its projection check the store, one query for
+all of them. A wait ends when the projection has stored
 an offset at or beyond each persistence id's seq_nr of the write (an event the projection
 skipped or dead-lettered counts: its offset moved past it), or returns False at its timeout.
 
@@ -16,21 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import asyncpg
 
 from journal import Journal
 from journal.envelope import EventEnvelope
-from journal.errors import InvalidArgument, JournalUnavailable, NotProjected, UnknownProjection
+from journal.errors import InvalidArgument, JournalUnavailable, NotProjected
 from journal.ids import entity_type_of, slice_for, validate_name
-from journal.offsets import NoOffset, SequenceOffset, TimeUUIDOffset, TimestampOffset
+from journal.offsets import NoOffset, SequenceOffset, TimestampOffset, TimeUUIDOffset
 from journal.postgres import asyncpg_dsn, connect
 from journal.settings import JournalSettings
 
+from .management import require_known
 from .postgres_store import ProjectionSql, offsets_channel
 
 log = logging.getLogger("projections.waits")
@@ -62,7 +65,8 @@ def targets_of(written: Written) -> dict[str, int]:
 
 @dataclass
 class _Wait:
-    targets: dict[str, int]
+    remaining: dict[str, int]
+    """pid -> seq_nr not yet known to be processed."""
     done: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -125,7 +129,7 @@ class WriteWaits:
             await self._pool.close()
             self._pool = None
 
-    async def wait(self, name: str, written: Written, timeout: float) -> bool:
+    async def wait(self, name: str, written: Written, timeout: float) -> bool:  # noqa: ASYNC109 (False at it)
         """True once projection ``name`` has processed ``written``; False after ``timeout`` s.
 
         Raises:
@@ -139,7 +143,7 @@ class WriteWaits:
         targets = targets_of(written)
         await self._listening()
         await self._check_projection(name, targets)
-        w = _Wait(targets)
+        w = _Wait(dict(targets))
         self._waiting.setdefault(name, []).append(w)
         try:
             if await self._processed(name, targets):  # already (registered first: no notification missed)
@@ -168,9 +172,7 @@ class WriteWaits:
         if name not in self._entity_types:
             async with (await self._conn_pool()).acquire() as conn:
                 if not await self.sql.is_known(conn, name):
-                    known = await self.sql.projection_names(conn)
-                    listed = ", ".join(map(repr, known)) if known else "none has run against this database yet"
-                    raise UnknownProjection(f"unknown projection {name!r}: known projections are {listed}")
+                    await require_known(conn, self.sql, name)  # raises UnknownProjection, naming the known
                 expected = await self.sql.projected_entity_type(conn, name)
             if expected is None:  # nothing processed yet: asked again by the next wait
                 return
@@ -207,14 +209,14 @@ class WriteWaits:
             if not waits:
                 return
             try:
-                got = await self._stored(name, {pid for w in waits for pid in w.targets})
+                got = await self._stored(name, {pid for w in waits for pid in w.remaining})
             except Exception as e:  # the database is gone: the waits learn it, not a log line
                 for w in waits:
                     if not w.done.done():
                         w.done.set_exception(JournalUnavailable(f"waiting for projection {name!r}: {e}"))
                 return
             for w in waits:
-                if not w.done.done() and all(got.get(p, 0) >= n for p, n in w.targets.items()):
+                if not w.done.done() and all(got.get(p, 0) >= n for p, n in w.remaining.items()):
                     w.done.set_result(True)
             if name not in self._again:
                 return
@@ -235,7 +237,23 @@ class WriteWaits:
             self._listener = conn
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
-        self._schedule(str(payload))
+        """A batch committed: its rows settle the waits they cover (no query); a batch too large
+        to list its rows has the waits of its projection check the store."""
+        try:
+            name, *rows = json.loads(str(payload))
+        except ValueError:
+            return
+        if not rows:
+            self._schedule(name)
+            return
+        stored = dict(rows[0])
+        for w in self._waiting.get(name, ()):
+            if w.done.done():
+                continue
+            for pid in [p for p, n in w.remaining.items() if stored.get(p, 0) >= n]:
+                del w.remaining[pid]
+            if not w.remaining:
+                w.done.set_result(True)
 
     def _lost(self, _conn: object) -> None:
         """The listening connection dropped: listen again, then check every wait (what was
@@ -260,7 +278,12 @@ class WriteWaits:
             self._schedule(name)
 
 
-async def wait_processed(source: Journal | JournalSettings, name: str, written: Written, timeout: float) -> bool:
+async def wait_processed(
+    source: Journal | JournalSettings,
+    name: str,
+    written: Written,
+    timeout: float,  # noqa: ASYNC109 (False at it)
+) -> bool:
     """One wait (:meth:`WriteWaits.wait`) over a LISTEN connection of its own: a service that
     waits often keeps a :class:`WriteWaits` open instead."""
     async with WriteWaits.open(source) as waits:

@@ -5,20 +5,21 @@ a dropped listening connection, an unknown projection, another entity type, a ti
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import asyncpg
 import pytest
 from projection_helpers import FAST_ENV, spawn_worker, stop
 
 from journal import Journal
-from journal.offsets import TimestampOffset
 from journal.errors import InvalidArgument, NotProjected, UnknownProjection
+from journal.offsets import TimestampOffset
 from journal.settings import JournalSettings
 from projections.demo.cart import prepare
 from projections.postgres_store import offsets_channel
@@ -44,7 +45,7 @@ async def worker(conn: asyncpg.Connection, journal: Journal, dsn: str) -> AsyncI
     await journal.persist(f"{ET}|first", [ITEM])
     proc = spawn_worker(dsn, NAME, ET, env={"JOURNAL_PROJECTION_GROUP_MAX_WAIT": "0.005"})
     try:
-        await wait_until(lambda: conn.fetchval("SELECT count(*) FROM demo_cart_projected") , 60, "the worker to start")
+        await wait_until(lambda: conn.fetchval("SELECT count(*) FROM demo_cart_projected"), 60, "the worker to start")
         yield proc
     finally:
         stop([proc])
@@ -80,7 +81,8 @@ async def test_the_offset_transaction_notifies_on_commit(
     try:
         await listener.add_listener(offsets_channel("public"), lambda *a: got.put_nowait(a[3]))
         envs = await journal.persist(f"{ET}|notified", [ITEM])
-        assert await asyncio.wait_for(got.get(), 30) == NAME
+        # the projection and the batch's (pid, seq_nr)s (heartbeat-only batches send nothing)
+        assert json.loads(await asyncio.wait_for(got.get(), 30)) == [NAME, [[f"{ET}|notified", 1]]]
         # sent at commit: the offset row is visible when the notification arrives
         stored = await conn.fetchval(
             "SELECT max(seq_nr) FROM projection_timestamp_offset_store WHERE projection_name = $1"
@@ -129,15 +131,15 @@ async def test_faults_are_typed_errors_or_false_never_a_hang(
     async with WriteWaits.open(journal) as waits:
         assert await waits.wait(NAME, envs, timeout=30)
         started = time.monotonic()
-        with pytest.raises(UnknownProjection, match="unknown projection 'p-nope': known projections are .*'p-wait'"):
+        with pytest.raises(UnknownProjection, match=r"unknown projection 'p-nope': known projections are .*'p-wait'"):
             await waits.wait("p-nope", envs, timeout=30)
         other = await journal.persist("OtherType|1", [ITEM])
-        with pytest.raises(NotProjected, match="'OtherType|1' is not processed by projection 'p-wait'"):
+        with pytest.raises(NotProjected, match=r"'OtherType\|1' is not processed by projection 'p-wait'"):
             await waits.wait(NAME, other, timeout=30)
         with pytest.raises(InvalidArgument, match="nothing to wait for"):
             await waits.wait(NAME, [], timeout=30)
         with pytest.raises(InvalidArgument, match="a SequenceOffset names no persistence id"):
-            await waits.wait(NAME, envs[0].offset, timeout=30)
+            await waits.wait(NAME, envs[0].offset, timeout=30)  # type: ignore[arg-type]  # deliberately wrong
         assert time.monotonic() - started < 5, "the refusals did not wait"
         # an event the projection will not process in time: False at the timeout
         stop([worker])
@@ -167,7 +169,9 @@ async def test_cli_wait(journal: Journal, worker: subprocess.Popen[bytes], dsn: 
     other = await asyncio.to_thread(_cli, dsn, NAME, "--pid", "OtherType|1", "--seq-nr", "1")
     assert (other.returncode, other.stderr.count("\n")) == (2, 1), other.stderr
     assert "is not processed by projection 'p-wait'" in other.stderr
-    late = await asyncio.to_thread(_cli, dsn, NAME, "--pid", envs[0].persistence_id, "--seq-nr", "9", "--timeout", "0.3")
+    late = await asyncio.to_thread(
+        _cli, dsn, NAME, "--pid", envs[0].persistence_id, "--seq-nr", "9", "--timeout", "0.3"
+    )
     assert (late.returncode, late.stderr.strip()) == (
         1, f"error: projection 'p-wait' has not processed {ET}|cli #9 within 0.3 s",
     )  # fmt: skip

@@ -38,11 +38,11 @@ class OffsetSql(SchemaSql):
     """Statements of the offset rows, for one schema."""
 
     async def save_offsets(
-        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], channel: str | None = None
+        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], notify: tuple[str, str] | None = None
     ) -> None:
-        """Insert offset rows (insert-only; a repeat of an identical row is ignored). With a
-        ``channel``, rows of persistence ids (not only heartbeats) also ``pg_notify`` it with
-        ``name`` in the same statement: sent when the transaction commits (waits for a write)."""
+        """Insert offset rows (insert-only; a repeat of an identical row is ignored). With
+        ``notify`` (channel, payload), the same statement also ``pg_notify``-s it: sent when the
+        transaction commits (waits for a write)."""
         if not rows:
             return
         insert = f"""INSERT INTO {self.t("projection_timestamp_offset_store")}
@@ -54,8 +54,10 @@ ON CONFLICT DO NOTHING"""
             [r.slice for r in rows], [r.persistence_id for r in rows], [r.seq_nr for r in rows],
             [r.timestamp for r in rows],
         )  # fmt: skip
-        if channel is not None and any(r.persistence_id != HEARTBEAT_PID for r in rows):
-            await conn.execute(f"WITH i AS ({insert} RETURNING 1) SELECT pg_notify($7, $1)", name, key, *columns, channel)
+        if notify is not None:
+            await conn.execute(
+                f"WITH i AS ({insert} RETURNING 1) SELECT pg_notify($7, $8)", name, key, *columns, *notify
+            )
         else:
             await conn.execute(insert, name, key, *columns)
         beats = [r for r in rows if r.persistence_id == HEARTBEAT_PID]
