@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from journal import Journal
+from journal.bulk import Written
 from journal.envelope import EventEnvelope
 from journal.errors import InvalidArgument, JournalUnavailable, NotProjected
 from journal.ids import entity_type_of, slice_for, validate_name
@@ -38,23 +39,26 @@ from .postgres_store import ProjectionSql, offsets_channel
 
 log = logging.getLogger("projections.waits")
 
-Written = EventEnvelope | Iterable[EventEnvelope] | TimestampOffset
-"""What a write returned: an envelope or the list ``persist`` returned; or a
+AWrite = EventEnvelope | Written | Iterable[EventEnvelope | Written] | TimestampOffset
+"""What a write returned: an envelope or the list ``persist`` returned, a part ``persist_many``
+returned (:class:`~journal.bulk.Written`) or a list of them; or a
 :class:`~journal.offsets.TimestampOffset` (a slice query's), whose ``seen`` names pids and seq_nrs."""
 
 
-def targets_of(written: Written) -> dict[str, int]:
+def targets_of(written: AWrite) -> dict[str, int]:
     """pid -> the highest seq_nr of ``written`` (what the projection must have processed)."""
     if isinstance(written, TimestampOffset):
         pairs: Iterable[tuple[str, int]] = written.seen.items()
     elif isinstance(written, EventEnvelope):
         pairs = [(written.persistence_id, written.seq_nr)]
+    elif isinstance(written, Written):
+        pairs = [(written.persistence_id, written.last_seq_nr)]
     elif isinstance(written, NoOffset | SequenceOffset | TimeUUIDOffset):
         raise InvalidArgument(
             f"a {type(written).__name__} names no persistence id: wait for the envelopes the write returned"
         )
     else:
-        pairs = [(e.persistence_id, e.seq_nr) for e in written]
+        pairs = [(e.persistence_id, e.last_seq_nr if isinstance(e, Written) else e.seq_nr) for e in written]
     out: dict[str, int] = {}
     for pid, seq_nr in pairs:
         out[pid] = max(seq_nr, out.get(pid, 0))
@@ -129,7 +133,7 @@ class WriteWaits:
             await self._pool.close()
             self._pool = None
 
-    async def wait(self, name: str, written: Written, timeout: float) -> bool:  # noqa: ASYNC109 (False at it)
+    async def wait(self, name: str, written: AWrite, timeout: float) -> bool:  # noqa: ASYNC109 (False at it)
         """True once projection ``name`` has processed ``written``; False after ``timeout`` s.
 
         Raises:
@@ -154,6 +158,8 @@ class WriteWaits:
             except TimeoutError:
                 return False
         finally:
+            if not w.done.done():
+                w.done.cancel()  # a check still under way sets nothing on it
             waits = self._waiting.get(name, [])
             waits.remove(w)
             if not waits:
@@ -281,7 +287,7 @@ class WriteWaits:
 async def wait_processed(
     source: Journal | JournalSettings,
     name: str,
-    written: Written,
+    written: AWrite,
     timeout: float,  # noqa: ASYNC109 (False at it)
 ) -> bool:
     """One wait (:meth:`WriteWaits.wait`) over a LISTEN connection of its own: a service that

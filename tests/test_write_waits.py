@@ -18,11 +18,12 @@ import pytest
 from projection_helpers import FAST_ENV, spawn_worker, stop
 
 from journal import Journal
+from journal.bulk import Written
 from journal.errors import InvalidArgument, NotProjected, UnknownProjection
 from journal.offsets import TimestampOffset
 from journal.settings import JournalSettings
 from projections.demo.cart import prepare
-from projections.postgres_store import offsets_channel
+from projections.postgres_store import NOTIFIED_ROWS, offsets_channel
 from projections.write_waits import WriteWaits, wait_processed
 from tests.support.waiting import wait_until
 
@@ -175,3 +176,31 @@ async def test_cli_wait(journal: Journal, worker: subprocess.Popen[bytes], dsn: 
     assert (late.returncode, late.stderr.strip()) == (
         1, f"error: projection 'p-wait' has not processed {ET}|cli #9 within 0.3 s",
     )  # fmt: skip
+
+
+async def test_a_batch_too_large_to_list_is_looked_up(
+    journal: Journal, conn: asyncpg.Connection, worker: subprocess.Popen[bytes], dsn: str
+) -> None:
+    """A batch of more than NOTIFIED_ROWS pids notifies only the projection's name: the waits of
+    that projection check the store, one query for all of them."""
+    holder, listener = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    names_only: list[str] = []
+    await listener.add_listener(
+        offsets_channel("public"), lambda *a: names_only.append(a[3]) if json.loads(a[3]) == [NAME] else None
+    )
+    try:
+        async with WriteWaits.open(journal) as waits:
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute("LOCK TABLE demo_cart_projected IN ACCESS EXCLUSIVE MODE")
+            await journal.persist(f"{ET}|before", [ITEM])  # the worker's batch blocks on it
+            outcomes = await journal.persist_many([(f"{ET}|bulk-{i}", [ITEM]) for i in range(NOTIFIED_ROWS + 50)])
+            parts = [o for o in outcomes if isinstance(o, Written)]  # what persist_many returned
+            assert len(parts) == len(outcomes)
+            waiting = [asyncio.create_task(waits.wait(NAME, o, 60)) for o in parts]
+            await tx.commit()
+            assert await asyncio.gather(*waiting) == [True] * len(outcomes)
+            assert names_only, "no batch was too large to list"
+    finally:
+        await holder.close()
+        await listener.close()
