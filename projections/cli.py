@@ -397,13 +397,13 @@ def wait(
     from journal.cli.common import target_dsn
     from journal.errors import ProjectionError
     from journal.offsets import TimestampOffset
+    from journal.postgres import mapped_errors, target_of
 
     from .write_waits import wait_processed
 
     settings = _settings(schema, data_dir, databases)
     target, _ = target_dsn(dsn, settings)
     written = TimestampOffset(datetime.now(UTC), {pid: seq_nr})
-    from journal.postgres import mapped_errors, target_of
 
     async def go() -> bool:
         with mapped_errors("projections wait", target_of(target)):

@@ -23,7 +23,7 @@ __all__ = ["HEARTBEAT_PID", "OffsetRow", "ProjectionSql", "offsets_channel", "of
 
 def offsets_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel on which a projection's offset transaction announces its
-    commit (payload: the projection's name); :mod:`projections.write_waits` listens on it."""
+    commit (payload: :func:`offsets_payload`); :mod:`projections.write_waits` listens on it."""
     return f"slice_journal_offsets.{schema}"
 
 
