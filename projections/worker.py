@@ -34,8 +34,10 @@ from journal.transaction_slots import TransactionSlots
 from journal.waits import wait_set
 
 from . import metrics
+from .batches import Processor
 from .handlers import Mode, check_handler, validate_mode
 from .outage import Outage, database_unavailable
+from .parts import ProjectionParts
 from .postgres_store import ProjectionSql
 from .recovery import HandlerRecovery
 from .runner import EventSource, RangeProcessor
@@ -89,7 +91,7 @@ class Worker:
         self._stored_error: str | None = None
         """What of ``error`` the worker's row keeps (:attr:`HandlerFailed.stored`)."""
         self.epochs: dict[int, int] = {}
-        self.processors: dict[tuple[int, int], tuple[RangeProcessor, asyncio.Task[None]]] = {}
+        self.processors: dict[tuple[int, int], tuple[Processor, asyncio.Task[None]]] = {}
         self._stop = asyncio.Event()
         self._pool: asyncpg.Pool | None = None
         self._owns_pool = False
@@ -231,17 +233,24 @@ class Worker:
         return self.journal.serializers if isinstance(self.journal, Journal) else None
 
     def _start(self, lo: int, hi: int) -> None:
-        assert self._pool is not None
-        proc = RangeProcessor(
-            journal=self.journal, connections=self._connections(), sql=self.sql, settings=self.ps, name=self.name,
-            entity_type=self.entity_type, lo=lo, hi=hi, owner=self.worker_id,
-            epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, handler=self.handler,
-            mode=self.mode, stats=self.stats, query_mode=self._query_mode(), outage=self.outage,
-            recovery=self.recovery, serializers=self.serializers,
-        )  # fmt: skip
-        task = asyncio.create_task(proc.run(), name=f"{self.name}:{lo}-{hi}")
+        proc = self._processor(lo, hi)
+        task = asyncio.create_task(proc.run(), name=f"{self.name}:{proc.key}")
         self.processors[(lo, hi)] = (proc, task)
-        log.info("%s: processing slices %d-%d", self.worker_id, lo, hi)
+        log.info("%s: processing %s", self.worker_id, proc.key)
+
+    def _processor(self, lo: int, hi: int) -> Processor:
+        """The processor of slices ``lo..hi`` (a tag worker's: of its tag)."""
+        return RangeProcessor(
+            self._parts(), entity_type=self.entity_type, lo=lo, hi=hi,
+            epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, query_mode=self._query_mode(),
+        )  # fmt: skip
+
+    def _parts(self) -> ProjectionParts:
+        """What the processors are made from: the projection's, and the connections :meth:`run` chose."""
+        return ProjectionParts(
+            self.journal, self._connections(), self.sql, self.ps, self.name, self.worker_id, self.handler, self.mode,
+            self.stats, self.outage, self.recovery, self.serializers,
+        )  # fmt: skip
 
     def _connections(self) -> Connections:
         """What the processors run their transactions on: the pool :meth:`run` chose (the

@@ -21,7 +21,7 @@ import pytest
 from journal import EntityRegistry, EventEnvelope, Forgotten, HandlerFailed, Journal, JournalSettings, open_journal
 from journal.entities import Delivery
 from journal.sealed_text import FORGOTTEN_TEXT, is_sealed
-from projections import Worker
+from projections import TagWorker, Worker
 from projections.dead_letter_store import DeadLetterSql, opened
 from projections.dead_letters import retry
 from tests.reliable_fixtures import Sender
@@ -122,6 +122,31 @@ async def test_after_forget_no_table_holds_the_subjects_plaintext(journal: Journ
             assert isinstance(event, Forgotten)
         assert await tables_holding(conn, secret) == []
         assert await tables_holding(conn, "Customer|ann")  # (the scan finds what is there in clear)
+    finally:
+        await conn.close()
+
+
+async def test_a_tag_projections_dead_letter_is_sealed_too(journal: Journal, dsn: str) -> None:
+    """A tag projection's dead letter quotes the event as an event projection's does: its error
+    and traceback are sealed with the subject's key (a tag processor was made without the
+    journal's serializers before its parts were shared with the slice ranges': in clear)."""
+    secret = f"tag-secret-{uuid.uuid4().hex[:8]}@example.com"
+    tag = f"vip{uuid.uuid4().hex[:6]}"
+    settings = enc(dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with open_journal(dsn, settings=settings) as j:
+            await j.persist(f"Customer|{tag}", [{"email": secret}], tags=[tag])
+            w = TagWorker(j, settings, f"fe-{tag}", tag, validating, "exactly-once", recovery="retry-and-dead-letter")
+            task = asyncio.create_task(w.run())
+            await wait_until(lambda: w.stats.dead_lettered == 1 or task.done(), 30, "the dead letter")
+            w.stop()
+            await task
+            [letter] = await DEAD.letters(conn, f"fe-{tag}")
+            assert letter.projection_key == f"tag:{tag}" and is_sealed(letter.error) and is_sealed(letter.traceback)
+            [readable] = await opened(j.serializers, [letter])
+            assert secret in readable.error  # the operator reads it
+            assert await tables_holding(conn, secret) == []
     finally:
         await conn.close()
 

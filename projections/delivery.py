@@ -1,0 +1,246 @@
+"""How a processor's accepted events reach the handler, and their offsets the store: one small
+class per delivery mode, chosen once when the processor is made (:func:`delivery_for`).
+
+- :class:`AtLeastOnce`: the handler alone on each event (a failure is the event's own), the
+  offset rows flushed every ``at_least_once_every`` events or ``at_least_once_interval`` seconds;
+- :class:`ExactlyOnce`: each event's handler and its offset rows in one transaction;
+- :class:`Grouped`: a batch of events handed to the handler at once, with their offset rows, in
+  one transaction.
+
+Each is handed a validated batch (the accepted events, and heartbeats: slices whose stored
+offset may move up to a timestamp) by :meth:`Delivery.deliver`, and told to store what is left
+by :meth:`Delivery.stop`. Each works on any kind of offset rows
+(:class:`~projections.offset_rows.OffsetRows`: a slice range's, a tag's), and sets poisoned
+events aside through the processor's :class:`~projections.isolation.Isolation` when its
+recovery strategy skips or dead-letters.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, Protocol, TypeVar
+
+from journal import tracing
+from journal.envelope import EventEnvelope
+from journal.errors import HandlerFailed, LeaseLost
+from journal.settings import ProjectionSettings
+
+from .handlers import Mode
+from .isolation import Isolation
+from .offset_rows import OffsetRows
+from .recovery import Failures
+from .stats import Stats
+from .transactions import TransactionRunner, Unit
+
+log = logging.getLogger("projections.runner.delivery")
+"""A child of the runner's logger: the runner's log level is its own too."""
+R = TypeVar("R")
+Body = Callable[[Any], Awaitable[None]]
+
+
+class Delivery(Protocol):
+    """What a processor hands its validated batches to."""
+
+    batch_size: int
+    """The most envelopes a batch holds."""
+
+    async def deliver(self, accepted: Sequence[EventEnvelope], heartbeats: dict[int, datetime]) -> None:
+        """Handle ``accepted`` and store their offsets (now, or with a later flush), with the
+        ``heartbeats`` (slice -> timestamp below which it is done). Empty when no batch came."""
+        ...
+
+    async def stop(self) -> None:
+        """The unit is handed over or stopped: store what is worth storing."""
+        ...
+
+
+@dataclass(frozen=True)
+class Handling(Generic[R]):
+    """What every delivery of one processor works with."""
+
+    handler: Callable[..., Awaitable[None]]
+    tx: TransactionRunner
+    offsets: OffsetRows[R]
+    stats: Stats
+    tries: int
+    """A handler's tries before its recovery strategy acts (:meth:`HandlerRecovery.tries`)."""
+    isolation: Isolation[R] | None
+    """Set when the recovery strategy skips or dead-letters poisoned events."""
+
+
+def delivery_for(mode: Mode, handling: Handling[R], settings: ProjectionSettings) -> Delivery:
+    """The delivery of a projection's ``mode``."""
+    if mode == "at-least-once":
+        return AtLeastOnce(handling, settings)
+    if mode == "exactly-once":
+        return ExactlyOnce(handling, settings)
+    return Grouped(handling, settings)
+
+
+def traced(body: Body, envs: Sequence[EventEnvelope], unit: Unit) -> Body:
+    """``body`` in a ``projection.batch`` span linked to the writes of ``envs``, with one
+    ``projection.handle`` span per envelope that carries its write's trace context, a child of
+    that context: one trace from the command that wrote an event to its read model."""
+
+    async def run(conn: Any) -> None:
+        origins = [(e, tracing.context_of(e)) for e in envs]
+        links = [tracing.link_to(ctx) for _, ctx in origins if ctx is not None]
+        attributes = {"projection": unit.name, "slices": unit.key, "events": len(envs)}
+        with tracing.span("projection.batch", links=links, attributes=attributes) as batch, ExitStack() as spans:
+            for e, ctx in origins:
+                if ctx is not None:
+                    spans.enter_context(
+                        tracing.span(
+                            "projection.handle", parent=ctx, kind="CONSUMER", links=[tracing.link_to(batch)],
+                            attributes={"projection": unit.name, "persistence_id": e.persistence_id,
+                                        "seq_nr": e.seq_nr},
+                        )
+                    )  # fmt: skip
+            await body(conn)
+
+    return run
+
+
+class AtLeastOnce(Generic[R]):
+    """The handler alone on each event; the offset rows flushed now and then."""
+
+    def __init__(self, h: Handling[R], settings: ProjectionSettings) -> None:
+        self.h = h
+        self.s = settings
+        self.batch_size = settings.group_size
+        self._unflushed = 0
+        self._heartbeats: dict[int, datetime] = {}
+        """The heartbeats the next flush stores."""
+        self._last_flush = time.monotonic()
+
+    async def deliver(self, accepted: Sequence[EventEnvelope], heartbeats: dict[int, datetime]) -> None:
+        h = self.h
+        for env in accepted:
+
+            async def once(_conn: Any, env: EventEnvelope = env) -> None:
+                await h.handler(env)
+
+            failures = Failures()
+            try:
+                await h.tx.run(
+                    once if not tracing.ON else traced(once, [env], h.tx.unit), tries=h.tries, transactional=False,
+                    failures=failures,
+                )  # fmt: skip
+            except HandlerFailed:
+                if h.isolation is None:
+                    raise
+                await h.isolation.park(env, failures, h.offsets.empty())  # its offset goes with the next flush
+        self._unflushed += len(accepted)
+        self._heartbeats.update(heartbeats)
+        await self._flush(force=False)
+
+    async def stop(self) -> None:
+        if self.h.offsets.has_pending:
+            await self._flush(force=True)
+
+    async def _flush(self, *, force: bool) -> None:
+        o, hb = self.h.offsets, self._heartbeats
+        due = self._unflushed >= self.s.at_least_once_every or (
+            time.monotonic() - self._last_flush >= self.s.at_least_once_interval
+        )
+        if not (force or due) or not (o.has_pending or hb):
+            return
+        rows = o.pending(hb)
+        newest = o.newest_pending()
+
+        async def body(conn: Any) -> None:
+            await o.store(conn, rows)
+
+        try:
+            await self.h.tx.run(body, tries=self.h.tries, fence=o.fence(rows), committed=o.proof(rows))
+        except BaseException:
+            o.rolled_back()
+            raise
+        o.committed(hb)
+        self._heartbeats = {}
+        self.h.stats.committed(self._unflushed, newest, key=self.h.tx.unit.key)
+        self._unflushed = 0
+        self._last_flush = time.monotonic()
+
+
+class _Transactional(ABC, Generic[R]):
+    """The handler and the offset rows of a batch in one transaction (exactly-once, grouped)."""
+
+    def __init__(self, h: Handling[R], settings: ProjectionSettings) -> None:
+        self.h = h
+        self.batch_size = settings.group_size
+
+    @abstractmethod
+    async def handle(self, conn: Any, envs: Sequence[EventEnvelope]) -> None:
+        """Run the handler on ``envs`` in the transaction on ``conn``."""
+
+    async def deliver(self, accepted: Sequence[EventEnvelope], heartbeats: dict[int, datetime]) -> None:
+        if not accepted and not heartbeats:
+            return
+        h, o = self.h, self.h.offsets
+        rows = o.pending(heartbeats)
+        started = time.monotonic()
+        parked = 0
+        try:
+            if accepted and h.isolation is not None:
+                parked = await h.isolation.commit(accepted, rows, self.commit)
+            else:
+                await self.commit(accepted, rows, h.tries)
+        except BaseException:
+            o.rolled_back()
+            raise
+        o.committed(heartbeats)
+        newest = max((e.db_timestamp for e in accepted), default=None)
+        h.stats.committed(len(accepted) - parked, newest, time.monotonic() - started, key=h.tx.unit.key)
+
+    async def stop(self) -> None:
+        heartbeats = self.h.offsets.at_stop()
+        if not heartbeats:
+            return
+        try:
+            await self.deliver([], heartbeats)
+        except (LeaseLost, HandlerFailed) as e:  # a slice already moved on: its owner resumes as before
+            log.debug("%s: position not stored at stop: %s", self.h.tx.who, e)
+
+    async def commit(
+        self, envs: Sequence[EventEnvelope], rows: R, tries: int, failures: Failures | None = None
+    ) -> None:
+        """One transaction: the handler on ``envs`` and the offset ``rows``."""
+        o = self.h.offsets
+
+        async def body(conn: Any) -> None:
+            if envs:
+                await self.handle(conn, envs)
+            await o.store(conn, rows)
+
+        await self.h.tx.run(
+            body if not tracing.ON else traced(body, envs, self.h.tx.unit), tries=tries, fence=o.fence(rows),
+            committed=o.proof(rows), failures=failures,
+        )  # fmt: skip
+
+
+class ExactlyOnce(_Transactional[R]):
+    """One event a batch: its handler (``handler(conn, env)``) and offset rows in one transaction
+    (a gap replayed before it comes in the same transaction, each event handled in turn)."""
+
+    def __init__(self, h: Handling[R], settings: ProjectionSettings) -> None:
+        super().__init__(h, settings)
+        self.batch_size = 1
+
+    async def handle(self, conn: Any, envs: Sequence[EventEnvelope]) -> None:
+        for env in envs:
+            await self.h.handler(conn, env)
+
+
+class Grouped(_Transactional[R]):
+    """A batch of up to ``group_size`` events handed to the handler at once
+    (``handler(conn, envs)``), with their offset rows, in one transaction."""
+
+    async def handle(self, conn: Any, envs: Sequence[EventEnvelope]) -> None:
+        await self.h.handler(conn, envs)
