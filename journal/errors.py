@@ -29,6 +29,7 @@ __all__ = [
     "LeaseLost",
     "LocalWritesRefused",
     "LocationMismatch",
+    "NotProjected",
     "OffsetError",
     "PersistNotAllowed",
     "ProjectionBusy",
@@ -45,6 +46,7 @@ __all__ = [
     "SubjectForgotten",
     "TagEventsMissing",
     "TagWriteTimeout",
+    "UnknownProjection",
     "UnknownVersion",
     "UnsupportedOperation",
 ]
@@ -263,6 +265,16 @@ class HandlerFailed(ProjectionError):
 
 class ProjectionBusy(ProjectionError):
     """Live workers hold the projection: stop ``projections run NAME`` before a backfill."""
+
+
+class UnknownProjection(ProjectionError, InvalidArgument):
+    """No projection of that name has run against this database (no worker, offset or pause
+    stored): waiting for it would never end."""
+
+
+class NotProjected(ProjectionError, InvalidArgument):
+    """The write cannot be waited for on that projection: its events are of another entity
+    type than the projection processes (another projection's range of events)."""
 
 
 class TagWriteTimeout(JournalUnavailable):

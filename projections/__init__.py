@@ -13,6 +13,7 @@ from .recovery import HandlerRecovery
 from .stats import Stats
 from .tag_runner import TagWorker
 from .worker import Worker
+from .write_waits import WriteWaits, wait_processed
 
 __all__ = [
     "MODES",
@@ -28,5 +29,7 @@ __all__ = [
     "Stats",
     "TagWorker",
     "Worker",
+    "WriteWaits",
     "load_handler",
+    "wait_processed",
 ]

@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -381,6 +381,37 @@ def clear(
     lo, hi = _range(slices)
     n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi), "clear", databases)
     typer.echo(f"cleared {n} offset rows of {name} slices {lo}-{hi}")
+
+
+@app.command()
+def wait(
+    name: Annotated[str, typer.Argument(help="The projection that must have processed the write.")],
+    pid: Annotated[str, typer.Option("--pid", help="Persistence id of the write.")],
+    seq_nr: Annotated[int, typer.Option("--seq-nr", min=1, help="The write's (highest) sequence number.")],
+    timeout: Annotated[float, typer.Option("--timeout", min=0, help="Give up after this many seconds.")] = 10.0,
+    dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,
+    databases: DatabasesOption = None,
+) -> None:  # fmt: skip
+    """Wait until projection NAME has processed event --seq-nr of --pid (exit 1 at --timeout)."""
+    from journal.cli.common import target_dsn
+    from journal.errors import ProjectionError
+    from journal.offsets import TimestampOffset
+    from journal.postgres import mapped_errors, target_of
+
+    from .write_waits import wait_processed
+
+    settings = _settings(schema, data_dir, databases)
+    target, _ = target_dsn(dsn, settings)
+    written = TimestampOffset(datetime.now(UTC), {pid: seq_nr})
+
+    async def go() -> bool:
+        with mapped_errors("projections wait", target_of(target)):
+            return await wait_processed(settings.with_dsn(target), name, written, timeout)
+
+    started = time.monotonic()
+    if not asyncio.run(go()):
+        raise ProjectionError(f"projection {name!r} has not processed {pid} #{seq_nr} within {timeout:g} s")
+    typer.echo(f"{name} has processed {pid} #{seq_nr} ({(time.monotonic() - started) * 1000:.1f} ms)")
 
 
 dead_letters_app = typer.Typer(

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from journal import Journal
-from journal.errors import InvalidArgument, ProjectionError
+from journal.errors import InvalidArgument, ProjectionError, UnknownProjection
 from journal.ids import NUMBER_OF_SLICES, slice_for
 from journal.postgres import LeaseSql, connect
 from journal.settings import JournalSettings
@@ -66,7 +66,7 @@ async def require_known(conn: Any, sql: ManagementStore, name: str) -> None:
     typo would otherwise be paused, reset or cleared without a word. Names the known ones."""
     known = await sql.projection_names(conn)
     if name not in known:
-        raise InvalidArgument(
+        raise UnknownProjection(
             f"unknown projection {name!r}: known projections are {', '.join(map(repr, known))}"
             if known
             else f"unknown projection {name!r}: no projection has run against this database yet"

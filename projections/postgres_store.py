@@ -9,13 +9,38 @@ parameters. Functions take an asyncpg connection so callers choose the transacti
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from journal.ids import NUMBER_OF_SLICES, entity_type_of
 from journal.postgres import HEARTBEAT_PID, LeaseSql, OffsetRow, OffsetSql
 
-__all__ = ["HEARTBEAT_PID", "OffsetRow", "ProjectionSql"]
+__all__ = ["HEARTBEAT_PID", "OffsetRow", "ProjectionSql", "offsets_channel", "offsets_payload"]
+
+
+def offsets_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel on which a projection's offset transaction announces its
+    commit (payload: :func:`offsets_payload`); :mod:`projections.write_waits` listens on it."""
+    return f"slice_journal_offsets.{schema}"
+
+
+NOTIFIED_ROWS = 100
+"""Up to this many offset rows a batch's notification carries (a waiter needs no query); a
+larger batch's names only the projection (the waiters look its rows up)."""
+
+
+def offsets_payload(name: str, rows: Sequence[OffsetRow]) -> str:
+    """JSON ``[name, [[pid, seq_nr], ...]]``, or ``[name]`` for a batch over :data:`NOTIFIED_ROWS`
+    (a notification's payload is at most 8000 bytes)."""
+    stored = [[r.persistence_id, r.seq_nr] for r in rows if r.persistence_id != HEARTBEAT_PID]
+    if len(stored) <= NOTIFIED_ROWS:
+        payload = json.dumps([name, stored], separators=(",", ":"))
+        if len(payload.encode()) < 7900:
+            return payload
+    return json.dumps([name])
 
 
 @dataclass(frozen=True)
@@ -27,6 +52,37 @@ class ProjectionSql(OffsetSql):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "leases", LeaseSql(self.schema))
+
+    async def save_offsets(
+        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], notify: tuple[str, str] | None = None
+    ) -> None:
+        """The offset rows of a batch, announced on :func:`offsets_channel` at commit when they
+        name persistence ids (not heartbeats only): :func:`offsets_payload`."""
+        if notify is None and any(r.persistence_id != HEARTBEAT_PID for r in rows):
+            notify = (offsets_channel(self.schema), offsets_payload(name, rows))
+        await super().save_offsets(conn, name, key, rows, notify)
+
+    async def processed(self, conn: Any, name: str, targets: Sequence[tuple[int, str]]) -> dict[str, int]:
+        """The highest seq_nr stored for each ``(slice, pid)`` of ``targets`` (absent: none)."""
+        rows = await conn.fetch(
+            f"""SELECT u.p, (SELECT max(s.seq_nr) FROM {self.t("projection_timestamp_offset_store")} s
+  WHERE s.slice = u.s AND s.projection_name = $1 AND s.persistence_id = u.p) AS n
+FROM unnest($2::int[], $3::text[]) AS u(s, p)""",
+            name,
+            [s for s, _ in targets],
+            [p for _, p in targets],
+        )
+        return {r["p"]: r["n"] for r in rows if r["n"] is not None}
+
+    async def projected_entity_type(self, conn: Any, name: str) -> str | None:
+        """The entity type of a persistence id the projection has processed (None: none yet)."""
+        pid: str | None = await conn.fetchval(
+            f"""SELECT persistence_id FROM {self.t("projection_timestamp_offset_store")}
+WHERE slice = ANY($2::int[]) AND projection_name = $1 AND persistence_id <> '' LIMIT 1""",
+            name,
+            list(range(NUMBER_OF_SLICES)),
+        )
+        return None if pid is None else entity_type_of(pid)
 
     async def now(self, conn: Any) -> datetime:
         """The database clock (lag is measured against it, not against this host's clock)."""
@@ -56,6 +112,19 @@ FROM o""",
             cap,
         )
         return int(row["pending"]), row["oldest"], row["now"]
+
+    async def is_known(self, conn: Any, name: str) -> bool:
+        """Has projection ``name`` run here (a worker, an offset or a pause stored)? Index probes,
+        unlike :meth:`projection_names`."""
+        known: bool = await conn.fetchval(
+            f"""SELECT EXISTS (SELECT 1 FROM {self.t("projection_worker")} WHERE projection_name = $1)
+  OR EXISTS (SELECT 1 FROM {self.t("projection_timestamp_offset_store")}
+    WHERE slice = ANY($2::int[]) AND projection_name = $1)
+  OR EXISTS (SELECT 1 FROM {self.t("projection_management")} WHERE projection_name = $1)""",
+            name,
+            list(range(NUMBER_OF_SLICES)),
+        )
+        return known
 
     async def projection_names(self, conn: Any) -> list[str]:
         rows = await conn.fetch(

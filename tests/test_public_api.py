@@ -38,12 +38,13 @@ JOURNAL_API = {
     "PersistNotAllowed", "EntityStopped", "StashTimeout", "RecoveryFailed", "ReplicationError", "LocationMismatch",
     "IncompatibleVersion", "LocalWritesRefused", "SliceRangeMoved",
     "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten", "UnknownVersion",
-    "KafkaSetupError", "KafkaStartError", "KafkaPublishError",
+    "KafkaSetupError", "KafkaStartError", "KafkaPublishError", "UnknownProjection", "NotProjected",
 }  # fmt: skip
 
 PROJECTIONS_API = {
     "Worker", "TagWorker", "MODES", "Mode", "load_handler", "Stats", "ProjectionStatus", "RangeStatus",
     "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "HandlerRecovery", "DeadLetter",
+    "WriteWaits", "wait_processed",
 }  # fmt: skip
 
 

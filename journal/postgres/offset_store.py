@@ -37,23 +37,29 @@ class OffsetRow:
 class OffsetSql(SchemaSql):
     """Statements of the offset rows, for one schema."""
 
-    async def save_offsets(self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow]) -> None:
-        """Insert offset rows (insert-only; a repeat of an identical row is ignored)."""
+    async def save_offsets(
+        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], notify: tuple[str, str] | None = None
+    ) -> None:
+        """Insert offset rows (insert-only; a repeat of an identical row is ignored). With
+        ``notify`` (channel, payload), the same statement also ``pg_notify``-s it: sent when the
+        transaction commits (waits for a write)."""
         if not rows:
             return
-        await conn.execute(
-            f"""INSERT INTO {self.t("projection_timestamp_offset_store")}
+        insert = f"""INSERT INTO {self.t("projection_timestamp_offset_store")}
   (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
 SELECT $1, $2, u.s, u.p, u.n, u.t, clock_timestamp()
 FROM unnest($3::int[], $4::text[], $5::bigint[], $6::timestamptz[]) AS u(s, p, n, t)
-ON CONFLICT DO NOTHING""",
-            name,
-            key,
-            [r.slice for r in rows],
-            [r.persistence_id for r in rows],
-            [r.seq_nr for r in rows],
+ON CONFLICT DO NOTHING"""
+        columns = (
+            [r.slice for r in rows], [r.persistence_id for r in rows], [r.seq_nr for r in rows],
             [r.timestamp for r in rows],
-        )
+        )  # fmt: skip
+        if notify is not None:
+            await conn.execute(
+                f"WITH i AS ({insert} RETURNING 1) SELECT pg_notify($7, $8)", name, key, *columns, *notify
+            )
+        else:
+            await conn.execute(insert, name, key, *columns)
         beats = [r for r in rows if r.persistence_id == HEARTBEAT_PID]
         if beats:  # only the newest heartbeat row of a slice is worth keeping
             await conn.execute(
