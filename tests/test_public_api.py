@@ -38,7 +38,7 @@ JOURNAL_API = {
     "PersistNotAllowed", "EntityStopped", "StashTimeout", "RecoveryFailed", "ReplicationError", "LocationMismatch",
     "IncompatibleVersion", "LocalWritesRefused", "SliceRangeMoved",
     "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten", "UnknownVersion",
-    "KafkaSetupError", "KafkaStartError", "KafkaPublishError",
+    "KafkaSetupError", "KafkaStartError", "KafkaPublishError", "DestinationUnavailable",
 }  # fmt: skip
 
 PROJECTIONS_API = {
