@@ -15,6 +15,7 @@ __all__ = [
     "CircuitBreakerOpen",
     "ConditionTimeout",
     "ConfigurationError",
+    "DestinationUnavailable",
     "EntityError",
     "EntityStopped",
     "EventsMissing",
@@ -242,6 +243,20 @@ class ProjectionError(JournalError):
 class KafkaPublishError(ProjectionError):
     """Events could not be published to Kafka: the broker refused a record or a transaction (a
     missing topic, a record over the size limit, a producer fenced by a newer owner of its range)."""
+
+
+class DestinationUnavailable(ProjectionError):
+    """A projection handler's destination does not answer (a Kafka publisher's brokers are down).
+
+    Raised by a handler, it is an outage, not the handler's failure: the runner rolls the batch
+    back and retries it with backoff without limit, without counting it toward ``handler_attempts``,
+    logs it once per outage and shows it in the worker's row of ``projections status`` as
+    ``<destination> unavailable since ...`` (docs/outages.md)."""
+
+    def __init__(self, message: str, *, destination: str) -> None:
+        super().__init__(message)
+        self.destination = destination
+        """What is unavailable, as ``projections status`` words it (``Kafka``)."""
 
 
 class LeaseLost(ProjectionError):

@@ -138,7 +138,7 @@ def run(
 
     async def go() -> int:
         if publisher is not None:
-            await publisher.check(name)  # a missing topic: one line before anything starts
+            await _check_kafka(publisher, name)
         async with open_journal(dsn, settings=settings, **hooks) as j:
             if entity_type is not None and not await has_events(j, entity_type):
                 log.warning(
@@ -186,6 +186,17 @@ def run(
             return 1 if failed else 0
 
     raise typer.Exit(runtime.run(go()))  # on uvloop when installed: ~6% less CPU per projected event
+
+
+async def _check_kafka(publisher: Any, name: str) -> None:
+    """A missing topic: one line before anything starts. Brokers that do not answer: one warning,
+    then the workers start and wait for them (an outage, shown by ``projections status``)."""
+    from journal.errors import DestinationUnavailable
+
+    try:
+        await publisher.check(name)
+    except DestinationUnavailable as e:
+        log.warning("%s; the workers start and wait for it (projections status shows it)", e)
 
 
 def _kafka_publisher(topic: str, bootstrap: str, at_least_once: bool, mode: str, tag: str | None) -> Any:

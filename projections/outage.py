@@ -4,7 +4,9 @@ been unavailable.
 A failure to get a connection, or a connection lost under a transaction, is the database's, not
 the handler's: it must not count toward ``handler_attempts`` (a worker would otherwise exit after
 a few seconds of outage). Such failures are retried without limit, with backoff, logged once per
-outage (and when it ends), and shown in the worker's row of ``projections status``.
+outage (and when it ends), and shown in the worker's row of ``projections status``. So is a
+handler's :class:`~journal.errors.DestinationUnavailable` (a Kafka publisher's brokers down),
+worded for its destination.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class Outage:
         self.who = who
         self.condition = Condition(log, logging.WARNING, quiet=quiet)
         self.detail = ""
+        self.subject = "database"
+        """What is (or was last) unavailable: the database, or a handler's destination (``Kafka``)."""
         self.last: tuple[datetime, datetime] | None = None
         """The latest outage that ended: (from, to)."""
 
@@ -44,14 +48,15 @@ class Outage:
     def active(self) -> bool:
         return self.condition.active
 
-    def failed(self, what: str, exc: BaseException) -> None:
+    def failed(self, what: str, exc: BaseException, subject: str = "database") -> None:
         self.detail = f"{what}: {type(exc).__name__}: {exc}"
-        self.condition.occurred("%s: database unavailable (%s)", self.who, self.detail)
+        self.subject = subject
+        self.condition.occurred("%s: %s unavailable (%s)", self.who, subject, self.detail)
 
     def answered(self) -> None:
         """Something reached the database: the outage ends after the condition's quiet time."""
         since = self.condition.since
-        self.condition.idle(f"{self.who}: database available again")
+        self.condition.idle(f"{self.who}: {self.subject} available again")
         if since is not None and not self.condition.active:
             self.last = (since, datetime.now(UTC))
 
@@ -60,11 +65,11 @@ class Outage:
         c = self.condition
         if c.since is not None:
             since = c.since.isoformat(timespec="seconds")
-            return f"database unavailable since {since} ({c.count} failures), last: {self.detail}"
+            return f"{self.subject} unavailable since {since} ({c.count} failures), last: {self.detail}"
         if self.last is not None:
             a, b = self.last
             return (
-                f"database was unavailable from {a.isoformat(timespec='seconds')} to "
+                f"{self.subject} was unavailable from {a.isoformat(timespec='seconds')} to "
                 f"{b.isoformat(timespec='seconds')} ({(b - a).total_seconds():.0f}s); riding through"
             )
         return None

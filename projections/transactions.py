@@ -12,6 +12,8 @@ through the seam's :class:`~journal.backend.SharedConnections`, or the worker's 
 - a database outage (no connection, the transaction's connection lost) is retried without limit
   and does not count as an attempt (:mod:`.outage`); a COMMIT cut off by one is settled first
   (:func:`journal.postgres.settle`, the writer's loop) and not run again when it committed;
+- a handler's :class:`DestinationUnavailable` (its destination, a Kafka broker, does not answer)
+  is waited out the same way, worded for its destination;
 - a handler's own error is tried ``tries`` times with backoff, then :class:`HandlerFailed`;
 - a stop request ends a wait between tries (:class:`LeaseLost`: the batch stays rolled back).
 """
@@ -24,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from journal.errors import EventsMissing, HandlerFailed, LeaseLost
+from journal.errors import DestinationUnavailable, EventsMissing, HandlerFailed, LeaseLost
 from journal.postgres import LeaseSql, settle
 from journal.serialization import SerializerRegistry
 from journal.settings import ProjectionSettings
@@ -140,6 +142,8 @@ class TransactionRunner:
                 return
             except (LeaseLost, EventsMissing, asyncio.CancelledError):
                 raise
+            except DestinationUnavailable as e:  # an outage of the handler's destination: not counted
+                await self._wait_out(state, f"{self.who}, {attempt.phase}", e, e.destination)
             except Exception as e:
                 await self._failed(e, attempt, state, tries, failures)
 
@@ -195,9 +199,7 @@ class TransactionRunner:
         in_handler = attempt.phase == "handler" and e is attempt.handler_exc
         if database_unavailable(e, in_handler=in_handler, conn_lost=attempt.conn_lost):
             state.unsure = state.unsure or attempt.phase == "commit"
-            self.outage.failed(f"{self.who}, {attempt.phase}", e)
-            await self.pause(state.outage, e)
-            state.outage = min(state.outage * 2, self.s.handler_max_backoff)
+            await self._wait_out(state, f"{self.who}, {attempt.phase}", e, "database")
             return
         self.stats.retries += 1
         state.attempts += 1
@@ -213,6 +215,12 @@ class TransactionRunner:
         )  # fmt: skip
         await self.pause(state.handler, e)
         state.handler = min(state.handler * 2, self.s.handler_max_backoff)
+
+    async def _wait_out(self, state: _Backoffs, what: str, e: BaseException, subject: str) -> None:
+        """An outage (of the database or of the handler's destination): noted, then a pause."""
+        self.outage.failed(what, e, subject)
+        await self.pause(state.outage, e)
+        state.outage = min(state.outage * 2, self.s.handler_max_backoff)
 
     def _stored(self, said: str, e: BaseException) -> str | None:
         """A HandlerFailed's text as stored for ``projections status``: without the handler's

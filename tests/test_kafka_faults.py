@@ -6,10 +6,12 @@ seq_nr order."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kafka_fixtures import create_topic, read_topic, skip_or_fail
@@ -142,3 +144,79 @@ async def test_a_cut_network_between_the_worker_and_the_broker(journal: Journal,
     finally:
         await asyncio.to_thread(broker.stop)
         await relay.close()
+
+
+def start_cli_worker(name: str, dsn: str, bootstrap: str, topic: str, log: Path) -> subprocess.Popen[bytes]:
+    """``projections run NAME --to-kafka TOPIC``, its stderr in ``log``."""
+    from projection_helpers import FAST_ENV
+
+    with open(log, "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "projections", "run", name, "--entity-type", "acct", "--to-kafka", topic,
+             "--kafka-bootstrap", bootstrap, "--dsn", dsn, "--no-progress"],
+            env={**os.environ, **FAST_ENV}, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+
+
+async def test_brokers_down_when_the_worker_starts(
+    journal: Journal, dsn: str, own_broker: object, tmp_path: Path
+) -> None:
+    """`projections run --to-kafka` started while the broker is down: one warning, then the worker
+    waits with backoff (more failures than handler_attempts, none counted), its row says `Kafka
+    unavailable since ...` in `projections status`; once the broker is started every event arrives
+    exactly once and the row says the outage is over."""
+    import re
+    import signal
+
+    import asyncpg
+
+    from projections.kafka.local import LocalKafka
+    from projections.postgres_store import ProjectionSql
+
+    assert isinstance(own_broker, LocalKafka)
+    pids, events = 30, 20
+    for p in range(pids):
+        await journal.persist(f"acct|{p}", [{"n": i} for i in range(events)])
+    bootstrap = own_broker.bootstrap_servers
+    topic = await asyncio.to_thread(create_topic, bootstrap, 4)
+    await asyncio.to_thread(own_broker.halt)
+    name = f"kp-{topic}"
+    log_path = tmp_path / "worker.log"
+    proc = await asyncio.to_thread(start_cli_worker, name, dsn, bootstrap, topic, log_path)
+    conn = await asyncpg.connect(dsn)
+    try:
+
+        async def note(pattern: str) -> re.Match[str] | None:
+            if proc.poll() is not None:
+                raise AssertionError((await asyncio.to_thread(log_path.read_text))[-3000:])
+            rows = await ProjectionSql("public").leases.workers(conn, name)
+            return next((m for r in rows if (m := re.match(pattern, r["error"] or ""))), None)
+
+        down = await wait_until(lambda: note(r"Kafka unavailable since \S+ \((\d+) failures\)"), 60, "the outage shown")
+        assert "does not answer" in down.string, down.string
+        await wait_until(lambda: note(r"Kafka unavailable since \S+ \(([6-9]|\d\d+) failures\)"), 90, "6 failures")
+        status = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "projections", "status", name, "--dsn", dsn],
+            capture_output=True, text=True, env={**os.environ, "COLUMNS": "400"}, timeout=60,
+        )  # fmt: skip
+        assert status.returncode == 0 and "Kafka unavailable since" in status.stdout, status.stdout
+        await asyncio.to_thread(own_broker.resume)
+
+        async def all_published() -> bool:
+            return len(await asyncio.to_thread(read_topic, bootstrap, topic)) >= pids * events
+
+        await wait_until(all_published, 120, "every event published", every=0.2)
+        await wait_until(lambda: note(r"Kafka was unavailable from "), 60, "the outage over in the worker's row")
+    finally:
+        await conn.close()
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 60)
+    log = await asyncio.to_thread(log_path.read_text)
+    assert code == 0, log[-3000:]
+    by_pid: dict[str, list[int]] = {}
+    for _, _, _, h in await asyncio.to_thread(read_topic, bootstrap, topic):
+        by_pid.setdefault(h["pid"].decode(), []).append(int(h["seq_nr"]))
+    assert by_pid == {f"acct|{p}": list(range(1, events + 1)) for p in range(pids)}
+    assert f"Kafka at {bootstrap} does not answer" in log and "Traceback" not in log, log[-3000:]
+    assert "batch failed" not in log and "HandlerFailed" not in log, log[-3000:]
+    assert 1 <= log.count("Kafka unavailable (") <= 2, log[-3000:]  # once per outage, not per try

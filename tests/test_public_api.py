@@ -39,6 +39,7 @@ JOURNAL_API = {
     "IncompatibleVersion", "LocalWritesRefused", "SliceRangeMoved",
     "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten", "UnknownVersion",
     "KafkaSetupError", "KafkaStartError", "KafkaPublishError", "UnknownProjection", "NotProjected",
+    "DestinationUnavailable",
 }  # fmt: skip
 
 PROJECTIONS_API = {

@@ -176,8 +176,18 @@ class LocalKafka:
 
     def restart(self, *, kill: bool = False) -> None:
         """Stop the broker (``kill``: SIGKILL) and start it again on the same ports and data."""
+        self.halt(kill=kill)
+        self.resume()
+
+    def halt(self, *, kill: bool = False) -> None:
+        """Stop the broker (``kill``: SIGKILL) and keep its data: :meth:`resume` starts it again."""
         assert self.process is not None, "the broker is not running"
         stop_pid(self.process.pid, kill=kill, timeout=30.0, wait=self.process.wait)
+        self.process = None
+
+    def resume(self) -> None:
+        """Start the halted broker again on the same ports and data, and wait until it answers."""
+        assert self.process is None, "the broker is running"
         lib = ensure_jars(self.version, self.cache, self.progress)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(

@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from journal.envelope import EventEnvelope
-from journal.errors import ConfigurationError, KafkaPublishError
+from journal.errors import ConfigurationError, DestinationUnavailable, KafkaPublishError
 
 from .. import range_context
 from .records import Record, RecordBuilder, Serializer, json_value
@@ -41,6 +41,19 @@ _NO_LEADER_YET = (
 )
 """What a topic created a moment ago may answer before its partitions have leaders."""
 
+
+_UNAVAILABLE = (
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._RESOLVE,
+    KafkaError._TIMED_OUT,
+)
+"""What librdkafka answers when no broker answers (refused, unreachable, not resolved, silent)."""
+
+ANSWER_WITHIN = 2.0
+"""Seconds the publisher waits for the brokers' metadata before a range's first batch (and at the
+command line's start) before it calls them unavailable: the batch is then retried as an outage
+(:class:`DestinationUnavailable`), so this is how long one try keeps the batch's transaction open."""
 
 PRODUCER_DEFAULTS: dict[str, Any] = {"linger.ms": 5, "delivery.report.only.error": True}
 """librdkafka settings of the publisher's producers unless ``config`` sets them: a short linger
@@ -72,7 +85,12 @@ class _Range:
 
     async def open(self) -> None:
         if self.p.exactly_once:
-            await self._call(self.producer.init_transactions, self.p.timeout)  # fences the range's older producer
+            try:  # fences the range's older producer
+                await asyncio.to_thread(self.producer.init_transactions, self.p.timeout)
+            except KafkaException as e:
+                if e.args[0].code() in _UNAVAILABLE:
+                    raise self.p.unavailable(e.args[0]) from None
+                raise self._failed(e.args[0]) from None
             self.published = await asyncio.to_thread(self._load_published)
 
     def _load_published(self) -> dict[str, int]:
@@ -267,17 +285,20 @@ class KafkaPublisher:
         return channel
 
     async def check(self, projection: str) -> None:
-        """Fail now, in one line, when the topic is missing or the brokers do not answer."""
+        """Fail now, in one line, when the topic is missing (:class:`ConfigurationError`) or the
+        brokers do not answer within :data:`ANSWER_WITHIN` (:class:`DestinationUnavailable`)."""
         await asyncio.to_thread(self._check_topics, projection)
         self._checked = True
 
     def _check_topics(self, projection: str) -> None:
         """The topic must exist (one line naming it otherwise); the offsets topic is created compacted."""
-        admin = AdminClient(dict(self.config))
+        admin = AdminClient({"log_level": 2, **self.config})  # its refused connections: in the error raised
         offsets = self._offsets_topic or offsets_topic_for(projection)
         try:
-            topics = admin.list_topics(timeout=self.timeout).topics
+            topics = admin.list_topics(timeout=ANSWER_WITHIN).topics
         except KafkaException as e:
+            if e.args[0].code() in _UNAVAILABLE:
+                raise self.unavailable(e.args[0]) from None
             servers = self.config["bootstrap.servers"]
             raise KafkaPublishError(f"Kafka at {servers} did not answer: {e.args[0].str()}") from None
         if self.topic not in topics:
@@ -292,6 +313,11 @@ class KafkaPublisher:
                         raise KafkaPublishError(
                             f"cannot create the offsets topic {offsets!r}: {e.args[0].str()}"
                         ) from None
+
+    def unavailable(self, err: KafkaError) -> DestinationUnavailable:
+        """The brokers do not answer: an outage the runner waits out (docs/kafka.md)."""
+        servers = self.config["bootstrap.servers"]
+        return DestinationUnavailable(f"Kafka at {servers} does not answer: {err.str()}", destination="Kafka")
 
     def drop(self, channel: _Range) -> None:
         """Forget a range's producer (fenced, failed, or its processor stopped)."""
