@@ -130,9 +130,7 @@ class StateWorker(Worker):
     ) -> None:  # fmt: skip
         m = validate_mode(mode)
         wrapped = state_handler(check_handler(handler, m), m)
-        super().__init__(
-            journal, settings, name, entity_type, wrapped, m, worker_id=worker_id, recovery=recovery  # type: ignore[arg-type]
-        )
+        super().__init__(journal, settings, name, entity_type, wrapped, m, worker_id=worker_id, recovery=recovery)
 
     def _processor(self, lo: int, hi: int) -> StateProcessor:
         return StateProcessor(

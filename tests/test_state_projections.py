@@ -28,8 +28,8 @@ from journal import (
     UpdatedState,
     open_journal,
 )
-from journal.offsets import TimestampOffset
 from journal.ids import slice_for
+from journal.offsets import TimestampOffset
 from projections import StateWorker
 from projections.dead_letter_store import DeadLetterSql
 from projections.postgres_store import ProjectionSql
@@ -279,7 +279,12 @@ async def test_kill_9_of_a_state_worker_under_concurrent_upserts_loses_and_repea
     task = asyncio.create_task(load.run())
     # a short offset window: a worker taking slices over keeps few pids in memory, so what the
     # query reads again is dropped by the slice offsets too, not only by the pids' revisions
-    args = ("tests.state_handlers:project", "exactly-once", ["--states"], {"JOURNAL_PROJECTION_OFFSET_TIME_WINDOW": "0.05"})
+    args = (
+        "tests.state_handlers:project",
+        "exactly-once",
+        ["--states"],
+        {"JOURNAL_PROJECTION_OFFSET_TIME_WINDOW": "0.05"},
+    )
     procs: list[subprocess.Popen[bytes]] = [spawn_worker(dsn, name, et, *args), spawn_worker(dsn, name, et, *args)]
     try:
         await wait_until(lambda: _owners(conn, name), 60, "the workers to take slices")
@@ -306,7 +311,9 @@ def test_run_states_needs_an_entity_type(dsn: str) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2
-    assert out.stderr.strip().splitlines()[-1].endswith(
-        "--states projects an entity type's durable states (with --entity-type and --handler)"
+    assert (
+        out.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--states projects an entity type's durable states (with --entity-type and --handler)")
     )
     assert "Traceback" not in out.stderr
