@@ -269,6 +269,14 @@ class DurableState:
         start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self._settings.query.mode)
         return self._changes(self._slice_queries().live(entity_type, min_slice, max_slice, start, m, False))
 
+    def change_envelopes(
+        self, entity_type: str, min_slice: int, max_slice: int, offset: TimestampOffset | None, mode: QueryMode
+    ) -> AsyncIterator[EventEnvelope]:
+        """The live changes as the projection runner reads them: envelopes with the revision as
+        their ``seq_nr`` (a delete without payload, :func:`state_change` makes each a change), and
+        heartbeats (``source == "heartbeat"``) when the range is idle."""
+        return self._slice_queries().live(entity_type, min_slice, max_slice, offset, mode, True)
+
     def _slice_queries(self) -> SliceQueries:
         if self._queries is None:
             self._queries = SliceQueries(self._store.changes(), self._settings, self._serializers)
@@ -276,13 +284,7 @@ class DurableState:
 
     async def _changes(self, envelopes: AsyncIterator[EventEnvelope]) -> AsyncIterator[StateChange]:
         async for e in envelopes:
-            offset = e.offset
-            assert type(offset) is TimestampOffset
-            pid, rev, ts, et, sl = e.persistence_id, e.seq_nr, e.db_timestamp, e.entity_type, e.slice
-            if e.has_payload:
-                yield UpdatedState(pid, rev, e.event, offset, ts, et, sl)
-            else:
-                yield DeletedState(pid, rev, offset, ts, et, sl)
+            yield state_change(e)
 
     async def _write(self, rows: Sequence[StateRow], values: Sequence[Any]) -> list[StateOutcome]:
         watched = any(
@@ -344,6 +346,17 @@ class DurableState:
             else self._serializers.deserialize(st.ser_id, st.manifest, st.payload, what="state", pid=row.persistence_id)
         )
         return State(row.persistence_id, row.revision, value, st is None, row.db_timestamp, row.tags)
+
+
+def state_change(e: EventEnvelope) -> StateChange:
+    """A change read by slices (an envelope of the ``durable_state`` query: the revision as its
+    ``seq_nr``, a delete without payload) as the change it is."""
+    offset = e.offset
+    assert type(offset) is TimestampOffset
+    pid, rev, ts, et, sl = e.persistence_id, e.seq_nr, e.db_timestamp, e.entity_type, e.slice
+    if e.has_payload:
+        return UpdatedState(pid, rev, e.event, offset, ts, et, sl)
+    return DeletedState(pid, rev, offset, ts, et, sl)
 
 
 def _part(i: int, part: object) -> StateWrite:

@@ -10,6 +10,7 @@ from .dead_letter_store import DeadLetter
 from .handlers import MODES, Mode, load_handler
 from .management import ProjectionStatus, RangeStatus
 from .recovery import HandlerRecovery
+from .state_runner import StateWorker
 from .stats import Stats
 from .tag_runner import TagWorker
 from .worker import Worker
@@ -26,6 +27,7 @@ __all__ = [
     "ProjectionError",
     "ProjectionStatus",
     "RangeStatus",
+    "StateWorker",
     "Stats",
     "TagWorker",
     "Worker",

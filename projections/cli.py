@@ -74,6 +74,9 @@ def run(
         str | None, typer.Option("--entity-type", help="Entity type whose events are projected (slices).")
     ] = None,
     tag: Annotated[str | None, typer.Option("--tag", help="Project the events of this tag instead.")] = None,
+    states: Annotated[
+        bool, typer.Option("--states", help="With --entity-type: project its durable states' changes, not its events.")
+    ] = False,
     dsn: DsnOption = None,
     databases: DatabasesOption = None,
     schema: SchemaOption = None,
@@ -108,12 +111,15 @@ def run(
     from .entity_types import has_events, known_entity_types, listing
     from .handlers import load_handler
     from .recovery import HandlerRecovery
+    from .state_runner import StateWorker
     from .tag_runner import TagWorker
     from .worker import Worker
 
     # everything a person typed is checked before anything connects or starts
     if (entity_type is None) == (tag is None):
         raise InvalidArgument("give exactly one of --entity-type and --tag")
+    if states and (entity_type is None or to_kafka is not None):
+        raise InvalidArgument("--states projects an entity type's durable states (with --entity-type and --handler)")
     validate_name(name, "projection name")
     if entity_type is not None:
         validate_entity_type(entity_type, required=True)
@@ -140,7 +146,7 @@ def run(
         if publisher is not None:
             await _check_kafka(publisher, name)
         async with open_journal(dsn, settings=settings, **hooks) as j:
-            if entity_type is not None and not await has_events(j, entity_type):
+            if entity_type is not None and not states and not await has_events(j, entity_type):
                 log.warning(
                     "entity type %r has no events yet (waiting for some); the journal has %s",
                     entity_type, listing(await known_entity_types(j)),
@@ -148,6 +154,8 @@ def run(
             ws: list[Worker] = [
                 TagWorker(j, j.settings, name, tag, fn, mode, recovery=recovery)
                 if tag is not None
+                else StateWorker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery)
+                if states
                 else Worker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery)  # type: ignore[arg-type]
                 for _ in range(workers)
             ]

@@ -65,7 +65,7 @@ class RangeProcessor:
         """The processor's unit of work as stored and logged: its slice range."""
         self.stats = parts.stats
         self.query_mode = query_mode
-        self.validator = Validator(timedelta(seconds=self.s.offset_time_window))
+        self.validator = self._validator(timedelta(seconds=self.s.offset_time_window))
         self._stopping = asyncio.Event()
         self.tx = parts.transactions(self.key, self._stopping)
         """Every transaction and read of the database of this processor (:mod:`.transactions`)."""
@@ -97,10 +97,15 @@ class RangeProcessor:
         log.info("%s %s: starting at %s", self.name, self.key, start or "the beginning")
         batches = Batches(self.s.queue_size, self.delivery.batch_size, self.s.group_max_wait, self._stopping)
 
-        def query() -> AsyncIterator[EventEnvelope]:
-            return self.journal.events_by_slices(self.entity_type, self.lo, self.hi, offset, heartbeats=True)
+        await process(lambda: self._query(offset), batches, self._process, self.delivery)
 
-        await process(query, batches, self._process, self.delivery)
+    def _validator(self, window: timedelta) -> Validator:
+        """How envelopes are admitted against the stored offsets (a state range's: by revision)."""
+        return Validator(window)
+
+    def _query(self, offset: TimestampOffset | None) -> AsyncIterator[EventEnvelope]:
+        """The live query of the range from ``offset``, with heartbeats (a state range's: its changes)."""
+        return self.journal.events_by_slices(self.entity_type, self.lo, self.hi, offset, heartbeats=True)
 
     async def _process(self, batch: Batch) -> None:
         """Validate a batch and hand what it accepts on, with the heartbeats of idle slices."""

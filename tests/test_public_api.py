@@ -43,7 +43,7 @@ JOURNAL_API = {
 }  # fmt: skip
 
 PROJECTIONS_API = {
-    "Worker", "TagWorker", "MODES", "Mode", "load_handler", "Stats", "ProjectionStatus", "RangeStatus",
+    "Worker", "TagWorker", "StateWorker", "MODES", "Mode", "load_handler", "Stats", "ProjectionStatus", "RangeStatus",
     "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "HandlerRecovery", "DeadLetter",
     "WriteWaits", "wait_processed",
 }  # fmt: skip
