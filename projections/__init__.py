@@ -12,6 +12,7 @@ from .management import ProjectionStatus, RangeStatus
 from .recovery import HandlerRecovery
 from .stats import Stats
 from .tag_runner import TagWorker
+from .versions import ProjectionVersion, drop_version, list_versions, switch_version
 from .worker import Worker
 from .write_waits import WriteWaits, wait_processed
 
@@ -25,11 +26,15 @@ __all__ = [
     "ProjectionBusy",
     "ProjectionError",
     "ProjectionStatus",
+    "ProjectionVersion",
     "RangeStatus",
     "Stats",
     "TagWorker",
     "Worker",
     "WriteWaits",
+    "drop_version",
+    "list_versions",
     "load_handler",
+    "switch_version",
     "wait_processed",
 ]
