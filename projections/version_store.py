@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
+
 from journal.ids import NUMBER_OF_SLICES
 from journal.postgres import SchemaSql
 
@@ -29,8 +31,8 @@ class VersionSql(SchemaSql):
     """Statements for one journal schema, which is also the readers' schema (their views)."""
 
     async def register(self, conn: Any, name: str, version: int, entity_type: str, tables_schema: str) -> Any:
-        """Inside a transaction: the version's row (created ``building`` if new), locked, and its
-        schema (created if missing: under the row's lock, so two workers starting do not race)."""
+        """The version's row (created ``building`` if new) and its schema (created if missing).
+        Takes no lock: a worker starting while a switch holds the rows is not held up by it."""
         await conn.execute(
             f"""INSERT INTO {self.t("projection_version")}
   (projection_name, version, entity_type, tables_schema, state, created_at)
@@ -41,11 +43,14 @@ VALUES ($1, $2, $3, $4, 'building', clock_timestamp()) ON CONFLICT DO NOTHING"""
             tables_schema,
         )
         row = await conn.fetchrow(
-            f"""SELECT * FROM {self.t("projection_version")} WHERE projection_name = $1 AND version = $2 FOR UPDATE""",
+            f"SELECT * FROM {self.t('projection_version')} WHERE projection_name = $1 AND version = $2",
             name,
             version,
         )
-        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(row['tables_schema'])}")
+        try:
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quoted(row['tables_schema'])}")
+        except (asyncpg.UniqueViolationError, asyncpg.DuplicateSchemaError):
+            pass  # two workers of the version starting at once: the other one created it
         return row
 
     async def state(self, conn: Any, name: str, version: int) -> str | None:

@@ -112,8 +112,7 @@ async def register(conn: Any, sql: VersionSql, name: str, version: int, entity_t
     when it is retired or projects another entity type."""
     schema = tables_schema(sql.schema, name, version)
     validate_entity_type(entity_type, required=True)
-    async with conn.transaction():
-        v = ProjectionVersion.of(await sql.register(conn, name, version, entity_type, schema))
+    v = ProjectionVersion.of(await sql.register(conn, name, version, entity_type, schema))
     if v.entity_type != entity_type:
         raise VersionNotReady(
             f"version {version} of {name!r} projects entity type {v.entity_type!r}, not {entity_type!r}"

@@ -256,9 +256,12 @@ async def test_kill9_during_the_switch_is_all_or_nothing(journal: Journal, conn:
         assert await view_source(conn, c) == [c.table]
         written += await write(journal, c.et, 10, 5)
         await wait_until(lambda: has(conn, f"public.{c.table}", written), 60, "version 1 unblocked")
-        # version 2 restarted: the switch, run again, waits for it and is done
+        # the switch run again waits for version 2, which is restarted meanwhile (its start is not
+        # held up by the switch's locks), catches up, and the switch is done
+        again = asyncio.create_task(cli(dsn, "switch", c.name, "2", "--wait", "60"))
+        await wait_until(lambda: _switch_waiting(conn), 30, "the second switch to wait")
         procs.append(spawn_worker(dsn, c.name, c.et, V2, extra=["--version", "2"]))
-        rc, _, err = await cli(dsn, "switch", c.name, "2", "--wait", "120")
+        rc, _, err = await again
         assert rc == 0, err
         assert await states(conn, c) == {1: "retired", 2: "serving"}
         assert await view_source(conn, c) == [f"2:{c.table}"]
