@@ -331,9 +331,7 @@ def status(
     if not results:
         console.print("no projections")
     for st in results:
-        v = versions.get(st.name)
-        said = f" (version {v['version']} of {v['name']}: {v['state']}, tables in schema {v['tables_schema']})"
-        t = Table(title=f"projection {st.name}{said if v else ''}")
+        t = Table(title=f"projection {st.name}")
         for c in ("slices", "owner", "offset", "lag", "paused", *(("database",) if served else ())):
             t.add_column(c)
         for r in st.ranges:
@@ -352,6 +350,10 @@ def status(
         console.print(w)
         if st.dead_letters:
             console.print(f"{st.dead_letters} dead letters (projections dead-letters list {st.name})")
+        if v := versions.get(st.name):  # one line, not wrapped: scripts grep it
+            typer.echo(
+                f"{st.name}: version {v['version']} of {v['name']}, {v['state']}, tables in schema {v['tables_schema']}"
+            )
 
 
 def _pausing(paused: bool, summary: str) -> Callable[..., None]:

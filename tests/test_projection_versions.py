@@ -184,6 +184,10 @@ async def test_rebuild_and_switch_under_readers_and_load(journal: Journal, conn:
         assert rc == 0, err
         shown = {p["name"]: p["version"]["state"] for p in json.loads(out)}
         assert shown == {f"{c.name}@1": "retired", f"{c.name}@2": "serving"}
+        rc, out, err = await cli(dsn, "status", c.name)
+        assert rc == 0, err
+        assert f"{c.name}@2: version 2 of {c.name}, serving, tables in schema {c.name}@2\n" in out, out
+        assert f"{c.name}@1: version 1 of {c.name}, retired" in out, out
         rc, out, err = await cli(dsn, "drop-version", c.name, "1")
         assert rc == 0, err
         assert await conn.fetchval("SELECT count(*) FROM pg_namespace WHERE nspname = $1", c.schema(1)) == 0
