@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -122,7 +123,7 @@ class Reader:
 
     def __init__(self, dsn: str, view: str) -> None:
         self.dsn, self.view = dsn, view
-        self.reads, self.best = 0, -1
+        self.reads, self.best, self.slowest = 0, -1, 0.0
         self.failures: list[str] = []
         self.steps_back: list[tuple[int, int]] = []
         self._stop = asyncio.Event()
@@ -131,11 +132,13 @@ class Reader:
         conn = await asyncpg.connect(self.dsn)
         try:
             while not self._stop.is_set():
+                started = time.monotonic()
                 try:
                     n = int(await conn.fetchval(f"SELECT coalesce(sum(events), 0) FROM {self.view}"))
                 except (asyncpg.PostgresError, OSError) as e:
                     self.failures.append(repr(e))
                     continue
+                self.slowest = max(self.slowest, time.monotonic() - started)
                 if n < self.best:
                     self.steps_back.append((self.best, n))
                 self.best, self.reads = max(self.best, n), self.reads + 1
@@ -162,8 +165,10 @@ async def test_rebuild_and_switch_under_readers_and_load(journal: Journal, conn:
         await wait_until(lambda: has(conn, f'"{c.schema(2)}".{c.table}', written), 60, "version 2 catching up")
         assert await states(conn, c) == {1: "serving", 2: "building"}
         reads_before = reader.reads
+        started = time.monotonic()
         rc, out, err = await cli(dsn, "switch", c.name, "2", "--wait", "30")
         assert rc == 0, err
+        print(f"switch command {time.monotonic() - started:.3f} s;", end=" ")
         assert out.startswith(f"version 2 of {c.name} serves (version 1 before)"), out
         assert await states(conn, c) == {1: "retired", 2: "serving"}
         # version 1's worker sees it is no longer current and stops by itself (exit 0)
@@ -178,6 +183,7 @@ async def test_rebuild_and_switch_under_readers_and_load(journal: Journal, conn:
         await tasks[0]
         assert reader.failures == [] and reader.steps_back == [], (reader.failures[:3], reader.steps_back[:3])
         assert reader.best == total and reader.reads > 50
+        print(f"{reader.reads} reads through the rebuild and switch, slowest {reader.slowest * 1000:.1f} ms")
         # the view now reads version 2's table, with its extra column
         assert await conn.fetchval(f"SELECT max(last_seq_nr) FROM public.{c.table}") >= 50
         rc, out, err = await cli(dsn, "status", c.name, "--json")
