@@ -70,6 +70,7 @@ from .errors import (
     UnknownProjection,
     UnknownVersion,
     UnsupportedOperation,
+    VersionNotReady,
 )
 from .ids import NUMBER_OF_SLICES, entity_type_of, persistence_id_of, slice_for, slice_ranges
 from .journal import Journal, open_journal
@@ -160,6 +161,7 @@ __all__ = [
     "Upcasters",
     "UpdatedState",
     "VectorTime",
+    "VersionNotReady",
     "View",
     "Write",
     "Written",

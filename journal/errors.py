@@ -50,6 +50,7 @@ __all__ = [
     "UnknownProjection",
     "UnknownVersion",
     "UnsupportedOperation",
+    "VersionNotReady",
 ]
 
 
@@ -290,6 +291,12 @@ class UnknownProjection(ProjectionError, InvalidArgument):
 class NotProjected(ProjectionError, InvalidArgument):
     """The write cannot be waited for on that projection: its events are of another entity
     type than the projection processes (another projection's range of events)."""
+
+
+class VersionNotReady(ProjectionError, InvalidArgument):
+    """A projection version cannot be switched to, run or dropped as asked: it has not caught
+    up with the serving version, has no tables yet, is retired, still serves, or still has
+    running workers (the message says which; nothing was changed)."""
 
 
 class TagWriteTimeout(JournalUnavailable):

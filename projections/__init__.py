@@ -13,6 +13,7 @@ from .recovery import HandlerRecovery
 from .state_runner import StateWorker
 from .stats import Stats
 from .tag_runner import TagWorker
+from .versions import ProjectionVersion, drop_version, list_versions, switch_version
 from .worker import Worker
 from .write_waits import WriteWaits, wait_processed
 
@@ -26,12 +27,16 @@ __all__ = [
     "ProjectionBusy",
     "ProjectionError",
     "ProjectionStatus",
+    "ProjectionVersion",
     "RangeStatus",
     "StateWorker",
     "Stats",
     "TagWorker",
     "Worker",
     "WriteWaits",
+    "drop_version",
+    "list_versions",
     "load_handler",
+    "switch_version",
     "wait_processed",
 ]

@@ -101,6 +101,10 @@ def run(
     subject_of: SubjectOfOption = None,
     upcasters: UpcastersOption = None,
     serializers: SerializersOption = None,
+    version: Annotated[
+        int | None,
+        typer.Option("--version", min=1, help="Run version N: offsets under NAME@N, tables in its own schema."),
+    ] = None,
 ) -> None:
     """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
     from journal import runtime
@@ -113,6 +117,8 @@ def run(
     from .recovery import HandlerRecovery
     from .state_runner import StateWorker
     from .tag_runner import TagWorker
+    from .version_run import ProjectionVersioning
+    from .versions import register_on
     from .worker import Worker
 
     # everything a person typed is checked before anything connects or starts
@@ -127,6 +133,9 @@ def run(
         validate_tags([tag])
     settings = _settings(schema, data_dir, databases, **hook_settings(subject_of, upcasters, serializers))
     hooks = journal_hooks(settings)
+    if version is not None and (tag is not None or to_kafka is not None or states):
+        raise InvalidArgument("--version runs a handler over an entity type's events (not --tag, --to-kafka, --states)")
+    ProjectionVersioning.of(settings.schema, name, version, mode)  # checked before anything connects
     if (handler is None) == (to_kafka is None):
         raise InvalidArgument("give exactly one of --handler and --to-kafka")
     publisher = _kafka_publisher(to_kafka, kafka_bootstrap, kafka_at_least_once, mode, tag) if to_kafka else None
@@ -151,12 +160,14 @@ def run(
                     "entity type %r has no events yet (waiting for some); the journal has %s",
                     entity_type, listing(await known_entity_types(j)),
                 )  # fmt: skip
+            if version is not None:  # a retired version or another entity type: one line, exit 2
+                await register_on(j, name, version, entity_type or "")
             ws: list[Worker] = [
                 TagWorker(j, j.settings, name, tag, fn, mode, recovery=recovery)
                 if tag is not None
                 else StateWorker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery)
                 if states
-                else Worker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery)  # type: ignore[arg-type]
+                else Worker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery, version=version)
                 for _ in range(workers)
             ]
             loop = asyncio.get_running_loop()
@@ -311,17 +322,18 @@ def status(
 
     from . import management
     from .dead_letter_store import DeadLetterSql
+    from .versions import by_versioned_name, status_names
 
     served = _journal_databases(dsn, schema, data_dir, databases)
 
-    async def go(conn: Any, sql: Any) -> list[Any]:
-        names = [name] if name else await sql.projection_names(conn)
+    async def go(conn: Any, sql: Any) -> tuple[list[Any], dict[str, Any]]:
+        names, versions = await status_names(conn, sql, name)
         dead = DeadLetterSql(sql.schema)
-        return [await management.status(conn, sql, n, dead, served) for n in names]
+        return [await management.status(conn, sql, n, dead, served) for n in names], by_versioned_name(versions)
 
-    results = _with_conn(dsn, schema, data_dir, go, "projections status", databases)
+    results, versions = _with_conn(dsn, schema, data_dir, go, "projections status", databases)
     if as_json:
-        typer.echo(management.status_json(results))
+        typer.echo(management.status_json(results, versions))
         return
     console = Console()
     if not results:
@@ -346,6 +358,10 @@ def status(
         console.print(w)
         if st.dead_letters:
             console.print(f"{st.dead_letters} dead letters (projections dead-letters list {st.name})")
+        if v := versions.get(st.name):  # one line, not wrapped: scripts grep it
+            typer.echo(
+                f"{st.name}: version {v['version']} of {v['name']}, {v['state']}, tables in schema {v['tables_schema']}"
+            )
 
 
 def _pausing(paused: bool, summary: str) -> Callable[..., None]:
@@ -400,6 +416,48 @@ def clear(
     lo, hi = _range(slices)
     n = _with_conn(dsn, schema, data_dir, lambda c, s: management.clear(c, s, name, lo, hi), "clear", databases)
     typer.echo(f"cleared {n} offset rows of {name} slices {lo}-{hi}")
+
+
+@app.command()
+def switch(
+    name: Annotated[str, typer.Argument(help="The projection (as run with --version).")],
+    version: Annotated[int, typer.Argument(help="The version readers are to see.")],
+    wait: Annotated[
+        float, typer.Option("--wait", min=0, help="Seconds to wait for the version to catch up with the serving one.")
+    ] = 5.0,
+    dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,
+    databases: DatabasesOption = None,
+) -> None:  # fmt: skip
+    """Make version VERSION of NAME the one readers see (its views), atomically; the old one's workers stop."""
+    from .versions import switch as switch_to
+
+    done = _with_conn(dsn, schema, data_dir, lambda c, s: switch_to(c, _versions(s), name, version, wait), "switch",
+                      databases)  # fmt: skip
+    if done.done_before:
+        typer.echo(f"version {version} of {name} already serves")
+        return
+    before = f"version {done.previous}" if done.previous is not None else "no version"
+    typer.echo(f"version {version} of {name} serves ({before} before): views {', '.join(done.views)}")
+
+
+@app.command("drop-version")
+def drop_version(
+    name: Annotated[str, typer.Argument(help="The projection (as run with --version).")],
+    version: Annotated[int, typer.Argument(help="The version to drop (not the serving one).")],
+    dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,
+    databases: DatabasesOption = None,
+) -> None:  # fmt: skip
+    """Drop a version that does not serve: its schema and tables, offsets, leases and rows."""
+    from .versions import drop
+
+    v = _with_conn(dsn, schema, data_dir, lambda c, s: drop(c, _versions(s), name, version), "drop-version", databases)
+    typer.echo(f"dropped version {version} of {name} (schema {v.tables_schema}, offsets of {v.versioned_name})")
+
+
+def _versions(sql: Any) -> Any:
+    from .version_store import VersionSql
+
+    return VersionSql(sql.schema)
 
 
 @app.command()

@@ -121,8 +121,9 @@ async def status(
     return ProjectionStatus(name, ranges, workers, dead)
 
 
-def status_json(statuses: list[ProjectionStatus]) -> str:
-    """``projections status --json``: one object per projection, timestamps in ISO 8601."""
+def status_json(statuses: list[ProjectionStatus], versions: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """``projections status --json``: one object per projection, timestamps in ISO 8601;
+    ``versions``: by versioned name (``NAME@N``), what its ``version`` field says (else null)."""
 
     def default(value: Any) -> Any:
         if isinstance(value, datetime):
@@ -139,6 +140,7 @@ def status_json(statuses: list[ProjectionStatus]) -> str:
             ],
             "workers": st.workers,
             "dead_letters": st.dead_letters,
+            "version": (versions or {}).get(st.name),
         }
         for st in statuses
     ]  # fmt: skip

@@ -52,6 +52,9 @@ class Connections:
     pool: Any
     slots: TransactionSlots
     application_name: str
+    prelude: Callable[[Any], Awaitable[None]] | None = None
+    """Run in every transaction after the lease fence, before the body: a versioned
+    projection's ``SET LOCAL search_path`` to its version's schema (:mod:`.versions`)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,8 @@ class TransactionRunner:
             async with conn.transaction():
                 attempt.phase = "fence"
                 await self._fence(conn, fence)
+                if self.c.prelude is not None:
+                    await self.c.prelude(conn)
                 attempt.phase = "handler"
                 try:
                     await body(conn)

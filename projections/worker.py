@@ -43,6 +43,7 @@ from .recovery import HandlerRecovery
 from .runner import EventSource, RangeProcessor
 from .stats import Stats
 from .transactions import Connections
+from .version_run import ProjectionVersioning
 
 log = logging.getLogger("projections.worker")
 
@@ -74,11 +75,14 @@ class Worker:
         *,
         worker_id: str | None = None,
         recovery: str | HandlerRecovery | None = None,
+        version: int | None = None,
     ) -> None:
         self.journal = journal
         self.settings = settings
         self.ps = settings.projection
-        self.name = validate_name(name, "projection name")
+        self.version = ProjectionVersioning.of(settings.schema, name, version, mode)
+        """A versioned projection's version (``run NAME --version N``: :mod:`.versions`), or None."""
+        self.name = validate_name(name, "projection name") if self.version is None else self.version.versioned_name
         self.entity_type = validate_entity_type(entity_type, required=True)
         self.mode: Mode = validate_mode(mode)
         self.handler = check_handler(handler, mode)
@@ -86,7 +90,7 @@ class Worker:
         """What the processors do with an event the handler keeps failing on (:mod:`.recovery`)."""
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.sql = ProjectionSql(settings.schema)
-        self.stats = Stats(name)
+        self.stats = Stats(self.name)
         self.error: str | None = None
         self._stored_error: str | None = None
         """What of ``error`` the worker's row keeps (:attr:`HandlerFailed.stored`)."""
@@ -99,7 +103,7 @@ class Worker:
         """Its processors' transactions at once: the whole of its own pool (a handler's reads of
         the journal go to the journal's pool), or the shared pool's limit (:meth:`run`)."""
         self.leases = PostgresSliceLeases(
-            self._own_pool, settings.schema, name, self.worker_id, self.ps.lease_ttl, self.slice_count
+            self._own_pool, settings.schema, self.name, self.worker_id, self.ps.lease_ttl, self.slice_count
         )
         self.state = "running"
         self.outage = Outage(log, self.worker_id, quiet=self.ps.handler_max_backoff + self.ps.lease_renew_interval)
@@ -186,6 +190,8 @@ class Worker:
         while not self._stop.is_set():
             try:
                 await self.leases.join()
+                if self.version is not None:
+                    await self.version.register(self._pool, self.entity_type)
                 self.outage.answered()
                 return
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
@@ -200,6 +206,9 @@ class Worker:
         assert pool is not None
         self._reap()
         if self.error is not None:
+            return
+        if self.version is not None and not await self.version.current(pool):
+            self.stop()  # retired by a switch (or dropped): the serving version is another
             return
         held = dict(
             await self.leases.rebalance(self._stop_processors, events=self.stats.events, error=self.outage.note())
@@ -256,7 +265,8 @@ class Worker:
         """What the processors run their transactions on: the pool :meth:`run` chose (the
         journal's, lent through the seam, or the worker's own), its slots and its name."""
         assert self._pool is not None
-        return Connections(self._pool, self._transactions, self.application_name)
+        prelude = None if self.version is None else self.version.use_schema
+        return Connections(self._pool, self._transactions, self.application_name, prelude)
 
     def _query_mode(self) -> QueryMode:
         """The mode of the slice queries the processors read: the journal's default, which the

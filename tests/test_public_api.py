@@ -39,13 +39,13 @@ JOURNAL_API = {
     "IncompatibleVersion", "LocalWritesRefused", "SliceRangeMoved",
     "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten", "UnknownVersion",
     "KafkaSetupError", "KafkaStartError", "KafkaPublishError", "UnknownProjection", "NotProjected",
-    "DestinationUnavailable",
+    "DestinationUnavailable", "VersionNotReady",
 }  # fmt: skip
 
 PROJECTIONS_API = {
     "Worker", "TagWorker", "StateWorker", "MODES", "Mode", "load_handler", "Stats", "ProjectionStatus", "RangeStatus",
     "ProjectionError", "LeaseLost", "HandlerFailed", "ProjectionBusy", "HandlerRecovery", "DeadLetter",
-    "WriteWaits", "wait_processed",
+    "WriteWaits", "wait_processed", "ProjectionVersion", "switch_version", "drop_version", "list_versions",
 }  # fmt: skip
 
 

@@ -204,6 +204,23 @@ projection_management = Table(
 """Pause flag per projection and slice-range key (reference columns; ``last_updated`` in epoch
 milliseconds, as Akka Projection's DDL, since migration 0012)."""
 
+projection_version = Table(
+    "projection_version",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("entity_type", String(255), nullable=False),
+    Column("tables_schema", String(63), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("created_at", TIMESTAMP(timezone=True), nullable=False),
+    Column("switched_at", TIMESTAMP(timezone=True)),
+    PrimaryKeyConstraint("projection_name", "version", name="projection_version_pkey"),
+)
+"""Versions of a projection's read model (migration 0013): version N keeps its offsets and leases
+under ``NAME@N`` and its tables in the schema ``tables_schema``; ``state`` is ``building``,
+``serving`` (the one the readers' views show; at most one per name) or ``retired`` (replaced by a
+switch: its workers stop). See projections.versions."""
+
 projection_slice_lease = Table(
     "projection_slice_lease",
     metadata,
