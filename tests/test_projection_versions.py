@@ -320,6 +320,8 @@ async def test_bad_input_is_one_line_exit_2_and_changes_nothing(
             "error: a versioned projection writes its tables in the handler's transaction: --mode exactly-once or "
             "grouped, not at-least-once"
         ),
+        ("run", c.name, "--entity-type", c.et, "--handler", V1, "--states", "--version", "2"): "error: --version "
+        "runs a handler over an entity type's events (not --tag, --to-kafka, --states)",
     }
     for args, said in cases.items():
         rc, _, err = await cli(dsn, *args)
