@@ -4,6 +4,7 @@ slices into one contiguous range per member (no interleaved single-slice ranges)
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import asyncpg
 
@@ -16,6 +17,11 @@ async def _nothing(_slices: set[int]) -> None:
     return None
 
 
+async def _start(member: PostgresSliceLeases) -> Mapping[int, int]:
+    await member.join()
+    return await member.rebalance(_nothing)
+
+
 async def test_members_starting_at_once_each_hold_one_contiguous_range_after_the_first_round(
     journal: Journal, dsn: str
 ) -> None:
@@ -24,8 +30,7 @@ async def test_members_starting_at_once_each_hold_one_contiguous_range_after_the
         for trial in range(25):
             name = f"start-at-once-{trial}"
             a, b = (PostgresSliceLeases(lambda: pool, "public", name, owner, ttl=30) for owner in ("m-a", "m-b"))
-            await a.join()
-            held_a, held_b = await asyncio.gather(a.rebalance(_nothing), b.rebalance(_nothing))
+            held_a, held_b = await asyncio.gather(_start(a), _start(b))
             ranges = {"m-a": runs(set(held_a)), "m-b": runs(set(held_b))}
             assert set(held_a).isdisjoint(held_b), (trial, ranges)
             assert len(ranges["m-a"]) <= 1 and len(ranges["m-b"]) <= 1, (trial, ranges)

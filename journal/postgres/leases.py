@@ -181,7 +181,12 @@ class PostgresSliceLeases:
         self._forgot_dead_at = 0.0
 
     async def join(self) -> None:
+        """Count as a live member at once (members that start together see each other in their
+        first round), and create the job's lease rows if they are missing."""
         async with self._pool().acquire() as conn:
+            await self.sql.heartbeat_worker(
+                conn, self.name, self.owner, socket.gethostname(), os.getpid(), self.ttl, "running", 0, None
+            )
             await self.sql.ensure_leases(conn, self.name, self.slice_count)
 
     async def rebalance(
