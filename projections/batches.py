@@ -46,22 +46,33 @@ def _consume(task: asyncio.Task[None]) -> None:
 
 Pages = Callable[[], AsyncIterator[Sequence[EventEnvelope]]]
 """Opens a processor's query, a page of envelopes at a time (a heartbeat alone on its page)."""
+Reader = Callable[[ReadAhead[Any]], Awaitable[None]]
+"""Fills a read-ahead with the pages of a query (:func:`pages`, :func:`one_a_page`)."""
 
 
-def one_a_page(source: Callable[[], AsyncIterator[EventEnvelope]]) -> Pages:
-    """A query of single envelopes as :data:`Pages` of one envelope each (a source of the caller's)."""
+def pages(source: Pages) -> Reader:
+    """A query read a page at a time (``Journal.event_pages_by_slices``)."""
 
-    async def pages() -> AsyncIterator[Sequence[EventEnvelope]]:
-        async for env in source():
-            yield (env,)
-
-    return pages
-
-
-async def _read(source: Pages, queue: ReadAhead[Any]) -> None:
-    try:
+    async def fill(queue: ReadAhead[Any]) -> None:
         async for page in source():
             await queue.put(page, len(page))
+
+    return fill
+
+
+def one_a_page(source: Callable[[], AsyncIterator[EventEnvelope]]) -> Reader:
+    """A query of single envelopes (a tag's, a source of the caller's): a page of one each."""
+
+    async def fill(queue: ReadAhead[Any]) -> None:
+        async for env in source():
+            await queue.put((env,), 1)
+
+    return fill
+
+
+async def _read(fill: Reader, queue: ReadAhead[Any]) -> None:
+    try:
+        await fill(queue)
     except asyncio.CancelledError:
         raise
     except BaseException as e:
@@ -133,13 +144,14 @@ class Batches:
 
 
 async def process(
-    source: Pages,
+    source: Reader,
     batches: Batches,
     admit: Callable[[Batch], Awaitable[None]],
     delivery: Delivery,
 ) -> None:
-    """Read the query ``source`` opens, admit each batch (it hands what it accepts to ``delivery``) until asked to
-    stop; then the delivery stores what is left. An empty batch is the delivery's idle turn."""
+    """Read the query ``source`` fills the read-ahead with, admit each batch (it hands what it
+    accepts to ``delivery``) until asked to stop; then the delivery stores what is left. An
+    empty batch is the delivery's idle turn."""
     reader = asyncio.create_task(_read(source, batches.queue))
     try:
         while not batches.stopping.is_set():

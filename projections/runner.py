@@ -26,7 +26,7 @@ from journal.offsets import TimestampOffset
 from journal.settings import QueryMode
 
 from . import range_context
-from .batches import Batch, Batches, Pages, one_a_page, process
+from .batches import Batch, Batches, Reader, one_a_page, pages, process
 from .offset_rows import SliceOffsetRows
 from .parts import ProjectionParts
 from .validation import Validator, Verdict
@@ -112,11 +112,11 @@ class RangeProcessor:
 
         await process(self._query(offset), batches, self._process, self.delivery)
 
-    def _query(self, offset: TimestampOffset | None) -> Pages:
+    def _query(self, offset: TimestampOffset | None) -> Reader:
         """The range's live query from ``offset``, with heartbeats, a page at a time."""
-        et, lo, hi, pages = self.entity_type, self.lo, self.hi, self.pages
-        if pages is not None:
-            return lambda: pages(et, lo, hi, offset, heartbeats=True)
+        et, lo, hi, paged = self.entity_type, self.lo, self.hi, self.pages
+        if paged is not None:
+            return pages(lambda: paged(et, lo, hi, offset, heartbeats=True))
         return one_a_page(lambda: self.journal.events_by_slices(et, lo, hi, offset, heartbeats=True))
 
     async def _process(self, batch: Batch) -> None:
