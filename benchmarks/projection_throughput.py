@@ -34,7 +34,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -134,13 +133,6 @@ class Bench:
     async def _projection(self, j: Journal, handler: Any, mode: str, handled: list[int] | None = None) -> Side:
         name = f"bench-{uuid.uuid4().hex[:8]}"
         ws = [Worker(j, j.settings, name, self.et, handler, mode) for _ in range(self.workers)]
-        for w in ws:
-            # members before the first lease round (untimed), as workers of separate processes
-            # would be: two workers starting at the same instant each see itself alone and take
-            # leases at once, a split that only the next rounds (seconds later) put right
-            await w.leases.sql.heartbeat_worker(
-                self.conn, name, w.worker_id, "bench", os.getpid(), timedelta(seconds=30), "running", 0, None
-            )
         tasks: list[asyncio.Task[None]] = []
 
         def done() -> int:

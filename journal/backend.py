@@ -553,7 +553,7 @@ class SliceLeases(Protocol):
         ...
 
     async def join(self) -> None:
-        """Create the job's lease rows if they are missing."""
+        """Count as a live member (until the ttl) and create the job's lease rows if they are missing."""
         ...
 
     async def rebalance(

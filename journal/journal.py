@@ -457,6 +457,25 @@ class Journal:
         start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self.settings.query.mode)
         return self._slice_queries("events_by_slices").live(entity_type, min_slice, max_slice, start, m, heartbeats)
 
+    def event_pages_by_slices(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+        heartbeats: bool = False,
+    ) -> AsyncIterator[list[EventEnvelope]]:
+        """:meth:`events_by_slices` a page at a time (what it is built on): each item is a
+        non-empty list of envelopes in delivery order, the caller's to keep; a heartbeat comes
+        alone in its list. For a consumer that handles envelopes in batches (the projection
+        runner): no hand-over per envelope. Raises like :meth:`current_events_by_slices`."""
+        start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self.settings.query.mode)
+        return self._slice_queries("events_by_slices").live_pages(
+            entity_type, min_slice, max_slice, start, m, heartbeats
+        )
+
     async def horizon(self, entity_type: str | None = None) -> datetime:
         """A database timestamp below which no uncommitted event can still land (any entity
         type: ``entity_type`` is accepted for symmetry and validated). Every event with a

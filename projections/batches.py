@@ -1,5 +1,5 @@
 """What every processor does around its batches: a reader task fills a bounded read-ahead queue
-from the processor's query, batches are taken from it (up to the delivery's size, or what came
+with the pages of the processor's query, batches are cut from them (up to the delivery's size, or what came
 within ``group_max_wait``), and each is admitted (validated, deduplicated) and delivered until
 the processor is asked to stop; then the delivery stores what is left (:func:`process`).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from journal.envelope import EventEnvelope
@@ -44,10 +44,35 @@ def _consume(task: asyncio.Task[None]) -> None:
         log.debug("reader ended with %r", task.exception())
 
 
-async def _read(source: Callable[[], AsyncIterator[EventEnvelope]], queue: ReadAhead[Any]) -> None:
-    try:
+Pages = Callable[[], AsyncIterator[Sequence[EventEnvelope]]]
+"""Opens a processor's query, a page of envelopes at a time (a heartbeat alone on its page)."""
+Reader = Callable[[ReadAhead[Any]], Awaitable[None]]
+"""Fills a read-ahead with the pages of a query (:func:`pages`, :func:`one_a_page`)."""
+
+
+def pages(source: Pages) -> Reader:
+    """A query read a page at a time (``Journal.event_pages_by_slices``)."""
+
+    async def fill(queue: ReadAhead[Any]) -> None:
+        async for page in source():
+            await queue.put(page, len(page))
+
+    return fill
+
+
+def one_a_page(source: Callable[[], AsyncIterator[EventEnvelope]]) -> Reader:
+    """A query of single envelopes (a tag's, a source of the caller's): a page of one each."""
+
+    async def fill(queue: ReadAhead[Any]) -> None:
         async for env in source():
-            await queue.put(env)
+            await queue.put((env,), 1)
+
+    return fill
+
+
+async def _read(fill: Reader, queue: ReadAhead[Any]) -> None:
+    try:
+        await fill(queue)
     except asyncio.CancelledError:
         raise
     except BaseException as e:
@@ -57,43 +82,37 @@ async def _read(source: Callable[[], AsyncIterator[EventEnvelope]], queue: ReadA
 
 
 class Batches:
-    """The batches of one query, read ahead by a task of their own."""
+    """The batches of one query, read ahead a page at a time by a task of their own; a batch is
+    cut from the pages (what is left of a page starts the next batch)."""
 
     def __init__(self, queue_size: int, size: int, max_wait: float, stopping: asyncio.Event) -> None:
         self.queue: ReadAhead[Any] = ReadAhead(queue_size)
+        """Pages, weighed by their envelopes: ``queue_size`` envelopes read ahead (at least a page)."""
         self.size = size
         self.max_wait = max_wait
         self.stopping = stopping
         """Set by the end of a finite source too."""
+        self._page: Sequence[EventEnvelope] = ()
+        self._at = 0
+        """Where the rest of the current page starts."""
 
     async def next(self) -> Batch:
         """Up to ``size`` envelopes: what is read ahead, or what comes within ``max_wait`` of the
         first; a heartbeat ends a batch; empty when nothing came for a moment."""
-        queue, size, stopping = self.queue, self.size, self.stopping
+        size, stopping = self.size, self.stopping
         batch: Batch = []
         deadline: float | None = None
         while len(batch) < size:
-            if queue.empty():  # only then is the clock read: items already read ahead are free
-                if batch:
-                    assert deadline is not None
-                    timeout = deadline - time.monotonic()
-                    if timeout <= 0:
-                        break
-                else:
-                    timeout = 0.2
-                try:
-                    item = await within(queue.get(), timeout)
-                except TimeoutError:
+            page, at = self._page, self._at
+            if at >= len(page):
+                item = await self._next_page(deadline if batch else None)
+                if item is None:
                     break
-            else:
-                item = queue.get_nowait()
-            if item is _END:
-                stopping.set()
-                break
-            if isinstance(item, BaseException):
-                raise item
-            batch.append(item)
-            if item.source == "heartbeat":
+                page, at = self._page, self._at = item, 0
+            end = min(len(page), at + size - len(batch))
+            batch += page[at:end]
+            self._at = end
+            if page[end - 1].source == "heartbeat":  # alone on its page
                 break
             if deadline is None:
                 deadline = time.monotonic() + self.max_wait
@@ -101,15 +120,38 @@ class Batches:
                 break
         return batch
 
+    async def _next_page(self, deadline: float | None) -> Sequence[EventEnvelope] | None:
+        """The next page read ahead, or the one that comes by ``deadline`` (a moment when the
+        batch is empty); None when none came or the source ended."""
+        queue = self.queue
+        if queue.empty():  # only then is the clock read: pages already read ahead are free
+            timeout = 0.2 if deadline is None else deadline - time.monotonic()
+            if timeout <= 0:
+                return None
+            try:
+                item = await within(queue.get(), timeout)
+            except TimeoutError:
+                return None
+        else:
+            item = queue.get_nowait()
+        if item is _END:
+            self.stopping.set()
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        page: Sequence[EventEnvelope] = item
+        return page
+
 
 async def process(
-    source: Callable[[], AsyncIterator[EventEnvelope]],
+    source: Reader,
     batches: Batches,
     admit: Callable[[Batch], Awaitable[None]],
     delivery: Delivery,
 ) -> None:
-    """Read the query ``source`` opens, admit each batch (it hands what it accepts to ``delivery``) until asked to
-    stop; then the delivery stores what is left. An empty batch is the delivery's idle turn."""
+    """Read the query ``source`` fills the read-ahead with, admit each batch (it hands what it
+    accepts to ``delivery``) until asked to stop; then the delivery stores what is left. An
+    empty batch is the delivery's idle turn."""
     reader = asyncio.create_task(_read(source, batches.queue))
     try:
         while not batches.stopping.is_set():

@@ -24,11 +24,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime
+from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from journal import tracing
 from journal.envelope import EventEnvelope
-from journal.errors import HandlerFailed, LeaseLost
+from journal.errors import EventsMissing, HandlerFailed, LeaseLost
 from journal.settings import ProjectionSettings
 
 from .handlers import Mode
@@ -41,6 +42,7 @@ from .transactions import TransactionRunner, Unit
 log = logging.getLogger("projections.runner.delivery")
 """A child of the runner's logger: the runner's log level is its own too."""
 R = TypeVar("R")
+_db_timestamp = attrgetter("db_timestamp")
 Body = Callable[[Any], Awaitable[None]]
 
 
@@ -120,25 +122,40 @@ class AtLeastOnce(Generic[R]):
         self._last_flush = time.monotonic()
 
     async def deliver(self, accepted: Sequence[EventEnvelope], heartbeats: dict[int, datetime]) -> None:
-        h = self.h
+        handler = self.h.handler
         for env in accepted:
-
-            async def once(_conn: Any, env: EventEnvelope = env) -> None:
-                await h.handler(env)
-
-            failures = Failures()
-            try:
-                await h.tx.run(
-                    once if not tracing.ON else traced(once, [env], h.tx.unit), tries=h.tries, transactional=False,
-                    failures=failures,
-                )  # fmt: skip
-            except HandlerFailed:
-                if h.isolation is None:
-                    raise
-                await h.isolation.park(env, failures, h.offsets.empty())  # its offset goes with the next flush
+            if tracing.ON:
+                await self._retried(env, None)
+                continue
+            try:  # the success path: the handler alone, no closure or retry state per envelope
+                await handler(env)
+            except (LeaseLost, EventsMissing):
+                raise
+            except Exception as e:  # counts as the first try
+                await self._retried(env, e)
         self._unflushed += len(accepted)
         self._heartbeats.update(heartbeats)
         await self._flush(force=False)
+
+    async def _retried(self, env: EventEnvelope, first: Exception | None) -> None:
+        """``env`` through the transaction runner's tries (after the ``first`` try's error, when
+        the handler already ran once); a poisoned one parked when the recovery strategy isolates."""
+        h = self.h
+
+        async def once(_conn: Any) -> None:
+            await h.handler(env)
+
+        failures = Failures()
+        body = once if not tracing.ON else traced(once, [env], h.tx.unit)
+        try:
+            if first is None:
+                await h.tx.run(body, tries=h.tries, transactional=False, failures=failures)
+            else:
+                await h.tx.after_failure(first, body, tries=h.tries, failures=failures)
+        except HandlerFailed:
+            if h.isolation is None:
+                raise
+            await h.isolation.park(env, failures, h.offsets.empty())  # its offset goes with the next flush
 
     async def stop(self) -> None:
         if self.h.offsets.has_pending:
@@ -196,7 +213,7 @@ class _Transactional(ABC, Generic[R]):
             o.rolled_back()
             raise
         o.committed(heartbeats)
-        newest = max((e.db_timestamp for e in accepted), default=None)
+        newest = max(map(_db_timestamp, accepted), default=None)
         h.stats.committed(len(accepted) - parked, newest, time.monotonic() - started, key=h.tx.unit.key)
 
     async def stop(self) -> None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any, Protocol
 
 from journal.envelope import EventEnvelope
@@ -25,12 +26,21 @@ from journal.offsets import TimestampOffset
 from journal.settings import QueryMode
 
 from . import range_context
-from .batches import Batch, Batches, process
+from .batches import Batch, Batches, Reader, one_a_page, pages, process
 from .offset_rows import SliceOffsetRows
 from .parts import ProjectionParts
 from .validation import Validator, Verdict
 
 log = logging.getLogger("projections.runner")
+_db_timestamp = attrgetter("db_timestamp")
+
+
+class PageQuery(Protocol):
+    """A source's slice query a page at a time (``Journal.event_pages_by_slices``)."""
+
+    def __call__(
+        self, entity_type: str, min_slice: int, max_slice: int, offset: Any = None, *, heartbeats: bool = False
+    ) -> AsyncIterator[Sequence[EventEnvelope]]: ...
 
 
 class EventSource(Protocol):
@@ -52,9 +62,12 @@ class RangeProcessor:
 
     def __init__(
         self, parts: ProjectionParts, *, entity_type: str, lo: int, hi: int, epochs: dict[int, int],
-        query_mode: QueryMode = "horizon",
+        query_mode: QueryMode = "horizon", pages: PageQuery | None = None,
     ) -> None:  # fmt: skip
+        """``pages``: the journal's query a page at a time (without: ``events_by_slices``, one
+        envelope a page)."""
         self.journal: EventSource = parts.journal
+        self.pages = pages
         self.sql = parts.sql
         self.s = parts.settings
         self.name = parts.name
@@ -97,31 +110,36 @@ class RangeProcessor:
         log.info("%s %s: starting at %s", self.name, self.key, start or "the beginning")
         batches = Batches(self.s.queue_size, self.delivery.batch_size, self.s.group_max_wait, self._stopping)
 
-        await process(lambda: self._query(offset), batches, self._process, self.delivery)
+        await process(self._query(offset), batches, self._process, self.delivery)
 
     def _validator(self, window: timedelta) -> Validator:
         """How envelopes are admitted against the stored offsets (a state range's: by revision)."""
         return Validator(window)
 
-    def _query(self, offset: TimestampOffset | None) -> AsyncIterator[EventEnvelope]:
-        """The live query of the range from ``offset``, with heartbeats (a state range's: its changes)."""
-        return self.journal.events_by_slices(self.entity_type, self.lo, self.hi, offset, heartbeats=True)
+    def _query(self, offset: TimestampOffset | None) -> Reader:
+        """The range's live query from ``offset``, with heartbeats, a page at a time."""
+        et, lo, hi, paged = self.entity_type, self.lo, self.hi, self.pages
+        if paged is not None:
+            return pages(lambda: paged(et, lo, hi, offset, heartbeats=True))
+        return one_a_page(lambda: self.journal.events_by_slices(et, lo, hi, offset, heartbeats=True))
 
     async def _process(self, batch: Batch) -> None:
         """Validate a batch and hand what it accepts on, with the heartbeats of idle slices."""
         accepted: list[EventEnvelope] = []
         heartbeat: datetime | None = None
         v, per_pid = self.validator, self.query_mode == "backtracking"
-        for env in batch:
+        i, n = 0, len(batch)
+        while True:
+            i = v.accept_next(batch, i, accepted, per_pid=per_pid)  # the common case, in one loop
+            if i >= n:
+                break
+            env = batch[i]
+            i += 1
             if env.source == "heartbeat":
                 assert isinstance(env.offset, TimestampOffset)
                 heartbeat = env.offset.timestamp
-                continue
-            if v.check(env, per_pid=per_pid).verdict is Verdict.ACCEPT:  # the common case, inline
-                accepted.append(self._loaded(env))
-                v.record(env)
-                continue
-            await self._validate_into(env, accepted)
+            else:
+                await self._validate_into(env, accepted)
         # Idle slices of the range may advance their stored offset (keeps restarts and rebalances
         # short) to a point below which every event of the range is delivered. The query's own
         # heartbeat says so in both modes. A delivered event's timestamp says so only in horizon
@@ -130,8 +148,8 @@ class RangeProcessor:
         # owner resume past it (lost).
         upto = heartbeat
         horizon = self.query_mode == "horizon"
-        if upto is None and horizon:
-            upto = max((e.db_timestamp for e in batch if e.source != "heartbeat"), default=None)
+        if upto is None and horizon:  # no heartbeat in the batch (one would be its last)
+            upto = max(map(_db_timestamp, batch))
         hb_slices = self.offsets.heartbeats(upto, self._heartbeat_every) if upto is not None else {}
         if heartbeat is not None and not accepted:
             self.stats.caught_up(self.key, heartbeat)
@@ -139,17 +157,21 @@ class RangeProcessor:
         if upto is not None and horizon:
             self.offsets.delivered_upto = upto
 
+    async def _stored(self, env: EventEnvelope) -> tuple[int, datetime] | None:
+        """The stored offset (seq_nr, timestamp) of ``env``'s pid, when memory does not have it."""
+
+        async def load() -> tuple[int, datetime] | None:
+            async with self.tx.pool.acquire() as conn:
+                return await self.sql.load_pid(conn, self.name, env.slice, env.persistence_id)
+
+        return await self.tx.read("loading a pid's offset", load)
+
     async def _validate_into(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
         v = self.validator
         per_pid = self.query_mode == "backtracking"
         check = v.check(env, per_pid=per_pid)
         if check.verdict is Verdict.UNKNOWN:
-
-            async def load() -> tuple[int, datetime] | None:
-                async with self.tx.pool.acquire() as conn:
-                    return await self.sql.load_pid(conn, self.name, env.slice, env.persistence_id)
-
-            stored = await self.tx.read("loading a pid's offset", load)
+            stored = await self._stored(env)
             if stored is not None:
                 v.learn(env.slice, env.persistence_id, *stored)
                 check = v.check(env, per_pid=per_pid)
@@ -164,11 +186,8 @@ class RangeProcessor:
             return
         if check.verdict is Verdict.GAP:
             await self._replay(env.persistence_id, check.gap_from, env.seq_nr - 1, accepted)
-        accepted.append(self._loaded(env))
+        accepted.append(env)
         v.record(env)
-
-    def _loaded(self, env: EventEnvelope) -> EventEnvelope:
-        return env  # envelopes of the slice query carry their payload in horizon mode
 
     async def _replay(self, pid: str, first: int, last: int, accepted: list[EventEnvelope]) -> None:
         """Fill a gap by persistence id; fail loudly if the journal lacks the events."""

@@ -17,8 +17,8 @@ change as an :class:`~journal.UpdatedState` or :class:`~journal.DeletedState`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from journal import Journal
@@ -27,6 +27,7 @@ from journal.envelope import EventEnvelope
 from journal.offsets import TimestampOffset
 from journal.settings import JournalSettings
 
+from .batches import Reader, one_a_page
 from .handlers import Mode, check_handler, validate_mode
 from .parts import ProjectionParts
 from .recovery import HandlerRecovery
@@ -69,19 +70,15 @@ class StateProcessor(RangeProcessor):
     def _validator(self, window: timedelta) -> Validator:
         return StateValidator(window)
 
-    def _query(self, offset: TimestampOffset | None) -> AsyncIterator[EventEnvelope]:
-        return self.states.change_envelopes(self.entity_type, self.lo, self.hi, offset, self.query_mode)
+    def _query(self, offset: TimestampOffset | None) -> Reader:
+        et, lo, hi, mode = self.entity_type, self.lo, self.hi, self.query_mode
+        return one_a_page(lambda: self.states.change_envelopes(et, lo, hi, offset, mode))
 
     async def _validate_into(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
         """A change the validator could not place (backtracking mode, older than the window):
         the pid's stored revision decides; none stored: new."""
         v = self.validator
-
-        async def load() -> tuple[int, datetime] | None:
-            async with self.tx.pool.acquire() as conn:
-                return await self.sql.load_pid(conn, self.name, env.slice, env.persistence_id)
-
-        stored = await self.tx.read("loading a pid's offset", load)
+        stored = await self._stored(env)
         if stored is not None:
             v.learn(env.slice, env.persistence_id, *stored)
             if v.check(env, per_pid=True).verdict is Verdict.DUPLICATE:

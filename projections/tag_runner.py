@@ -29,7 +29,7 @@ from journal.envelope import EventEnvelope
 from journal.offsets import Offset, TimeUUIDOffset
 from journal.settings import JournalSettings
 
-from .batches import Batch, Batches, process
+from .batches import Batch, Batches, one_a_page, process
 from .offset_rows import TagOffsetRows
 from .parts import ProjectionParts
 from .recovery import HandlerRecovery
@@ -82,7 +82,7 @@ class TagProcessor:
         def query() -> AsyncIterator[EventEnvelope]:
             return self.journal.events_by_tag(self.tag, after)
 
-        await process(query, batches, self._process, self.delivery)
+        await process(one_a_page(query), batches, self._process, self.delivery)
 
     async def _process(self, batch: Batch) -> None:
         """Drop what was delivered before; hand the rest on."""

@@ -124,20 +124,34 @@ class TransactionRunner:
         """Run ``body`` until it commits (``transactional``; else the body alone, every error
         its own): each handler error noted in ``failures``, HandlerFailed after ``tries``."""
         if not transactional:
-            # at-least-once calls this once per envelope: the first try runs the body alone,
-            # without the loop's objects (most tries succeed); a failure counts as that try's
+            # the first try runs the body alone, without the loop's objects (most tries succeed)
             try:
                 await body(None)
                 return
             except (LeaseLost, EventsMissing):
                 raise
             except Exception as e:
-                state = _Backoffs(self.s.handler_backoff)
-                first = _Attempt()
-                first.phase, first.handler_exc = "handler", e
-                await self._failed(e, first, state, tries, failures)
-        else:
-            state = _Backoffs(self.s.handler_backoff)
+                await self.after_failure(e, body, tries=tries, failures=failures)
+                return
+        state = _Backoffs(self.s.handler_backoff)
+        await self._until_done(body, state, tries, transactional, fence, committed, failures)
+
+    async def after_failure(
+        self, e: Exception, body: Callable[[Any], Awaitable[Any]], *, tries: int, failures: Failures | None
+    ) -> None:
+        """What :meth:`run` without a transaction does after its first try raised ``e`` (which
+        counts as that try's): for a caller that made the first try itself (at-least-once calls
+        the handler straight, with no closure, per envelope)."""
+        state = _Backoffs(self.s.handler_backoff)
+        first = _Attempt()
+        first.phase, first.handler_exc = "handler", e
+        await self._failed(e, first, state, tries, failures)
+        await self._until_done(body, state, tries, False, None, None, failures)
+
+    async def _until_done(
+        self, body: Callable[[Any], Awaitable[Any]], state: _Backoffs, tries: int, transactional: bool,
+        fence: dict[int, int] | None, committed: Callable[[Any], Awaitable[bool]] | None, failures: Failures | None,
+    ) -> None:  # fmt: skip
         while True:
             attempt = _Attempt()
             try:

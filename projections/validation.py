@@ -9,6 +9,7 @@ overlay that the runner commits after the offset transaction commits, or rolls b
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -135,6 +136,33 @@ class Validator:
         if seq_nr == 1:
             return _ACCEPT
         return _UNKNOWN
+
+    def accept_next(
+        self, envs: Sequence[EventEnvelope], start: int, accepted: list[EventEnvelope], *, per_pid: bool = False
+    ) -> int:
+        """The common case of a batch in one loop: from ``envs[start]`` on, each envelope that
+        :meth:`check` accepts is recorded and appended to ``accepted``; returns the index of the
+        first that is not accepted (a heartbeat, a duplicate, a gap, an unknown pid: the caller
+        checks it and goes on after it), or ``len(envs)``."""
+        pending, slices = self._pending, self.slices
+        for i in range(start, len(envs)):
+            env = envs[i]
+            if env.source == "heartbeat":
+                return i
+            pid, seq_nr = env.persistence_id, env.seq_nr
+            known = pending.get(pid)
+            if known is None:
+                st = slices.get(env.slice)
+                stored = st.pids.get(pid) if st is not None else None
+                if stored is None and self.check(env, per_pid=per_pid) is not _ACCEPT:
+                    return i
+                if stored is not None and seq_nr != stored[0] + 1:
+                    return i
+            elif seq_nr != known[1] + 1:
+                return i
+            pending[pid] = (env.slice, seq_nr, env.db_timestamp)
+            accepted.append(env)
+        return len(envs)
 
     def window_start(self, slice_: int) -> datetime | None:
         """The time window's start behind the slice's latest offset (None: nothing stored yet).

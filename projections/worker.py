@@ -252,6 +252,7 @@ class Worker:
         return RangeProcessor(
             self._parts(), entity_type=self.entity_type, lo=lo, hi=hi,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, query_mode=self._query_mode(),
+            pages=self.journal.event_pages_by_slices if isinstance(self.journal, Journal) else None,
         )  # fmt: skip
 
     def _parts(self) -> ProjectionParts:

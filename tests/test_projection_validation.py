@@ -128,3 +128,47 @@ def test_rollback_leaves_committed_state_unchanged(outcomes: list[bool]) -> None
         else:
             v.rollback()
         assert (v.known_seq_nr(7, "a") or 0) == committed
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stored=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 6)), max_size=4),
+    batch=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 8), st.booleans()), min_size=1, max_size=30),
+    latest=st.integers(0, 10),
+    per_pid=st.booleans(),
+)
+def test_accept_next_agrees_with_check_and_record_one_by_one(
+    stored: list[tuple[int, int]], batch: list[tuple[int, int, bool]], latest: int, per_pid: bool
+) -> None:
+    """A batch validated in one call accepts and records exactly what ``check`` then ``record``
+    per envelope would, and stops at the first envelope it does not accept (heartbeats too)."""
+    t = [env(f"p{i}", seq, slice_=i % 2) for i, seq, _ in batch]
+    envs = [
+        e if not hb else EventEnvelope("", "T", 0, 0, e.db_timestamp, None, e.offset, source="heartbeat")
+        for e, (_, _, hb) in zip(t, batch, strict=True)
+    ]
+    rows = {s: [(f"p{i}", seq, T0 + timedelta(seconds=seq)) for i, seq in stored if i % 2 == s] for s in (0, 1)}
+
+    def fresh() -> Validator:
+        v = Validator(timedelta(seconds=3))
+        for s in (0, 1):
+            v.load_slice(s, T0 + timedelta(seconds=latest), rows[s])
+        return v
+
+    one, each = fresh(), fresh()
+    accepted: list[EventEnvelope] = []
+    expected: list[EventEnvelope] = []
+    i = 0
+    while i < len(envs):
+        stop = one.accept_next(envs, i, accepted, per_pid=per_pid)
+        expected_stop = i
+        for e in envs[i:]:
+            if e.source == "heartbeat" or each.check(e, per_pid=per_pid).verdict is not Verdict.ACCEPT:
+                break
+            each.record(e)
+            expected.append(e)
+            expected_stop += 1
+        assert stop == expected_stop
+        assert one.pending == each.pending
+        i = stop + 1  # the caller's full check of envs[stop] (here: skipped)
+    assert accepted == expected

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -79,6 +80,12 @@ WHERE l.projection_name = $1 AND l.slice = x.slice RETURNING l.slice, l.epoch"""
             ttl,
         )
         return {r["slice"]: r["epoch"] for r in rows}
+
+    async def lock_job(self, conn: Any, name: str) -> None:
+        """Inside a transaction: wait for the job's other members' acquisitions to commit (an
+        advisory lock on the job's name, released at the end of the transaction)."""
+        key = zlib.crc32(f"slice_journal.leases.{self.schema}".encode()) - 2**31
+        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", key, name)
 
     async def release_leases(self, conn: Any, name: str, owner: str, slices: list[int] | None) -> None:
         await conn.execute(
@@ -174,7 +181,12 @@ class PostgresSliceLeases:
         self._forgot_dead_at = 0.0
 
     async def join(self) -> None:
+        """Count as a live member at once (members that start together see each other in their
+        first round), and create the job's lease rows if they are missing."""
         async with self._pool().acquire() as conn:
+            await self.sql.heartbeat_worker(
+                conn, self.name, self.owner, socket.gethostname(), os.getpid(), self.ttl, "running", 0, None
+            )
             await self.sql.ensure_leases(conn, self.name, self.slice_count)
 
     async def rebalance(
@@ -209,10 +221,18 @@ class PostgresSliceLeases:
                 await self.sql.release_leases(conn, self.name, self.owner, sorted(give))
             for s in give:
                 held.pop(s, None)
-        want = sorted(desired - set(held))
-        if want:
-            async with pool.acquire() as conn:
-                held.update(await self.sql.acquire_leases(conn, self.name, self.owner, want, self.ttl))
+        if desired - set(held):
+            async with pool.acquire() as conn, conn.transaction():
+                # one member of the job acquires at a time, after reading the members again: two
+                # members that start at once (one of them saw itself alone above) would otherwise
+                # take interleaved slices of the same chunk, skipping each other's locked rows
+                await self.sql.lock_job(conn, self.name)
+                members = await self.sql.live_workers(conn, self.name)
+                mine = chunk(members.index(self.owner), len(members), self.slice_count) if self.owner in members else ()
+                desired &= set(mine)
+                want = sorted(desired - set(held))
+                if want:
+                    held.update(await self.sql.acquire_leases(conn, self.name, self.owner, want, self.ttl))
         self.held = held
         return held
 

@@ -114,7 +114,16 @@ class SliceQueries:
     async def _catch_up(
         self, state: SliceQueryState, bound: datetime | QueryMode, et: str, lo: int, hi: int
     ) -> AsyncIterator[EventEnvelope]:
-        """Read pages until everything below ``bound`` is delivered.
+        """:meth:`_catch_up_pages`, one envelope at a time."""
+        async for page in self._catch_up_pages(state, bound, et, lo, hi):
+            for env in page:
+                yield env
+
+    async def _catch_up_pages(
+        self, state: SliceQueryState, bound: datetime | QueryMode, et: str, lo: int, hi: int
+    ) -> AsyncIterator[list[EventEnvelope]]:
+        """Read pages until everything below ``bound`` is delivered; yield each page's envelopes
+        (a non-empty list, the consumer's to keep).
 
         The next page is fetched while the current one is handed out (the state knows where the
         next page starts once the current page's offsets are computed), so the database and the
@@ -155,8 +164,8 @@ class SliceQueries:
                 if nxt is not None:
                     pending = read(nxt)
                     req = nxt
-                for env in page_envelopes(rows, page, page.metadata):
-                    yield env
+                if rows:
+                    yield page_envelopes(rows, page, page.metadata)
         finally:
             if pending is not None:
                 pending.cancel()
@@ -177,6 +186,22 @@ class SliceQueries:
         mode: QueryMode,
         heartbeats: bool,
     ) -> AsyncIterator[EventEnvelope]:
+        """:meth:`live_pages`, one envelope at a time."""
+        async for page in self.live_pages(et, lo, hi, offset, mode, heartbeats):
+            for env in page:
+                yield env
+
+    async def live_pages(
+        self,
+        et: str,
+        lo: int,
+        hi: int,
+        offset: TimestampOffset | None,
+        mode: QueryMode,
+        heartbeats: bool,
+    ) -> AsyncIterator[list[EventEnvelope]]:
+        """The live query, a page at a time: each yield is a non-empty list of envelopes in
+        delivery order (the consumer's to keep); a heartbeat comes alone in its list."""
         loop = asyncio.get_running_loop()
         q = self.q
         sub = await self.hub.subscribe(et, lo, hi)
@@ -194,24 +219,18 @@ class SliceQueries:
                 try:
                     bound = await self.bound(mode, fresh_after=loop.time())
                     emitted = False
-                    async for env in self._catch_up(state, bound, et, lo, hi):
+                    async for page in self._catch_up_pages(state, bound, et, lo, hi):
                         if bt is not None and order is not None:
-                            bt.count_live()
-                            pid, seq_nr = env.persistence_id, env.seq_nr
-                            first = bt.first_undelivered(pid, seq_nr)
-                            if first is None:
+                            page = await self._not_yet_delivered(bt, order, page)
+                            if not page:
                                 continue
-                            if first != seq_nr:  # earlier events of this pid committed late
-                                for r in await self._earlier(order, pid, first, seq_nr, env.db_timestamp):
-                                    yield self.envelope(r, bt.offset_for(r), source="backtracking")
-                            bt.mark(pid, seq_nr, env.db_timestamp)
-                        yield env
-                        emitted = True  # the clock is read once per pass, not per envelope
+                        yield page
+                        emitted = True  # the clock is read once per pass, not per page
                     if emitted:
                         last_emit = loop.time()
                     if bt is not None and order is not None:
                         async for env in self._backtrack(bt, order, state, et, lo, hi):
-                            yield env
+                            yield [env]
                             last_emit = loop.time()
                     failures = 0
                 except JournalUnavailable as e:
@@ -227,16 +246,39 @@ class SliceQueries:
                     if hb is not None and hb != last_heartbeat and loop.time() - last_emit >= q.heartbeat_interval:
                         last_heartbeat = hb
                         last_emit = loop.time()
-                        yield self.heartbeat(et, lo, hb)
-                delay = poll_delay(state.last_count, q.buffer_size, q.refresh_interval) if state.caught_up else 0.0
-                if heartbeats:
-                    delay = min(delay, q.heartbeat_interval)
-                if bt is not None:
-                    delay = min(delay, bt.next_poll_delay(delay))
-                if delay > 0:
-                    await _wait(sub, delay)
+                        yield [self.heartbeat(et, lo, hb)]
+                await _wait(sub, self._next_poll(state, bt, heartbeats))
         finally:
             sub.close()
+
+    def _next_poll(self, state: SliceQueryState, bt: BacktrackingState | None, heartbeats: bool) -> float:
+        """Seconds until a live query's next pass when no notification wakes it (0: at once)."""
+        q = self.q
+        delay = poll_delay(state.last_count, q.buffer_size, q.refresh_interval) if state.caught_up else 0.0
+        if heartbeats:
+            delay = min(delay, q.heartbeat_interval)
+        if bt is not None:
+            delay = min(delay, bt.next_poll_delay(delay))
+        return delay
+
+    async def _not_yet_delivered(
+        self, bt: BacktrackingState, order: PidOrder, page: list[EventEnvelope]
+    ) -> list[EventEnvelope]:
+        """Backtracking mode: the envelopes of a live page not delivered yet, each preceded by
+        the earlier events of its pid that committed late."""
+        out: list[EventEnvelope] = []
+        for env in page:
+            bt.count_live()
+            pid, seq_nr = env.persistence_id, env.seq_nr
+            first = bt.first_undelivered(pid, seq_nr)
+            if first is None:
+                continue
+            if first != seq_nr:  # earlier events of this pid committed late
+                for r in await self._earlier(order, pid, first, seq_nr, env.db_timestamp):
+                    out.append(self.envelope(r, bt.offset_for(r), source="backtracking"))
+            bt.mark(pid, seq_nr, env.db_timestamp)
+            out.append(env)
+        return out
 
     async def _earlier(self, order: PidOrder, pid: str, first: int, seq_nr: int, ts: datetime) -> list[StoredEvent]:
         """``order.before``, retried here until the database answers: the live page around it is
