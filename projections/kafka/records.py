@@ -71,8 +71,3 @@ class RecordBuilder:
     def _manifest(self, event: Any) -> bytes:
         manifest = self._manifests[type(event)] = _JSON.manifest(event).encode()  # the same for every instance
         return manifest
-
-
-def headers_of(env: EventEnvelope) -> Headers:
-    """One event's headers (the builder's, for one event)."""
-    return RecordBuilder().records([env])[0][2]
