@@ -179,6 +179,11 @@ async def test_rebuild_and_switch_under_readers_and_load(journal: Journal, conn:
         await tasks[1]
         total = written + writer.written
         await wait_until(lambda: has(conn, f"public.{c.table}", total), 60, "the view to show every event")
+        # the reader's own loop must have read the whole model too before it stops (it reads
+        # every 3 ms; stopping it as soon as the view shows the total raced its next read)
+        await wait_until(
+            lambda: reader.best == total or reader.failures or reader.steps_back, 30, "the reader's read of every event"
+        )
         reader.stop()
         await tasks[0]
         assert reader.failures == [] and reader.steps_back == [], (reader.failures[:3], reader.steps_back[:3])
