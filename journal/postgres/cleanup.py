@@ -15,7 +15,7 @@ import asyncpg
 from ..backend import PidFootprint
 from ..ids import slice_for
 from .connections import PostgresConnections
-from .schema_sql import SchemaSql
+from .schema_sql import SchemaSql, Sql
 
 DELETE_BATCH_SIZE = 10_000
 """Event rows deleted per statement (each batch commits: an interrupted run keeps its progress)."""
@@ -25,16 +25,12 @@ _ALL = 2**63 - 1
 
 @dataclass(frozen=True)
 class CleanupStatements(SchemaSql):
-    @property
-    def event_count(self) -> str:
-        return (
-            "SELECT count(*) FILTER (WHERE NOT deleted), COALESCE(max(seq_nr), 0), "
-            f"min(seq_nr) FILTER (WHERE NOT deleted) FROM {self.t('event_journal')} WHERE persistence_id = $1"
-        )
+    event_count = Sql(
+        "SELECT count(*) FILTER (WHERE NOT deleted), COALESCE(max(seq_nr), 0), min(seq_nr) FILTER (WHERE NOT deleted) "
+        "FROM {event_journal} WHERE persistence_id = $1"
+    )
 
-    @property
-    def snapshot_seq_nr(self) -> str:
-        return f"SELECT seq_nr FROM {self.t('snapshot')} WHERE persistence_id = $1"
+    snapshot_seq_nr = Sql("SELECT seq_nr FROM {snapshot} WHERE persistence_id = $1")
 
     @property
     def tag_names(self) -> str:
@@ -48,13 +44,9 @@ WITH RECURSIVE t AS (
   FROM t WHERE t.tag_name IS NOT NULL
 ) SELECT tag_name FROM t WHERE tag_name IS NOT NULL"""
 
-    @property
-    def tag_row_count(self) -> str:
-        return f"SELECT count(*) FROM {self.t('tag_views')} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1"
+    tag_row_count = Sql("SELECT count(*) FROM {tag_views} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1")
 
-    @property
-    def delete_tag_rows(self) -> str:
-        return f"DELETE FROM {self.t('tag_views')} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1"
+    delete_tag_rows = Sql("DELETE FROM {tag_views} WHERE tag_name = ANY($2::text[]) AND persistence_id = $1")
 
     @property
     def raise_tag_progress(self) -> str:

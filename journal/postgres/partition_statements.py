@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..settings import validate_identifier
-from .schema_sql import SchemaSql
+from .schema_sql import SchemaSql, Sql
 from .timestamp_rule import delete_check_sql, fence_key, mover_key
 
 COPIED_TABLES = (
@@ -31,51 +31,32 @@ class PartitionStatements(SchemaSql):
     def fence_key(self) -> int:
         return fence_key(self.schema)
 
-    @property
-    def rows(self) -> str:
-        return (
-            f"SELECT min_slice, max_slice, state, epoch, location, floor FROM {self.t('slice_partition')} "
-            "ORDER BY min_slice"
-        )
+    rows = Sql("SELECT min_slice, max_slice, state, epoch, location, floor FROM {slice_partition} ORDER BY min_slice")
 
-    @property
-    def lock_map(self) -> str:
-        """Changes of this database's part of the map are serialized (a claim, a move's steps)."""
-        return f"LOCK TABLE {self.t('slice_partition')} IN EXCLUSIVE MODE"
+    lock_map = Sql("LOCK TABLE {slice_partition} IN EXCLUSIVE MODE")
+    """Changes of this database's part of the map are serialized (a claim, a move's steps)."""
 
-    @property
-    def events_outside(self) -> str:
-        """Does this database hold an event of a slice outside ``[$1, $2]``?"""
-        return f"SELECT EXISTS (SELECT 1 FROM {self.t('event_journal')} WHERE slice < $1 OR slice > $2)"
+    events_outside = Sql("SELECT EXISTS (SELECT 1 FROM {event_journal} WHERE slice < $1 OR slice > $2)")
+    """Does this database hold an event of a slice outside ``[$1, $2]``?"""
 
-    @property
-    def events_inside(self) -> str:
-        """Does this database hold an event of a slice inside ``[$1, $2]``?"""
-        return f"SELECT EXISTS (SELECT 1 FROM {self.t('event_journal')} WHERE slice BETWEEN $1 AND $2)"
+    events_inside = Sql("SELECT EXISTS (SELECT 1 FROM {event_journal} WHERE slice BETWEEN $1 AND $2)")
+    """Does this database hold an event of a slice inside ``[$1, $2]``?"""
 
-    @property
-    def delete_rows(self) -> str:
-        return f"DELETE FROM {self.t('slice_partition')} WHERE min_slice = ANY($1::int[])"
+    delete_rows = Sql("DELETE FROM {slice_partition} WHERE min_slice = ANY($1::int[])")
 
-    @property
-    def insert_row(self) -> str:
-        return (
-            f"INSERT INTO {self.t('slice_partition')} (min_slice, max_slice, state, epoch, location, floor, "
-            "updated_at) VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp())"
-        )
+    insert_row = Sql(
+        "INSERT INTO {slice_partition} (min_slice, max_slice, state, epoch, location, floor, updated_at) "
+        "VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp())"
+    )
 
-    @property
-    def check(self) -> str:
-        """The owner check on its own (``$1`` epoch, ``$2`` slices, ``$3`` mode)."""
-        return f'SELECT "{self.schema}".slice_journal_check($1::bigint, $2::int[], $3::text)'
+    check = Sql('SELECT "{schema}".slice_journal_check($1::bigint, $2::int[], $3::text)')
+    """The owner check on its own (``$1`` epoch, ``$2`` slices, ``$3`` mode)."""
 
     @property
     def delete_check(self) -> str:
         return delete_check_sql(self.schema)
 
-    @property
-    def has_replication(self) -> str:
-        return f"SELECT EXISTS (SELECT 1 FROM {self.t('replication_log')})"
+    has_replication = Sql("SELECT EXISTS (SELECT 1 FROM {replication_log})")
 
     @property
     def mover_key(self) -> int:
@@ -100,17 +81,14 @@ class PartitionStatements(SchemaSql):
     )
     """The server process holding an advisory lock ($1, $2: the keys as unsigned 32-bit ints)."""
 
-    @property
-    def writers(self) -> str:
-        """Transactions holding the write lock on event_journal or durable_state now (other than
-        this session)."""
-        return (
-            "SELECT DISTINCT l.virtualtransaction FROM pg_locks l "
-            "WHERE l.locktype = 'relation' "
-            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-            f"AND l.relation IN ('{self.t('event_journal')}'::regclass, '{self.t('durable_state')}'::regclass) "
-            "AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid IS DISTINCT FROM pg_backend_pid()"
-        )
+    writers = Sql(
+        "SELECT DISTINCT l.virtualtransaction FROM pg_locks l WHERE l.locktype = 'relation' "
+        "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+        "AND l.relation IN ('{event_journal}'::regclass, '{durable_state}'::regclass) AND l.mode = 'RowExclusiveLock' "
+        "AND l.granted AND l.pid IS DISTINCT FROM pg_backend_pid()"
+    )
+    """Transactions holding the write lock on event_journal or durable_state now (other than
+    this session)."""
 
     still_running = "SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY($1::text[])"
     """How many of these transactions (virtual ids) are still running."""
@@ -119,55 +97,34 @@ class PartitionStatements(SchemaSql):
 
     # -- the move record ----------------------------------------------------------------------
 
-    @property
-    def moves(self) -> str:
-        return (
-            f"SELECT min_slice, max_slice, target, epoch, step, copied_to FROM {self.t('slice_move')} "
-            "ORDER BY min_slice"
-        )
+    moves = Sql("SELECT min_slice, max_slice, target, epoch, step, copied_to FROM {slice_move} ORDER BY min_slice")
 
-    @property
-    def start_move(self) -> str:
-        return (
-            f"INSERT INTO {self.t('slice_move')} (min_slice, max_slice, target, epoch, step, started_at, updated_at) "
-            "VALUES ($1, $2, $3, $4, $5, clock_timestamp(), clock_timestamp())"
-        )
+    start_move = Sql(
+        "INSERT INTO {slice_move} (min_slice, max_slice, target, epoch, step, started_at, updated_at) "
+        "VALUES ($1, $2, $3, $4, $5, clock_timestamp(), clock_timestamp())"
+    )
 
-    @property
-    def save_move(self) -> str:
-        return (
-            f"UPDATE {self.t('slice_move')} SET step = $2, copied_to = $3, updated_at = clock_timestamp() "
-            "WHERE min_slice = $1"
-        )
+    save_move = Sql(
+        "UPDATE {slice_move} SET step = $2, copied_to = $3, updated_at = clock_timestamp() WHERE min_slice = $1"
+    )
 
-    @property
-    def save_step(self) -> str:
-        return f"UPDATE {self.t('slice_move')} SET step = $2, updated_at = clock_timestamp() WHERE min_slice = $1"
+    save_step = Sql("UPDATE {slice_move} SET step = $2, updated_at = clock_timestamp() WHERE min_slice = $1")
 
-    @property
-    def has_move(self) -> str:
-        return f"SELECT EXISTS (SELECT 1 FROM {self.t('slice_move')} WHERE min_slice = $1)"
+    has_move = Sql("SELECT EXISTS (SELECT 1 FROM {slice_move} WHERE min_slice = $1)")
 
-    @property
-    def refence(self) -> str:
-        """The range starting at ``$1`` from state ``$2`` to ``$3`` (true if it was in ``$2``)."""
-        return (
-            f"WITH c AS (UPDATE {self.t('slice_partition')} SET state = $3, updated_at = clock_timestamp() "
-            "WHERE min_slice = $1 AND state = $2 RETURNING 1) SELECT EXISTS (SELECT 1 FROM c)"
-        )
+    refence = Sql(
+        "WITH c AS (UPDATE {slice_partition} SET state = $3, updated_at = clock_timestamp() WHERE min_slice = $1 "
+        "AND state = $2 RETURNING 1) SELECT EXISTS (SELECT 1 FROM c)"
+    )
+    """The range starting at ``$1`` from state ``$2`` to ``$3`` (true if it was in ``$2``)."""
 
-    @property
-    def give_back(self) -> str:
-        """The range starting at ``$1``, ``moving`` here, ``owned`` again (true if it was moving)."""
-        return (
-            f"WITH c AS (UPDATE {self.t('slice_partition')} SET state = 'owned', location = NULL, "
-            "updated_at = clock_timestamp() WHERE min_slice = $1 AND state = 'moving' RETURNING 1) "
-            "SELECT EXISTS (SELECT 1 FROM c)"
-        )
+    give_back = Sql(
+        "WITH c AS (UPDATE {slice_partition} SET state = 'owned', location = NULL, updated_at = clock_timestamp() "
+        "WHERE min_slice = $1 AND state = 'moving' RETURNING 1) SELECT EXISTS (SELECT 1 FROM c)"
+    )
+    """The range starting at ``$1``, ``moving`` here, ``owned`` again (true if it was moving)."""
 
-    @property
-    def end_move(self) -> str:
-        return f"DELETE FROM {self.t('slice_move')} WHERE min_slice = $1"
+    end_move = Sql("DELETE FROM {slice_move} WHERE min_slice = $1")
 
     # -- copies -------------------------------------------------------------------------------
 
@@ -179,25 +136,20 @@ class PartitionStatements(SchemaSql):
             "AND NOT attisdropped ORDER BY attnum"
         )
 
-    @property
-    def copy_events(self) -> str:
-        """Every row (deleted ones too) of slices ``[$1, $2]`` stamped in ``[$3, $4)`` ($4 NULL: no
-        end), after the key ``($5, $6)``, in key order, at most ``$7``."""
-        return (
-            f"SELECT * FROM {self.t('event_journal')} WHERE slice BETWEEN $1 AND $2 AND db_timestamp >= $3 "
-            "AND ($4::timestamptz IS NULL OR db_timestamp < $4) AND (persistence_id, seq_nr) > ($5, $6) "
-            "ORDER BY persistence_id, seq_nr LIMIT $7"
-        )
+    copy_events = Sql(
+        "SELECT * FROM {event_journal} WHERE slice BETWEEN $1 AND $2 AND db_timestamp >= $3 "
+        "AND ($4::timestamptz IS NULL OR db_timestamp < $4) AND (persistence_id, seq_nr) > ($5, $6) "
+        "ORDER BY persistence_id, seq_nr LIMIT $7"
+    )
+    """Every row (deleted ones too) of slices ``[$1, $2]`` stamped in ``[$3, $4)`` ($4 NULL: no
+    end), after the key ``($5, $6)``, in key order, at most ``$7``."""
 
-    @property
-    def copy_states(self) -> str:
-        """Every ``durable_state`` row (tombstones too) of slices ``[$1, $2]`` stamped in ``[$3, $4)``
-        ($4 NULL: no end), after the pid ``$5``, in pid order, at most ``$6``."""
-        return (
-            f"SELECT * FROM {self.t('durable_state')} WHERE slice BETWEEN $1 AND $2 AND db_timestamp >= $3 "
-            "AND ($4::timestamptz IS NULL OR db_timestamp < $4) AND persistence_id > $5 "
-            "ORDER BY persistence_id LIMIT $6"
-        )
+    copy_states = Sql(
+        "SELECT * FROM {durable_state} WHERE slice BETWEEN $1 AND $2 AND db_timestamp >= $3 "
+        "AND ($4::timestamptz IS NULL OR db_timestamp < $4) AND persistence_id > $5 ORDER BY persistence_id LIMIT $6"
+    )
+    """Every ``durable_state`` row (tombstones too) of slices ``[$1, $2]`` stamped in ``[$3, $4)``
+    ($4 NULL: no end), after the pid ``$5``, in pid order, at most ``$6``."""
 
     newer_state = (
         "ON CONFLICT (persistence_id) DO UPDATE SET revision = EXCLUDED.revision, "
@@ -209,10 +161,8 @@ class PartitionStatements(SchemaSql):
     """A state copied again at a later revision replaces the earlier copy (a state is one row,
     updated in place; an earlier revision copied late never goes back over a later one)."""
 
-    @property
-    def states_in(self) -> str:
-        """Up to ``$3`` persistence ids with a state in slices ``[$1, $2]``."""
-        return f"SELECT persistence_id FROM {self.t('durable_state')} WHERE slice BETWEEN $1 AND $2 LIMIT $3"
+    states_in = Sql("SELECT persistence_id FROM {durable_state} WHERE slice BETWEEN $1 AND $2 LIMIT $3")
+    """Up to ``$3`` persistence ids with a state in slices ``[$1, $2]``."""
 
     def by_slices(self, table: str) -> str:
         """Every row of a table with a slice column, of slices ``[$1, $2]``."""
@@ -221,12 +171,8 @@ class PartitionStatements(SchemaSql):
     def delete_by_slices(self, table: str) -> str:
         return f"DELETE FROM {self.t(table)} WHERE slice BETWEEN $1 AND $2"
 
-    @property
-    def tag_rows_of(self) -> str:
-        """Tag rows of these tags ($1) and pids ($2) (the unique index leads with both)."""
-        return (
-            f"SELECT * FROM {self.t('tag_views')} WHERE tag_name = ANY($1::text[]) AND persistence_id = ANY($2::text[])"
-        )
+    tag_rows_of = Sql("SELECT * FROM {tag_views} WHERE tag_name = ANY($1::text[]) AND persistence_id = ANY($2::text[])")
+    """Tag rows of these tags ($1) and pids ($2) (the unique index leads with both)."""
 
     def by_pids(self, table: str) -> str:
         return f"SELECT * FROM {self.t(table)} WHERE persistence_id = ANY($1::text[])"
@@ -234,32 +180,23 @@ class PartitionStatements(SchemaSql):
     def delete_by_pids(self, table: str) -> str:
         return f"DELETE FROM {self.t(table)} WHERE persistence_id = ANY($1::text[])"
 
-    @property
-    def delete_tag_rows_of(self) -> str:
-        return (
-            f"DELETE FROM {self.t('tag_views')} WHERE tag_name = ANY($1::text[]) AND persistence_id = ANY($2::text[])"
-        )
+    delete_tag_rows_of = Sql(
+        "DELETE FROM {tag_views} WHERE tag_name = ANY($1::text[]) AND persistence_id = ANY($2::text[])"
+    )
 
-    @property
-    def pids_in(self) -> str:
-        """Up to ``$3`` persistence ids with events in slices ``[$1, $2]``."""
-        return f"SELECT DISTINCT persistence_id FROM {self.t('event_journal')} WHERE slice BETWEEN $1 AND $2 LIMIT $3"
+    pids_in = Sql("SELECT DISTINCT persistence_id FROM {event_journal} WHERE slice BETWEEN $1 AND $2 LIMIT $3")
+    """Up to ``$3`` persistence ids with events in slices ``[$1, $2]``."""
 
-    @property
-    def pids_after(self) -> str:
-        """Up to ``$4`` persistence ids of slices ``[$1, $2]`` after ``$3``, in order."""
-        return (
-            f"SELECT DISTINCT persistence_id FROM {self.t('event_journal')} WHERE slice BETWEEN $1 AND $2 "
-            "AND persistence_id > $3 ORDER BY persistence_id LIMIT $4"
-        )
+    pids_after = Sql(
+        "SELECT DISTINCT persistence_id FROM {event_journal} WHERE slice BETWEEN $1 AND $2 AND persistence_id > $3 "
+        "ORDER BY persistence_id LIMIT $4"
+    )
+    """Up to ``$4`` persistence ids of slices ``[$1, $2]`` after ``$3``, in order."""
 
-    @property
-    def tags_of(self) -> str:
-        """The tags the events of these pids ($1) carry."""
-        return (
-            f"SELECT DISTINCT unnest(tags) FROM {self.t('event_journal')} "
-            "WHERE persistence_id = ANY($1::text[]) AND tags IS NOT NULL"
-        )
+    tags_of = Sql(
+        "SELECT DISTINCT unnest(tags) FROM {event_journal} WHERE persistence_id = ANY($1::text[]) AND tags IS NOT NULL"
+    )
+    """The tags the events of these pids ($1) carry."""
 
     def stage(self, table: str) -> str:
         """A session's staging table for rows copied into ``table`` (emptied at commit)."""

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..backend import SLICE_GROUP_SIZE, SLICE_ROW_COLUMNS
-from .schema_sql import SchemaSql
+from .schema_sql import SchemaSql, Sql
 from .timestamp_rule import delete_check_sql
 
 EVENT_COLUMNS = ", ".join(SLICE_ROW_COLUMNS)
@@ -48,69 +48,46 @@ class Statements(SchemaSql):
         deletes ($1 the map epoch, $2 the pid's slice as an array; :mod:`.timestamp_rule`)."""
         return delete_check_sql(self.schema)
 
-    @property
-    def written_check(self) -> str:
-        """Rows of one pid in a seq_nr range written by a writer (resolving unknown outcomes)."""
-        return (
-            f"SELECT writer, event_payload, db_timestamp FROM {self.t('event_journal')} "
-            "WHERE persistence_id = $1 AND seq_nr BETWEEN $2 AND $3 ORDER BY seq_nr"
-        )
+    written_check = Sql(
+        "SELECT writer, event_payload, db_timestamp FROM {event_journal} WHERE persistence_id = $1 "
+        "AND seq_nr BETWEEN $2 AND $3 ORDER BY seq_nr"
+    )
+    """Rows of one pid in a seq_nr range written by a writer (resolving unknown outcomes)."""
 
-    @property
-    def highest_seq_nr(self) -> str:
-        return f"SELECT COALESCE(max(seq_nr), 0) FROM {self.t('event_journal')} WHERE persistence_id = $1"
+    highest_seq_nr = Sql("SELECT COALESCE(max(seq_nr), 0) FROM {event_journal} WHERE persistence_id = $1")
 
-    @property
-    def event_columns(self) -> str:
-        return EVENT_COLUMNS
+    events_by_pid = Sql(
+        "SELECT {columns} FROM {event_journal} WHERE persistence_id = $1 "
+        "AND seq_nr >= $2 AND seq_nr <= $3 AND deleted = false ORDER BY seq_nr LIMIT $4",
+        columns=EVENT_COLUMNS,
+    )
 
-    @property
-    def events_by_pid(self) -> str:
-        return (
-            f"SELECT {EVENT_COLUMNS} FROM {self.t('event_journal')} WHERE persistence_id = $1 "
-            "AND seq_nr >= $2 AND seq_nr <= $3 AND deleted = false ORDER BY seq_nr LIMIT $4"
-        )
+    load_event = Sql(
+        "SELECT {columns} FROM {event_journal} WHERE persistence_id = $1 AND seq_nr = $2 AND deleted = false",
+        columns=EVENT_COLUMNS,
+    )
 
-    @property
-    def load_event(self) -> str:
-        return (
-            f"SELECT {EVENT_COLUMNS} FROM {self.t('event_journal')} "
-            "WHERE persistence_id = $1 AND seq_nr = $2 AND deleted = false"
-        )
+    timestamp_of = Sql("SELECT db_timestamp FROM {event_journal} WHERE persistence_id = $1 AND seq_nr = $2")
 
-    @property
-    def timestamp_of(self) -> str:
-        return f"SELECT db_timestamp FROM {self.t('event_journal')} WHERE persistence_id = $1 AND seq_nr = $2"
+    delete_batch = Sql(
+        "DELETE FROM {event_journal} WHERE persistence_id = $1 AND seq_nr IN (SELECT seq_nr FROM {event_journal} "
+        "WHERE persistence_id = $1 AND seq_nr <= $2 ORDER BY seq_nr LIMIT $3)"
+    )
 
-    @property
-    def delete_batch(self) -> str:
-        return (
-            f"DELETE FROM {self.t('event_journal')} WHERE persistence_id = $1 AND seq_nr IN ("
-            f"SELECT seq_nr FROM {self.t('event_journal')} WHERE persistence_id = $1 AND seq_nr <= $2 "
-            "ORDER BY seq_nr LIMIT $3)"
-        )
+    tombstone = Sql(
+        "UPDATE {event_journal} SET deleted = true, event_payload = '\\x'::bytea, meta_payload = NULL "
+        "WHERE persistence_id = $1 AND seq_nr = $2"
+    )
+    """Turn the highest event into the reference's tombstone: deleted, payload dropped."""
 
-    @property
-    def tombstone(self) -> str:
-        """Turn the highest event into the reference's tombstone: deleted, payload dropped."""
-        return (
-            f"UPDATE {self.t('event_journal')} SET deleted = true, event_payload = '\\x'::bytea, "
-            "meta_payload = NULL WHERE persistence_id = $1 AND seq_nr = $2"
-        )
+    persistence_ids = Sql(
+        "SELECT DISTINCT persistence_id FROM {event_journal} WHERE persistence_id > $1 ORDER BY persistence_id LIMIT $2"
+    )
 
-    @property
-    def persistence_ids(self) -> str:
-        return (
-            f"SELECT DISTINCT persistence_id FROM {self.t('event_journal')} WHERE persistence_id > $1 "
-            "ORDER BY persistence_id LIMIT $2"
-        )
-
-    @property
-    def persistence_ids_by_type(self) -> str:
-        return (
-            f"SELECT DISTINCT persistence_id FROM {self.t('event_journal')} WHERE persistence_id > $1 "
-            "AND entity_type = $3 ORDER BY persistence_id LIMIT $2"
-        )
+    persistence_ids_by_type = Sql(
+        "SELECT DISTINCT persistence_id FROM {event_journal} WHERE persistence_id > $1 AND entity_type = $3 "
+        "ORDER BY persistence_id LIMIT $2"
+    )
 
     @property
     def upsert_snapshot(self) -> str:
@@ -132,58 +109,43 @@ class Statements(SchemaSql):
             f"WITH older AS (DELETE FROM {self.t('snapshot_older')} WHERE persistence_id = $3) {self.upsert_snapshot}"
         )
 
-    @property
-    def load_snapshot(self) -> str:
-        return (
-            "SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, "
-            "ser_id, ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload "
-            f"FROM {self.t('snapshot')} WHERE persistence_id = $1"
-        )
+    load_snapshot = Sql(
+        "SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, ser_manifest, "
+        "snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload FROM {snapshot} WHERE persistence_id = $1"
+    )
 
     table_exists = "SELECT to_regclass($1)"
     """The table (a regclass literal, :attr:`ej`) if it exists, else NULL."""
 
     server_version = "SHOW server_version"
 
-    @property
-    def schema_revision(self) -> str:
-        """The Alembic revision of the journal's schema (its own version table)."""
-        return f"SELECT version_num FROM {self.t('slice_journal_alembic_version')}"
+    schema_revision = Sql("SELECT version_num FROM {slice_journal_alembic_version}")
+    """The Alembic revision of the journal's schema (its own version table)."""
 
-    @property
-    def keep_previous_snapshot(self) -> str:
-        """Copy the pid's current snapshot (older than $2) into snapshot_older."""
-        return (
-            f"INSERT INTO {self.t('snapshot_older')} ({_SNAP_COLS}) SELECT {_SNAP_COLS} FROM {self.t('snapshot')} "
-            "WHERE persistence_id = $1 AND seq_nr < $2 ON CONFLICT (persistence_id, seq_nr) DO NOTHING"
-        )
+    keep_previous_snapshot = Sql(
+        "INSERT INTO {snapshot_older} ({columns}) SELECT {columns} FROM {snapshot} "
+        "WHERE persistence_id = $1 AND seq_nr < $2 ON CONFLICT (persistence_id, seq_nr) DO NOTHING",
+        columns=_SNAP_COLS,
+    )
+    """Copy the pid's current snapshot (older than $2) into snapshot_older."""
 
-    @property
-    def prune_older_snapshots(self) -> str:
-        """Keep the $3 newest older snapshots below the current one ($2)."""
-        return (
-            f"DELETE FROM {self.t('snapshot_older')} WHERE persistence_id = $1 AND (seq_nr >= $2 OR seq_nr NOT IN "
-            f"(SELECT seq_nr FROM {self.t('snapshot_older')} WHERE persistence_id = $1 AND seq_nr < $2 "
-            "ORDER BY seq_nr DESC LIMIT $3))"
-        )
+    prune_older_snapshots = Sql(
+        "DELETE FROM {snapshot_older} WHERE persistence_id = $1 AND (seq_nr >= $2 OR seq_nr NOT IN (SELECT seq_nr "
+        "FROM {snapshot_older} WHERE persistence_id = $1 AND seq_nr < $2 ORDER BY seq_nr DESC LIMIT $3))"
+    )
+    """Keep the $3 newest older snapshots below the current one ($2)."""
 
-    @property
-    def load_older_snapshots(self) -> str:
-        return (
-            f"SELECT {_SNAP_COLS} FROM {self.t('snapshot_older')} "
-            "WHERE persistence_id = $1 ORDER BY seq_nr DESC LIMIT $2"
-        )
+    load_older_snapshots = Sql(
+        "SELECT {columns} FROM {snapshot_older} WHERE persistence_id = $1 ORDER BY seq_nr DESC LIMIT $2",
+        columns=_SNAP_COLS,
+    )
 
-    @property
-    def insert_keys(self) -> str:
-        return (
-            f"INSERT INTO {self.t('encryption_key')} (subject, data_key, created_at) "
-            "SELECT s, k, now() FROM unnest($1::text[], $2::bytea[]) AS u(s, k) ON CONFLICT DO NOTHING"
-        )
+    insert_keys = Sql(
+        "INSERT INTO {encryption_key} (subject, data_key, created_at) SELECT s, k, now() "
+        "FROM unnest($1::text[], $2::bytea[]) AS u(s, k) ON CONFLICT DO NOTHING"
+    )
 
-    @property
-    def load_keys(self) -> str:
-        return f"SELECT subject, data_key FROM {self.t('encryption_key')} WHERE subject = ANY($1::text[])"
+    load_keys = Sql("SELECT subject, data_key FROM {encryption_key} WHERE subject = ANY($1::text[])")
 
     @property
     def forget_key(self) -> str:
@@ -196,16 +158,11 @@ class Statements(SchemaSql):
             "RETURNING coalesce((SELECT data_key IS NOT NULL FROM old), false)"
         )
 
-    @property
-    def manifest_counts(self) -> str:
-        return (
-            "SELECT 'event', event_ser_id, event_ser_manifest, count(*) "
-            f"FROM {self.t('event_journal')} WHERE NOT deleted GROUP BY 2, 3 "
-            f"UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.t('snapshot')} GROUP BY 2, 3 "
-            f"UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {self.t('snapshot_older')} "
-            "GROUP BY 2, 3 ORDER BY 1, 3, 2"
-        )
+    manifest_counts = Sql(
+        "SELECT 'event', event_ser_id, event_ser_manifest, count(*) FROM {event_journal} WHERE NOT deleted "
+        "GROUP BY 2, 3 UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {snapshot} GROUP BY 2, 3 "
+        "UNION ALL SELECT 'snapshot', ser_id, ser_manifest, count(*) FROM {snapshot_older} GROUP BY 2, 3 "
+        "ORDER BY 1, 3, 2"
+    )
 
-    @property
-    def event_counts(self) -> str:
-        return f"SELECT entity_type, count(*) FROM {self.t('event_journal')} GROUP BY entity_type ORDER BY entity_type"
+    event_counts = Sql("SELECT entity_type, count(*) FROM {event_journal} GROUP BY entity_type ORDER BY entity_type")

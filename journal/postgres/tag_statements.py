@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schema_sql import SchemaSql
+from .schema_sql import SchemaSql, Sql
 
 GREGORIAN_OFFSET = 0x01B21DD213814000
 
@@ -37,10 +37,6 @@ TAG_PAGE_COLUMNS = (
 
 @dataclass(frozen=True)
 class TagStatements(SchemaSql):
-    @property
-    def view_settings(self) -> str:
-        return self.t("tag_view_settings")
-
     def insert_from_events(self, src: str, writer_param: str, bucket_param: str, conflict: str) -> str:
         """The data-modifying CTE body that inserts the tag rows of the events in CTE ``src``
         (same statement, same transaction as the events). Numbers continue per (tag, pid), after
@@ -68,54 +64,41 @@ class TagStatements(SchemaSql):
   {conflict}
   RETURNING 1"""
 
-    @property
-    def insert_rows(self) -> str:
-        """Idempotent upsert of tag rows (a resend after recovery writes nothing twice)."""
-        return (
-            f"INSERT INTO {self.t('tag_views')} ({TAG_ROW_COLUMNS}) SELECT * FROM unnest($1::text[], $2::bigint[], "
-            "$3::uuid[], $4::bigint[], $5::text[], $6::bigint[], $7::bigint[], $8::text[], $9::int[], "
-            "$10::text[], $11::bytea[], $12::int[], $13::text[], $14::bytea[]) ON CONFLICT DO NOTHING"
-        )
+    insert_rows = Sql(
+        "INSERT INTO {tag_views} ({columns}) SELECT * FROM unnest($1::text[], $2::bigint[], "
+        "$3::uuid[], $4::bigint[], $5::text[], $6::bigint[], $7::bigint[], $8::text[], $9::int[], "
+        "$10::text[], $11::bytea[], $12::int[], $13::text[], $14::bytea[]) ON CONFLICT DO NOTHING",
+        columns=TAG_ROW_COLUMNS,
+    )
+    """Idempotent upsert of tag rows (a resend after recovery writes nothing twice)."""
 
-    @property
-    def read_rows(self) -> str:
-        return (
-            f"SELECT {TAG_PAGE_COLUMNS} FROM {self.t('tag_views')} WHERE tag_name = $1 AND timebucket = $2 "
-            "AND (uuid_time, timestamp) > ($3, $4) AND uuid_time < $5 "
-            "ORDER BY uuid_time, timestamp LIMIT $6"
-        )
+    read_rows = Sql(
+        "SELECT {columns} FROM {tag_views} WHERE tag_name = $1 AND timebucket = $2 "
+        "AND (uuid_time, timestamp) > ($3, $4) AND uuid_time < $5 ORDER BY uuid_time, timestamp LIMIT $6",
+        columns=TAG_PAGE_COLUMNS,
+    )
 
-    @property
-    def next_bucket(self) -> str:
-        return f"SELECT min(timebucket) FROM {self.t('tag_views')} WHERE tag_name = $1 AND timebucket BETWEEN $2 AND $3"
+    next_bucket = Sql("SELECT min(timebucket) FROM {tag_views} WHERE tag_name = $1 AND timebucket BETWEEN $2 AND $3")
 
-    @property
-    def upsert_progress(self) -> str:
-        return (
-            f"INSERT INTO {self.t('tag_write_progress')} "
-            '(persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset") '
-            "SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::uuid[]) "
-            "ON CONFLICT (persistence_id, tag) DO UPDATE SET sequence_nr = EXCLUDED.sequence_nr, "
-            'tag_pid_sequence_nr = EXCLUDED.tag_pid_sequence_nr, "offset" = EXCLUDED."offset"'
-        )
+    upsert_progress = Sql(
+        'INSERT INTO {tag_write_progress} (persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset") SELECT * '
+        "FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::uuid[]) "
+        "ON CONFLICT (persistence_id, tag) DO UPDATE "
+        'SET sequence_nr = EXCLUDED.sequence_nr, tag_pid_sequence_nr = EXCLUDED.tag_pid_sequence_nr, "offset" = '
+        'EXCLUDED."offset"'
+    )
 
-    @property
-    def read_progress(self) -> str:
-        return (
-            'SELECT persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset" '
-            f"FROM {self.t('tag_write_progress')} WHERE persistence_id = $1"
-        )
+    read_progress = Sql(
+        'SELECT persistence_id, tag, sequence_nr, tag_pid_sequence_nr, "offset" FROM {tag_write_progress} '
+        "WHERE persistence_id = $1"
+    )
 
-    @property
-    def read_scanning(self) -> str:
-        return f"SELECT sequence_nr FROM {self.t('tag_scanning')} WHERE persistence_id = $1"
+    read_scanning = Sql("SELECT sequence_nr FROM {tag_scanning} WHERE persistence_id = $1")
 
-    @property
-    def upsert_scanning(self) -> str:
-        return (
-            f"INSERT INTO {self.t('tag_scanning')} (persistence_id, sequence_nr) VALUES ($1, $2) "
-            "ON CONFLICT (persistence_id) DO UPDATE SET sequence_nr = EXCLUDED.sequence_nr"
-        )
+    upsert_scanning = Sql(
+        "INSERT INTO {tag_scanning} (persistence_id, sequence_nr) VALUES ($1, $2) ON CONFLICT (persistence_id) DO "
+        "UPDATE SET sequence_nr = EXCLUDED.sequence_nr"
+    )
 
     def tagged_events(self, event_journal: str) -> str:
         return (
@@ -124,18 +107,10 @@ class TagStatements(SchemaSql):
             "WHERE persistence_id = $1 AND seq_nr >= $2 AND deleted = false ORDER BY seq_nr LIMIT $3"
         )
 
-    @property
-    def claim_setting(self) -> str:
-        return f"INSERT INTO {self.view_settings} (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
+    claim_setting = Sql("INSERT INTO {tag_view_settings} (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING")
 
-    @property
-    def read_setting(self) -> str:
-        return f"SELECT value FROM {self.view_settings} WHERE name = $1 FOR UPDATE"
+    read_setting = Sql("SELECT value FROM {tag_view_settings} WHERE name = $1 FOR UPDATE")
 
-    @property
-    def update_setting(self) -> str:
-        return f"UPDATE {self.view_settings} SET value = $2 WHERE name = $1"
+    update_setting = Sql("UPDATE {tag_view_settings} SET value = $2 WHERE name = $1")
 
-    @property
-    def any_rows(self) -> str:
-        return f"SELECT EXISTS (SELECT 1 FROM {self.t('tag_views')})"
+    any_rows = Sql("SELECT EXISTS (SELECT 1 FROM {tag_views})")

@@ -178,13 +178,7 @@ class SliceQueries:
         return self._catch_up(state, mode, et, lo, hi)
 
     async def live(
-        self,
-        et: str,
-        lo: int,
-        hi: int,
-        offset: TimestampOffset | None,
-        mode: QueryMode,
-        heartbeats: bool,
+        self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode, heartbeats: bool
     ) -> AsyncIterator[EventEnvelope]:
         """:meth:`live_pages`, one envelope at a time."""
         async for page in self.live_pages(et, lo, hi, offset, mode, heartbeats):
@@ -192,13 +186,7 @@ class SliceQueries:
                 yield env
 
     async def live_pages(
-        self,
-        et: str,
-        lo: int,
-        hi: int,
-        offset: TimestampOffset | None,
-        mode: QueryMode,
-        heartbeats: bool,
+        self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode, heartbeats: bool
     ) -> AsyncIterator[list[EventEnvelope]]:
         """The live query, a page at a time: each yield is a non-empty list of envelopes in
         delivery order (the consumer's to keep); a heartbeat comes alone in its list."""
