@@ -23,7 +23,6 @@ from typing import Any
 
 import asyncpg
 
-from journal import Journal
 from journal.backend import SharedConnections
 from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost, UnsupportedOperation
 from journal.ids import NUMBER_OF_SLICES, runs, validate_entity_type, validate_name
@@ -41,6 +40,7 @@ from .parts import ProjectionParts
 from .postgres_store import ProjectionSql
 from .recovery import HandlerRecovery
 from .runner import EventSource, RangeProcessor
+from .source_facts import SourceFacts
 from .stats import Stats
 from .transactions import Connections
 from .version_run import ProjectionVersioning
@@ -78,6 +78,7 @@ class Worker:
         version: int | None = None,
     ) -> None:
         self.journal = journal
+        self.source = SourceFacts.of(journal)
         self.settings = settings
         self.ps = settings.projection
         self.version = ProjectionVersioning.of(settings.schema, name, version, mode)
@@ -175,10 +176,10 @@ class Worker:
         """The journal's pool when the offsets live in its database (one pool per process; a
         partitioned journal's: the home database's). A source without one (a Cassandra journal,
         an EventSource of the caller's) or offsets kept elsewhere: the worker opens its own."""
-        if not isinstance(self.journal, Journal):
+        if self.source.backend is None:
             return None
         try:
-            shared = self.journal.backend.shared_connections()
+            shared = self.source.backend.shared_connections()
         except UnsupportedOperation:
             return None
         return shared if shared.dsn == asyncpg_dsn(dsn) else None
@@ -231,15 +232,15 @@ class Worker:
         """The ranges cut where the database serving them changes (the backend says where each
         slice lives): each processor reads one database's slices, so one database down stops
         only the processors of its slices (docs/scaling-out.md). A source of the caller's: as given."""
-        if not isinstance(self.journal, Journal):
+        backend = self.source.backend
+        if backend is None:
             return ranges
-        backend = self.journal.backend
         return [(h.min_slice, h.max_slice) for lo, hi in ranges for h in await backend.slice_homes(lo, hi)]
 
     @property
     def serializers(self) -> SerializerRegistry | None:
         """The journal's (they seal dead letters when it encrypts); None for another source."""
-        return self.journal.serializers if isinstance(self.journal, Journal) else None
+        return self.source.serializers
 
     def _start(self, lo: int, hi: int) -> None:
         proc = self._processor(lo, hi)
@@ -252,7 +253,7 @@ class Worker:
         return RangeProcessor(
             self._parts(), entity_type=self.entity_type, lo=lo, hi=hi,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, query_mode=self._query_mode(),
-            pages=self.journal.event_pages_by_slices if isinstance(self.journal, Journal) else None,
+            pages=self.source.pages,
         )  # fmt: skip
 
     def _parts(self) -> ProjectionParts:
@@ -272,7 +273,7 @@ class Worker:
     def _query_mode(self) -> QueryMode:
         """The mode of the slice queries the processors read: the journal's default, which the
         runner does not override (a source without settings: ours)."""
-        return self.journal.settings.query.mode if isinstance(self.journal, Journal) else self.settings.query.mode
+        return self.source.query_mode or self.settings.query.mode
 
     def _reap(self) -> None:
         """Forget finished processors; a fatal error stops the worker."""
