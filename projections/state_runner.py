@@ -24,6 +24,7 @@ from typing import Any
 from journal import Journal
 from journal.durable_state import DurableState, state_change
 from journal.envelope import EventEnvelope
+from journal.errors import ConfigurationError
 from journal.offsets import TimestampOffset
 from journal.settings import JournalSettings
 
@@ -127,6 +128,11 @@ class StateWorker(Worker):
     ) -> None:  # fmt: skip
         m = validate_mode(mode)
         wrapped = state_handler(check_handler(handler, m), m)
+        if HandlerRecovery.parse(recovery, settings.projection).sequenced:
+            raise ConfigurationError(
+                "retry-and-dead-letter-sequenced is for events: a state projection sees each id's latest "
+                "revision only, so there is nothing to hold in order behind a dead letter (use retry-and-dead-letter)"
+            )
         super().__init__(journal, settings, name, entity_type, wrapped, m, worker_id=worker_id, recovery=recovery)
 
     def _processor(self, lo: int, hi: int) -> StateProcessor:
