@@ -94,8 +94,9 @@ def run(
         str | None,
         typer.Option(
             "--on-failure",
-            help="fail | retry-and-fail | retry-and-skip | retry-and-dead-letter | retry-and-dead-letter-sequenced, "
-            "optionally :ATTEMPTS (default: projection.handler_recovery).",
+            help="retry-and-dead-letter-sequenced (an id's later events wait behind its dead letter) | "
+            "retry-and-dead-letter | retry-and-skip | retry-and-fail | fail, optionally :ATTEMPTS "
+            "(default: projection.handler_recovery).",
         ),
     ] = None,
     subject_of: SubjectOfOption = None,
@@ -617,7 +618,7 @@ def dead_letters_discard(
     everything: Annotated[bool, typer.Option("--all", help="Discard every dead letter of the projection.")] = False,
     handler: Annotated[
         str | None,
-        typer.Option("--handler", help="Apply the events parked behind them (retry-and-dead-letter-sequenced)."),
+        typer.Option("--handler", help="Then apply the events parked behind them, in order, with this handler."),
     ] = None,
     mode: Annotated[str, typer.Option("--mode", help="exactly-once | grouped | at-least-once")] = "grouped",
     dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,

@@ -126,6 +126,9 @@ async def discard(
             n += await sql.discard(conn, name, pid, seq_nr)
         if handler is not None and journal is not None:
             await drain(journal, conn, parked, sql, name, pid, handler, mode, out)
+    if handler is not None and journal is not None:
+        for pid in await parked.unled(conn, name, persistence_id):  # a drain stopped half-way before
+            await drain(journal, conn, parked, sql, name, pid, handler, mode, out)
     return n, out
 
 

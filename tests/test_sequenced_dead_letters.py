@@ -140,3 +140,152 @@ async def test_later_events_wait_behind_the_dead_letter_and_drain_in_order(
 
 async def _len_is(conn: asyncpg.Connection, pid: str, n: int) -> bool:
     return len(await applied(conn, pid)) == n
+
+
+def _cli(dsn: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "projections", *args, "--dsn", dsn], capture_output=True, text=True, timeout=120,
+        env={**os.environ, **FAST_ENV, "COLUMNS": "200", **(env or {})},
+    )  # fmt: skip
+
+
+def _slow_retry(dsn: str, name: str, pid: str, fixed: list[str]) -> subprocess.Popen[bytes]:
+    """``projections dead-letters retry`` whose fixed handler takes 50 ms an event (to be killed)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "projections", "dead-letters", "retry", name, "--pid", pid, *fixed, "--dsn", dsn],
+        env={**os.environ, **FAST_ENV, "SJ_TEST_DRAIN_PAUSE": "0.05"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _kill9(p: subprocess.Popen[Any]) -> None:
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(15)
+
+
+async def test_worker_processes_killed_while_parked_and_while_draining_keep_each_ids_order(
+    journal: Journal, conn: asyncpg.Connection, dsn: str
+) -> None:
+    """Worker processes (grouped) under writes to eight ids; #10 of one and #15 of another are
+    poisoned. The worker is killed with -9 while events are parked (its successor keeps parking
+    them), then killed again together with a `dead-letters retry` process half-way through the
+    drain; the next retry finishes the drain, `discard --handler` drains the other id. Every id
+    ends with every written event applied once, in seq_nr order."""
+    run = uuid.uuid4().hex[:6]
+    et, name = f"SeqK{run}", f"seq-kill-{run}"
+    held, other = f"{et}|w3", f"{et}|w5"
+    spawn = lambda: spawn_worker(  # noqa: E731
+        dsn, name, et, "tests.sequenced_handler:project", extra=["--on-failure", f"{SEQUENCED}:2"]
+    )
+    worker = spawn()
+    written: dict[str, int] = {}
+    stop_writing = asyncio.Event()
+
+    async def writer(i: int) -> None:  # about 40 events a second per id, until told to stop
+        pid, n = f"{et}|w{i}", 0
+        while not stop_writing.is_set():
+            n += 1
+            poison = (pid, n) in ((held, 10), (other, 15))
+            await journal.persist(pid, [{"n": n, "poison": poison}], expected_seq_nr=n - 1)
+            written[pid] = n
+            await asyncio.sleep(0.025)  # the pace of the load, not a wait for a condition
+
+    writers = [asyncio.create_task(writer(i)) for i in range(8)]
+    procs = [worker]
+    try:
+        await wait_until(lambda: _parked_at_least(conn, name, held, 10), 90, "events parked behind #10")
+        _kill9(worker)
+        before = await PARKED.count(conn, name, held)
+        worker = spawn()
+        procs.append(worker)
+        await wait_until(lambda: _parked_at_least(conn, name, held, before + 10), 90, "the successor parking")
+        assert await applied(conn, held) == list(range(1, 10))  # nothing of it applied past the dead letter
+        status = await asyncio.to_thread(_cli, dsn, "status", name, "--json")
+        assert json.loads(status.stdout)[0]["parked"] >= before + 10
+        listed = await asyncio.to_thread(_cli, dsn, "dead-letters", "list", name)
+        assert f"{held} #10" in listed.stdout and "parked behind" in listed.stdout, listed.stdout
+
+        refused = await asyncio.to_thread(_cli, dsn, "dead-letters", "discard", name, "--pid", other)
+        assert refused.returncode == 2 and "parked behind its dead letters" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and len(await DEAD.letters(conn, name)) == 2
+
+        fixed = ["--handler", "tests.sequenced_handler:project_fixed"]
+        retrying = _slow_retry(dsn, name, held, fixed)
+        procs.append(retrying)
+        await wait_until(lambda: _applied_at_least(conn, held, 15), 60, "the drain under way")
+        _kill9(retrying)
+        _kill9(worker)
+        assert await PARKED.count(conn, name, held) > 0 and [
+            d.persistence_id for d in await DEAD.letters(conn, name)
+        ] == [other]
+        listed = await asyncio.to_thread(_cli, dsn, "dead-letters", "list", name)
+        assert "no dead letter ahead" in listed.stdout, listed.stdout
+        worker = spawn()
+        procs.append(worker)
+        finished = await asyncio.to_thread(_cli, dsn, "dead-letters", "retry", name, "--pid", held, *fixed)
+        assert finished.returncode == 0 and "drained" in finished.stdout, finished.stdout + finished.stderr
+        discarded = await asyncio.to_thread(_cli, dsn, "dead-letters", "discard", name, "--pid", other, *fixed)
+        assert discarded.returncode == 0 and "discarded 1 dead letters" in discarded.stdout, discarded.stderr
+        stop_writing.set()
+        await asyncio.gather(*writers)
+        expected = {p: n - (1 if p == other else 0) for p, n in written.items()}
+        await wait_until(lambda: _all_applied(conn, expected), 90, "every written event applied")
+    finally:
+        stop_writing.set()
+        await asyncio.gather(*writers, return_exceptions=True)
+        stop(procs)
+    assert await PARKED.count(conn, name) == 0 and await DEAD.letters(conn, name) == []
+    assert await applied(conn, other) == [*range(1, 15), *range(16, written[other] + 1)]  # #15 discarded
+    await assert_in_order(conn, {p: n for p, n in written.items() if p != other})
+
+
+async def _parked_at_least(conn: asyncpg.Connection, name: str, pid: str, n: int) -> bool:
+    return await PARKED.count(conn, name, pid) >= n
+
+
+async def _applied_at_least(conn: asyncpg.Connection, pid: str, n: int) -> bool:
+    return len(await applied(conn, pid)) >= n
+
+
+async def _all_applied(conn: asyncpg.Connection, expected: dict[str, int]) -> bool:
+    rows = await conn.fetch("SELECT pid, count(*) FROM seq_applied WHERE pid = ANY($1) GROUP BY pid", list(expected))
+    return {r[0]: r[1] for r in rows} == expected
+
+
+async def test_an_encrypting_journal_parks_no_plaintext_and_a_forgotten_event_drains(
+    journal: Journal, conn: asyncpg.Connection, dsn: str
+) -> None:
+    """A parked event names its event and holds none of its payload: no table holds the
+    subject's secret while it is parked; after `forget`, the drain (by `discard` with the
+    handler) hands the handler the forgotten event, in order."""
+    secret = f"parked-secret-{uuid.uuid4().hex[:8]}@example.com"
+    et = f"SeqE{uuid.uuid4().hex[:6]}"
+    pid, name = f"{et}|ann", f"seq-enc-{et}"
+    settings = enc(dsn)
+    async with open_journal(dsn, settings=settings) as j:
+        await j.persist(pid, [{"email": secret}, {"email": secret, "poison": True}, {"email": secret}])
+        await j.persist(pid, [{"email": secret}])
+        w = Worker(j, settings, name, et, project_one, "exactly-once", recovery=SEQUENCED)
+        task = asyncio.create_task(w.run())
+        try:
+            await wait_until(lambda: _parked_at_least(conn, name, pid, 2), 30, "two events parked")
+        finally:
+            w.stop()
+            await task
+        assert await tables_holding(conn, secret) == []
+        assert await j.forget(pid) is True
+        seen: list[Any] = []
+
+        async def fixed(c: asyncpg.Connection, env: EventEnvelope) -> None:
+            seen.append(type(env.event).__name__)
+            await project_one_fixed(c, env)
+
+        n, result = await discard(conn, DEAD, name, pid, None, j, fixed, "exactly-once")
+        assert n == 1 and result.drained == [(pid, 3), (pid, 4)] and seen == ["Forgotten", "Forgotten"]
+    assert await applied(conn, pid) == [1, 3, 4]  # #2 discarded
+    assert await PARKED.count(conn, name) == 0 and await tables_holding(conn, secret) == []
+
+
+def test_a_state_projection_refuses_the_sequenced_strategy(journal: Journal, fast: JournalSettings) -> None:
+    with pytest.raises(ConfigurationError, match="retry-and-dead-letter-sequenced is for events"):
+        StateWorker(journal, fast, "seq-state", "Thing", project, "grouped", recovery=SEQUENCED)
