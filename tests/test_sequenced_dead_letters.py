@@ -18,10 +18,11 @@ from typing import Any
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
 from journal import EventEnvelope, Journal, JournalSettings, open_journal
 from journal.errors import ConfigurationError
-from projections import StateWorker, Worker
+from projections import StateWorker, TagWorker, Worker
 from projections.dead_letter_store import DeadLetterSql
 from projections.dead_letters import discard, retry
 from projections.parked_store import ParkedSql
@@ -131,11 +132,45 @@ async def test_later_events_wait_behind_the_dead_letter_and_drain_in_order(
         await wait_until(lambda: _len_is(conn, held, 20), 30, "the id flowing again")
         assert await PARKED.count(conn, name) == 0
         assert worker.stats.dead_lettered == 1 and worker.stats.parked >= 5
+        assert _metric("projection_events_parked_total", name) == worker.stats.parked
     finally:
         worker.stop()
         await task
         await pool.close()
     await assert_in_order(conn, {p: 20 if p == held else 6 for p in pids})
+
+
+def _metric(name: str, projection: str) -> float:
+    return sum(
+        s.value for m in REGISTRY.collect() for s in m.samples
+        if s.name == name and s.labels.get("projection") == projection
+    )  # fmt: skip
+
+
+async def test_a_tag_projection_holds_an_id_behind_its_dead_letter(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
+) -> None:
+    """Over a tag: the poisoned id's later events wait, the other id goes on; the retry drains."""
+    run = uuid.uuid4().hex[:6]
+    tag, name = f"seqtag{run}", f"seq-tag-{run}"
+    a, b = f"SeqT{run}|a", f"SeqT{run}|b"
+    for n in range(1, 5):
+        for pid in (a, b):
+            await journal.persist(pid, [{"n": n, "poison": pid == a and n == 2}], tags=[tag])
+    worker = TagWorker(journal, fast, name, tag, project, "grouped", recovery=SEQUENCED)
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_until(lambda: _parked_at_least(conn, name, a, 2), 30, "#3 and #4 of a parked")
+        await wait_until(lambda: _len_is(conn, b, 4), 30, "b applied")
+        assert await applied(conn, a) == [1]
+        [letter] = await DEAD.letters(conn, name)
+        assert letter.projection_key == f"tag:{tag}"
+        done = await retry(journal, conn, DEAD, name, project_fixed, "grouped")
+        assert done.drained == [(a, 3), (a, 4)]
+    finally:
+        worker.stop()
+        await task
+    await assert_in_order(conn, {a: 4, b: 4})
 
 
 async def _len_is(conn: asyncpg.Connection, pid: str, n: int) -> bool:
