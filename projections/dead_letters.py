@@ -203,7 +203,8 @@ async def _dead_lettered(
     journal: EventLoader, conn: Any, parked: ParkedSql, sql: DeadLetterSql, f: _Failed, out: RetryResult
 ) -> None:
     """A parked event the handler failed on becomes its pid's dead letter (the rest stay behind
-    it), in one transaction under the pid's lock."""
+    it), in one transaction under the pid's lock; unless another drain applied it meanwhile (its
+    row is gone: the pid may be flowing again, and a dead letter now would not hold it)."""
     event, failures = f.event, Failures()
     failures.failed(f.error)
     pid = event.persistence_id
@@ -216,7 +217,8 @@ async def _dead_lettered(
     )  # fmt: skip
     async with conn.transaction():
         await parked.lock(conn, event.projection, pid)
-        await parked.take(conn, event.projection, pid, event.seq_nr)
+        if not await parked.take(conn, event.projection, pid, event.seq_nr):
+            return
         await sql.park(conn, letter)
     out.failed.append((letter, failures.message))
 

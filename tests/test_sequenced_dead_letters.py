@@ -27,7 +27,7 @@ from projections.dead_letter_store import DeadLetterSql
 from projections.dead_letters import discard, retry
 from projections.parked_store import ParkedSql
 from tests.projection_helpers import FAST_ENV, spawn_worker, stop
-from tests.sequenced_handler import CREATE, project, project_fixed, project_one, project_one_fixed
+from tests.sequenced_handler import CREATE, Poisoned, project, project_fixed, project_one, project_one_fixed
 from tests.support.waiting import wait_until
 from tests.test_forget_everywhere import enc, tables_holding
 
@@ -81,14 +81,41 @@ def by_mode(mode: str, pool: asyncpg.Pool) -> tuple[Callable[..., Awaitable[None
     return alone, alone_fixed
 
 
+def failing_on(
+    mode: str, fixed: Callable[..., Awaitable[None]], pid: str, seq_nr: int
+) -> Callable[..., Awaitable[None]]:
+    """``fixed``, failing on ``pid`` #``seq_nr`` still (a second bug), in the shape of ``mode``."""
+
+    def check(env: EventEnvelope) -> None:
+        if (env.persistence_id, env.seq_nr) == (pid, seq_nr):
+            raise Poisoned(f"{pid} #{seq_nr} in the drain")
+
+    async def grouped(conn: Any, envs: Any) -> None:
+        for e in envs:
+            check(e)
+        await fixed(conn, envs)
+
+    async def one(conn: Any, env: EventEnvelope) -> None:
+        check(env)
+        await fixed(conn, env)
+
+    async def alone(env: EventEnvelope) -> None:
+        check(env)
+        await fixed(env)
+
+    return {"grouped": grouped, "exactly-once": one}.get(mode, alone)
+
+
 @pytest.mark.parametrize("mode", ["grouped", "exactly-once", "at-least-once"])
 async def test_later_events_wait_behind_the_dead_letter_and_drain_in_order(
     journal: Journal, conn: asyncpg.Connection, fast: JournalSettings, dsn: str, mode: str
 ) -> None:
     """Five ids of six events, the third id's #2 poisoned: the other ids are applied, #3..#6 of
     the third are parked (and #7, written while it is held); a retry that fails again keeps
-    the dead letter and the parked events; the fixed retry applies #2 and drains the parked in
-    order while new events of the id keep coming (parked, or handled once it is free)."""
+    the dead letter and the parked events; a retry whose handler still fails on #4 applies #2 and
+    #3 and makes #4 the dead letter, #5..#7 parked behind it; the fixed retry applies #4 and
+    drains the parked in order while new events of the id keep coming (parked, or handled once
+    it is free)."""
     run = uuid.uuid4().hex[:6]
     et, name = f"Seq{run}", f"seq-{mode}-{run}"
     pids = [f"{et}|{i}" for i in range(5)]
@@ -118,6 +145,11 @@ async def test_later_events_wait_behind_the_dead_letter_and_drain_in_order(
         assert [(d.seq_nr, e.startswith("Poisoned")) for d, e in again.failed] == [(2, True)]
         assert again.drained == [] and await PARKED.count(conn, name) == 5 and await applied(conn, held) == [1]
 
+        half = await retry(journal, conn, DEAD, name, failing_on(mode, fixed, held, 4), mode)
+        assert [d.seq_nr for d in half.applied] == [2] and half.drained == [(held, 3)]
+        assert [(d.seq_nr, e) for d, e in half.failed] == [(4, f"Poisoned: {held} #4 in the drain")]
+        assert await PARKED.behind(conn, name) == {(held, 4): 3}  # #4 the dead letter now, #5..#7 behind it
+
         async def more() -> None:  # new events of the held id while it drains
             for n in range(8, 21):
                 await journal.persist(held, [{"n": n}], expected_seq_nr=n - 1)
@@ -125,9 +157,9 @@ async def test_later_events_wait_behind_the_dead_letter_and_drain_in_order(
         writing = asyncio.create_task(more())
         done = await retry(journal, conn, DEAD, name, fixed, mode)
         await writing
-        assert [(d.persistence_id, d.seq_nr) for d in done.applied] == [(held, 2)] and done.failed == []
+        assert [(d.persistence_id, d.seq_nr) for d in done.applied] == [(held, 4)] and done.failed == []
         seqs = [n for _, n in done.drained]
-        assert seqs[:5] == [3, 4, 5, 6, 7] and seqs == sorted(seqs)
+        assert seqs[:3] == [5, 6, 7] and seqs == sorted(seqs)
         assert await PARKED.count(conn, name) == 0 and await DEAD.letters(conn, name) == []  # free again
         await wait_until(lambda: _len_is(conn, held, 20), 30, "the id flowing again")
         assert await PARKED.count(conn, name) == 0
