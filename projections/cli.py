@@ -116,7 +116,7 @@ def run(
     from .entity_types import has_events, known_entity_types, listing
     from .handlers import load_handler
     from .recovery import HandlerRecovery
-    from .state_runner import StateWorker
+    from .state_runner import StateWorker, refuse_sequenced
     from .tag_runner import TagWorker
     from .version_run import ProjectionVersioning
     from .versions import register_on
@@ -142,6 +142,8 @@ def run(
     publisher = _kafka_publisher(to_kafka, kafka_bootstrap, kafka_at_least_once, mode, tag) if to_kafka else None
     fn = publisher if publisher is not None else load_handler(handler or "", mode)
     recovery = HandlerRecovery.parse(on_failure, settings.projection)
+    if states:
+        refuse_sequenced(recovery)
     show = sys.stdout.isatty() if progress is None else progress
     for logger in ("projections", "journal"):  # INFO for our own loggers, not for the libraries below
         logging.getLogger(logger).setLevel(logging.INFO)

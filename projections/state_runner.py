@@ -111,6 +111,15 @@ def state_handler(handler: Callable[..., Awaitable[None]], mode: Mode) -> Callab
     return alone
 
 
+def refuse_sequenced(recovery: HandlerRecovery) -> None:
+    """A state projection takes every failure strategy but the sequenced one (ConfigurationError)."""
+    if recovery.sequenced:
+        raise ConfigurationError(
+            "retry-and-dead-letter-sequenced is for events: a state projection sees each id's latest "
+            "revision only, so there is nothing to hold in order behind a dead letter (use retry-and-dead-letter)"
+        )
+
+
 class StateWorker(Worker):
     """A :class:`Worker` over the changes of an entity type's durable states instead of its events:
     the handler gets :class:`~journal.UpdatedState` and :class:`~journal.DeletedState` (the latest
@@ -128,11 +137,7 @@ class StateWorker(Worker):
     ) -> None:  # fmt: skip
         m = validate_mode(mode)
         wrapped = state_handler(check_handler(handler, m), m)
-        if HandlerRecovery.parse(recovery, settings.projection).sequenced:
-            raise ConfigurationError(
-                "retry-and-dead-letter-sequenced is for events: a state projection sees each id's latest "
-                "revision only, so there is nothing to hold in order behind a dead letter (use retry-and-dead-letter)"
-            )
+        refuse_sequenced(HandlerRecovery.parse(recovery, settings.projection))
         super().__init__(journal, settings, name, entity_type, wrapped, m, worker_id=worker_id, recovery=recovery)
 
     def _processor(self, lo: int, hi: int) -> StateProcessor:

@@ -353,6 +353,10 @@ async def test_an_encrypting_journal_parks_no_plaintext_and_a_forgotten_event_dr
     assert await PARKED.count(conn, name) == 0 and await tables_holding(conn, secret) == []
 
 
-def test_a_state_projection_refuses_the_sequenced_strategy(journal: Journal, fast: JournalSettings) -> None:
+def test_a_state_projection_refuses_the_sequenced_strategy(journal: Journal, fast: JournalSettings, dsn: str) -> None:
     with pytest.raises(ConfigurationError, match="retry-and-dead-letter-sequenced is for events"):
         StateWorker(journal, fast, "seq-state", "Thing", project, "grouped", recovery=SEQUENCED)
+    run = ["run", "seq-state", "--entity-type", "Thing", "--handler", "tests.sequenced_handler:project", "--states"]
+    refused = _cli(dsn, *run, "--on-failure", SEQUENCED)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: retry-and-dead-letter-sequenced is for events")
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
