@@ -361,13 +361,18 @@ def status(
             state = "dead (lease expired)" if row["state"] == "running" and not row["live"] else row["state"]
             w.add_row(row["worker_id"], state, str(row["live"]), str(row["events"]), row["error"] or "")
         console.print(w)
-        if st.dead_letters or st.parked:
-            parked = f", {st.parked} events parked behind them" if st.parked else ""
-            typer.echo(f"{st.dead_letters} dead letters{parked} (projections dead-letters list {st.name})")
+        _dead_letters_line(st)
         if v := versions.get(st.name):  # one line, not wrapped: scripts grep it
             typer.echo(
                 f"{st.name}: version {v['version']} of {v['name']}, {v['state']}, tables in schema {v['tables_schema']}"
             )
+
+
+def _dead_letters_line(st: Any) -> None:
+    """``projections status``: the dead letters of a projection and the events parked behind them."""
+    if st.dead_letters or st.parked:
+        parked = f", {st.parked} events parked behind them" if st.parked else ""
+        typer.echo(f"{st.dead_letters} dead letters{parked} (projections dead-letters list {st.name})")
 
 
 def _pausing(paused: bool, summary: str) -> Callable[..., None]:
