@@ -141,7 +141,9 @@ class QuerySettings:
 
 
 TagBucketSize = Literal["Day", "Hour", "Minute"]
-HandlerRecoveryKind = Literal["fail", "retry-and-fail", "retry-and-skip", "retry-and-dead-letter"]
+HandlerRecoveryKind = Literal[
+    "fail", "retry-and-fail", "retry-and-skip", "retry-and-dead-letter", "retry-and-dead-letter-sequenced"
+]
 """What a projection does with an event its handler keeps failing on (see docs/handler-failures.md)."""
 
 
@@ -282,8 +284,10 @@ class ProjectionSettings:
     """Default failure strategy of a projection (each may set its own): ``fail`` (stop at the first
     failure), ``retry-and-fail`` (``handler_attempts`` tries with backoff, then stop),
     ``retry-and-skip`` or ``retry-and-dead-letter`` (then the one poisoned event is isolated and
-    skipped, or parked in ``projection_dead_letter``, and the offset moves past it). Projections
-    over a slice range and over a tag take every strategy."""
+    skipped, or parked in ``projection_dead_letter``, and the offset moves past it), or
+    ``retry-and-dead-letter-sequenced`` (dead-lettered, and every later event of its persistence id
+    parked behind it in ``projection_parked_event`` until the dead letter is retried or discarded).
+    Projections over a slice range and over a tag take every strategy."""
     handler_backoff: float = 0.2
     """Seconds before the first retry; doubles up to ``handler_max_backoff``."""
     handler_max_backoff: float = 5.0

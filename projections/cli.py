@@ -94,7 +94,8 @@ def run(
         str | None,
         typer.Option(
             "--on-failure",
-            help="fail | retry-and-fail | retry-and-skip | retry-and-dead-letter, optionally :ATTEMPTS "
+            help="retry-and-dead-letter-sequenced (an id's later events wait behind its dead letter) | "
+            "retry-and-dead-letter | retry-and-skip | retry-and-fail | fail, optionally :ATTEMPTS "
             "(default: projection.handler_recovery).",
         ),
     ] = None,
@@ -115,7 +116,7 @@ def run(
     from .entity_types import has_events, known_entity_types, listing
     from .handlers import load_handler
     from .recovery import HandlerRecovery
-    from .state_runner import StateWorker
+    from .state_runner import StateWorker, refuse_sequenced
     from .tag_runner import TagWorker
     from .version_run import ProjectionVersioning
     from .versions import register_on
@@ -141,6 +142,8 @@ def run(
     publisher = _kafka_publisher(to_kafka, kafka_bootstrap, kafka_at_least_once, mode, tag) if to_kafka else None
     fn = publisher if publisher is not None else load_handler(handler or "", mode)
     recovery = HandlerRecovery.parse(on_failure, settings.projection)
+    if states:
+        refuse_sequenced(recovery)
     show = sys.stdout.isatty() if progress is None else progress
     for logger in ("projections", "journal"):  # INFO for our own loggers, not for the libraries below
         logging.getLogger(logger).setLevel(logging.INFO)
@@ -322,14 +325,16 @@ def status(
 
     from . import management
     from .dead_letter_store import DeadLetterSql
+    from .parked_store import ParkedSql
     from .versions import by_versioned_name, status_names
 
     served = _journal_databases(dsn, schema, data_dir, databases)
 
     async def go(conn: Any, sql: Any) -> tuple[list[Any], dict[str, Any]]:
         names, versions = await status_names(conn, sql, name)
-        dead = DeadLetterSql(sql.schema)
-        return [await management.status(conn, sql, n, dead, served) for n in names], by_versioned_name(versions)
+        dead, parked = DeadLetterSql(sql.schema), ParkedSql(sql.schema)
+        statuses = [await management.status(conn, sql, n, dead, served, parked) for n in names]
+        return statuses, by_versioned_name(versions)
 
     results, versions = _with_conn(dsn, schema, data_dir, go, "projections status", databases)
     if as_json:
@@ -356,12 +361,18 @@ def status(
             state = "dead (lease expired)" if row["state"] == "running" and not row["live"] else row["state"]
             w.add_row(row["worker_id"], state, str(row["live"]), str(row["events"]), row["error"] or "")
         console.print(w)
-        if st.dead_letters:
-            console.print(f"{st.dead_letters} dead letters (projections dead-letters list {st.name})")
+        _dead_letters_line(st)
         if v := versions.get(st.name):  # one line, not wrapped: scripts grep it
             typer.echo(
                 f"{st.name}: version {v['version']} of {v['name']}, {v['state']}, tables in schema {v['tables_schema']}"
             )
+
+
+def _dead_letters_line(st: Any) -> None:
+    """``projections status``: the dead letters of a projection and the events parked behind them."""
+    if st.dead_letters or st.parked:
+        parked = f", {st.parked} events parked behind them" if st.parked else ""
+        typer.echo(f"{st.dead_letters} dead letters{parked} (projections dead-letters list {st.name})")
 
 
 def _pausing(paused: bool, summary: str) -> Callable[..., None]:
@@ -505,23 +516,30 @@ def dead_letters_list(
     databases: DatabasesOption = None, subject_of: SubjectOfOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, with the tracebacks.")] = False,
 ) -> None:  # fmt: skip
-    """List a projection's dead letters, in the order a retry applies them."""
+    """List a projection's dead letters, in the order a retry applies them, with the number of
+    events parked behind each (retry-and-dead-letter-sequenced)."""
     from .dead_letter_store import DeadLetterSql
     from .dead_letters import letters_json
+    from .parked_store import ParkedSql
 
-    letters = _with_conn(
-        dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).letters(c, name), "dead-letters", databases
-    )
+    async def go(conn: Any, sql: Any) -> tuple[list[Any], dict[tuple[str, int], int]]:
+        return await DeadLetterSql(sql.schema).letters(conn, name), await ParkedSql(sql.schema).behind(conn, name)
+
+    letters, behind = _with_conn(dsn, schema, data_dir, go, "dead-letters", databases)
     letters = _opened(letters, dsn, schema, data_dir, databases, subject_of)
     if as_json:
-        typer.echo(letters_json(letters))
+        typer.echo(letters_json(letters, behind))
         return
     for d in letters:
+        n = behind.get((d.persistence_id, d.seq_nr), 0)
         typer.echo(
             f"{d.persistence_id} #{d.seq_nr}  slice {d.slice}  {d.attempts} attempts  "
-            f"last {d.last_failure.isoformat()}  {d.error}"
+            f"last {d.last_failure.isoformat()}  {f'{n} parked behind  ' if n else ''}{d.error}"
         )
-    typer.echo(f"{len(letters)} dead letters of {name}")
+    for (pid, ahead), n in sorted(behind.items()):
+        if ahead == 0:  # no dead letter leads them: a drain stopped half-way
+            typer.echo(f"{pid}: {n} parked with no dead letter ahead (a drain stopped half-way: retry finishes it)")
+    typer.echo(f"{len(letters)} dead letters of {name}, {sum(behind.values())} events parked behind them")
 
 
 def _opened(
@@ -585,6 +603,7 @@ def dead_letters_retry(
         typer.echo(f"failed again: {letter.persistence_id} #{letter.seq_nr}: {error}", err=True)
     for letter in result.missing:
         typer.echo(f"not in the journal any more: {letter.persistence_id} #{letter.seq_nr}", err=True)
+    _drained(result, name)
     typer.echo(
         f"applied {len(result.applied)}, failed {len(result.failed)}, waiting {len(result.waiting)}, "
         f"missing {len(result.missing)} dead letters of {name}"
@@ -592,24 +611,59 @@ def dead_letters_retry(
     raise typer.Exit(1 if result.failed or result.missing else 0)
 
 
+def _drained(result: Any, name: str) -> None:
+    """The parked events a retry or discard applied (and dropped) behind the dead letters."""
+    for pid, seq_nr in result.dropped:
+        typer.echo(f"parked event not in the journal any more, dropped: {pid} #{seq_nr}", err=True)
+    if result.drained or result.dropped:
+        typer.echo(f"drained {len(result.drained)} parked events of {name} in order")
+
+
 @dead_letters_app.command("discard")
 def dead_letters_discard(
     name: str, pid: PidOption = None, seq_nr: SeqNrOption = None,
     everything: Annotated[bool, typer.Option("--all", help="Discard every dead letter of the projection.")] = False,
+    handler: Annotated[
+        str | None,
+        typer.Option("--handler", help="Then apply the events parked behind them, in order, with this handler."),
+    ] = None,
+    mode: Annotated[str, typer.Option("--mode", help="exactly-once | grouped | at-least-once")] = "grouped",
     dsn: DsnOption = None, schema: SchemaOption = None, data_dir: DataDirOption = None,
-    databases: DatabasesOption = None,
+    databases: DatabasesOption = None, subject_of: SubjectOfOption = None, upcasters: UpcastersOption = None,
+    serializers: SerializersOption = None,
 ) -> None:  # fmt: skip
-    """Delete dead letters without applying them (--pid [--seq-nr], or --all)."""
+    """Delete dead letters without applying them (--pid [--seq-nr], or --all); with --handler, the
+    events parked behind them are then applied in order. Exit 1 if one of those failed."""
+    from journal.cli.common import target_dsn
     from journal.errors import InvalidArgument
+    from journal.journal import open_journal
 
     from .dead_letter_store import DeadLetterSql
+    from .dead_letters import discard
+    from .handlers import load_handler, validate_mode
 
     if (pid is None) == (not everything) or (seq_nr is not None and pid is None):
         raise InvalidArgument("give --pid (and optionally --seq-nr), or --all")
-    n = _with_conn(
-        dsn, schema, data_dir, lambda c, s: DeadLetterSql(s.schema).discard(c, name, pid, seq_nr), "discard", databases
-    )
+    kind = validate_mode(mode)
+    fn = load_handler(handler, mode) if handler is not None else None
+    settings = _settings(schema, data_dir, databases, **hook_settings(subject_of, upcasters, serializers))
+    target, _ = target_dsn(dsn, settings)
+
+    async def go(conn: Any, sql: Any) -> Any:
+        dead = DeadLetterSql(sql.schema)
+        if fn is None:
+            return await discard(conn, dead, name, pid, seq_nr)
+        async with open_journal(target, settings=settings, **journal_hooks(settings)) as j:
+            return await discard(conn, dead, name, pid, seq_nr, j, fn, kind)
+
+    n, result = _with_conn(target, schema, data_dir, go, "discard", databases)
+    for letter, error in result.failed:
+        typer.echo(
+            f"parked event failed, now the dead letter: {letter.persistence_id} #{letter.seq_nr}: {error}", err=True
+        )
+    _drained(result, name)
     typer.echo(f"discarded {n} dead letters of {name}")
+    raise typer.Exit(1 if result.failed else 0)
 
 
 spark_cli.register(app)

@@ -36,6 +36,7 @@ from .handlers import Mode
 from .isolation import Isolation
 from .offset_rows import OffsetRows
 from .recovery import Failures
+from .sequencing import Sequencer
 from .stats import Stats
 from .transactions import TransactionRunner, Unit
 
@@ -74,6 +75,9 @@ class Handling(Generic[R]):
     """A handler's tries before its recovery strategy acts (:meth:`HandlerRecovery.tries`)."""
     isolation: Isolation[R] | None
     """Set when the recovery strategy skips or dead-letters poisoned events."""
+    sequencer: Sequencer | None = None
+    """Set under ``retry-and-dead-letter-sequenced``: the events of a held persistence id are
+    parked behind its dead letter instead of handled (:mod:`.sequencing`)."""
 
 
 def delivery_for(mode: Mode, handling: Handling[R], settings: ProjectionSettings) -> Delivery:
@@ -122,8 +126,11 @@ class AtLeastOnce(Generic[R]):
         self._last_flush = time.monotonic()
 
     async def deliver(self, accepted: Sequence[EventEnvelope], heartbeats: dict[int, datetime]) -> None:
-        handler = self.h.handler
+        handler, seq = self.h.handler, self.h.sequencer
+        held = await seq.ready() if seq is not None else None
         for env in accepted:
+            if held and env.persistence_id in held and await self._parked(env):
+                continue
             if tracing.ON:
                 await self._retried(env, None)
                 continue
@@ -136,6 +143,12 @@ class AtLeastOnce(Generic[R]):
         self._unflushed += len(accepted)
         self._heartbeats.update(heartbeats)
         await self._flush(force=False)
+
+    async def _parked(self, env: EventEnvelope) -> bool:
+        """``env``'s id is held: parked behind its dead letter (True), or found free (False)."""
+        seq = self.h.sequencer
+        assert seq is not None
+        return await seq.park_alone(env, self.h.offsets, self.h.tries)
 
     async def _retried(self, env: EventEnvelope, first: Exception | None) -> None:
         """``env`` through the transaction runner's tries (after the ``first`` try's error, when
@@ -192,6 +205,8 @@ class _Transactional(ABC, Generic[R]):
     def __init__(self, h: Handling[R], settings: ProjectionSettings) -> None:
         self.h = h
         self.batch_size = settings.group_size
+        self._parked = 0
+        """Events of the batch being delivered parked behind a dead letter (not handled)."""
 
     @abstractmethod
     async def handle(self, conn: Any, envs: Sequence[EventEnvelope]) -> None:
@@ -203,7 +218,9 @@ class _Transactional(ABC, Generic[R]):
         h, o = self.h, self.h.offsets
         rows = o.pending(heartbeats)
         started = time.monotonic()
-        parked = 0
+        parked = self._parked = 0
+        if h.sequencer is not None:
+            await h.sequencer.ready()
         try:
             if accepted and h.isolation is not None:
                 parked = await h.isolation.commit(accepted, rows, self.commit)
@@ -214,7 +231,7 @@ class _Transactional(ABC, Generic[R]):
             raise
         o.committed(heartbeats)
         newest = max(map(_db_timestamp, accepted), default=None)
-        h.stats.committed(len(accepted) - parked, newest, time.monotonic() - started, key=h.tx.unit.key)
+        h.stats.committed(len(accepted) - parked - self._parked, newest, time.monotonic() - started, key=h.tx.unit.key)
 
     async def stop(self) -> None:
         heartbeats = self.h.offsets.at_stop()
@@ -229,17 +246,20 @@ class _Transactional(ABC, Generic[R]):
         self, envs: Sequence[EventEnvelope], rows: R, tries: int, failures: Failures | None = None
     ) -> None:
         """One transaction: the handler on ``envs`` and the offset ``rows``."""
-        o = self.h.offsets
+        o, seq = self.h.offsets, self.h.sequencer
 
         async def body(conn: Any) -> None:
-            if envs:
-                await self.handle(conn, envs)
+            handled = envs if seq is None or not envs else await seq.split(conn, envs)
+            if handled:
+                await self.handle(conn, handled)
             await o.store(conn, rows)
 
         await self.h.tx.run(
             body if not tracing.ON else traced(body, envs, self.h.tx.unit), tries=tries, fence=o.fence(rows),
             committed=o.proof(rows), failures=failures,
         )  # fmt: skip
+        if seq is not None:
+            self._parked += seq.committed()
 
 
 class ExactlyOnce(_Transactional[R]):

@@ -20,6 +20,7 @@ from journal.serialization import SerializerRegistry
 from .dead_letter_store import DeadLetter, DeadLetterSql, sealed
 from .offset_rows import OffsetRows
 from .recovery import Failures, HandlerRecovery
+from .sequencing import Sequencer
 from .stats import Stats
 from .transactions import TransactionRunner
 
@@ -36,9 +37,12 @@ class Isolation(Generic[R]):
 
     def __init__(
         self, recovery: HandlerRecovery, tx: TransactionRunner, offsets: OffsetRows[R], *, dead_letters: DeadLetterSql,
-        stats: Stats, tries: int, serializers: SerializerRegistry | None,
+        stats: Stats, tries: int, serializers: SerializerRegistry | None, sequencer: Sequencer | None = None,
     ) -> None:  # fmt: skip
-        self.dead = recovery.kind == "retry-and-dead-letter"
+        self.dead = recovery.dead_letters
+        self.sequencer = sequencer
+        """Set under ``retry-and-dead-letter-sequenced``: told of each dead letter, so the later
+        events of its persistence id are parked behind it."""
         self.tx = tx
         self.offsets = offsets
         self.dead_letters = dead_letters
@@ -118,6 +122,8 @@ class Isolation(Generic[R]):
         await self.tx.run(body, tries=self.tries, fence=o.fence(rows, env), committed=o.proof(rows))
         if self.dead:
             self.stats.dead_lettered += 1
+            if self.sequencer is not None:
+                self.sequencer.hold(env.persistence_id)
         else:
             self.stats.skipped += 1
         log.warning(

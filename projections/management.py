@@ -59,6 +59,8 @@ class ProjectionStatus:
     workers: list[dict[str, Any]]
     dead_letters: int = 0
     """Events parked by ``retry-and-dead-letter`` and not retried or discarded yet."""
+    parked: int = 0
+    """Events held behind dead letters (``retry-and-dead-letter-sequenced``), not drained yet."""
 
 
 async def require_known(conn: Any, sql: ManagementStore, name: str) -> None:
@@ -77,13 +79,18 @@ class DeadLetterCount(Protocol):
     async def count(self, conn: Any, name: str) -> int: ...
 
 
+class ParkedCount(Protocol):
+    async def count(self, conn: Any, name: str, pid: str | None = None) -> int: ...
+
+
 async def status(
     conn: Any, sql: ManagementStore, name: str, dead_letters: DeadLetterCount | None = None,
-    databases: Sequence[tuple[int, int, str]] = (),
+    databases: Sequence[tuple[int, int, str]] = (), parked: ParkedCount | None = None,
 ) -> ProjectionStatus:  # fmt: skip
     """Per slice range (grouped by owner, and by database: ``databases`` are the journal's
     ``(min_slice, max_slice, database)`` runs when it has several): offset, lag, owner, paused;
-    the workers; the number of dead letters (when ``dead_letters`` is given)."""
+    the workers; the number of dead letters (when ``dead_letters`` is given) and of the events
+    parked behind them (when ``parked`` is)."""
     db: list[str | None] = [None] * NUMBER_OF_SLICES
     for lo, hi, where in databases:
         db[lo : hi + 1] = [where] * (hi - lo + 1)
@@ -118,7 +125,8 @@ async def status(
         start = s
     workers = [dict(r) for r in await sql.leases.workers(conn, name)]
     dead = await dead_letters.count(conn, name) if dead_letters is not None else 0
-    return ProjectionStatus(name, ranges, workers, dead)
+    held = await parked.count(conn, name) if parked is not None else 0
+    return ProjectionStatus(name, ranges, workers, dead, held)
 
 
 def status_json(statuses: list[ProjectionStatus], versions: Mapping[str, Mapping[str, Any]] | None = None) -> str:
@@ -140,6 +148,7 @@ def status_json(statuses: list[ProjectionStatus], versions: Mapping[str, Mapping
             ],
             "workers": st.workers,
             "dead_letters": st.dead_letters,
+            "parked": st.parked,
             "version": (versions or {}).get(st.name),
         }
         for st in statuses

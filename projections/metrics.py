@@ -67,6 +67,7 @@ class _Counters(Protocol):
     retries: int
     skipped: int
     dead_lettered: int
+    parked: int
 
 
 class TrackedWorker(Protocol):
@@ -123,6 +124,10 @@ class WorkerCollector(Collector):
             "projection_dead_letters", "Events parked in the dead-letter table (retry-and-dead-letter).",
             labels=labels,
         )  # fmt: skip
+        parked = CounterMetricFamily(
+            "projection_events_parked", "Events parked behind a dead letter (retry-and-dead-letter-sequenced).",
+            labels=labels,
+        )  # fmt: skip
         failed = GaugeMetricFamily("projection_worker_failed", "1 when the worker stopped on an error.", labels=labels)
         leases = GaugeMetricFamily("projection_leases_held", "Slice leases this worker holds.", labels=labels)
         owned = GaugeMetricFamily(
@@ -145,6 +150,7 @@ class WorkerCollector(Collector):
             failures.add_metric(key, st.retries)
             skipped.add_metric(key, st.skipped)
             dead.add_metric(key, st.dead_lettered)
+            parked.add_metric(key, st.parked)
             failed.add_metric(key, 1.0 if w.error else 0.0)
             leases.add_metric(key, len(w.epochs))
             for lo, hi in _ranges(w):
@@ -154,7 +160,7 @@ class WorkerCollector(Collector):
                 if lag is not None:
                     lag_s.add_metric([w.name, slices], lag[0])
                     lag_n.add_metric([w.name, slices], lag[1])
-        yield from (events, dups, replayed, failures, skipped, dead, failed, leases, owned, lag_s, lag_n)
+        yield from (events, dups, replayed, failures, skipped, dead, parked, failed, leases, owned, lag_s, lag_n)
 
 
 REGISTRY.register(WorkerCollector())

@@ -17,8 +17,10 @@ from .handlers import Mode
 from .isolation import Isolation
 from .offset_rows import OffsetRows
 from .outage import Outage
+from .parked_store import ParkedSql
 from .postgres_store import ProjectionSql
 from .recovery import HandlerRecovery
+from .sequencing import Sequencer
 from .stats import Stats
 from .transactions import Connections, TransactionRunner, Unit
 
@@ -56,10 +58,13 @@ class ProjectionParts:
 
     def delivery(self, tx: TransactionRunner, offsets: OffsetRows[R]) -> Delivery:
         """The projection's delivery (its mode) over a processor's offset rows, isolating
-        poisoned events when its recovery strategy skips or dead-letters them."""
+        poisoned events when its recovery strategy skips or dead-letters them (and parking the
+        later events of a dead letter's persistence id behind it when it is sequenced)."""
         tries = self.recovery.tries(self.settings)
+        sequencer = Sequencer(ParkedSql(self.sql.schema), tx, self.stats) if self.recovery.sequenced else None
         isolation = Isolation.of(
             self.recovery, tx, offsets, dead_letters=DeadLetterSql(self.sql.schema), stats=self.stats, tries=tries,
-            serializers=self.serializers,
+            serializers=self.serializers, sequencer=sequencer,
         )  # fmt: skip
-        return delivery_for(self.mode, Handling(self.handler, tx, offsets, self.stats, tries, isolation), self.settings)
+        handling = Handling(self.handler, tx, offsets, self.stats, tries, isolation, sequencer)
+        return delivery_for(self.mode, handling, self.settings)

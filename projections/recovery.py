@@ -5,7 +5,10 @@
   before strategies existed);
 - ``retry-and-skip``: the tries, then the event is skipped: the offset moves past it;
 - ``retry-and-dead-letter``: the tries, then the event is parked in ``projection_dead_letter``
-  in the same transaction that moves the offset past it (``projections dead-letters retry``).
+  in the same transaction that moves the offset past it (``projections dead-letters retry``);
+- ``retry-and-dead-letter-sequenced``: as ``retry-and-dead-letter``, and every later event of the
+  dead letter's persistence id is parked behind it (``projection_parked_event``, :mod:`.sequencing`)
+  until the dead letter is retried or discarded, which applies them in order.
 
 Skipping and dead-lettering act on one event: a grouped batch that fails is split in halves, each
 committed on its own, until the poisoned event is alone (see docs/handler-failures.md).
@@ -57,7 +60,17 @@ class HandlerRecovery:
     @property
     def isolates(self) -> bool:
         """True when a failing event is set aside (skipped or dead-lettered) and the rest goes on."""
-        return self.kind in ("retry-and-skip", "retry-and-dead-letter")
+        return self.kind in ("retry-and-skip", "retry-and-dead-letter", "retry-and-dead-letter-sequenced")
+
+    @property
+    def dead_letters(self) -> bool:
+        """True when a failing event is kept in ``projection_dead_letter``."""
+        return self.kind in ("retry-and-dead-letter", "retry-and-dead-letter-sequenced")
+
+    @property
+    def sequenced(self) -> bool:
+        """True when the later events of a dead letter's persistence id are parked behind it."""
+        return self.kind == "retry-and-dead-letter-sequenced"
 
 
 class Failures:

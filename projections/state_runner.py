@@ -24,6 +24,7 @@ from typing import Any
 from journal import Journal
 from journal.durable_state import DurableState, state_change
 from journal.envelope import EventEnvelope
+from journal.errors import ConfigurationError
 from journal.offsets import TimestampOffset
 from journal.settings import JournalSettings
 
@@ -110,6 +111,15 @@ def state_handler(handler: Callable[..., Awaitable[None]], mode: Mode) -> Callab
     return alone
 
 
+def refuse_sequenced(recovery: HandlerRecovery) -> None:
+    """A state projection takes every failure strategy but the sequenced one (ConfigurationError)."""
+    if recovery.sequenced:
+        raise ConfigurationError(
+            "retry-and-dead-letter-sequenced is for events: a state projection sees each id's latest "
+            "revision only, so there is nothing to hold in order behind a dead letter (use retry-and-dead-letter)"
+        )
+
+
 class StateWorker(Worker):
     """A :class:`Worker` over the changes of an entity type's durable states instead of its events:
     the handler gets :class:`~journal.UpdatedState` and :class:`~journal.DeletedState` (the latest
@@ -127,6 +137,7 @@ class StateWorker(Worker):
     ) -> None:  # fmt: skip
         m = validate_mode(mode)
         wrapped = state_handler(check_handler(handler, m), m)
+        refuse_sequenced(HandlerRecovery.parse(recovery, settings.projection))
         super().__init__(journal, settings, name, entity_type, wrapped, m, worker_id=worker_id, recovery=recovery)
 
     def _processor(self, lo: int, hi: int) -> StateProcessor:

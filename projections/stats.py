@@ -25,6 +25,9 @@ class Stats:
     """Events a failing handler gave up on under ``retry-and-skip`` (the offset moved past them)."""
     dead_lettered: int = 0
     """Events parked in the dead-letter table under ``retry-and-dead-letter``."""
+    parked: int = 0
+    """Events parked behind a dead letter of their persistence id under
+    ``retry-and-dead-letter-sequenced`` (not handled; their offsets stored)."""
     batches: int = 0
     last_event_timestamp: datetime | None = None
     last_commit: float = field(default_factory=time.monotonic)

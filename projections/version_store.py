@@ -160,11 +160,11 @@ WHERE projection_name = $1 AND state = 'running' AND expires_at > clock_timestam
         return n
 
     async def drop(self, conn: Any, name: str, version: int, versioned_name: str, tables_schema: str) -> None:
-        """The version's schema (its tables), offsets, leases, workers, pauses, dead letters and row."""
+        """The version's schema (its tables), offsets, leases, workers, pauses, dead letters, parked events and row."""
         await conn.execute(f"DROP SCHEMA IF EXISTS {quoted(tables_schema)} CASCADE")
         for table in (
             "projection_timestamp_offset_store", "projection_slice_lease", "projection_worker",
-            "projection_management", "projection_dead_letter",
+            "projection_management", "projection_dead_letter", "projection_parked_event",
         ):  # fmt: skip
             await conn.execute(f"DELETE FROM {self.t(table)} WHERE projection_name = $1", versioned_name)
         await conn.execute(

@@ -277,3 +277,46 @@ async def test_a_worker_over_a_partitioned_journal_runs_on_the_home_databases_po
         assert {tuple(r) for r in seen} == {(j.backend.shared_connections().application_name, home[0][1])}
         assert not await stored(dbs[0], "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE 'sj-projection%'")
         await j.persist("pooled|after", [{"n": 1}])  # the journal's pools stay open
+
+
+async def test_sequenced_dead_letters_over_a_partitioned_journal(parts: list[str]) -> None:
+    """``retry-and-dead-letter-sequenced`` over two databases: ids of both hold their later
+    events behind their dead letters in the home database's table, and the retry drains each
+    from the database that holds its events, in order."""
+    from projections import Worker
+    from projections.dead_letter_store import DeadLetterSql
+    from projections.dead_letters import retry
+    from projections.parked_store import ParkedSql
+    from tests.sequenced_handler import CREATE, project, project_fixed
+    from tests.support.waiting import wait_until
+
+    dbs = parts[:2]
+    fast = {"lease_ttl": 1.5, "lease_renew_interval": 0.3, "handler_backoff": 0.01, "handler_attempts": 2}
+    pids = [p.replace("route|", "held|") for p in PIDS[:20]]
+    poisoned = [p for p in pids if slice_for(p) < 512][:1] + [p for p in pids if slice_for(p) >= 512][:1]
+    name, parked = "p-sequenced", ParkedSql("public")
+    conn = await asyncpg.connect(asyncpg_dsn(dbs[0]))
+    try:
+        await conn.execute(CREATE)
+        async with partitioned(dbs, **fast) as j:
+            for n in range(1, 5):
+                await j.persist_many([Write(p, [{"n": n, "poison": p in poisoned and n == 2}]) for p in pids])
+            w = Worker(j, j.settings, name, "held", project, "grouped", recovery="retry-and-dead-letter-sequenced")
+            task = asyncio.create_task(w.run())
+            try:
+                await wait_until(lambda: _applied_count(conn, 18 * 4 + 2), 30, "the free ids applied")
+                await wait_until(lambda: parked.count(conn, name), 30, "parked events")
+                assert await parked.count(conn, name) == 4
+                result = await retry(j, conn, DeadLetterSql("public"), name, project_fixed, "grouped")
+                assert sorted(result.drained) == sorted((p, n) for p in poisoned for n in (3, 4))
+            finally:
+                w.stop()
+                await task
+        rows = await conn.fetch("SELECT pid, array_agg(seq ORDER BY n) FROM seq_applied GROUP BY pid")
+        assert {r[0]: r[1] for r in rows} == {p: [1, 2, 3, 4] for p in pids}
+    finally:
+        await conn.close()
+
+
+async def _applied_count(conn: asyncpg.Connection, n: int) -> bool:
+    return int(await conn.fetchval("SELECT count(*) FROM seq_applied")) == n

@@ -53,6 +53,7 @@ SQL_HOMES = (
     "projections/postgres_store.py",
     "projections/tag_offset_store.py",
     "projections/dead_letter_store.py",
+    "projections/parked_store.py",
     "projections/version_store.py",
     "projections/spark/sql.py",
     "projections/demo/statements.py",

@@ -287,6 +287,22 @@ projection_dead_letter = Table(
 transaction that moves the offset past the event, deleted in the transaction that applies it on
 ``projections dead-letters retry`` (issue 26). The event itself stays in the journal."""
 
+projection_parked_event = Table(
+    "projection_parked_event",
+    metadata,
+    Column("projection_name", String(255), nullable=False),
+    Column("persistence_id", String(255), nullable=False),
+    Column("seq_nr", BigInteger, nullable=False),
+    Column("projection_key", String(255), nullable=False),
+    Column("slice", Integer, nullable=False),
+    Column("db_timestamp", TIMESTAMP(timezone=True), nullable=False),
+    Column("parked_at", TIMESTAMP(timezone=True), nullable=False),
+    PrimaryKeyConstraint("projection_name", "persistence_id", "seq_nr", name="projection_parked_event_pkey"),
+)
+"""Events held behind a dead letter of their persistence id (``retry-and-dead-letter-sequenced``,
+issue 36): inserted in the offset transaction that moves past the event, applied in seq_nr order
+and deleted when the dead letter ahead is retried or discarded. The event stays in the journal."""
+
 encryption_key = Table(
     "encryption_key",
     metadata,
