@@ -579,14 +579,18 @@ def dead_letters_retry(
     pid: PidOption = None, seq_nr: SeqNrOption = None, dsn: DsnOption = None, schema: SchemaOption = None,
     data_dir: DataDirOption = None, databases: DatabasesOption = None, subject_of: SubjectOfOption = None,
     upcasters: UpcastersOption = None, serializers: SerializersOption = None,
+    states: Annotated[
+        bool, typer.Option("--states", help="The letters of a state projection (projections run --states).")
+    ] = False,
 ) -> None:  # fmt: skip
     """Apply the dead letters with the handler, in order, each once; exit 1 if any failed again."""
     from journal.cli.common import target_dsn
     from journal.journal import open_journal
 
     from .dead_letter_store import DeadLetterSql
-    from .dead_letters import retry
+    from .dead_letters import StateLoader, retry
     from .handlers import load_handler, validate_mode
+    from .state_runner import state_handler
 
     fn = load_handler(handler, mode)
     kind = validate_mode(mode)
@@ -595,20 +599,38 @@ def dead_letters_retry(
     target, _ = target_dsn(dsn, settings)
 
     async def go(conn: Any, sql: Any) -> Any:
+        dead = DeadLetterSql(sql.schema)
         async with open_journal(target, settings=settings, **hooks) as j:
-            return await retry(j, conn, DeadLetterSql(sql.schema), name, fn, kind, persistence_id=pid, seq_nr=seq_nr)
+            if not states:
+                return await retry(j, conn, dead, name, fn, kind, persistence_id=pid, seq_nr=seq_nr)
+            loader = StateLoader(j, dead)
+            return await retry(
+                loader, conn, dead, name, state_handler(fn, kind), kind, persistence_id=pid, seq_nr=seq_nr,
+                still_current=loader.still_current,
+            )  # fmt: skip
 
     result = _with_conn(target, schema, data_dir, go, "dead-letters retry", databases)
+    _print_retry(result, name, states)
+    raise typer.Exit(1 if result.failed or result.missing else 0)
+
+
+def _print_retry(result: Any, name: str, states: bool) -> None:
     for letter, error in result.failed:
         typer.echo(f"failed again: {letter.persistence_id} #{letter.seq_nr}: {error}", err=True)
     for letter in result.missing:
-        typer.echo(f"not in the journal any more: {letter.persistence_id} #{letter.seq_nr}", err=True)
+        where = "in the durable state store" if states else "in the journal"
+        typer.echo(f"not {where} any more: {letter.persistence_id} #{letter.seq_nr}", err=True)
+    for letter, revision in result.superseded:
+        typer.echo(
+            f"superseded: {letter.persistence_id} #{letter.seq_nr} (at revision {revision} now, which the "
+            "projection delivers as any change): taken, not applied"
+        )
     _drained(result, name)
+    superseded = f", superseded {len(result.superseded)}" if states else ""
     typer.echo(
         f"applied {len(result.applied)}, failed {len(result.failed)}, waiting {len(result.waiting)}, "
-        f"missing {len(result.missing)} dead letters of {name}"
+        f"missing {len(result.missing)}{superseded} dead letters of {name}"
     )
-    raise typer.Exit(1 if result.failed or result.missing else 0)
 
 
 def _drained(result: Any, name: str) -> None:

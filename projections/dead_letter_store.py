@@ -127,6 +127,14 @@ AND ($3::bigint IS NULL OR seq_nr = $3)""",
         )
         return int(status.split()[-1])
 
+    async def state_revision(self, conn: Any, pid: str) -> int | None:
+        """Inside a state letter's retry transaction: the pid's revision here (None: no row in
+        this database), its row held FOR SHARE until the commit (an upsert of it waits)."""
+        found: int | None = await conn.fetchval(
+            f"SELECT revision FROM {self.t('durable_state')} WHERE persistence_id = $1 FOR SHARE", pid
+        )
+        return found
+
     async def count(self, conn: Any, name: str) -> int:
         n: int = await conn.fetchval(f"SELECT count(*) FROM {self.table} WHERE projection_name = $1", name)
         return n

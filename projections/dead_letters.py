@@ -20,10 +20,13 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from journal.envelope import EventEnvelope
 from journal.errors import InvalidArgument
+from journal.ids import entity_type_of, slice_for
+from journal.journal import Journal
+from journal.offsets import TimestampOffset
 from journal.serialization import SerializerRegistry
 
 from .dead_letter_store import DeadLetter, DeadLetterSql, sealed
@@ -32,13 +35,53 @@ from .parked_store import ParkedEvent, ParkedSql
 from .recovery import Failures
 
 
+class Superseded(NamedTuple):
+    """A state projection's dead letter whose pid has a later revision now (``revision``)."""
+
+    revision: int
+
+
 class EventLoader(Protocol):
     """What a retry needs of a journal: one event with its payload (``Journal.load_envelope``),
-    and its serializers (a dead letter that fails again is sealed as the runner seals it)."""
+    and its serializers (a dead letter that fails again is sealed as the runner seals it).
+    A state projection's letters are loaded by :class:`StateLoader`."""
 
     serializers: SerializerRegistry
 
-    async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | None: ...
+    async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | Superseded | None: ...
+
+
+class StateLoader:
+    """The dead letters of a state projection (``--states``): a letter is the pid's state at its
+    revision, read from the durable state store; when the pid has a later revision now, the
+    letter is superseded (that revision is, or will be, delivered as any change, and applying
+    the older one after it would take the read model backwards)."""
+
+    def __init__(self, journal: Journal, sql: DeadLetterSql) -> None:
+        self.states = journal.durable_state()
+        self.serializers = journal.serializers
+        self.sql = sql
+
+    async def load_envelope(self, persistence_id: str, seq_nr: int) -> EventEnvelope | Superseded | None:
+        state = await self.states.get(persistence_id)
+        if state is None or state.revision < seq_nr:  # hard deleted (and maybe written again)
+            return None
+        if state.revision > seq_nr:
+            return Superseded(state.revision)
+        pid, ts = state.persistence_id, state.db_timestamp
+        offset = TimestampOffset(ts, {pid: state.revision})
+        return EventEnvelope(
+            pid, entity_type_of(pid), slice_for(pid), state.revision, ts, state.value, offset,
+            tags=state.tags, has_payload=not state.deleted, source="dead letter",
+        )  # fmt: skip
+
+    async def still_current(self, conn: Any, letter: DeadLetter) -> bool:
+        """In the retry's transaction: the pid's state is still at the letter's revision, and
+        stays so until the commit (its row held FOR SHARE: an upsert of the pid waits, so the
+        projection cannot deliver a later revision before this one). A row this database does
+        not hold (a partitioned journal's) is not checked."""
+        found = await self.sql.state_revision(conn, letter.persistence_id)
+        return found is None or found == letter.seq_nr
 
 
 @dataclass
@@ -50,6 +93,8 @@ class RetryResult:
     """Later dead letters of a persistence id whose earlier one failed again (not tried)."""
     missing: list[DeadLetter] = field(default_factory=list)
     """Dead letters whose event is no longer in the journal (deleted): kept; discard them."""
+    superseded: list[tuple[DeadLetter, int]] = field(default_factory=list)
+    """A state projection's dead letters whose pid has a later revision (with it): taken, not applied."""
     gone: int = 0
     """Dead letters another retry or a discard took first (not applied here)."""
     drained: list[tuple[str, int]] = field(default_factory=list)
@@ -61,9 +106,12 @@ class RetryResult:
 async def retry(
     journal: EventLoader, conn: Any, sql: DeadLetterSql, name: str, handler: Callable[..., Awaitable[None]],
     mode: Mode, *, persistence_id: str | None = None, seq_nr: int | None = None,
+    still_current: Callable[[Any, DeadLetter], Awaitable[bool]] | None = None,
 ) -> RetryResult:  # fmt: skip
     """Apply the dead letters of ``name`` (or of one pid, or one event) with ``handler``, each
-    followed by the events parked behind it; then the parked events no dead letter leads."""
+    followed by the events parked behind it; then the parked events no dead letter leads.
+    ``still_current`` (a state projection's, :meth:`StateLoader.still_current`) is asked in
+    each letter's transaction before it is applied; False: the letter is left for the next retry."""
     out = RetryResult()
     parked = ParkedSql(sql.schema)
     blocked: set[str] = set()
@@ -79,9 +127,14 @@ async def retry(
             out.missing.append(letter)
             blocked.add(pid)
             continue
+        if isinstance(env, Superseded):
+            async with conn.transaction():
+                if await sql.take(conn, name, pid, letter.seq_nr):
+                    out.superseded.append((letter, env.revision))
+            continue
         failures = Failures()
         try:
-            took = await _apply(conn, sql, name, letter, env, handler, mode)
+            took = await _apply(conn, sql, name, letter, env, handler, mode, still_current)
         except Exception as e:
             failures.failed(e)
             error, tb = await sealed(journal.serializers, pid, failures.message, failures.traceback)
@@ -226,12 +279,15 @@ async def _dead_lettered(
 async def _apply(
     conn: Any, sql: DeadLetterSql, name: str, letter: DeadLetter, env: EventEnvelope,
     handler: Callable[..., Awaitable[None]], mode: Mode,
+    still_current: Callable[[Any, DeadLetter], Awaitable[bool]] | None,
 ) -> bool:  # fmt: skip
     if mode == "at-least-once":  # no transaction of the handler's: it runs, then the letter goes
         await handler(env)
         async with conn.transaction():
             return await sql.take(conn, name, letter.persistence_id, letter.seq_nr)
     async with conn.transaction():
+        if still_current is not None and not await still_current(conn, letter):
+            return False
         if not await sql.take(conn, name, letter.persistence_id, letter.seq_nr):
             return False
         if mode == "grouped":

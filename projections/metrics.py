@@ -78,6 +78,8 @@ class TrackedWorker(Protocol):
     entity_type: str
     lag_by_slice: bool
     """False for a tag projection (one lease for the tag): its lag is not measured by slice."""
+    lag_counts_states: bool
+    """True for a state projection: its lag counts the states changed after its offsets."""
     epochs: dict[int, int]
     error: str | None
 
@@ -138,7 +140,8 @@ class WorkerCollector(Collector):
             labels=["projection", "slices"],
         )  # fmt: skip
         lag_n = GaugeMetricFamily(
-            "projection_lag_events", "Events not yet processed (counted up to a cap per slice).",
+            "projection_lag_events",
+            "Events (a state projection: changed states) not yet processed (counted up to a cap per slice).",
             labels=["projection", "slices"],
         )  # fmt: skip
         for w in list(_workers):
@@ -207,7 +210,8 @@ class LagSampler:
                 for s in range(lo, hi + 1):
                     state = proc.validator.slices.get(s)
                     offsets[s] = state.latest if state is not None else None
-                pending, oldest, now = await self.sql.pending_events(conn, w.entity_type, offsets, self.cap)
+                pending_of = self.sql.pending_states if w.lag_counts_states else self.sql.pending_events
+                pending, oldest, now = await pending_of(conn, w.entity_type, offsets, self.cap)
                 key = (w.name, f"{lo}-{hi}")
                 seconds = max(0.0, (now - oldest).total_seconds()) if oldest is not None and pending else 0.0
                 _lags[key] = (seconds, pending)

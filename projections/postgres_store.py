@@ -95,15 +95,27 @@ WHERE slice = ANY($2::int[]) AND projection_name = $1 AND persistence_id <> '' L
         """Events of ``entity_type`` after each slice's offset (counted up to ``cap`` per slice),
         the oldest such event's timestamp, and the database clock (for the lag metrics).
         Index probes of ``event_journal_slice_idx`` per slice: cheap enough to sample every few seconds."""
-        journal = self.t("event_journal")
+        return await self._pending(conn, "event_journal", " AND NOT e.deleted", entity_type, offsets, cap)
+
+    async def pending_states(
+        self, conn: Any, entity_type: str, offsets: dict[int, datetime | None], cap: int
+    ) -> tuple[int, datetime | None, datetime]:
+        """As :meth:`pending_events` for a state projection: the states of ``entity_type`` changed
+        after each slice's offset (a tombstone is a change), by ``durable_state_slice_idx``."""
+        return await self._pending(conn, "durable_state", "", entity_type, offsets, cap)
+
+    async def _pending(
+        self, conn: Any, table: str, where: str, entity_type: str, offsets: dict[int, datetime | None], cap: int
+    ) -> tuple[int, datetime | None, datetime]:
+        rows = self.t(table)
         row = await conn.fetchrow(
             f"""
 WITH o AS (SELECT * FROM unnest($2::int[], $3::timestamptz[]) AS o(slice, ts))
 SELECT
-  coalesce(sum((SELECT count(*) FROM (SELECT 1 FROM {journal} e WHERE e.slice = o.slice AND e.entity_type = $1
-    AND e.db_timestamp > o.ts AND NOT e.deleted LIMIT $4) n)), 0) AS pending,
-  min((SELECT min(e.db_timestamp) FROM {journal} e WHERE e.slice = o.slice AND e.entity_type = $1
-    AND e.db_timestamp > o.ts AND NOT e.deleted)) AS oldest,
+  coalesce(sum((SELECT count(*) FROM (SELECT 1 FROM {rows} e WHERE e.slice = o.slice AND e.entity_type = $1
+    AND e.db_timestamp > o.ts{where} LIMIT $4) n)), 0) AS pending,
+  min((SELECT min(e.db_timestamp) FROM {rows} e WHERE e.slice = o.slice AND e.entity_type = $1
+    AND e.db_timestamp > o.ts{where})) AS oldest,
   clock_timestamp() AS now
 FROM o""",
             entity_type,

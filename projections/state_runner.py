@@ -126,9 +126,9 @@ class StateWorker(Worker):
     revision of every changed pid; intermediate revisions may be skipped), with the same modes,
     failure strategies, leases, offsets and metrics (docs/durable-state.md, "State projections")."""
 
-    lag_by_slice = False
-    """The lag sampler counts the events after each slice's offset; a state range's lag is its
-    stats' (the newest change committed), not sampled."""
+    lag_counts_states = True
+    """The lag sampler counts the states changed after each slice's offset (``projection_lag_events``
+    and ``projection_lag_seconds``, the event projections' names and labels)."""
 
     def __init__(
         self, journal: Journal, settings: JournalSettings, name: str, entity_type: str,

@@ -63,6 +63,8 @@ class Worker:
     """Lease rows of the projection (a tag projection has one: see projections.tag_runner)."""
     lag_by_slice: bool = True
     """The metrics sample this worker's lag per slice range (a tag projection's is not by slice)."""
+    lag_counts_states: bool = False
+    """The sampled lag counts changed durable states (a state projection's), not events."""
 
     def __init__(
         self,

@@ -193,6 +193,7 @@ class JvmProcess:
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True
         )
         self.lines: list[dict[str, Any]] = []
+        self._asked = 0
         self._q: queue.Queue[None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -215,6 +216,16 @@ class JvmProcess:
                 raise JvmError(f"timed out waiting; {len(self.lines)} lines so far; stderr:\n{self.stderr()}")
             with contextlib.suppress(queue.Empty):
                 self._q.get(timeout=min(left, 1.0))
+
+    def ask(self, timeout: float = 120, **command: Any) -> dict[str, Any]:
+        """Send one command line (a session's stdin, e.g. ``state-session``) and wait for its answer."""
+        assert self.proc.stdin is not None
+        self._asked += 1
+        ident = self._asked
+        self.proc.stdin.write(json.dumps({"id": ident, **command}) + "\n")
+        self.proc.stdin.flush()
+        self.wait_for(lambda lines: any(x.get("id") == ident for x in lines), timeout)
+        return next(x for x in self.lines if x.get("id") == ident)
 
     def stderr(self) -> str:
         self._stderr.seek(0)

@@ -1,4 +1,4 @@
-"""A projection handler for the metrics test: fails while its gate is closed, then projects."""
+"""Projection handlers for the metrics test (events, states): fail while the gate is closed, then project."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from journal import EventEnvelope
+from journal import EventEnvelope, StateChange
 
 SETUP = """
 CREATE TABLE IF NOT EXISTS metrics_gate (open boolean NOT NULL);
@@ -23,4 +23,13 @@ async def project(conn: asyncpg.Connection, envelopes: Sequence[EventEnvelope]) 
         raise RuntimeError("gate closed")
     await conn.executemany(
         "INSERT INTO metrics_projected VALUES ($1, $2)", [(e.persistence_id, e.seq_nr) for e in envelopes]
+    )
+
+
+async def project_states(conn: asyncpg.Connection, changes: Sequence[StateChange]) -> None:
+    """The grouped state handler: the same gate; each change recorded as (pid, revision)."""
+    if not await conn.fetchval("SELECT open FROM metrics_gate"):
+        raise RuntimeError("gate closed")
+    await conn.executemany(
+        "INSERT INTO metrics_projected VALUES ($1, $2)", [(c.persistence_id, c.revision) for c in changes]
     )

@@ -25,10 +25,10 @@ class Poisoned(Exception):
     pass
 
 
-async def apply(conn: Any, change: StateChange) -> None:
+async def apply(conn: Any, change: StateChange, *, fixed: bool = False) -> None:
     match change:
         case UpdatedState(persistence_id=pid, revision=revision, value=value):
-            if value.get("poison"):
+            if value.get("poison") and not fixed:
                 raise Poisoned(f"cannot handle {pid} #{revision}")
             deleted, stored = False, value
         case DeletedState(persistence_id=pid, revision=revision):
@@ -49,3 +49,9 @@ async def project_group(conn: Any, changes: Sequence[StateChange]) -> None:
     """grouped"""
     for change in changes:
         await apply(conn, change)
+
+
+async def project_fixed(conn: Any, changes: Sequence[StateChange]) -> None:
+    """grouped, the poison handled (what a dead-letter retry runs)"""
+    for change in changes:
+        await apply(conn, change, fixed=True)

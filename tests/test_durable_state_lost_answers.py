@@ -61,6 +61,20 @@ async def _many_losing(relay: Relay, store: DurableState, parts: list[tuple[str,
     return list(outcomes)
 
 
+async def test_an_upsert_answered_then_its_connection_lost_on_release_is_written(
+    relayed: tuple[Relay, DurableState],
+) -> None:
+    """The upsert's answer arrives; the answer to the pool's reset of its connection (sent on
+    release) is lost: the upsert returns what was written. Before: asyncpg's
+    ConnectionDoesNotExistError from the release replaced the outcome (seen in the fault run)."""
+    relay, store = relayed
+    relay.lose_after(1)
+    written = await store.upsert("Doc|r", 1, {"v": 1})
+    assert relay.lost_answers == 1
+    got = await store.get("Doc|r")
+    assert got is not None and (written.revision, got.revision, written.db_timestamp) == (1, 1, got.db_timestamp)
+
+
 @pytest.mark.parametrize("taken", [2, 3])
 async def test_an_upsert_lost_behind_another_writer_is_a_conflict_or_unknown(
     relayed: tuple[Relay, DurableState], dsn: str, taken: int

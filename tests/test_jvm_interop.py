@@ -9,6 +9,7 @@ except in CI (where ``.ci/run`` installs them).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -609,3 +610,79 @@ async def test_tags_written_by_the_plugin_are_seen_by_events_by_tag(jvm: jvm_dri
     for p, s, e in got:
         if not p.endswith("-py"):
             assert e == {"writer": "jvm", "entity": int(p.rsplit("-", 1)[1]), "n": s}
+
+
+BEHAVIOR_TYPE = "JvmWallet"
+
+
+def _projected(lines: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [(x["projected"], x["revision"]) for x in lines if "projected" in x]
+
+
+async def test_a_durable_state_behavior_both_ways_and_the_plugins_changes_projection(
+    jvm: jvm_driver.Jvm, pyj: Journal, jvm_db: str
+) -> None:
+    """One JVM (``state-session``): a typed DurableStateBehavior (interop.StateEntity) and an
+    exactly-once R2dbcProjection over the plugin's DurableStateSourceProvider.changesBySlices,
+    whose handler inserts each (pid, revision) under a primary key. The behaviour's state is read
+    here and its revision continued; states upserted here are recovered by the behaviour, which
+    continues their revisions (and deletes one, which this library continues); the projection
+    sees every pid's latest revision, this library's included, each revision once, also across a
+    restart from its stored offsets."""
+    conn = await asyncpg.connect(jvm_db)
+    try:
+        await conn.execute(
+            "CREATE TABLE jvm_state_seen (projection_name text NOT NULL, persistence_id text NOT NULL,"
+            " revision bigint NOT NULL, value text, deleted boolean NOT NULL,"
+            " PRIMARY KEY (projection_name, persistence_id, revision))"
+        )
+    finally:
+        await conn.close()
+    store = pyj.durable_state()
+    a, b, c = (f"{BEHAVIOR_TYPE}|{x}" for x in "abc")
+    session = jvm.start("state-session", name="jvm-wallets", **{"entity-type": BEHAVIOR_TYPE})
+
+    def projected(pid: str, revision: int) -> None:
+        session.wait_for(lambda lines: (pid, revision) in _projected(lines), 120)
+
+    try:
+        session.wait_for(lambda lines: any("started" in x for x in lines), 120)
+        assert [session.ask(op="put", pid=a, value={"writer": "jvm", "n": n})["revision"] for n in (1, 2)] == [1, 2]
+        got = await store.get(a)
+        assert got is not None and (got.revision, got.value) == (2, {"writer": "jvm", "n": 2})
+        await store.upsert(a, 3, {"writer": "python", "n": 3})  # ours continues the behaviour's
+        await store.upsert_many([(b, 1, {"writer": "python", "n": 1}), (c, 1, {"writer": "python", "n": 1})])
+        await store.upsert(b, 2, {"writer": "python", "n": 2})
+        projected(a, 3)  # the plugin's projection sees this library's revision
+
+        recovered = session.ask(op="recover", pid=a)
+        assert (recovered["revision"], recovered["value"]) == (3, {"writer": "python", "n": 3})
+        assert session.ask(op="recover", pid=b)["revision"] == 2
+        assert session.ask(op="put", pid=a, value={"writer": "jvm", "n": 4})["revision"] == 4  # and continued
+        assert session.ask(op="delete", pid=c)["revision"] == 2  # the behaviour recovered c at 1, deleted it
+        gone = await store.get(c)
+        assert gone is not None and (gone.revision, gone.deleted, gone.value) == (2, True, None)
+        await store.upsert(c, 3, {"writer": "python", "n": 3})  # ours continues after the plugin's tombstone
+        for pid, revision in ((a, 4), (b, 2), (c, 3)):
+            projected(pid, revision)
+
+        session.ask(op="restart-projection")  # from its stored offsets: nothing seen again
+        await store.upsert(b, 3, {"writer": "python", "n": 3})
+        projected(b, 3)
+        assert session.ask(op="recover", pid=b)["value"] == {"writer": "python", "n": 3}
+    finally:
+        lines = session.stop()
+    seen = _projected(lines)
+    assert max(Counter(seen).values()) == 1, f"a revision projected twice: {seen}"
+    for pid in (a, b, c):
+        revisions = [r for p, r in seen if p == pid]
+        assert revisions == sorted(revisions), f"{pid}'s revisions went backwards in the projection: {revisions}"
+    rows = await _rows(jvm_db, "SELECT persistence_id, revision, value, deleted FROM jvm_state_seen")
+    assert sorted((r[0], r[1]) for r in rows) == sorted(seen), "every projected revision committed with it"
+    last = {r[0]: r for r in rows if r[1] == max(x[1] for x in rows if x[0] == r[0])}
+    assert {p: (r[1], r[2] and json.loads(r[2])) for p, r in last.items()} == {
+        a: (4, {"writer": "jvm", "n": 4}),
+        b: (3, {"writer": "python", "n": 3}),
+        c: (3, {"writer": "python", "n": 3}),
+    }
+    assert (c, 2) not in seen or next(r[3] for r in rows if (r[0], r[1]) == (c, 2)), "a delete is a deleted change"

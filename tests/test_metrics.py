@@ -44,27 +44,37 @@ def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: s
     return sum(v for (n, labels), v in samples.items() if n == name and ("projection", NAME) in labels)
 
 
-def spawn(dsn: str, log: Path) -> subprocess.Popen[bytes]:
+def spawn(dsn: str, log: Path, states: bool) -> subprocess.Popen[bytes]:
     env = {
         **os.environ, **FAST_ENV,
         "JOURNAL_PROJECTION_HANDLER_ATTEMPTS": "100000", "JOURNAL_PROJECTION_HANDLER_MAX_BACKOFF": "0.1",
     }  # fmt: skip
+    handler = ["--states", "--handler", "tests.metrics_handler:project_states"] if states else [
+        "--handler", "tests.metrics_handler:project"]  # fmt: skip
     return subprocess.Popen(
-        [sys.executable, "-m", "projections", "run", NAME, "--entity-type", ENTITY_TYPE,
-         "--handler", "tests.metrics_handler:project", "--dsn", dsn, "--no-progress",
-         "--metrics-port", "0", "--metrics-interval", "0.2"],
+        [sys.executable, "-m", "projections", "run", NAME, "--entity-type", ENTITY_TYPE, *handler,
+         "--dsn", dsn, "--no-progress", "--metrics-port", "0", "--metrics-interval", "0.2"],
         env=env, stdout=subprocess.DEVNULL, stderr=log.open("wb"),
     )  # fmt: skip
 
 
-async def test_a_worker_process_serves_real_values(journal: Journal, dsn: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["events", "states"])
+async def test_a_worker_process_serves_real_values(journal: Journal, dsn: str, tmp_path: Path, kind: str) -> None:
+    """A worker (of events, or of durable states with ``--states``) whose handler fails until a
+    gate opens: its lag is every event (every changed state) and handler failures count; once
+    open, everything is processed and the lag is 0. Same metric names and labels for both."""
     conn = await asyncpg.connect(dsn)
     await conn.execute(SETUP)
-    for i in range(PIDS):
-        await journal.persist(f"{ENTITY_TYPE}|{i}", [{"n": n} for n in range(PER_PID)])
-    written = PIDS * PER_PID
+    if kind == "states":  # each id at revision PER_PID: one change pending per id
+        for r in range(1, PER_PID + 1):
+            await journal.durable_state().upsert_many([(f"{ENTITY_TYPE}|{i}", r, {"n": r}) for i in range(PIDS)])
+        written = PIDS
+    else:
+        for i in range(PIDS):
+            await journal.persist(f"{ENTITY_TYPE}|{i}", [{"n": n} for n in range(PER_PID)])
+        written = PIDS * PER_PID
     log = tmp_path / "worker.log"
-    proc = spawn(dsn, log)
+    proc = spawn(dsn, log, kind == "states")
     try:
 
         async def port() -> int | None:

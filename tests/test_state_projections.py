@@ -226,6 +226,52 @@ async def test_a_failing_handler_is_retried_then_its_change_dead_lettered(
     assert await log_faults(conn) == (0, 0)
 
 
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "projections", "dead-letters", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+async def test_dead_letters_of_a_state_projection_retried_and_discarded(
+    journal: Journal, conn: asyncpg.Connection, fast: JournalSettings, dsn: str
+) -> None:
+    """``projections dead-letters retry NAME --states``: a letter whose state is still at its
+    revision is applied with the fixed handler (in the transaction that takes it); one whose pid
+    has a later revision is superseded (taken, not applied: the read model never goes back to
+    it); one whose state was hard deleted is missing (kept, exit 1) until ``discard``. Before:
+    retry read the letters' events from the journal and applied none ('not in the journal')."""
+    et, name = "StDlr", "st-dlr"
+    store = journal.durable_state()
+    await store.upsert_many([(f"{et}|s{i}", 1, {"n": i, "poison": i in (4, 9, 12)}) for i in range(16)])
+    w = StateWorker(journal, fast, name, et, project_group, "grouped", recovery="retry-and-dead-letter")
+    await run_until(w, lambda: _view_size(conn, 13))
+    await store.upsert(f"{et}|s9", 2, {"n": 9})
+    await store.hard_delete(f"{et}|s12")
+    w = StateWorker(journal, fast, name, et, project_group, "grouped", recovery="retry-and-dead-letter")
+    await run_until(w, lambda: _view_has(conn, f"{et}|s9", 2))
+
+    retried = _cli("retry", name, "--states", "--handler", "tests.state_handlers:project_fixed", "--dsn", dsn)
+    assert retried.returncode == 1, retried.stderr
+    assert retried.stdout.strip().splitlines()[-1] == (
+        f"applied 1, failed 0, waiting 0, missing 1, superseded 1 dead letters of {name}"
+    )
+    assert f"superseded: {et}|s9 #1 (at revision 2 now" in retried.stdout
+    assert retried.stderr.strip() == f"not in the durable state store any more: {et}|s12 #1"
+    view = await view_revisions(conn)
+    assert view[f"{et}|s4"] == (1, False) and view[f"{et}|s9"] == (2, False) and f"{et}|s12" not in view
+    assert await conn.fetchval("SELECT count(*) FROM state_log WHERE pid = $1", f"{et}|s9") == 1  # 2 only
+    assert await log_faults(conn) == (0, 0)
+    assert {(d.persistence_id, d.seq_nr) for d in await DEAD.letters(conn, name)} == {(f"{et}|s12", 1)}
+
+    discarded = _cli("discard", name, "--pid", f"{et}|s12", "--dsn", dsn)
+    assert (discarded.returncode, discarded.stdout.strip()) == (0, f"discarded 1 dead letters of {name}")
+    assert await DEAD.letters(conn, name) == []
+
+
+async def _view_size(conn: asyncpg.Connection, n: int) -> bool:
+    return len(await view_revisions(conn)) == n
+
+
 async def _view_has(conn: asyncpg.Connection, pid: str, revision: int) -> bool:
     return (await view_revisions(conn)).get(pid, (0, False))[0] == revision
 

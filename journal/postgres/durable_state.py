@@ -77,7 +77,18 @@ class PostgresDurableState(PostgresPart):
                 raise
             raise error from e
         finally:
+            await self._release(conn)
+
+    async def _release(self, conn: Any) -> None:
+        """Back to the pool. A connection that broke meanwhile (the answer to the pool's reset
+        lost) is terminated by asyncpg, which then raises: the upsert's outcome, returned or
+        raised, stands."""
+        try:
             await self.pool.release(conn)
+        except Exception as e:
+            if not (is_transient(e) or conn.is_closed()):
+                raise
+            log.debug("durable state upsert: its connection broke on release (%s), terminated", e)
 
     async def _upsert(self, conn: Any, rows: Sequence[StateRow], params: tuple[Any, ...]) -> list[StateOutcome]:
         answer = await conn.fetch(self.statements.upsert, *params)

@@ -22,6 +22,7 @@ class Relay:
         self.unix_socket = unix_socket
         self.losing = False
         self.lost_answers = 0
+        self._pass_then_lose: int | None = None
         """Server messages thrown away (each cut a connection)."""
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
@@ -39,6 +40,11 @@ class Relay:
         host, port = self.address
         query = "&".join(q for q in parts.query.split("&") if q and not q.startswith(("host=", "port=")))
         return urlunsplit(parts._replace(netloc=f"{user}@{host}:{port}", query=query))
+
+    def lose_after(self, answers: int) -> None:
+        """Let the server's next ``answers`` reads through and lose the one after (once): a
+        statement answered, say, and the answer to what the client sends next lost."""
+        self._pass_then_lose = answers
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
@@ -75,7 +81,13 @@ class Relay:
     async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, *, answers: bool) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await r.read(65536):
-                if answers and self.losing:
+                if answers and self._pass_then_lose is not None:
+                    if self._pass_then_lose == 0:
+                        self._pass_then_lose = None
+                        self.lost_answers += 1
+                        return  # the answer is lost, the connection with it
+                    self._pass_then_lose -= 1
+                elif answers and self.losing:
                     self.lost_answers += 1
                     return  # the answer is lost, the connection with it
                 w.write(data)

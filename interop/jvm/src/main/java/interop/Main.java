@@ -43,7 +43,8 @@ import java.util.concurrent.atomic.AtomicLong;
  *
  * <p>Usage: {@code interop.Main <command> key=value...}; every result is printed on stdout as
  * one JSON object per line. Commands: persist, replay, events-by-slices, project, and the durable
- * state store's state-get, state-upsert, state-changes ({@link StateCommands}). The connection
+ * state store's state-get, state-upsert, state-changes ({@link StateCommands}) and state-session
+ * (a DurableStateBehavior and the plugin's changes-by-slices projection, {@link StateSession}). The connection
  * comes from system properties (akka.persistence.r2dbc.connection-factory.*). Long-running
  * commands stop when stdin is closed.
  */
@@ -55,7 +56,7 @@ public final class Main {
 
   public static void main(String[] args) throws Exception {
     if (args.length == 0) {
-      System.err.println("usage: interop.Main persist|replay|events-by-slices|project|state-get|state-upsert|state-changes key=value...");
+      System.err.println("usage: interop.Main persist|replay|events-by-slices|project|state-get|state-upsert|state-changes|state-session key=value...");
       System.exit(2);
     }
     Map<String, String> opts = new HashMap<>();
@@ -75,6 +76,7 @@ public final class Main {
         case "state-get" -> StateCommands.get(system, opts);
         case "state-upsert" -> StateCommands.upsert(system, opts);
         case "state-changes" -> StateCommands.changes(system, opts);
+        case "state-session" -> StateSession.run(system, opts);
         default -> throw new IllegalArgumentException("unknown command " + args[0]);
       }
     } catch (Throwable t) {
@@ -104,7 +106,7 @@ public final class Main {
     }
   }
 
-  private static <T> ActorRef<T> spawn(ActorSystem<SpawnProtocol.Command> system, akka.actor.typed.Behavior<T> b, String name)
+  static <T> ActorRef<T> spawn(ActorSystem<SpawnProtocol.Command> system, akka.actor.typed.Behavior<T> b, String name)
       throws Exception {
     CompletionStage<ActorRef<T>> ref = AskPattern.ask(
         system, r -> new SpawnProtocol.Spawn<>(b, name, Props.empty(), r), ASK, system.scheduler());
