@@ -72,11 +72,19 @@ class ReplicationStatements:
             f"AND e.origin_seq_nr = s.origin_seq)"
         )
         self.progress = f"SELECT source_log_seq_nr FROM {rp} WHERE log_name = $1 AND source_location = $2"
+        self.target_state = (
+            f"SELECT l.version_vector, (SELECT p.source_log_seq_nr FROM {rp} p WHERE p.log_name = $1 "
+            f"AND p.source_location = $2) AS progress FROM {rl} l WHERE l.log_name = $1"
+        )
         self.all_progress = f"SELECT source_location, source_log_seq_nr FROM {rp} WHERE log_name = $1"
         self.save_progress = (
             f"INSERT INTO {rp} (log_name, source_location, source_log_seq_nr, updated_at) "
             f"VALUES ($1, $2, $3, now()) ON CONFLICT (log_name, source_location) DO UPDATE "
             f"SET source_log_seq_nr = GREATEST({rp}.source_log_seq_nr, EXCLUDED.source_log_seq_nr), updated_at = now()"
+        )
+        self.save_log_and_progress = (  # a replicated batch's end: one statement, one round trip
+            f"WITH p AS ({self.save_progress.replace('$3', '$5').replace('$2', '$4')}) "
+            f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
         )
         self.entity_events = (
             f"SELECT event_ser_id, event_ser_manifest, event_payload, origin_location, origin_seq_nr, vector_time "
@@ -152,6 +160,13 @@ class ReplicationStatements:
             f"ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $1"
         )
 
+    def any_unstamped(self, log_name: str) -> str:
+        """Has the log a local event not stamped yet (of the slices ``$1``, or any with NULL)?"""
+        return (
+            f"SELECT EXISTS (SELECT 1 FROM {self.ej} WHERE entity_type = {_literal(log_name)} "
+            f"AND log_seq_nr IS NULL AND ($1::int[] IS NULL OR slice = ANY($1::int[])))"
+        )
+
     def unstamped_index(self, log_name: str) -> str:
         return unstamped_index_sql(log_name, self.schema)
 
@@ -177,7 +192,8 @@ def _literal(value: str) -> str:
 
 
 def vector_time_of(value: Any) -> VectorTime:
-    return VectorTime.from_json(orjson.loads(value) if isinstance(value, str | bytes) else value)
+    d = orjson.loads(value) if isinstance(value, str | bytes) else value
+    return VectorTime.of_clean(d) if type(d) is dict else VectorTime.from_json(d)
 
 
 async def log_head(conn: Any, sql: str, log_name: str) -> asyncpg.Record:

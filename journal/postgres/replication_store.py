@@ -69,6 +69,7 @@ __all__ = [
     "dump_vt",
     "events_of",
     "log_head",
+    "maybe_stored",
     "merged",
     "not_in",
     "racing_local_writes",
@@ -93,6 +94,8 @@ class _Held:
     pos: int
     vv: VectorTime
     recovering: bool
+    progress: tuple[str, int] | None = None
+    """A replicated batch's source and last position scanned, saved with the log row."""
 
 
 class ReplicationLogs:
@@ -143,6 +146,14 @@ class ReplicationLogs:
         async with self._home() as conn:
             row = await conn.fetchrow(self.sql.log_row, log_name)
         return 0 if row is None else int(row["log_seq_nr"])
+
+    async def target_state(self, log_name: str, source_location: str) -> tuple[int, VectorTime]:
+        """:meth:`progress` and :meth:`version_vector` in one round trip (a replicator's every step)."""
+        async with self._home() as conn:
+            row = await conn.fetchrow(self.sql.target_state, log_name, source_location)
+        if row is None:
+            return 0, VectorTime()
+        return int(row["progress"] or 0), vector_time_of(row["version_vector"])
 
     async def progress(self, log_name: str, source_location: str) -> int:
         async with self._home() as conn:
@@ -210,7 +221,13 @@ class ReplicationLogs:
                 held = _Held(conn, saved[0], saved[1], bool(head["recovering"]))
                 await self._adopt(log_name, held)
                 yield held
-                if (held.pos, held.vv) != saved:
+                if held.progress is not None and (held.pos, held.vv) != saved:
+                    await conn.execute(
+                        self.sql.save_log_and_progress, log_name, held.pos, dump_vt(held.vv), *held.progress
+                    )
+                elif held.progress is not None:
+                    await conn.execute(self.sql.save_progress, log_name, *held.progress)
+                elif (held.pos, held.vv) != saved:
                     await conn.execute(self.sql.save_log, log_name, held.pos, dump_vt(held.vv))
         except SliceRangeMoved:
             await self.places.moved()  # the next attempt writes where the slices are now
@@ -235,8 +252,18 @@ class ReplicationLogs:
         peers have read of this location, and its version vector does not yet hold what the
         location had; local events written before or during the recovery are stamped after it,
         at new positions, with a vector time that covers everything recovered."""
+        if not await self._any_unstamped(log_name):
+            return 0  # nothing to stamp: no lock taken (a read's stamp, the stamp loop's)
         async with self._held(log_name) as held:
             return 0 if held.recovering else await self._stamp_locked(log_name, held, limit)
+
+    async def _any_unstamped(self, log_name: str) -> bool:
+        """Is a local event of the log unstamped anywhere (no lock: one that commits after this
+        answer is stamped by the next stamp, as if this one had come a moment earlier)?"""
+        for part in await self.places.writing():
+            if await part.any_unstamped(log_name):
+                return True
+        return False
 
     async def _stamp_locked(self, log_name: str, held: _Held, limit: int) -> int:
         """:meth:`stamp` under H: how many (``held`` moves past them once every part committed)."""
@@ -288,11 +315,11 @@ class ReplicationLogs:
             while not held.recovering and await self._stamp_locked(log_name, held, STAMP_LIMIT) == STAMP_LIMIT:
                 pass  # local events committed before this batch are stamped first (their vector
                 # times never cover what arrives now, which their writers cannot have seen)
-            ids = [e.event_id for e in events]
-            new = not_in(events, await self.places.stored(held.conn, log_name, ids)) if ids else []
+            ids = maybe_stored(events, held.vv)
+            new = not_in(events, await self.places.stored(held.conn, log_name, ids) if ids else set())
             if new:
                 await self._insert(log_name, batch, events, new, held)
-            await held.conn.execute(self.sql.save_progress, log_name, source_location, last_scanned)
+            held.progress = (source_location, last_scanned)
         return WriteOutcome(written=len(new), dropped=len(events) - len(new), progress=last_scanned)
 
     async def _insert(
@@ -417,13 +444,25 @@ def not_in(events: Sequence[ReplicatedEvent], stored: set[tuple[str, int]]) -> l
     return out
 
 
+def maybe_stored(events: Sequence[ReplicatedEvent], vv: VectorTime) -> list[tuple[str, int]]:
+    """The identities of ``events`` this location may have stored: those its version vector
+    covers. Every stored event's identity is covered (:func:`merged` folds each one in, and a
+    stamp's position is its own entry), so an event past the vector's entry for its origin is
+    new without asking the database; in a catch-up that is every event of the batch."""
+    return [e.event_id for e in events if e.origin_seq_nr <= vv.get(e.origin_location, 0)]
+
+
 def merged(vv: VectorTime, events: Sequence[ReplicatedEvent]) -> VectorTime:
-    """The version vector with the vector times of ``events`` folded in."""
+    """The version vector with the vector times of ``events`` folded in, and each event's own
+    identity (origin location, origin seq nr): a well-formed vector time holds it already, and
+    :func:`maybe_stored` relies on it for any other."""
     highest: dict[str, int] = {}
     for e in events:
         for location, counter in e.vector_time.items():
             if counter > highest.get(location, 0):
                 highest[location] = counter
+        if e.origin_seq_nr > highest.get(e.origin_location, 0):
+            highest[e.origin_location] = e.origin_seq_nr
     return vv.merge(highest)
 
 

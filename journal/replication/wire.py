@@ -91,7 +91,16 @@ def decode_batch(b: bytes) -> ReplicationBatch:
         event = blob.take(ev)
         assert event is not None
         events.append(
-            ReplicatedEvent(pid, event, origin, int(origin_seq), VectorTime(vt), int(pos), tuple(tags), blob.take(meta))
+            ReplicatedEvent(
+                pid,
+                event,
+                origin,
+                int(origin_seq),
+                VectorTime.of_clean(vt) if type(vt) is dict else VectorTime(vt),
+                int(pos),
+                tuple(tags),
+                blob.take(meta),
+            )
         )
     covered = tuple((str(o), int(n)) for o, n in d.get("covered", ()))
     return ReplicationBatch(d["source"], d["log"], tuple(events), int(d["last"]), covered)
