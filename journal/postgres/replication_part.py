@@ -359,8 +359,7 @@ class OneDatabase:
 
     @contextlib.asynccontextmanager
     async def within(self, held: Any, part: ReplicationPart, *, replicated: bool) -> AsyncIterator[Any]:
-        if replicated:
-            await held.execute(MARK_REPLICATED)
+        """H itself: a replicated write's H was marked when it took the log row's lock."""
         yield held
 
     async def moved(self) -> None:

@@ -15,7 +15,9 @@ from ..errors import ReplicationError
 from ..ids import validate_entity_type
 from ..settings import validate_identifier
 from ..vector_time import VectorTime
+from .recovery_guard import REPLICATING_SETTING
 from .replicated_insert import insert_replicated
+from .timestamp_rule import WRITER_SETTING, WRITER_VALUE
 
 
 class ReplicationStatements:
@@ -42,6 +44,12 @@ class ReplicationStatements:
         self.any_recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering)"
         self.recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering AND log_name = ANY($1::text[]))"
         self.lock_log = self.log_row + " FOR UPDATE"
+        self.lock_log_replicated = (  # and mark the transaction: its rows are replicated (no extra round trip)
+            f"SELECT location, log_seq_nr, version_vector, recovering, "
+            f"set_config('{REPLICATING_SETTING}', 'on', true) AS guard, "
+            f"set_config('{WRITER_SETTING}', '{WRITER_VALUE}', true) AS rule "
+            f"FROM {rl} WHERE log_name = $1 FOR UPDATE"
+        )
         self.save_log = f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
         self.ej = ej
         self.schema = schema

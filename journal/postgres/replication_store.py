@@ -206,9 +206,11 @@ class ReplicationLogs:
     # -- writing: under the home lock ---------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _held(self, log_name: str) -> AsyncIterator[_Held]:
+    async def _held(self, log_name: str, *, replicated: bool = False) -> AsyncIterator[_Held]:
         """Transaction H on the home log row, repaired first; the position and version vector
-        the block leaves are saved in H, which commits after the block (and its parts)."""
+        the block leaves are saved in H, which commits after the block (and its parts).
+        ``replicated``: H is marked as a replicated write's (its rows pass the recovery guard and
+        the timestamp rule) by the statement that takes the lock."""
         home = self.places.home
         try:
             async with (
@@ -216,7 +218,7 @@ class ReplicationLogs:
                 home.connection() as conn,
                 conn.transaction(),
             ):
-                head = await log_head(conn, self.sql.lock_log, log_name)
+                head = await log_head(conn, self.sql.lock_log_replicated if replicated else self.sql.lock_log, log_name)
                 saved = (int(head["log_seq_nr"]), vector_time_of(head["version_vector"]))
                 held = _Held(conn, saved[0], saved[1], bool(head["recovering"]))
                 await self._adopt(log_name, held)
@@ -311,7 +313,7 @@ class ReplicationLogs:
         self, log_name: str, source_location: str, batch: WriteBatch, events: Sequence[ReplicatedEvent],
         last_scanned: int,
     ) -> WriteOutcome:  # fmt: skip
-        async with self._held(log_name) as held:
+        async with self._held(log_name, replicated=True) as held:
             while not held.recovering and await self._stamp_locked(log_name, held, STAMP_LIMIT) == STAMP_LIMIT:
                 pass  # local events committed before this batch are stamped first (their vector
                 # times never cover what arrives now, which their writers cannot have seen)
