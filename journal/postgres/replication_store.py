@@ -469,23 +469,18 @@ def merged(vv: VectorTime, events: Sequence[ReplicatedEvent]) -> VectorTime:
 
 
 def events_of(rows: Sequence[asyncpg.Record]) -> list[ReplicatedEvent]:
+    """The events of rows of :attr:`ReplicationStatements.read_log` (its columns, in their
+    order: unpacked by position, the commonest read of a source endpoint)."""
     out: list[ReplicatedEvent] = []
-    for r in rows:
-        if r["deleted"] and not r["event_payload"]:
+    append = out.append
+    for pid, ser_id, manifest, payload, tags, m_id, m_manifest, m_payload, origin, origin_seq, vt, pos, deleted in rows:
+        if deleted and not payload:
             continue  # a tombstone of the journal's own delete_events_to: nothing to send
-        meta = None
-        if r["meta_ser_id"] is not None:
-            meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))
-        out.append(
+        meta = None if m_id is None else Serialized(m_id, m_manifest or "", bytes(m_payload or b""))
+        append(
             ReplicatedEvent(
-                persistence_id=r["persistence_id"],
-                event=Serialized(r["event_ser_id"], r["event_ser_manifest"], bytes(r["event_payload"])),
-                origin_location=r["origin_location"],
-                origin_seq_nr=r["origin_seq_nr"],
-                vector_time=vector_time_of(r["vector_time"]),
-                log_seq_nr=r["log_seq_nr"],
-                tags=tuple(r["tags"] or ()),
-                metadata=meta,
+                pid, Serialized(ser_id, manifest, bytes(payload)), origin, origin_seq, vector_time_of(vt), pos,
+                tuple(tags) if tags else (), meta,
             )
-        )
+        )  # fmt: skip
     return out
