@@ -172,8 +172,7 @@ async def raw_side(b: str, batches: list[tuple[list[ReplicatedEvent], int]]) -> 
 async def pipeline(a: str, c: str, tmp: Path, batch: int, events: int) -> None:
     """The whole path over gRPC (A's endpoint a process), CPU per 1000 events of each process,
     beside a local slice read at A with its CPU."""
-    from benchmarks._common import _stat
-    from benchmarks.replication_throughput import endpoint, free_address, local_read, ready, replicate
+    from benchmarks.replication_throughput import Cpu, endpoint, free_address, local_read, ready, replicate
 
     async with open_journal(a, settings=JournalSettings.load(dsn=a)) as ja:
         async with ja.backend.pool.acquire() as conn:  # type: ignore[attr-defined]
@@ -187,16 +186,10 @@ async def pipeline(a: str, c: str, tmp: Path, batch: int, events: int) -> None:
         cfg = {"location": "A", "dsn": a, "listen": address, "logs": [LOG], "batch_size": batch}
         with endpoint(tmp, cfg) as proc:
             await ready(address)
-            a0 = _stat(proc.pid)
-            meter.start()
-            rate = await replicate(c, address, batch, events)
-            meter.stop()
-            a1 = _stat(proc.pid)
-        assert a0 is not None and a1 is not None
-        print(
-            f"replication over gRPC: {rate:,.0f} ev/s; {meter.per_1000(events)} (client: B's process, "
-            f"server: both databases); A's endpoint process {(a1[1] - a0[1]) / events * 1e6:.2f} ms"
-        )
+            cpu = Cpu()
+            cpu.endpoint_pid = proc.pid
+            rate = await replicate(c, address, batch, events, cpu)
+        print(f"replication over gRPC: {rate:,.0f} ev/s; CPU per 1000 events: {cpu.line()}")
 
 
 def main() -> None:
