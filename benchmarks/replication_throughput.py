@@ -39,7 +39,7 @@ from pathlib import Path
 
 import asyncpg
 
-from journal import Journal, JournalSettings, open_journal, slice_for
+from journal import Journal, JournalSettings, open_journal, runtime, slice_for
 from journal.postgres.backend import PostgresBackend
 from journal.postgres.migrations import upgrade
 from journal.postgres.replication_sql import dump_vt
@@ -318,7 +318,7 @@ def main() -> None:
     p.add_argument("--latency-events", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3, help="paired rounds of local read and replication")
     args = p.parse_args()
-    header(f"replication throughput: {args.events} events, batch {args.batch_size}")
+    header(f"replication throughput: {args.events} events, batch {args.batch_size}; event loop {runtime.loop_name()}")
     with contextlib.ExitStack() as stack:
         server = os.environ.get("JOURNAL_DSN")
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sj-bench-repl-")))
@@ -331,7 +331,9 @@ def main() -> None:
         rs = [stack.enter_context(scratch_database(server, f"sjbenchr{k}")) for k in range(args.rounds)]
         for dsn in (a, *bs, *rs):
             upgrade(dsn)
-        asyncio.run(run(a, bs, rs, args.events, args.batch_size, args.latency_events, tmp))
+        # the runtime an endpoint runs on (`journal endpoint run`: uvloop, the tuned collector), for
+        # B here and the local read alike
+        runtime.run(run(a, bs, rs, args.events, args.batch_size, args.latency_events, tmp))
 
 
 if __name__ == "__main__":
