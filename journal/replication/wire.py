@@ -87,7 +87,7 @@ def decode_batch(b: bytes) -> ReplicationBatch:
     d = orjson.loads(b[_HEADER_LENGTH : _HEADER_LENGTH + size])
     blob = _Blob(b, _HEADER_LENGTH + size)
     take, of_clean = blob.take, VectorTime.of_clean
-    events = []
+    events: list[ReplicatedEvent] = []
     append = events.append
     for pid, ev, origin, origin_seq, vt, pos, tags, meta in d["events"]:
         event = take(ev)
