@@ -7,7 +7,11 @@ then ``--rounds`` paired rounds, their order rotated each round (benchmarks._com
 (a) local: ``current_events_by_slices`` over all slices at A (the ceiling: what A can read);
 (c) replication: a fresh B (one database per round) pulls all N from A's endpoint process over
     gRPC, in batches, into its journal (events, vector check, progress in one transaction per
-    batch) - events/s end to end; the ratio is the median of the rounds' ratios;
+    batch) - events/s end to end; the ratio is the median of the rounds' ratios; with the CPU
+    per 1000 events of B's process, of A's endpoint process and of the server (both databases);
+(r) B's ceiling: the same rows (read from A beforehand) written into a fresh database with a raw
+    ``unnest`` INSERT of every column replication writes, one transaction per batch, nothing
+    else (no read, no decoding, no vector check, no progress): what B's table alone takes;
 (d) latency: endpoints A and B as processes with update notifications on; single events written
     at A one at a time (each once B's live slice query delivered the previous, then 50 ms pause),
     timed until stored at B (polled by primary key, an index lookup) and until B's live slice
@@ -30,22 +34,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 
-from journal import Journal, JournalSettings, open_journal, slice_for
+from journal import Journal, JournalSettings, open_journal, runtime, slice_for
 from journal.postgres.backend import PostgresBackend
 from journal.postgres.migrations import upgrade
+from journal.postgres.replication_sql import dump_vt
 from journal.postgres.replication_store import PostgresReplicationStore
+from journal.replicated import ReplicatedEvent
 from journal.replication.replicator import Replicator
 from journal.replication.transport import RemoteSource
 from tests.support.scratch import scratch_database
 
 try:
-    from benchmarks._common import alternate_async, header
+    from benchmarks._common import CpuMeter, _stat, alternate_async, header
 except ImportError:  # run as a script from benchmarks/
-    from _common import alternate_async, header  # type: ignore[no-redef]
+    from _common import CpuMeter, _stat, alternate_async, header  # type: ignore[no-redef]
 
 LOG = "bench"
 ENTITIES = 1000
@@ -55,6 +62,12 @@ INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timest
 SELECT s, 'bench', p, n, now() - interval '1 hour' + i * interval '1 microsecond', 1, '', b, 'w'
 FROM unnest($1::int[], $2::text[], $3::bigint[], $4::bytea[], $5::bigint[]) AS t(s, p, n, b, i)"""
 CLI = [sys.executable, "-c", "from journal.cli import main; main()"]
+RAW = """
+INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,
+  event_ser_manifest, event_payload, deleted, writer, origin_location, origin_seq_nr, vector_time, log_seq_nr)
+SELECT s, $1, p, n, clock_timestamp(), i, m, b, false, 'w', o, os, vt::jsonb, ls
+FROM unnest($2::int[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bytea[], $8::text[], $9::bigint[],
+            $10::text[], $11::bigint[]) AS t(s, p, n, i, m, b, o, os, vt, ls)"""
 
 
 def free_address() -> str:
@@ -82,7 +95,7 @@ async def fill(dsn: str, events: int) -> None:
 
 
 @contextlib.contextmanager
-def endpoint(tmp: Path, config: dict[str, object]) -> object:
+def endpoint(tmp: Path, config: dict[str, object]) -> Iterator[subprocess.Popen[bytes]]:
     path = tmp / f"{config['location']}.json"
     path.write_text(json.dumps(config))
     proc = subprocess.Popen([*CLI, "endpoint", "run", "--config", str(path)], stderr=subprocess.DEVNULL)
@@ -117,25 +130,89 @@ async def local_read(ja: Journal) -> float:
     return n / (time.perf_counter() - t)
 
 
-async def replicate(target: str, address_a: str, batch: int, events: int) -> float:
+async def replicate(target: str, address_a: str, batch: int, events: int, cpu: Cpu) -> float:
     """B (a fresh database) pulls every event of A's log over gRPC."""
     async with open_journal(target, settings=JournalSettings.load(dsn=target)) as jb:
         assert isinstance(jb.backend, PostgresBackend)
         store_b = PostgresReplicationStore(jb.backend, "B")
         await store_b.ensure_log(LOG)
+        async with jb.backend.pool.acquire() as conn:
+            meter = CpuMeter(conn.get_server_pid())
         source = RemoteSource(address_a, None)
         try:
             replicator = Replicator(store_b, source, LOG, batch_size=batch)
+            a0 = _stat(cpu.endpoint_pid)
+            meter.start()
             t = time.perf_counter()
             written = await replicator.catch_up()
             rate = written / (time.perf_counter() - t)
+            meter.stop()
+            a1 = _stat(cpu.endpoint_pid)
         finally:
             await source.close()
     assert written == events, (written, events)
+    cpu.add(meter, None if a0 is None or a1 is None else a1[1] - a0[1], events)
     return rate
 
 
-async def run(a: str, bs: list[str], events: int, batch: int, latency_events: int, tmp: Path) -> None:
+class Cpu:
+    """CPU per 1000 events of the replication rounds: B's process, A's endpoint, the server."""
+
+    def __init__(self) -> None:
+        self.endpoint_pid = 0
+        self.rounds: list[tuple[float, float | None, float | None]] = []
+
+    def add(self, meter: CpuMeter, endpoint: float | None, events: int) -> None:
+        per = 1e6 / events
+        self.rounds.append((
+            meter.client * per, None if meter.server is None else meter.server * per,
+            None if endpoint is None else endpoint * per,
+        ))  # fmt: skip
+
+    def line(self) -> str:
+        def med(i: int) -> str:
+            got = [r[i] for r in self.rounds if r[i] is not None]
+            return f"{statistics.median(got):.2f} ms" if got else "n/a"  # type: ignore[type-var]
+
+        return f"B's process {med(0)}, A's endpoint process {med(2)}, server (A and B) {med(1)}"
+
+
+async def read_all(store: PostgresReplicationStore, batch: int) -> list[list[ReplicatedEvent]]:
+    """A's log in batches, as the endpoint reads it (for B's ceiling)."""
+    out: list[list[ReplicatedEvent]] = []
+    after = 0
+    while True:
+        events, after = await store.read_log(LOG, after, batch)
+        if not events:
+            return out
+        out.append(events)
+
+
+def _raw_params(b: list[ReplicatedEvent]) -> tuple[object, ...]:
+    return (
+        LOG, [slice_for(e.persistence_id) for e in b], [e.persistence_id for e in b],
+        [e.origin_seq_nr for e in b], [e.event.ser_id for e in b], [e.event.manifest for e in b],
+        [e.event.payload for e in b], [e.origin_location for e in b], [e.origin_seq_nr for e in b],
+        [dump_vt(e.vector_time) for e in b], [e.log_seq_nr for e in b],
+    )  # fmt: skip
+
+
+async def raw_write(target: str, batches: list[list[ReplicatedEvent]]) -> float:
+    """B's ceiling: the rows alone, a raw INSERT per batch in its own transaction (parameters
+    built before the clock starts)."""
+    params = [_raw_params(b) for b in batches]
+    conn = await asyncpg.connect(target)
+    try:
+        t = time.perf_counter()
+        for p in params:
+            async with conn.transaction():
+                await conn.execute(RAW, *p)
+        return sum(len(b) for b in batches) / (time.perf_counter() - t)
+    finally:
+        await conn.close()
+
+
+async def run(a: str, bs: list[str], rs: list[str], events: int, batch: int, latency_events: int, tmp: Path) -> None:
     await fill(a, events)
     s_a = JournalSettings.load(dsn=a)
     async with open_journal(a, settings=s_a) as ja:
@@ -150,15 +227,23 @@ async def run(a: str, bs: list[str], events: int, batch: int, latency_events: in
             stamped += k
         stamp_rate = stamped / (time.perf_counter() - t)
 
+        batches = await read_all(store_a, batch)
         address_a = free_address()
         cfg_a = {"location": "A", "dsn": a, "listen": address_a, "logs": [LOG], "batch_size": batch}
-        with endpoint(tmp, cfg_a):
+        cpu = Cpu()
+        with endpoint(tmp, cfg_a) as proc:
+            cpu.endpoint_pid = proc.pid
             await ready(address_a)
             rounds = await alternate_async(len(bs) - 1, {
                 "local": lambda k: local_read(ja),
-                "replication": lambda k: replicate(bs[k + 1], address_a, batch, events),
+                "replication": lambda k: replicate(bs[k + 1], address_a, batch, events, cpu),
+                "raw-insert": lambda k: raw_write(rs[k], batches),
             })  # fmt: skip
         rounds.report(f"replication A->B over gRPC, batch {batch}", "replication", "local", "ev/s", target=0.5)
+        print(f"    CPU per 1000 events replicated (medians): {cpu.line()}")
+        rounds.report("B's ceiling: raw INSERT of the same rows", "raw-insert", "local", "ev/s")
+        print(f"    replication / raw INSERT: {rounds.ratio('replication', 'raw-insert'):.2f} "
+              f"(rounds {' '.join(f'{r:.2f}' for r in rounds.ratios('replication', 'raw-insert'))})")  # fmt: skip
         print(f"{'stamping local events at A (once per event)':<44} {stamp_rate:,.0f} events/s")
     b = bs[0]
     s_b = JournalSettings.load(dsn=b)
@@ -233,7 +318,7 @@ def main() -> None:
     p.add_argument("--latency-events", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3, help="paired rounds of local read and replication")
     args = p.parse_args()
-    header(f"replication throughput: {args.events} events, batch {args.batch_size}")
+    header(f"replication throughput: {args.events} events, batch {args.batch_size}; event loop {runtime.loop_name()}")
     with contextlib.ExitStack() as stack:
         server = os.environ.get("JOURNAL_DSN")
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sj-bench-repl-")))
@@ -243,9 +328,12 @@ def main() -> None:
             server = start_embedded(tmp / "pgdata")
         a = stack.enter_context(scratch_database(server, "sjbencha"))
         bs = [stack.enter_context(scratch_database(server, f"sjbenchb{k}")) for k in range(args.rounds + 1)]
-        for dsn in (a, *bs):
+        rs = [stack.enter_context(scratch_database(server, f"sjbenchr{k}")) for k in range(args.rounds)]
+        for dsn in (a, *bs, *rs):
             upgrade(dsn)
-        asyncio.run(run(a, bs, args.events, args.batch_size, args.latency_events, tmp))
+        # the runtime an endpoint runs on (`journal endpoint run`: uvloop, the tuned collector), for
+        # B here and the local read alike
+        runtime.run(run(a, bs, rs, args.events, args.batch_size, args.latency_events, tmp))
 
 
 if __name__ == "__main__":

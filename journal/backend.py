@@ -491,6 +491,10 @@ class ReplicationStore(Protocol):
 
     async def progress(self, log_name: str, source_location: str) -> int: ...
 
+    async def target_state(self, log_name: str, source_location: str) -> tuple[int, VectorTime]:
+        """The progress reading ``source_location``'s log and this location's version vector."""
+        ...
+
     async def all_progress(self, log_name: str) -> dict[str, int]: ...
 
     async def write_replicated(

@@ -7,7 +7,7 @@ the one of ``b`` (missing entries are 0); ``a < b`` is "happened before"; neithe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, Mapping
 from typing import Any
 
 from .errors import InvalidArgument
@@ -37,6 +37,16 @@ class VectorTime(Mapping[str, int]):
         self._hash = None
 
     @classmethod
+    def of_clean(cls, entries: dict[str, int]) -> VectorTime:
+        """From a dict of positive int counters under non-empty str ids, checked in one pass
+        (replication builds one per event it reads or receives); anything else goes through
+        the full check of the constructor, which raises or drops zero entries."""
+        for location, counter in entries.items():
+            if type(location) is not str or not location or type(counter) is not int or counter <= 0:
+                return cls(entries)
+        return cls._trusted(entries)
+
+    @classmethod
     def _trusted(cls, entries: dict[str, int]) -> VectorTime:
         """From entries known to be clean (non-zero ints, str keys): no validation."""
         vt = cls.__new__(cls)
@@ -56,6 +66,10 @@ class VectorTime(Mapping[str, int]):
 
     def get(self, location: str, default: Any = 0) -> Any:
         return self._entries.get(location, default)
+
+    def items(self) -> ItemsView[str, int]:
+        """The entries' own view (the Mapping default goes through ``__getitem__`` per key)."""
+        return self._entries.items()
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, VectorTime):

@@ -151,6 +151,30 @@ def test_the_wire_carries_payloads_identities_and_the_stored_position() -> None:
         decode_batch(encode_batch(batch)[:-1])
 
 
+async def test_tags_and_metadata_arrive_as_sent_whether_a_batch_has_them_or_not(locs: dict[str, Location]) -> None:
+    """A column no event of a batch has (tags, metadata) goes to the statement as one NULL that
+    ``unnest`` pads; a batch where some events have them sends the whole column."""
+    from journal.replicated import ReplicatedEvent
+    from journal.serialization import Serialized
+    from journal.vector_time import VectorTime
+
+    b = locs["B"]
+    base = 10**6 + 100 * len(await b.store.event_ids(LOG))
+
+    def event(i: int, tags: tuple[str, ...] = (), meta: Serialized | None = None) -> ReplicatedEvent:
+        return ReplicatedEvent(f"{LOG}|nul{base}-{i}", Serialized(7, "m", b"p%d" % i), "Z", base + i,
+                               VectorTime({"Z": base + i}), base + i, tags, meta)  # fmt: skip
+
+    plain = [event(1), event(2)]
+    mixed = [event(3, ("t", "u")), event(4, meta=Serialized(1, "mm", b"\x00meta")), event(5)]
+    await b.store.write_replicated(LOG, "Z", plain, base + 2)
+    await b.store.write_replicated(LOG, "Z", mixed, base + 5)
+    got = await b.store.read_ids(LOG, [e.event_id for e in plain + mixed])
+    assert [(e.persistence_id, e.event, e.tags, e.metadata) for e in got] == [
+        (e.persistence_id, e.event, e.tags, e.metadata) for e in plain + mixed
+    ]
+
+
 async def test_the_log_indexes_serve_their_queries_even_as_generic_plans(dbs: dict[str, str]) -> None:
     """The unstamped index is per log (its name quoted into the predicate), so a generic plan
     must still match it; the position index is partial (only stamped rows)."""

@@ -155,6 +155,25 @@ async def test_the_target_drops_what_it_already_stored(locs: dict[str, Location]
     assert set((await c.store.event_ids(LOG)).values()) == {1}
 
 
+async def test_an_event_whose_vector_time_lacks_its_identity_is_still_dropped_when_it_comes_again(
+    locs: dict[str, Location],
+) -> None:
+    """The target looks up only the identities its version vector covers (a catch-up's new
+    events are past it), so every stored identity must be covered: even one an odd source sent
+    with a vector time that lacks it. Before the vector folded identities in, the second copy
+    was not looked up and its insert failed on the identity index (SequenceConflict)."""
+    a, c = locs["A"], locs["C"]
+    at = await a.store.log_seq_nr(LOG)
+    await a.journal.persist(f"{LOG}|odd", [{"v": 1}])
+    await a.store.stamp(LOG)
+    events, last = await a.store.read_log(LOG, at, 10)
+    odd = [events[0].__class__(**{**_fields(events[0]), "vector_time": VectorTime()})]
+    first = await c.store.write_replicated(LOG, "A", odd, last)
+    again = await c.store.write_replicated(LOG, "A", odd, last)
+    assert (first.written, again.written, again.dropped) == (1, 0, 1)
+    assert (await c.store.version_vector(LOG)).get("A") >= events[0].origin_seq_nr
+
+
 async def test_filters_compose_and_private_events_never_leave(locs: dict[str, Location]) -> None:
     from journal.replication.filters import EndpointFilters, not_private, persistence_ids, tagged
 

@@ -57,7 +57,7 @@ async def run(a, b, tmp):
                 setattr(obj, name, w)
 
             rep = Replicator(sb, src, LOG, batch_size=1000)
-            for name in ("progress", "version_vector", "missing_ids", "write_replicated"):
+            for name in ("target_state", "missing_ids", "write_replicated"):
                 wrap(sb, name, "B store." + name)
             wrap(rep, "_read", "read from A (gRPC, A's query, decode)")
             t = time.perf_counter()

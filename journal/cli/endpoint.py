@@ -54,7 +54,9 @@ def run_endpoint(
             await stop.wait()
             await ep.stop()
 
-    asyncio.run(main())
+    from .. import runtime
+
+    runtime.run(main())  # uvloop and the tuned collector, as `projections run`: a long-running service
 
 
 @endpoint_app.command("status")

@@ -30,7 +30,8 @@ _COLUMNS = (
 
 def insert_replicated(schema: str, *, notify: bool, tagged: bool) -> str:
     """The batch insert. $1 pids, $2 slices, $3 serializer ids, $4 manifests, $5 payloads,
-    $6 tags (JSON text or NULL), $7-$9 metadata (id, manifest, payload), $10 origin locations,
+    $6 tags (JSON text or NULL), $7-$9 metadata (id, manifest, payload) (each of $6-$9 may be
+    one NULL instead of an array of NULLs: ``unnest`` pads it), $10 origin locations,
     $11 origin seq nrs, $12 vector times (JSON text), $13 log positions, $14 the entity type
     (the log), $15 the writer id, $16 the writer's partition map epoch; then with ``notify`` $17
     the notification payloads; then with ``tagged`` the tag bucket size (milliseconds). Returns

@@ -145,6 +145,11 @@ class ReplicationPart:
                 rows = kept if len(kept) < len(rows) else []
         return rows
 
+    async def any_unstamped(self, log_name: str) -> bool:
+        """Has the log a local event not stamped yet here (of this part's slices)?"""
+        async with self.connection() as conn:
+            return bool(await conn.fetchval(self.sql.any_unstamped(log_name), self.slices))
+
     async def stamp(self, conn: Any, rows: Sequence[tuple[str, int, int, VectorTime]]) -> None:
         """Stamp these local events (pid, seq nr, position, vector time) as this location's."""
         await conn.execute(self.sql.stamp, *stamp_columns(self.location, rows))
@@ -153,15 +158,19 @@ class ReplicationPart:
         self, conn: Any, log_name: str, batch: WriteBatch, events: Sequence[ReplicatedEvent], positions: Sequence[int]
     ) -> None:
         """The events (``batch``, checked, and the events it was made of) at these log
-        positions, in one statement."""
+        positions, in one statement. A column of NULLs only (no tags, no metadata: the common
+        case) goes as one NULL, which ``unnest`` pads: the driver checks every element of an
+        array it sends, a few tenths of a microsecond each."""
         b = self.backend
         tagged = any(batch.tags)
         metas = batch.metadata
+        with_meta = any(metas)
         params: list[Any] = [
             batch.persistence_ids, batch.slices, batch.ser_ids, batch.manifests, batch.payloads,
-            [orjson.dumps(list(t)).decode() if t else None for t in batch.tags],
-            [m.ser_id if m else None for m in metas], [m.manifest if m else None for m in metas],
-            [m.payload if m else None for m in metas],
+            [orjson.dumps(list(t)).decode() if t else None for t in batch.tags] if tagged else None,
+            [m.ser_id if m else None for m in metas] if with_meta else None,
+            [m.manifest if m else None for m in metas] if with_meta else None,
+            [m.payload if m else None for m in metas] if with_meta else None,
             [e.origin_location for e in events], [e.origin_seq_nr for e in events],
             [dump_vt(e.vector_time) for e in events], positions, log_name, b.writer_id, b.conns.epoch,
         ]  # fmt: skip
@@ -350,8 +359,7 @@ class OneDatabase:
 
     @contextlib.asynccontextmanager
     async def within(self, held: Any, part: ReplicationPart, *, replicated: bool) -> AsyncIterator[Any]:
-        if replicated:
-            await held.execute(MARK_REPLICATED)
+        """H itself: a replicated write's H was marked when it took the log row's lock."""
         yield held
 
     async def moved(self) -> None:

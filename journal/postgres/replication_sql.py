@@ -15,7 +15,9 @@ from ..errors import ReplicationError
 from ..ids import validate_entity_type
 from ..settings import validate_identifier
 from ..vector_time import VectorTime
+from .recovery_guard import REPLICATING_SETTING
 from .replicated_insert import insert_replicated
+from .timestamp_rule import WRITER_SETTING, WRITER_VALUE
 
 
 class ReplicationStatements:
@@ -42,6 +44,12 @@ class ReplicationStatements:
         self.any_recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering)"
         self.recovering = f"SELECT EXISTS (SELECT 1 FROM {rl} WHERE recovering AND log_name = ANY($1::text[]))"
         self.lock_log = self.log_row + " FOR UPDATE"
+        self.lock_log_replicated = (  # and mark the transaction: its rows are replicated (no extra round trip)
+            f"SELECT location, log_seq_nr, version_vector, recovering, "
+            f"set_config('{REPLICATING_SETTING}', 'on', true) AS guard, "
+            f"set_config('{WRITER_SETTING}', '{WRITER_VALUE}', true) AS rule "
+            f"FROM {rl} WHERE log_name = $1 FOR UPDATE"
+        )
         self.save_log = f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
         self.ej = ej
         self.schema = schema
@@ -72,18 +80,29 @@ class ReplicationStatements:
             f"AND e.origin_seq_nr = s.origin_seq)"
         )
         self.progress = f"SELECT source_log_seq_nr FROM {rp} WHERE log_name = $1 AND source_location = $2"
+        self.target_state = (
+            f"SELECT l.version_vector, (SELECT p.source_log_seq_nr FROM {rp} p WHERE p.log_name = $1 "
+            f"AND p.source_location = $2) AS progress FROM {rl} l WHERE l.log_name = $1"
+        )
         self.all_progress = f"SELECT source_location, source_log_seq_nr FROM {rp} WHERE log_name = $1"
         self.save_progress = (
             f"INSERT INTO {rp} (log_name, source_location, source_log_seq_nr, updated_at) "
             f"VALUES ($1, $2, $3, now()) ON CONFLICT (log_name, source_location) DO UPDATE "
             f"SET source_log_seq_nr = GREATEST({rp}.source_log_seq_nr, EXCLUDED.source_log_seq_nr), updated_at = now()"
         )
+        self.save_log_and_progress = (  # a replicated batch's end: one statement, one round trip
+            f"WITH p AS ({self.save_progress.replace('$3', '$5').replace('$2', '$4')}) "
+            f"UPDATE {rl} SET log_seq_nr = $2, version_vector = $3 WHERE log_name = $1"
+        )
         self.entity_events = (
             f"SELECT event_ser_id, event_ser_manifest, event_payload, origin_location, origin_seq_nr, vector_time "
             f"FROM {ej} WHERE persistence_id = $1 AND log_seq_nr IS NOT NULL AND NOT deleted ORDER BY seq_nr"
         )
-        self.save_target_progress = (
-            f"INSERT INTO {rt} (log_name, target_location, log_seq_nr, updated_at) VALUES ($1, $2, $3, now()) "
+        self.save_target_progress = (  # committed without waiting for the WAL flush: a crash can
+            # only lose a step forward, and a lower figure only defers physical deletion further
+            f"WITH quick AS (SELECT set_config('synchronous_commit', 'off', true)) "
+            f"INSERT INTO {rt} (log_name, target_location, log_seq_nr, updated_at) "
+            f"SELECT $1::text, $2::text, $3::bigint, now() FROM quick "
             f"ON CONFLICT (log_name, target_location) DO UPDATE "
             f"SET log_seq_nr = GREATEST({rt}.log_seq_nr, EXCLUDED.log_seq_nr), updated_at = now()"
         )
@@ -152,6 +171,13 @@ class ReplicationStatements:
             f"ORDER BY db_timestamp, seq_nr, persistence_id LIMIT $1"
         )
 
+    def any_unstamped(self, log_name: str) -> str:
+        """Has the log a local event not stamped yet (of the slices ``$1``, or any with NULL)?"""
+        return (
+            f"SELECT EXISTS (SELECT 1 FROM {self.ej} WHERE entity_type = {_literal(log_name)} "
+            f"AND log_seq_nr IS NULL AND ($1::int[] IS NULL OR slice = ANY($1::int[])))"
+        )
+
     def unstamped_index(self, log_name: str) -> str:
         return unstamped_index_sql(log_name, self.schema)
 
@@ -177,7 +203,8 @@ def _literal(value: str) -> str:
 
 
 def vector_time_of(value: Any) -> VectorTime:
-    return VectorTime.from_json(orjson.loads(value) if isinstance(value, str | bytes) else value)
+    d = orjson.loads(value) if isinstance(value, str | bytes) else value
+    return VectorTime.of_clean(d) if type(d) is dict else VectorTime.from_json(d)
 
 
 async def log_head(conn: Any, sql: str, log_name: str) -> asyncpg.Record:

@@ -69,6 +69,7 @@ __all__ = [
     "dump_vt",
     "events_of",
     "log_head",
+    "maybe_stored",
     "merged",
     "not_in",
     "racing_local_writes",
@@ -93,6 +94,8 @@ class _Held:
     pos: int
     vv: VectorTime
     recovering: bool
+    progress: tuple[str, int] | None = None
+    """A replicated batch's source and last position scanned, saved with the log row."""
 
 
 class ReplicationLogs:
@@ -143,6 +146,14 @@ class ReplicationLogs:
         async with self._home() as conn:
             row = await conn.fetchrow(self.sql.log_row, log_name)
         return 0 if row is None else int(row["log_seq_nr"])
+
+    async def target_state(self, log_name: str, source_location: str) -> tuple[int, VectorTime]:
+        """:meth:`progress` and :meth:`version_vector` in one round trip (a replicator's every step)."""
+        async with self._home() as conn:
+            row = await conn.fetchrow(self.sql.target_state, log_name, source_location)
+        if row is None:
+            return 0, VectorTime()
+        return int(row["progress"] or 0), vector_time_of(row["version_vector"])
 
     async def progress(self, log_name: str, source_location: str) -> int:
         async with self._home() as conn:
@@ -195,9 +206,11 @@ class ReplicationLogs:
     # -- writing: under the home lock ---------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _held(self, log_name: str) -> AsyncIterator[_Held]:
+    async def _held(self, log_name: str, *, replicated: bool = False) -> AsyncIterator[_Held]:
         """Transaction H on the home log row, repaired first; the position and version vector
-        the block leaves are saved in H, which commits after the block (and its parts)."""
+        the block leaves are saved in H, which commits after the block (and its parts).
+        ``replicated``: H is marked as a replicated write's (its rows pass the recovery guard and
+        the timestamp rule) by the statement that takes the lock."""
         home = self.places.home
         try:
             async with (
@@ -205,12 +218,18 @@ class ReplicationLogs:
                 home.connection() as conn,
                 conn.transaction(),
             ):
-                head = await log_head(conn, self.sql.lock_log, log_name)
+                head = await log_head(conn, self.sql.lock_log_replicated if replicated else self.sql.lock_log, log_name)
                 saved = (int(head["log_seq_nr"]), vector_time_of(head["version_vector"]))
                 held = _Held(conn, saved[0], saved[1], bool(head["recovering"]))
                 await self._adopt(log_name, held)
                 yield held
-                if (held.pos, held.vv) != saved:
+                if held.progress is not None and (held.pos, held.vv) != saved:
+                    await conn.execute(
+                        self.sql.save_log_and_progress, log_name, held.pos, dump_vt(held.vv), *held.progress
+                    )
+                elif held.progress is not None:
+                    await conn.execute(self.sql.save_progress, log_name, *held.progress)
+                elif (held.pos, held.vv) != saved:
                     await conn.execute(self.sql.save_log, log_name, held.pos, dump_vt(held.vv))
         except SliceRangeMoved:
             await self.places.moved()  # the next attempt writes where the slices are now
@@ -235,8 +254,18 @@ class ReplicationLogs:
         peers have read of this location, and its version vector does not yet hold what the
         location had; local events written before or during the recovery are stamped after it,
         at new positions, with a vector time that covers everything recovered."""
+        if not await self._any_unstamped(log_name):
+            return 0  # nothing to stamp: no lock taken (a read's stamp, the stamp loop's)
         async with self._held(log_name) as held:
             return 0 if held.recovering else await self._stamp_locked(log_name, held, limit)
+
+    async def _any_unstamped(self, log_name: str) -> bool:
+        """Is a local event of the log unstamped anywhere (no lock: one that commits after this
+        answer is stamped by the next stamp, as if this one had come a moment earlier)?"""
+        for part in await self.places.writing():
+            if await part.any_unstamped(log_name):
+                return True
+        return False
 
     async def _stamp_locked(self, log_name: str, held: _Held, limit: int) -> int:
         """:meth:`stamp` under H: how many (``held`` moves past them once every part committed)."""
@@ -284,15 +313,15 @@ class ReplicationLogs:
         self, log_name: str, source_location: str, batch: WriteBatch, events: Sequence[ReplicatedEvent],
         last_scanned: int,
     ) -> WriteOutcome:  # fmt: skip
-        async with self._held(log_name) as held:
+        async with self._held(log_name, replicated=True) as held:
             while not held.recovering and await self._stamp_locked(log_name, held, STAMP_LIMIT) == STAMP_LIMIT:
                 pass  # local events committed before this batch are stamped first (their vector
                 # times never cover what arrives now, which their writers cannot have seen)
-            ids = [e.event_id for e in events]
-            new = not_in(events, await self.places.stored(held.conn, log_name, ids)) if ids else []
+            ids = maybe_stored(events, held.vv)
+            new = not_in(events, await self.places.stored(held.conn, log_name, ids) if ids else set())
             if new:
                 await self._insert(log_name, batch, events, new, held)
-            await held.conn.execute(self.sql.save_progress, log_name, source_location, last_scanned)
+            held.progress = (source_location, last_scanned)
         return WriteOutcome(written=len(new), dropped=len(events) - len(new), progress=last_scanned)
 
     async def _insert(
@@ -417,34 +446,41 @@ def not_in(events: Sequence[ReplicatedEvent], stored: set[tuple[str, int]]) -> l
     return out
 
 
+def maybe_stored(events: Sequence[ReplicatedEvent], vv: VectorTime) -> list[tuple[str, int]]:
+    """The identities of ``events`` this location may have stored: those its version vector
+    covers. Every stored event's identity is covered (:func:`merged` folds each one in, and a
+    stamp's position is its own entry), so an event past the vector's entry for its origin is
+    new without asking the database; in a catch-up that is every event of the batch."""
+    return [e.event_id for e in events if e.origin_seq_nr <= vv.get(e.origin_location, 0)]
+
+
 def merged(vv: VectorTime, events: Sequence[ReplicatedEvent]) -> VectorTime:
-    """The version vector with the vector times of ``events`` folded in."""
+    """The version vector with the vector times of ``events`` folded in, and each event's own
+    identity (origin location, origin seq nr): a well-formed vector time holds it already, and
+    :func:`maybe_stored` relies on it for any other."""
     highest: dict[str, int] = {}
     for e in events:
         for location, counter in e.vector_time.items():
             if counter > highest.get(location, 0):
                 highest[location] = counter
+        if e.origin_seq_nr > highest.get(e.origin_location, 0):
+            highest[e.origin_location] = e.origin_seq_nr
     return vv.merge(highest)
 
 
 def events_of(rows: Sequence[asyncpg.Record]) -> list[ReplicatedEvent]:
+    """The events of rows of :attr:`ReplicationStatements.read_log` (its columns, in their
+    order: unpacked by position, the commonest read of a source endpoint)."""
     out: list[ReplicatedEvent] = []
-    for r in rows:
-        if r["deleted"] and not r["event_payload"]:
+    append = out.append
+    for pid, ser_id, manifest, payload, tags, m_id, m_manifest, m_payload, origin, origin_seq, vt, pos, deleted in rows:
+        if deleted and not payload:
             continue  # a tombstone of the journal's own delete_events_to: nothing to send
-        meta = None
-        if r["meta_ser_id"] is not None:
-            meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))
-        out.append(
+        meta = None if m_id is None else Serialized(m_id, m_manifest or "", bytes(m_payload or b""))
+        append(
             ReplicatedEvent(
-                persistence_id=r["persistence_id"],
-                event=Serialized(r["event_ser_id"], r["event_ser_manifest"], bytes(r["event_payload"])),
-                origin_location=r["origin_location"],
-                origin_seq_nr=r["origin_seq_nr"],
-                vector_time=vector_time_of(r["vector_time"]),
-                log_seq_nr=r["log_seq_nr"],
-                tags=tuple(r["tags"] or ()),
-                metadata=meta,
+                pid, Serialized(ser_id, manifest, bytes(payload)), origin, origin_seq, vector_time_of(vt), pos,
+                tuple(tags) if tags else (), meta,
             )
-        )
+        )  # fmt: skip
     return out

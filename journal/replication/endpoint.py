@@ -278,14 +278,11 @@ class ReplicationEndpoint:
             wake.clear()
             try:
                 async with self._gate.step():
-                    before = None
-                    if replicator.source_location is not None:
-                        before = await self.store.progress(log_name, replicator.source_location)
                     out = await replicator.step()
                 detector.success(time.monotonic())
                 if replicator.source_location is not None:
                     self._remote_location[conn.address] = replicator.source_location
-                if out.written or out.progress != before:
+                if out.written or out.progress != replicator.started_at:
                     continue  # more may be waiting: read again at once
             except asyncio.CancelledError:
                 raise

@@ -70,14 +70,22 @@ class LocalSource:
             return ReplicationBatch(self.store.location, request.log_name, tuple(found), request.after)
         await self.store.stamp(request.log_name)
         stored = request.after if request.stored is None else request.stored
-        if stored > 0:
-            await self.store.record_target_progress(request.log_name, request.target_location, stored)
-        events, last = await self.store.read_log(request.log_name, request.after, request.limit)
+        read = self.store.read_log(request.log_name, request.after, request.limit)
+        if stored > 0:  # the target's progress recorded beside the read (its own connection)
+            _, (events, last) = await asyncio.gather(
+                self.store.record_target_progress(request.log_name, request.target_location, stored), read
+            )
+        else:
+            events, last = await read
         if passes is not None:
             events = [e for e in events if passes(e)]
-        send = [e for e in events if not e.vector_time <= request.target_vv]
-        covered = tuple(e.event_id for e in events if e.vector_time <= request.target_vv)
-        return ReplicationBatch(self.store.location, request.log_name, tuple(send), last, covered)
+        send, covered = [], []
+        for e in events:
+            if e.vector_time <= request.target_vv:
+                covered.append(e.event_id)
+            else:
+                send.append(e)
+        return ReplicationBatch(self.store.location, request.log_name, tuple(send), last, tuple(covered))
 
 
 class Replicator:
@@ -104,6 +112,8 @@ class Replicator:
         self.application = application or Application()
         self.source_location: str | None = None
         self._ahead: tuple[int, asyncio.Task[ReplicationBatch]] | None = None
+        self.started_at: int | None = None
+        """The stored progress the last step started from (None before the first)."""
 
     def _request(self, after: int, vv: VectorTime, stored: int | None = None) -> ReadRequest:
         return ReadRequest(
@@ -130,8 +140,8 @@ class Replicator:
     async def _step(self) -> WriteOutcome:
         if self.source_location is None:
             self.source_location = await self.source.location()
-        after = await self.target.progress(self.log_name, self.source_location)
-        vv = await self.target.version_vector(self.log_name)
+        after, vv = await self.target.target_state(self.log_name, self.source_location)
+        self.started_at = after
         try:
             batch = await self._read(after, vv)
             if not batch.events and not batch.covered and batch.last_scanned == after:
@@ -166,10 +176,9 @@ class Replicator:
         written = 0
         try:
             while True:
-                before = self.source_location and await self.target.progress(self.log_name, self.source_location)
                 out = await self.step()
                 written += out.written
-                if out.written == 0 and out.progress == before:
+                if out.written == 0 and out.progress == self.started_at:
                     return written
         finally:
             await self.close()

@@ -86,12 +86,18 @@ def decode_batch(b: bytes) -> ReplicationBatch:
     size = int.from_bytes(b[:_HEADER_LENGTH], "big")
     d = orjson.loads(b[_HEADER_LENGTH : _HEADER_LENGTH + size])
     blob = _Blob(b, _HEADER_LENGTH + size)
-    events = []
+    take, of_clean = blob.take, VectorTime.of_clean
+    events: list[ReplicatedEvent] = []
+    append = events.append
     for pid, ev, origin, origin_seq, vt, pos, tags, meta in d["events"]:
-        event = blob.take(ev)
-        assert event is not None
-        events.append(
-            ReplicatedEvent(pid, event, origin, int(origin_seq), VectorTime(vt), int(pos), tuple(tags), blob.take(meta))
-        )
+        event = take(ev)
+        if event is None:
+            raise ValueError("replication batch malformed: an event without its payload")
+        append(
+            ReplicatedEvent(
+                pid, event, origin, int(origin_seq), of_clean(vt) if type(vt) is dict else VectorTime(vt),
+                int(pos), tuple(tags) if tags else (), take(meta) if meta is not None else None,
+            )
+        )  # fmt: skip
     covered = tuple((str(o), int(n)) for o, n in d.get("covered", ()))
     return ReplicationBatch(d["source"], d["log"], tuple(events), int(d["last"]), covered)
