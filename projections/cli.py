@@ -105,6 +105,20 @@ def run(
         int | None,
         typer.Option("--version", min=1, help="Run version N: offsets under NAME@N, tables in its own schema."),
     ] = None,
+    from_snapshots: Annotated[
+        bool,
+        typer.Option(
+            "--from-snapshots",
+            help="Start each range from its ids' latest snapshots, then their later events (docs/projections.md).",
+        ),
+    ] = False,
+    snapshot_handler: Annotated[
+        str | None,
+        typer.Option(
+            "--snapshot-handler",
+            help="With --from-snapshots: package.module:callable turning a snapshot into read-model state.",
+        ),
+    ] = None,
 ) -> None:
     """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
     from journal import runtime
@@ -138,6 +152,13 @@ def run(
     ProjectionVersioning.of(settings.schema, name, version, mode)  # checked before anything connects
     if (handler is None) == (to_kafka is None):
         raise InvalidArgument("give exactly one of --handler and --to-kafka")
+    if from_snapshots and (tag is not None or to_kafka is not None or states):
+        raise InvalidArgument(
+            "--from-snapshots runs a handler over an entity type's events (not --tag, --to-kafka, --states)"
+        )
+    if snapshot_handler is not None and not from_snapshots:
+        raise InvalidArgument("--snapshot-handler needs --from-snapshots")
+    hook = load_handler(snapshot_handler, mode) if snapshot_handler is not None else None
     publisher = _kafka_publisher(to_kafka, kafka_bootstrap, kafka_at_least_once, mode, tag) if to_kafka else None
     fn = publisher if publisher is not None else load_handler(handler or "", mode)
     recovery = HandlerRecovery.parse(on_failure, settings.projection)
@@ -162,12 +183,16 @@ def run(
                 )  # fmt: skip
             if version is not None:  # a retired version or another entity type: one line, exit 2
                 await register_on(j, name, version, entity_type or "")
+            et = entity_type or ""
+            options: dict[str, Any] = {"recovery": recovery}
+            if tag is None and not states:
+                options.update(version=version, from_snapshots=from_snapshots, snapshot_handler=hook)
             ws: list[Worker] = [
-                TagWorker(j, j.settings, name, tag, fn, mode, recovery=recovery)
+                TagWorker(j, j.settings, name, tag, fn, mode, **options)
                 if tag is not None
-                else StateWorker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery)
+                else StateWorker(j, j.settings, name, et, fn, mode, **options)
                 if states
-                else Worker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery, version=version)
+                else Worker(j, j.settings, name, et, fn, mode, **options)
                 for _ in range(workers)
             ]
             loop = asyncio.get_running_loop()

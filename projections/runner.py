@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any, Protocol
 
-from journal.envelope import EventEnvelope
+from journal.envelope import SNAPSHOT_SOURCE, EventEnvelope
 from journal.errors import EventsMissing
 from journal.offsets import TimestampOffset
 from journal.settings import QueryMode
@@ -169,6 +169,9 @@ class RangeProcessor:
     async def _validate_into(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
         v = self.validator
         per_pid = self.query_mode == "backtracking"
+        if env.source == SNAPSHOT_SOURCE:
+            await self._admit_snapshot(env, accepted, per_pid)
+            return
         check = v.check(env, per_pid=per_pid)
         if check.verdict is Verdict.UNKNOWN:
             stored = await self._stored(env)
@@ -188,6 +191,19 @@ class RangeProcessor:
             await self._replay(env.persistence_id, check.gap_from, env.seq_nr - 1, accepted)
         accepted.append(env)
         v.record(env)
+
+    async def _admit_snapshot(self, env: EventEnvelope, accepted: list[EventEnvelope], per_pid: bool) -> None:
+        """A snapshot (a range started from snapshots): processed unless the pid is past it."""
+        v = self.validator
+        if v.known_seq_nr(env.slice, env.persistence_id) is None:
+            stored = await self._stored(env)
+            if stored is not None:
+                v.learn(env.slice, env.persistence_id, *stored)
+        if v.admits_snapshot(env, per_pid=per_pid):
+            accepted.append(env)
+            v.record(env)
+        else:
+            self.stats.duplicates += 1
 
     async def _replay(self, pid: str, first: int, last: int, accepted: list[EventEnvelope]) -> None:
         """Fill a gap by persistence id; fail loudly if the journal lacks the events."""

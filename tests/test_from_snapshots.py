@@ -16,11 +16,13 @@ from slice_helpers import collect
 
 from journal import (
     EventEnvelope,
+    Forgotten,
     InvalidArgument,
     Journal,
     JournalSettings,
     OffsetError,
     SequenceOffset,
+    SerializationError,
     TimestampOffset,
     open_journal,
 )
@@ -140,3 +142,36 @@ async def test_bad_input_is_refused_at_call_time(small: Journal) -> None:
         small.current_events_by_slices_starting_from_snapshots(ET, 5, 2)
     with pytest.raises(OffsetError):
         small.events_by_slices_starting_from_snapshots(ET, 0, 1023, SequenceOffset(3))  # type: ignore[arg-type]
+
+
+async def test_the_benchmarks_data_set_small_equal_models_fewer_events(small: Journal, dsn: str) -> None:
+    """benchmarks/from_snapshots.py on 20,000 events over 2,000 ids (its 1M run is not a test)."""
+    from benchmarks.from_snapshots import fill, read
+
+    events, snapshots = await fill(dsn, 20_000, 2_000, 100)
+    assert (events, snapshots) == (20_000, 60)
+    full, snap = await read(small, from_snapshots=False), await read(small, from_snapshots=True)
+    assert full.model == snap.model and len(full.model or {}) == 2_000
+    assert (full.events, full.snapshots, snap.snapshots) == (20_000, 0, 60)
+    assert snap.events < full.events / 4
+
+
+async def test_sealed_snapshots_decode_forgotten_ones_read_as_events_do(journal: Journal, dsn: str) -> None:
+    """With the codec: a sealed snapshot decodes; a forgotten subject's snapshot and events come
+    as Forgotten values (as its events do in any query). Without it: one typed error naming the
+    snapshot."""
+    settings = JournalSettings.load(env={}, dsn=dsn, encrypt=True)
+    ann, bob = f"{ET}|ann", f"{ET}|bob"
+    async with open_journal(dsn, settings=settings) as j:
+        for pid in (ann, bob):
+            await write(j, pid, 1, 6, snapshot_every=5)
+        assert await j.forget(ann)
+        envs = await collect(j.current_events_by_slices_starting_from_snapshots(ET, 0, 1023))
+        by_pid = {p: [(e.source, e.seq_nr, e.event) for e in envs if e.persistence_id == p] for p in (ann, bob)}
+        assert by_pid[bob] == [("snapshot", 5, {"sum": 15}), ("query", 6, {"n": 6})]
+        assert [(s, n) for s, n, _ in by_pid[ann]] == [("snapshot", 5), ("query", 6)]
+        assert all(isinstance(ev, Forgotten) for _, _, ev in by_pid[ann])
+    async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as plain:
+        with pytest.raises(SerializationError, match=r"snapshot of acct\|(ann|bob)#5") as e:
+            await collect(plain.current_events_by_slices_starting_from_snapshots(ET, 0, 1023))
+        assert len(str(e.value).splitlines()) == 1, e.value
