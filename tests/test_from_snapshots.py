@@ -124,6 +124,24 @@ async def test_resuming_from_any_offset_gives_the_same_model(small: Journal) -> 
     assert more == fold(await collect(j.current_events_by_slices(ET, 0, 1023)))
 
 
+async def test_a_snapshot_saved_during_the_catch_up_restates_its_pid(small: Journal) -> None:
+    """Newer snapshots saved while the catch-up is under way (after some of their pids' events
+    came, or before any did): the model is still the full read's."""
+    j = small
+    pids = [f"{ET}|m{i}" for i in range(6)]
+    for p in pids:  # one after the other: each pid's events lie after the previous pid's
+        await write(j, p, 1, 12, snapshot_every=0)
+    it = j.current_events_by_slices_starting_from_snapshots(ET, 0, 1023)
+    got = [await it.__anext__() for _ in range(15)]  # m0 and part of m1 came as events
+    assert {e.persistence_id for e in got} == {pids[0], pids[1]}
+    for p in pids[1:]:
+        await j.save_snapshot(p, 10, {"sum": 55})
+    got += [e async for e in it]
+    assert fold(got) == fold(await collect(j.current_events_by_slices(ET, 0, 1023)))
+    late = [(e.source, e.seq_nr) for e in got if e.persistence_id == pids[4]]
+    assert late == [("snapshot", 10), ("query", 11), ("query", 12)]
+
+
 async def test_live_after_the_catch_up_delivers_events_not_snapshots(small: Journal) -> None:
     j = small
     pid = f"{ET}|live"
