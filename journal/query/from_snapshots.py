@@ -60,7 +60,7 @@ class FromSnapshots:
 
         async def gen() -> AsyncIterator[EventEnvelope]:
             state = SliceQueryState(offset, self.q.buffer_size, self.q.catch_up_buffer_size)
-            async for page in self._catch_up(state, et, lo, hi, mode):
+            async for page in self._catch_up(state, et, lo, hi, mode, live=False):
                 for env in page:
                     yield env
 
@@ -71,21 +71,26 @@ class FromSnapshots:
     ) -> AsyncIterator[list[EventEnvelope]]:
         """The catch-up from snapshots, then the live slice query from where it ended."""
         state = SliceQueryState(offset, self.q.buffer_size, self.q.catch_up_buffer_size)
-        async for page in self._catch_up(state, et, lo, hi, mode):
+        async for page in self._catch_up(state, et, lo, hi, mode, live=True):
             yield page
         async for page in self.queries.live_pages(et, lo, hi, state.offset, mode, heartbeats, state=state):
             yield page
 
     async def _catch_up(
-        self, state: SliceQueryState, et: str, lo: int, hi: int, mode: QueryMode
+        self, state: SliceQueryState, et: str, lo: int, hi: int, mode: QueryMode, *, live: bool
     ) -> AsyncIterator[list[EventEnvelope]]:
-        """Below a bound taken now: the snapshots of pids without events, then the pages."""
-        bound = await self._retrying(lambda: self.queries.bound(mode))
+        """Below a bound taken now: the snapshots of pids without events, then the pages
+        (``live``: a read the database does not answer is retried, as the live query does)."""
+
+        async def read(call: Callable[[], Any]) -> Any:
+            return await (self._retrying(call) if live else call())
+
+        bound = await read(lambda: self.queries.bound(mode))
         start = state.offset
         slices = SliceRange(et, lo, hi)
         after = ""
         while True:
-            only = await self._retrying(partial(self.reads.read_only_snapshots, slices, after, self.q.buffer_size))
+            only = await read(partial(self.reads.read_only_snapshots, slices, after, self.q.buffer_size))
             if not only:
                 break
             after = only[-1].persistence_id
@@ -96,12 +101,12 @@ class FromSnapshots:
             if req is None:
                 return
             page = SnapshotSlicePage(req, bound)
-            rows = await self._retrying(partial(self.reads.read_snapshot_slice_rows, slices, page))
+            rows = await read(partial(self.reads.read_snapshot_slice_rows, slices, page))
             envs = await self._envelopes(rows, state)
             state.accept_page(req, len(rows), rows[-1]["db_timestamp"] if rows else None, bound)
             if state.needs_probe:
                 probe = partial(self.queries.backend.next_slice_timestamp, slices, state.probe_from, bound)
-                found = await self._retrying(probe)
+                found = await read(probe)
                 state.skip_to(found if found is not None else bound)
             if envs:
                 yield envs
