@@ -28,35 +28,45 @@ from .statements import EVENT_COLUMNS
 from .timestamp_rule import read_check
 
 _EVENT = ", ".join(
-    f"CASE WHEN k.kind = 'replace' THEN NULL ELSE e.{c} END AS {c}" if c == "event_payload" else f"e.{c}"
+    f"CASE WHEN x.kind = 'replace' THEN NULL ELSE x.{c} END AS {c}" if c == "event_payload" else f"x.{c}"
     for c in EVENT_COLUMNS.split(", ")
 )
 _SNAP_COLUMNS = (
     "seq_nr", "ser_id", "ser_manifest", "snapshot", "tags", "meta_ser_id", "meta_ser_manifest", "meta_payload",
 )  # fmt: skip
-_SNAP = ", ".join(f"CASE WHEN k.kind IS NOT NULL THEN s.{c} END AS snap_{c}" for c in _SNAP_COLUMNS)
+_SNAP = ", ".join(f"s.{c} AS snap_{c}" for c in _SNAP_COLUMNS)
 
 
 class SnapshotSliceStatements(SchemaSql):
     @property
     def page(self) -> str:
-        """``$1``-``$8`` as the slice page (:meth:`.SliceStatements.page`); ``$9`` the catch-up's bound."""
+        """``$1``-``$8`` as the slice page (:meth:`.SliceStatements.page`); ``$9`` the catch-up's bound.
+
+        Per row of the window, the pid's snapshot's seq_nr and the timestamp of the event it
+        names: lateral primary key lookups, memoized per pid within a statement (an ``EXISTS``
+        there would be planned as a hashed subplan that scans the whole event table once per
+        page). The page's rows (at most ``$7``) then get ``kind`` and, when it is set, the
+        snapshot's columns (one more primary key lookup each)."""
         ej, snap = self.t("event_journal"), self.t("snapshot")
+        inner = ", ".join(f"e.{c}" for c in EVENT_COLUMNS.split(", "))
         return (
-            f"SELECT {_EVENT}, k.kind AS snap_kind, {_SNAP} FROM {ej} e "
-            f"LEFT JOIN {snap} s ON s.persistence_id = e.persistence_id "
-            "CROSS JOIN LATERAL (SELECT CASE WHEN s.seq_nr = e.seq_nr THEN 'replace' "
-            f"WHEN s.seq_nr < e.seq_nr AND NOT EXISTS (SELECT 1 FROM {ej} n WHERE n.persistence_id = e.persistence_id "
-            "AND n.seq_nr >= s.seq_nr AND n.seq_nr < e.seq_nr AND n.deleted = false) THEN 'before' END AS kind) k "
+            f"SELECT {_EVENT}, x.kind AS snap_kind, {_SNAP} FROM (SELECT {inner}, "
+            "CASE WHEN o.seq_nr = e.seq_nr THEN 'replace' WHEN o.seq_nr < e.seq_nr AND NOT EXISTS (SELECT 1 "
+            f"FROM {ej} n WHERE n.persistence_id = e.persistence_id AND n.seq_nr >= o.seq_nr AND n.seq_nr < e.seq_nr "
+            "AND n.deleted = false) THEN 'before' END AS kind "
+            f"FROM {ej} e LEFT JOIN LATERAL (SELECT seq_nr FROM {snap} WHERE persistence_id = e.persistence_id "
+            "LIMIT 1) o ON true "
+            f"LEFT JOIN LATERAL (SELECT n.db_timestamp AS at FROM {ej} n WHERE n.persistence_id = e.persistence_id "
+            "AND n.seq_nr = o.seq_nr AND n.deleted = false LIMIT 1) named ON true "
             "WHERE e.entity_type = $1 AND e.slice = ANY($2::int[]) AND e.db_timestamp >= $3 AND e.db_timestamp < $4 "
             "AND e.deleted = false "
             "AND NOT (e.db_timestamp = $3 AND EXISTS (SELECT 1 FROM unnest($5::text[], $6::bigint[]) AS v(pid, seq) "
             "WHERE v.pid = e.persistence_id AND v.seq >= e.seq_nr)) "
-            f"AND NOT COALESCE(s.seq_nr > e.seq_nr AND EXISTS (SELECT 1 FROM {ej} n WHERE "
-            "n.persistence_id = s.persistence_id AND n.seq_nr = s.seq_nr AND n.deleted = false "
-            "AND n.db_timestamp < $9), false) "
+            "AND NOT COALESCE(o.seq_nr > e.seq_nr AND named.at < $9, false) "
             f"AND {read_check(self.schema, '$8', '$2')} "
-            "ORDER BY e.db_timestamp, e.seq_nr, e.persistence_id LIMIT $7"
+            "ORDER BY e.db_timestamp, e.seq_nr, e.persistence_id LIMIT $7) x "
+            f"LEFT JOIN {snap} s ON x.kind IS NOT NULL AND s.persistence_id = x.persistence_id "
+            "ORDER BY x.db_timestamp, x.seq_nr, x.persistence_id"
         )
 
     @property
