@@ -62,10 +62,13 @@ class RangeProcessor:
 
     def __init__(
         self, parts: ProjectionParts, *, entity_type: str, lo: int, hi: int, epochs: dict[int, int],
-        query_mode: QueryMode = "horizon", pages: PageQuery | None = None,
+        query_mode: QueryMode = "horizon", pages: PageQuery | None = None, from_snapshots: bool = False,
     ) -> None:  # fmt: skip
         """``pages``: the journal's query a page at a time (without: ``events_by_slices``, one
-        envelope a page)."""
+        envelope a page). ``from_snapshots``: ``pages`` starts from snapshots, so a pid is judged
+        by its own record, as in backtracking mode: the slice offset is no evidence there (an
+        event below it may have been left out for a snapshot that was then replaced by one whose
+        event lies past the catch-up's bound, or deleted, before the query reached it)."""
         self.journal: EventSource = parts.journal
         self.pages = pages
         self.sql = parts.sql
@@ -78,6 +81,8 @@ class RangeProcessor:
         """The processor's unit of work as stored and logged: its slice range."""
         self.stats = parts.stats
         self.query_mode = query_mode
+        self.per_pid = query_mode == "backtracking" or from_snapshots
+        """Judge an unknown pid by its own record, never by the slice offset (:meth:`_validate_into`)."""
         self.validator = self._validator(timedelta(seconds=self.s.offset_time_window))
         self._stopping = asyncio.Event()
         self.tx = parts.transactions(self.key, self._stopping)
@@ -127,7 +132,7 @@ class RangeProcessor:
         """Validate a batch and hand what it accepts on, with the heartbeats of idle slices."""
         accepted: list[EventEnvelope] = []
         heartbeat: datetime | None = None
-        v, per_pid = self.validator, self.query_mode == "backtracking"
+        v, per_pid = self.validator, self.per_pid
         i, n = 0, len(batch)
         while True:
             i = v.accept_next(batch, i, accepted, per_pid=per_pid)  # the common case, in one loop
@@ -168,7 +173,7 @@ class RangeProcessor:
 
     async def _validate_into(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
         v = self.validator
-        per_pid = self.query_mode == "backtracking"
+        per_pid = self.per_pid
         if env.source == SNAPSHOT_SOURCE:
             await self._admit_snapshot(env, accepted, per_pid)
             return

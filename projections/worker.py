@@ -265,7 +265,7 @@ class Worker:
         return RangeProcessor(
             self._parts(), entity_type=self.entity_type, lo=lo, hi=hi,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, query_mode=self._query_mode(),
-            pages=self._pages(),
+            pages=self._pages(), from_snapshots=self.from_snapshots,
         )  # fmt: skip
 
     def _pages(self) -> PageQuery | None:

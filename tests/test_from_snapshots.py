@@ -9,7 +9,9 @@ delivered: r2dbc #717), including the bad input of the issue.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any
 
 import pytest
 from slice_helpers import collect
@@ -26,6 +28,8 @@ from journal import (
     TimestampOffset,
     open_journal,
 )
+from projections import Worker
+from tests.support.waiting import wait_until
 
 ET = "acct"
 
@@ -193,3 +197,52 @@ async def test_sealed_snapshots_decode_forgotten_ones_read_as_events_do(journal:
         with pytest.raises(SerializationError, match=r"snapshot of acct\|(ann|bob)#5") as e:
             await collect(plain.current_events_by_slices_starting_from_snapshots(ET, 0, 1023))
         assert len(str(e.value).splitlines()) == 1, e.value
+
+
+async def test_a_projection_repairs_a_snapshot_replaced_past_the_bound_mid_catch_up(small: Journal) -> None:
+    """After the first page, each pid's snapshot (which left its first events out) is replaced
+    by one whose event lies past the catch-up's bound: the query delivers those pids' later
+    events without their first ones; the projection judges each pid by its own sequence numbers
+    and replays what is missing (before: the handler got #8 of a pid it never saw)."""
+    j = small
+    pids = [f"{ET}|x{i}" for i in range(6)]
+    for seq in range(1, 13):  # interleaved in time: every page holds some of each pid
+        for p in pids:
+            await j.persist(p, [{"n": seq}], expected_seq_nr=seq - 1)
+    for p in pids[1:]:
+        await j.save_snapshot(p, 10, {"sum": 55})
+    pages = j.event_pages_by_slices_starting_from_snapshots
+    replaced = asyncio.Event()
+
+    async def replacing(*args: Any, **kwargs: Any) -> AsyncIterator[list[EventEnvelope]]:
+        async for page in pages(*args, **kwargs):
+            yield page
+            if not replaced.is_set():
+                replaced.set()
+                for p in pids[1:]:
+                    await write(j, p, 13, 8, snapshot_every=20)  # snapshot 20: past the bound
+
+    j.event_pages_by_slices_starting_from_snapshots = replacing  # type: ignore[method-assign]
+    model: dict[str, list[int]] = {}
+
+    async def handle(conn: Any, envs: Sequence[EventEnvelope]) -> None:
+        for e in envs:
+            seqs = model.setdefault(e.persistence_id, [])
+            assert (seqs[-1] if seqs else 0) + 1 == e.seq_nr, (e.persistence_id, seqs[-1:], e.seq_nr)
+            seqs.append(e.seq_nr)
+
+    async def restore(conn: Any, envs: Sequence[EventEnvelope]) -> None:
+        for e in envs:
+            model[e.persistence_id] = list(range(1, e.seq_nr + 1))
+
+    w = Worker(j, j.settings, f"fsx-{uuid.uuid4().hex[:6]}", ET, handle, "grouped", from_snapshots=True,
+               snapshot_handler=restore)  # fmt: skip
+    task = asyncio.create_task(w.run())
+    try:
+        want = {p: list(range(1, 13 if p == pids[0] else 21)) for p in pids}
+        await wait_until(lambda: task.done() or model == want, 60, "the projection's model")
+        assert not task.done(), task
+    finally:
+        w.stop()
+        await task
+    assert replaced.is_set() and w.stats.replayed > 0
