@@ -121,10 +121,13 @@ async def test_resuming_from_any_offset_gives_the_same_model(small: Journal) -> 
     for i in range(len(envs)):
         head = fold(envs[: i + 1])
         offset = envs[i].offset
+        assert isinstance(offset, TimestampOffset)
         again = fold(await collect(j.current_events_by_slices_starting_from_snapshots(ET, 0, 1023, offset)), dict(head))
         assert again == full, i
     await write(j, pids[0], 15, 3)
-    more = fold(await collect(j.current_events_by_slices(ET, 0, 1023, envs[-1].offset)), fold(envs))
+    last = envs[-1].offset
+    assert isinstance(last, TimestampOffset)
+    more = fold(await collect(j.current_events_by_slices(ET, 0, 1023, last)), fold(envs))
     assert more == fold(await collect(j.current_events_by_slices(ET, 0, 1023)))
 
 
@@ -156,7 +159,7 @@ async def test_live_after_the_catch_up_delivers_events_not_snapshots(small: Jour
     await write(j, pid, 11, 10, snapshot_every=5)  # snapshots at 15 and 20 are written live
     later = [await asyncio.wait_for(it.__anext__(), 30) for _ in range(10)]
     assert [(e.source, e.seq_nr) for e in later] == [("query", s) for s in range(11, 21)]
-    await it.aclose()
+    await it.aclose()  # type: ignore[attr-defined]
 
 
 async def test_bad_input_is_refused_at_call_time(small: Journal) -> None:
