@@ -18,6 +18,13 @@ started after the oldest snapshot and missed them). What stays out:
 - a pid with a snapshot and no stored event at all: its snapshot comes first, before any event,
   with the offset the query started from (never ahead of anything).
 
+Each page reads the snapshot table as it is then. A snapshot saved meanwhile restates its pid
+(it may come after some of the events it covers). One replaced by a snapshot whose event lies at
+or above ``B``, or deleted, after some events it covered were left out, leaves those events out
+for good: the pid's later events then come without them (the projection runner judges each pid
+by its own sequence numbers and replays them from the journal; a consumer of this query alone
+must do the same).
+
 From ``B`` on the query is ``events_by_slices`` from where the catch-up ended. Restarted from an
 offset the catch-up delivered, it starts from snapshots again from there: a pid whose snapshot
 lies after that offset gets it (again, or a newer one), which restates its state.
