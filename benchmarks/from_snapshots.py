@@ -131,7 +131,7 @@ async def read(j: Journal, from_snapshots: bool) -> Read:
     return out
 
 
-async def main() -> None:
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--ids", type=int, default=100_000)
@@ -139,32 +139,36 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     header(f"starting from snapshots: {a.events:,} events, {a.ids:,} ids, a snapshot every {a.snapshot_every}")
-    with fresh_database() as dsn:
-        t = time.perf_counter()
-        events, snaps = await fill(dsn, a.events, a.ids, a.snapshot_every)
-        print(f"filled {events:,} events and {snaps:,} snapshots in {time.perf_counter() - t:.1f} s")
-        async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as j:
-            reads: dict[str, list[Read]] = {"full": [], "snapshots": []}
+    with fresh_database() as dsn:  # made outside the loop (it runs its own)
+        asyncio.run(run(dsn, a))
 
-            async def side(name: str) -> float:
-                r = await read(j, name == "snapshots")
-                reads[name].append(r)
-                return 1 / r.seconds
 
-            rounds = await alternate_async(
-                a.rounds, {"full": lambda _: side("full"), "snapshots": lambda _: side("snapshots")}
-            )
-        full, snap = reads["full"][0], reads["snapshots"][0]
-        assert full.model == snap.model, "the models differ"
-        for name, rs in reads.items():
-            secs = statistics.median(r.seconds for r in rs)
-            print(f"{name:<10} events read {rs[0].events:>10,}  snapshots {rs[0].snapshots:>7,}  "
-                  f"median {secs:6.2f} s  (rounds {' '.join(f'{r.seconds:.2f}' for r in rs)})")  # fmt: skip
-        ratios = " ".join(f"{r:.2f}" for r in rounds.ratios("snapshots", "full"))
-        speed = rounds.ratio("snapshots", "full")
-        print(f"from snapshots / full: {snap.events / full.events:.3f} of the events read; "
-              f"{speed:.2f} x as fast (paired rounds: {ratios}); {rounds.load()}")  # fmt: skip
+async def run(dsn: str, a: argparse.Namespace) -> None:
+    t = time.perf_counter()
+    events, snaps = await fill(dsn, a.events, a.ids, a.snapshot_every)
+    print(f"filled {events:,} events and {snaps:,} snapshots in {time.perf_counter() - t:.1f} s")
+    async with open_journal(dsn, settings=JournalSettings.load(env={}, dsn=dsn)) as j:
+        reads: dict[str, list[Read]] = {"full": [], "snapshots": []}
+
+        async def side(name: str) -> float:
+            r = await read(j, name == "snapshots")
+            reads[name].append(r)
+            return 1 / r.seconds
+
+        rounds = await alternate_async(
+            a.rounds, {"full": lambda _: side("full"), "snapshots": lambda _: side("snapshots")}
+        )
+    full, snap = reads["full"][0], reads["snapshots"][0]
+    assert full.model == snap.model, "the models differ"
+    for name, rs in reads.items():
+        secs = statistics.median(r.seconds for r in rs)
+        print(f"{name:<10} events read {rs[0].events:>10,}  snapshots {rs[0].snapshots:>7,}  "
+              f"median {secs:6.2f} s  (rounds {' '.join(f'{r.seconds:.2f}' for r in rs)})")  # fmt: skip
+    ratios = " ".join(f"{r:.2f}" for r in rounds.ratios("snapshots", "full"))
+    speed = rounds.ratio("snapshots", "full")
+    print(f"from snapshots / full: {snap.events / full.events:.3f} of the events read; "
+          f"{speed:.2f} x as fast (paired rounds: {ratios}); {rounds.load()}")  # fmt: skip
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
