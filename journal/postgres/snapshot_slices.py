@@ -42,20 +42,20 @@ class SnapshotSliceStatements(SchemaSql):
     def page(self) -> str:
         """``$1``-``$8`` as the slice page (:meth:`.SliceStatements.page`); ``$9`` the catch-up's bound.
 
-        Per row of the window, the pid's snapshot's seq_nr and the timestamp of the event it
-        names: lateral primary key lookups, memoized per pid within a statement (an ``EXISTS``
-        there would be planned as a hashed subplan that scans the whole event table once per
-        page). The page's rows (at most ``$7``) then get ``kind`` and, when it is set, the
-        snapshot's columns (one more primary key lookup each)."""
+        Per row of the window: its pid's snapshot (a join the planner may hash: the snapshot table
+        is read once per page when it is small) and the timestamp of the event it names (a
+        lateral primary key lookup, memoized per pid; an ``EXISTS`` there was planned as a hashed
+        subplan that scanned the whole event table once per page). Whether the snapshot's own
+        event is gone ('before') is probed only when it is not found. The page's rows (at most
+        ``$7``) then get the snapshot's columns when ``kind`` is set."""
         ej, snap = self.t("event_journal"), self.t("snapshot")
         inner = ", ".join(f"e.{c}" for c in EVENT_COLUMNS.split(", "))
         return (
             f"SELECT {_EVENT}, x.kind AS snap_kind, {_SNAP} FROM (SELECT {inner}, "
-            "CASE WHEN o.seq_nr = e.seq_nr THEN 'replace' WHEN o.seq_nr < e.seq_nr AND NOT EXISTS (SELECT 1 "
-            f"FROM {ej} n WHERE n.persistence_id = e.persistence_id AND n.seq_nr >= o.seq_nr AND n.seq_nr < e.seq_nr "
-            "AND n.deleted = false) THEN 'before' END AS kind "
-            f"FROM {ej} e LEFT JOIN LATERAL (SELECT seq_nr FROM {snap} WHERE persistence_id = e.persistence_id "
-            "LIMIT 1) o ON true "
+            "CASE WHEN o.seq_nr = e.seq_nr THEN 'replace' WHEN o.seq_nr < e.seq_nr AND named.at IS NULL "
+            f"AND NOT EXISTS (SELECT 1 FROM {ej} n WHERE n.persistence_id = e.persistence_id "
+            "AND n.seq_nr >= o.seq_nr AND n.seq_nr < e.seq_nr AND n.deleted = false) THEN 'before' END AS kind "
+            f"FROM {ej} e LEFT JOIN {snap} o ON o.persistence_id = e.persistence_id "
             f"LEFT JOIN LATERAL (SELECT n.db_timestamp AS at FROM {ej} n WHERE n.persistence_id = e.persistence_id "
             "AND n.seq_nr = o.seq_nr AND n.deleted = false LIMIT 1) named ON true "
             "WHERE e.entity_type = $1 AND e.slice = ANY($2::int[]) AND e.db_timestamp >= $3 AND e.db_timestamp < $4 "

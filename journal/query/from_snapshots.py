@@ -104,6 +104,7 @@ class FromSnapshots:
             yield await self._alone(only, start)
         log.info("%s %d-%d: from snapshots below %s", et, lo, hi, bound.isoformat())
         while True:
+            state.behind = True  # below a bound fixed at the start: a backlog, catch-up pages
             req = state.request(bound)
             if req is None:
                 return
