@@ -39,14 +39,14 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from ..backend import SliceRange, SnapshotRow, SnapshotSlicePage, SnapshotSliceReads, stored_event
-from ..envelope import SNAPSHOT_SOURCE, EventEnvelope
+from ..backend import SliceRange, SnapshotRow, SnapshotSlicePage, SnapshotSliceReads
+from ..envelope import SNAPSHOT_SOURCE, EventEnvelope, page_envelopes
 from ..errors import JournalUnavailable, SerializationError
 from ..offsets import EPOCH, TimestampOffset
 from ..serialization import SerializerRegistry
 from ..settings import QueryMode
 from .slice_query import SliceQueryState
-from .slices import SliceQueries
+from .slices import Page, SliceQueries
 
 log = logging.getLogger("journal.query.from_snapshots")
 
@@ -148,25 +148,34 @@ class FromSnapshots:
         return out
 
     async def _envelopes(self, rows: list[Any], state: SliceQueryState) -> list[EventEnvelope]:
-        """A page's envelopes in order, each with its offset (``state`` advances past each)."""
-        _held = await self._keys(_subjects(rows))
+        """A page's envelopes in order, each with its offset (``state`` advances past the page).
+
+        Events are the slice query's lazy envelopes of the page (decoded when asked for); a
+        'replace' row stands for the event it names, so the page's offsets are right for it
+        too; a 'before' row's snapshot comes just before its event, at the same place with the
+        snapshot's seq_nr seen."""
+        keys = await self._keys(_subjects(rows))
+        page = Page(rows, state.offset, self.serializers, keys)
+        lazy = page_envelopes(rows, page, page.metadata)
         out: list[EventEnvelope] = []
-        for r in rows:
+        for i, r in enumerate(rows):
             kind = r["snap_kind"]
-            pid, ts = r["persistence_id"], r["db_timestamp"]
-            if kind is not None:
-                s = r["snap_seq_nr"]
-                out.append(self._snapshot(
-                    pid, r["entity_type"], r["slice"], s, ts, state.advance(ts, pid, s),
-                    tuple(r["snap_tags"] or ()),
-                    self._decode(pid, s, r["snap_ser_id"], r["snap_ser_manifest"], r["snap_snapshot"]),
-                    self._meta(pid, s, r["snap_meta_ser_id"], r["snap_meta_ser_manifest"] or "", r["snap_meta_payload"])
-                    if r["snap_meta_ser_id"] is not None else None,
-                ))  # fmt: skip
-                if kind == "replace":
-                    continue
-            row = stored_event(r)
-            out.append(self.queries.envelope(row, state.offset_for(row)))
+            if kind is None:
+                out.append(lazy[i])
+                continue
+            pid, s, offset = r["persistence_id"], r["snap_seq_nr"], page.offset_at(i)
+            if kind == "before":
+                offset = TimestampOffset.trusted(offset.timestamp, {**offset.seen, pid: s})
+            out.append(self._snapshot(
+                pid, r["entity_type"], r["slice"], s, r["db_timestamp"], offset, tuple(r["snap_tags"] or ()),
+                self._decode(pid, s, r["snap_ser_id"], r["snap_ser_manifest"], r["snap_snapshot"]),
+                self._meta(pid, s, r["snap_meta_ser_id"], r["snap_meta_ser_manifest"] or "", r["snap_meta_payload"])
+                if r["snap_meta_ser_id"] is not None else None,
+            ))  # fmt: skip
+            if kind == "before":
+                out.append(lazy[i])
+        if rows:
+            state.offset = page.offset_at(len(rows) - 1)
         return out
 
     async def _keys(self, rows: Iterable[tuple[str, int]]) -> Any:

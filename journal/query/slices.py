@@ -463,6 +463,11 @@ class _Page:
         return o
 
 
+Page = _Page
+"""The lazy page of slice-query rows, for the query that starts from snapshots (its rows are
+slice rows with snapshot columns beside)."""
+
+
 async def _traced_page(rows: Awaitable[list[Any]], et: str, lo: int, hi: int) -> list[Any]:
     with tracing.span("journal.slice_page", attributes={"entity_type": et, "slices": f"{lo}-{hi}"}) as s:
         got = await rows
