@@ -388,6 +388,40 @@ class SliceQueryBackend(SliceReads, EventReads, Notifications, Protocol):
     """What the slice query algorithms (:mod:`journal.query`) run over."""
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotSlicePage:
+    """A page of a slice query that starts from snapshots: ``request`` below ``bound``, the
+    catch-up's bound fixed when it started (only snapshots whose event lies below it cover events)."""
+
+    request: PageRequest
+    bound: datetime
+
+
+SNAPSHOT_SLICE_COLUMNS = (
+    "snap_kind", "snap_seq_nr", "snap_ser_id", "snap_ser_manifest", "snap_snapshot", "snap_tags",
+    "snap_meta_ser_id", "snap_meta_ser_manifest", "snap_meta_payload",
+)  # fmt: skip
+"""What a row of a page from snapshots has besides :data:`SLICE_ROW_COLUMNS`: ``snap_kind`` is
+None (the row is an event), ``'replace'`` (the row is its pid's snapshot, at the place of the
+event it names; ``event_payload`` is NULL) or ``'before'`` (the pid's snapshot comes before this
+event: the snapshot's own event is no longer stored); the other columns are the snapshot's then."""
+
+
+class SnapshotSliceReads(Protocol):
+    """Reads of the slice query that starts from snapshots (:mod:`journal.query.from_snapshots`)."""
+
+    async def read_snapshot_slice_rows(self, slices: SliceRange, page: SnapshotSlicePage) -> list[Any]:
+        """The page as :meth:`SliceReads.read_slice_rows` reads it, but an event its pid's snapshot
+        covers is left out when that snapshot's own event is stored below ``page.bound`` (the
+        snapshot then comes in its place): rows with :data:`SLICE_ROW_COLUMNS` and
+        :data:`SNAPSHOT_SLICE_COLUMNS`, read by name. ``limit`` counts the rows returned."""
+        ...
+
+    async def read_only_snapshots(self, slices: SliceRange, after: str, limit: int) -> list[SnapshotRow]:
+        """Snapshots of the range whose pid has no stored event, by pid after ``after``."""
+        ...
+
+
 @runtime_checkable
 class TagStore(Protocol):
     """Storage operations of the tag view (events by tag and the tag writers run over it)."""
@@ -682,6 +716,10 @@ class Backend(EventWrites, EventReads, Snapshots, Protocol):
 
     def slice_queries(self) -> SliceQueryBackend:
         """The reads the slice queries run over (PostgreSQL)."""
+        ...
+
+    def snapshot_slice_reads(self) -> SnapshotSliceReads:
+        """The reads of the slice query that starts from snapshots (one PostgreSQL database)."""
         ...
 
     def tag_store(self) -> TagStore: ...

@@ -27,6 +27,11 @@ TRACE_MANIFEST = "slice-journal.trace"
 """The metadata manifest of rows whose metadata is only the trace context of their write (see
 :mod:`journal.tracing`): such rows read as ``metadata=None``, the context kept aside."""
 
+SNAPSHOT_SOURCE = "snapshot"
+"""The ``source`` of a snapshot envelope (the slice query that starts from snapshots,
+:mod:`journal.query.from_snapshots`): ``event`` is the pid's snapshot state as of ``seq_nr``,
+``db_timestamp`` and ``offset`` those of the event it stands for, ``writer`` empty."""
+
 ROW_STEP = timedelta(microseconds=1)
 """Rows of one write statement are stamped one microsecond apart (the write rule, see
 docs/concepts.md): event i of a call has its first event's db_timestamp + i steps."""

@@ -39,6 +39,7 @@ from .ids import (
 from .metrics import instrumented, instrumented_chunks
 from .offsets import NoOffset, Offset, TimestampOffset
 from .offsets import SequenceOffset as SeqOffset
+from .query.from_snapshots import FromSnapshots
 from .query.slices import SliceQueries, envelope_of
 from .query.validation import check_slice_query
 from .serialization import Serialized, SerializerRegistry
@@ -86,6 +87,7 @@ class Journal:
             bulk_in_flight=w.bulk_in_flight,
         )
         self._slices: SliceQueries | None = None
+        self._starting_from_snapshots: FromSnapshots | None = None
         self._durable_state: DurableState | None = None
 
     @property
@@ -476,6 +478,63 @@ class Journal:
             entity_type, min_slice, max_slice, start, m, heartbeats
         )
 
+    def current_events_by_slices_starting_from_snapshots(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+    ) -> AsyncIterator[EventEnvelope]:
+        """:meth:`current_events_by_slices`, but each pid's latest snapshot comes instead of the
+        events it covers: an envelope with ``source="snapshot"`` (``event`` the state, ``seq_nr``
+        the snapshot's, ``db_timestamp`` and ``offset`` those of the event it names), then only
+        the pid's events after it; pids without a snapshot get all their events. Every offset is
+        safe to store and resume from (docs/projections.md, "Starting from snapshots").
+        PostgreSQL, one database (else UnsupportedOperation); raises like
+        :meth:`current_events_by_slices`."""
+        start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self.settings.query.mode)
+        return self._from_snapshots().current(entity_type, min_slice, max_slice, start, m)
+
+    def events_by_slices_starting_from_snapshots(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+        heartbeats: bool = False,
+    ) -> AsyncIterator[EventEnvelope]:
+        """:meth:`current_events_by_slices_starting_from_snapshots` up to the bound taken when
+        it starts, then live exactly as :meth:`events_by_slices` (events, no snapshots)."""
+        return _flat(self.event_pages_by_slices_starting_from_snapshots(
+            entity_type, min_slice, max_slice, offset, mode=mode, heartbeats=heartbeats
+        ))  # fmt: skip
+
+    def event_pages_by_slices_starting_from_snapshots(
+        self,
+        entity_type: str,
+        min_slice: int,
+        max_slice: int,
+        offset: TimestampOffset | NoOffset | None = None,
+        *,
+        mode: QueryMode | None = None,
+        heartbeats: bool = False,
+    ) -> AsyncIterator[list[EventEnvelope]]:
+        """:meth:`events_by_slices_starting_from_snapshots` a page at a time (as
+        :meth:`event_pages_by_slices`)."""
+        start, m = check_slice_query(entity_type, min_slice, max_slice, offset, mode, self.settings.query.mode)
+        return self._from_snapshots().live_pages(entity_type, min_slice, max_slice, start, m, heartbeats)
+
+    def _from_snapshots(self) -> FromSnapshots:
+        what = "starting from snapshots"
+        if self._starting_from_snapshots is None:
+            reads = self.backend.snapshot_slice_reads()
+            self._starting_from_snapshots = FromSnapshots(self._slice_queries(what), reads)
+        return self._starting_from_snapshots
+
     async def horizon(self, entity_type: str | None = None) -> datetime:
         """A database timestamp below which no uncommitted event can still land (any entity
         type: ``entity_type`` is accepted for symmetry and validated). Every event with a
@@ -666,3 +725,10 @@ async def open_journal(
         yield journal
     finally:
         await journal.close()
+
+
+async def _flat(pages: AsyncIterator[list[EventEnvelope]]) -> AsyncIterator[EventEnvelope]:
+    """A query's pages, one envelope at a time."""
+    async for page in pages:
+        for env in page:
+            yield env

@@ -55,6 +55,22 @@ def _range(slices: str) -> tuple[int, int]:
         raise InvalidArgument(f"--slices must look like LO-HI (e.g. 0-511), got {slices!r}") from None
 
 
+def _from_snapshots(on: bool, hook: str | None, mode: str, *, plain: bool) -> dict[str, Any]:
+    """The worker's options of ``--from-snapshots`` and ``--snapshot-handler``, checked
+    (``plain``: an entity type's events to a handler, not a tag's or to Kafka)."""
+    from journal.errors import InvalidArgument
+
+    from .handlers import load_handler
+
+    if on and not plain:
+        raise InvalidArgument(
+            "--from-snapshots runs a handler over an entity type's events (not --tag, --to-kafka, --states)"
+        )
+    if hook is not None and not on:
+        raise InvalidArgument("--snapshot-handler needs --from-snapshots")
+    return {"from_snapshots": on, "snapshot_handler": load_handler(hook, mode) if hook is not None else None}
+
+
 @app.command()
 def run(
     name: Annotated[str, typer.Argument(help="Projection name (offsets and leases are kept under it).")],
@@ -106,6 +122,20 @@ def run(
         int | None,
         typer.Option("--version", min=1, help="Run version N: offsets under NAME@N, tables in its own schema."),
     ] = None,
+    from_snapshots: Annotated[
+        bool,
+        typer.Option(
+            "--from-snapshots",
+            help="Start each range from its ids' latest snapshots, then their later events (docs/projections.md).",
+        ),
+    ] = False,
+    snapshot_handler: Annotated[
+        str | None,
+        typer.Option(
+            "--snapshot-handler",
+            help="With --from-snapshots: package.module:callable turning a snapshot into read-model state.",
+        ),
+    ] = None,
 ) -> None:
     """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
     from journal import runtime
@@ -139,6 +169,8 @@ def run(
     ProjectionVersioning.of(settings.schema, name, version, mode)  # checked before anything connects
     if (handler is None) == (to_kafka is None):
         raise InvalidArgument("give exactly one of --handler and --to-kafka")
+    plain = tag is None and to_kafka is None and not states
+    snapshots = _from_snapshots(from_snapshots, snapshot_handler, mode, plain=plain)
     publisher = _kafka_publisher(to_kafka, kafka_bootstrap, kafka_at_least_once, mode, tag) if to_kafka else None
     fn = publisher if publisher is not None else load_handler(handler or "", mode)
     recovery = HandlerRecovery.parse(on_failure, settings.projection)
@@ -165,12 +197,16 @@ def run(
                 )  # fmt: skip
             if version is not None:  # a retired version or another entity type: one line, exit 2
                 await register_on(j, name, version, entity_type or "")
+            et = entity_type or ""
+            options: dict[str, Any] = {"recovery": recovery}
+            if tag is None and not states:
+                options.update(version=version, **snapshots)
             ws: list[Worker] = [
-                TagWorker(j, j.settings, name, tag, fn, mode, recovery=recovery)
+                TagWorker(j, j.settings, name, tag, fn, mode, **options)
                 if tag is not None
-                else StateWorker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery)
+                else StateWorker(j, j.settings, name, et, fn, mode, **options)
                 if states
-                else Worker(j, j.settings, name, entity_type or "", fn, mode, recovery=recovery, version=version)
+                else Worker(j, j.settings, name, et, fn, mode, **options)
                 for _ in range(workers)
             ]
             loop = asyncio.get_running_loop()

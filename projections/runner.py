@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any, Protocol
 
-from journal.envelope import EventEnvelope
+from journal.envelope import SNAPSHOT_SOURCE, EventEnvelope
 from journal.errors import EventsMissing
 from journal.offsets import TimestampOffset
 from journal.settings import QueryMode
@@ -62,10 +62,13 @@ class RangeProcessor:
 
     def __init__(
         self, parts: ProjectionParts, *, entity_type: str, lo: int, hi: int, epochs: dict[int, int],
-        query_mode: QueryMode = "horizon", pages: PageQuery | None = None,
+        query_mode: QueryMode = "horizon", pages: PageQuery | None = None, from_snapshots: bool = False,
     ) -> None:  # fmt: skip
         """``pages``: the journal's query a page at a time (without: ``events_by_slices``, one
-        envelope a page)."""
+        envelope a page). ``from_snapshots``: ``pages`` starts from snapshots, so a pid is judged
+        by its own record, as in backtracking mode: the slice offset is no evidence there (an
+        event below it may have been left out for a snapshot that was then replaced by one whose
+        event lies past the catch-up's bound, or deleted, before the query reached it)."""
         self.journal: EventSource = parts.journal
         self.pages = pages
         self.sql = parts.sql
@@ -78,6 +81,8 @@ class RangeProcessor:
         """The processor's unit of work as stored and logged: its slice range."""
         self.stats = parts.stats
         self.query_mode = query_mode
+        self.per_pid = query_mode == "backtracking" or from_snapshots
+        """Judge an unknown pid by its own record, never by the slice offset (:meth:`_validate_into`)."""
         self.validator = self._validator(timedelta(seconds=self.s.offset_time_window))
         self._stopping = asyncio.Event()
         self.tx = parts.transactions(self.key, self._stopping)
@@ -127,7 +132,7 @@ class RangeProcessor:
         """Validate a batch and hand what it accepts on, with the heartbeats of idle slices."""
         accepted: list[EventEnvelope] = []
         heartbeat: datetime | None = None
-        v, per_pid = self.validator, self.query_mode == "backtracking"
+        v, per_pid = self.validator, self.per_pid
         i, n = 0, len(batch)
         while True:
             i = v.accept_next(batch, i, accepted, per_pid=per_pid)  # the common case, in one loop
@@ -168,7 +173,10 @@ class RangeProcessor:
 
     async def _validate_into(self, env: EventEnvelope, accepted: list[EventEnvelope]) -> None:
         v = self.validator
-        per_pid = self.query_mode == "backtracking"
+        per_pid = self.per_pid
+        if env.source == SNAPSHOT_SOURCE:
+            await self._admit_snapshot(env, accepted, per_pid)
+            return
         check = v.check(env, per_pid=per_pid)
         if check.verdict is Verdict.UNKNOWN:
             stored = await self._stored(env)
@@ -188,6 +196,19 @@ class RangeProcessor:
             await self._replay(env.persistence_id, check.gap_from, env.seq_nr - 1, accepted)
         accepted.append(env)
         v.record(env)
+
+    async def _admit_snapshot(self, env: EventEnvelope, accepted: list[EventEnvelope], per_pid: bool) -> None:
+        """A snapshot (a range started from snapshots): processed unless the pid is past it."""
+        v = self.validator
+        if v.known_seq_nr(env.slice, env.persistence_id) is None:
+            stored = await self._stored(env)
+            if stored is not None:
+                v.learn(env.slice, env.persistence_id, *stored)
+        if v.admits_snapshot(env, per_pid=per_pid):
+            accepted.append(env)
+            v.record(env)
+        else:
+            self.stats.duplicates += 1
 
     async def _replay(self, pid: str, first: int, last: int, accepted: list[EventEnvelope]) -> None:
         """Fill a gap by persistence id; fail loudly if the journal lacks the events."""

@@ -137,6 +137,16 @@ class Validator:
             return _ACCEPT
         return _UNKNOWN
 
+    def admits_snapshot(self, env: EventEnvelope, *, per_pid: bool = False) -> bool:
+        """A snapshot envelope (the query from snapshots) is processed unless the pid is already
+        at or past its seq_nr: it stands for every event up to it, so it is never a gap and never
+        needs the pid's earlier events. A pid not in memory (the runner looks it up in the store
+        first) is judged by the slice offset in horizon mode; in backtracking mode it is new."""
+        known = self.known_seq_nr(env.slice, env.persistence_id)
+        if known is not None:
+            return env.seq_nr > known
+        return per_pid or not self.covered_by_slice(env.slice, env.db_timestamp, env.persistence_id, env.seq_nr)
+
     def accept_next(
         self, envs: Sequence[EventEnvelope], start: int, accepted: list[EventEnvelope], *, per_pid: bool = False
     ) -> int:

@@ -39,7 +39,8 @@ from .outage import Outage, database_unavailable
 from .parts import ProjectionParts
 from .postgres_store import ProjectionSql
 from .recovery import HandlerRecovery
-from .runner import EventSource, RangeProcessor
+from .runner import EventSource, PageQuery, RangeProcessor
+from .snapshot_handlers import with_snapshot_handler
 from .source_facts import SourceFacts
 from .stats import Stats
 from .transactions import Connections
@@ -78,9 +79,19 @@ class Worker:
         worker_id: str | None = None,
         recovery: str | HandlerRecovery | None = None,
         version: int | None = None,
+        from_snapshots: bool = False,
+        snapshot_handler: Callable[..., Awaitable[None]] | None = None,
     ) -> None:
-        self.journal = journal
+        """``from_snapshots``: read each range from its pids' latest snapshots (a Journal on
+        one PostgreSQL database), ``snapshot_handler`` turning a snapshot into the read model's
+        state (:mod:`.snapshot_handlers`; without it the handler receives them)."""
+        if snapshot_handler is not None and not from_snapshots:
+            raise ConfigurationError("a snapshot handler needs from_snapshots=True")
         self.source = SourceFacts.of(journal)
+        if from_snapshots and self.source.snapshot_pages is None:
+            raise ConfigurationError("from_snapshots needs a Journal (its query from snapshots)")
+        self.from_snapshots = from_snapshots
+        self.journal = journal
         self.settings = settings
         self.ps = settings.projection
         self.version = ProjectionVersioning.of(settings.schema, name, version, mode)
@@ -89,6 +100,8 @@ class Worker:
         self.entity_type = validate_entity_type(entity_type, required=True)
         self.mode: Mode = validate_mode(mode)
         self.handler = check_handler(handler, mode)
+        if snapshot_handler is not None:
+            self.handler = with_snapshot_handler(self.handler, snapshot_handler, self.mode)
         self.recovery = HandlerRecovery.parse(recovery, self.ps)
         """What the processors do with an event the handler keeps failing on (:mod:`.recovery`)."""
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -255,8 +268,12 @@ class Worker:
         return RangeProcessor(
             self._parts(), entity_type=self.entity_type, lo=lo, hi=hi,
             epochs={s: self.epochs[s] for s in range(lo, hi + 1)}, query_mode=self._query_mode(),
-            pages=self.source.pages,
+            pages=self._pages(), from_snapshots=self.from_snapshots,
         )  # fmt: skip
+
+    def _pages(self) -> PageQuery | None:
+        """The journal's query a page at a time: from snapshots when asked to start from them."""
+        return self.source.snapshot_pages if self.from_snapshots else self.source.pages
 
     def _parts(self) -> ProjectionParts:
         """What the processors are made from: the projection's, and the connections :meth:`run` chose."""

@@ -21,6 +21,7 @@ from ..backend import (
     SliceHome,
     SliceLeases,
     SliceQueryBackend,
+    SnapshotSliceReads,
     TagRowWriter,
     TagStore,
 )
@@ -71,6 +72,9 @@ class CassandraBackend(CassandraWrites, CassandraSnapshots, CassandraInfo):
         return self._cleanup
 
     def slice_queries(self) -> SliceQueryBackend:
+        raise UnsupportedOperation("slice queries are not supported on the cassandra backend: use events_by_tag")
+
+    def snapshot_slice_reads(self) -> SnapshotSliceReads:
         raise UnsupportedOperation("slice queries are not supported on the cassandra backend: use events_by_tag")
 
     def replication_store(self, location: str) -> ReplicationStore:

@@ -25,6 +25,7 @@ from ..backend import (
     SliceHome,
     SliceLeases,
     SnapshotRow,
+    SnapshotSliceReads,
     WriteCheck,
 )
 from ..errors import UnsupportedOperation
@@ -206,6 +207,9 @@ class PartitionedBackend:
 
     def slice_queries(self) -> PartitionedSliceReads:
         return self.slices
+
+    def snapshot_slice_reads(self) -> SnapshotSliceReads:
+        raise UnsupportedOperation("starting from snapshots needs one database (this journal is partitioned)")
 
     def tag_store(self) -> PartitionedTagStore:
         return self._tags

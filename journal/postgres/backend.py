@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from ..backend import Backend, ReplicationStore, SliceHome, SliceLeases, SliceQueryBackend
+from ..backend import Backend, ReplicationStore, SliceHome, SliceLeases, SliceQueryBackend, SnapshotSliceReads
 from ..settings import JournalSettings
 from ..write_batch import BatchResult, WriteBatch
 from .bulk_writes import BulkWrite
@@ -26,6 +26,7 @@ from .key_store import PostgresKeyStore
 from .partitions import PostgresPartitions
 from .reads import PostgresReads
 from .slice_reader import PostgresSliceReader
+from .snapshot_slices import PostgresSnapshotSlices
 from .snapshots import PostgresSnapshots
 from .tag_store import PostgresTagStore
 from .writer_connections import WriterConnections
@@ -75,6 +76,10 @@ class PostgresBackend(PostgresWrites, PostgresReads, PostgresSnapshots, Postgres
 
     def slice_queries(self) -> SliceQueryBackend:
         return self.slices
+
+    def snapshot_slice_reads(self) -> SnapshotSliceReads:
+        """The slice pages that start from snapshots (:mod:`.snapshot_slices`)."""
+        return PostgresSnapshotSlices(self.conns)
 
     def tag_store(self) -> PostgresTagStore:
         """The tag view store (events by tag and the tag writer run over it)."""

@@ -35,14 +35,14 @@ class PostgresSnapshots(PostgresPart):
 
     async def load_snapshot(self, persistence_id: str) -> SnapshotRow | None:
         rows = await self.conns.fetch("load snapshot", self.sql.load_snapshot, persistence_id)
-        return _snapshot_row(rows[0]) if rows else None
+        return snapshot_row(rows[0]) if rows else None
 
     async def load_snapshots(self, persistence_id: str, limit: int) -> list[SnapshotRow]:
         newest = await self.load_snapshot(persistence_id)
         if newest is None or limit <= 1:
             return [newest] if newest is not None else []
         rows = await self.conns.fetch("load older snapshots", self.sql.load_older_snapshots, persistence_id, limit - 1)
-        return [newest, *(_snapshot_row(r) for r in rows if r["seq_nr"] < newest.seq_nr)]
+        return [newest, *(snapshot_row(r) for r in rows if r["seq_nr"] < newest.seq_nr)]
 
     async def delete_snapshot(self, persistence_id: str) -> None:
         async def delete(conn: Any) -> None:
@@ -53,7 +53,7 @@ class PostgresSnapshots(PostgresPart):
         await self.conns.run("delete snapshot", delete)
 
 
-def _snapshot_row(r: asyncpg.Record) -> SnapshotRow:
+def snapshot_row(r: asyncpg.Record) -> SnapshotRow:
     meta = None
     if r["meta_ser_id"] is not None:
         meta = Serialized(r["meta_ser_id"], r["meta_ser_manifest"] or "", bytes(r["meta_payload"] or b""))

@@ -62,15 +62,18 @@ class SliceQueryState:
 
     def offset_for(self, row: StoredEvent) -> TimestampOffset:
         """Advance the delivered offset past ``row`` (rows must come in query order)."""
+        return self.advance(row.db_timestamp, row.persistence_id, row.seq_nr)
+
+    def advance(self, ts: datetime, persistence_id: str, seq_nr: int) -> TimestampOffset:
+        """Advance the delivered offset past the event ``persistence_id#seq_nr`` at ``ts``."""
         o = self.offset
-        ts = row.db_timestamp
         if ts.tzinfo is not UTC:
             ts = ts.astimezone(UTC)
         if o is not None and ts == o.timestamp:
             seen = dict(o.seen)
-            seen[row.persistence_id] = row.seq_nr
+            seen[persistence_id] = seq_nr
         else:
-            seen = {row.persistence_id: row.seq_nr}
+            seen = {persistence_id: seq_nr}
         new = TimestampOffset.trusted(ts, seen)
         self.offset = new
         return new

@@ -186,14 +186,24 @@ class SliceQueries:
                 yield env
 
     async def live_pages(
-        self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode, heartbeats: bool
+        self,
+        et: str,
+        lo: int,
+        hi: int,
+        offset: TimestampOffset | None,
+        mode: QueryMode,
+        heartbeats: bool,
+        *,
+        state: SliceQueryState | None = None,
     ) -> AsyncIterator[list[EventEnvelope]]:
         """The live query, a page at a time: each yield is a non-empty list of envelopes in
-        delivery order (the consumer's to keep); a heartbeat comes alone in its list."""
+        delivery order (the consumer's to keep); a heartbeat comes alone in its list. ``state``:
+        go on from a query's state (its offset and floor: the query that starts from snapshots)."""
         loop = asyncio.get_running_loop()
         q = self.q
         sub = await self.hub.subscribe(et, lo, hi)
-        state = SliceQueryState(offset, q.buffer_size, q.catch_up_buffer_size)
+        if state is None:
+            state = SliceQueryState(offset, q.buffer_size, q.catch_up_buffer_size)
         bt = BacktrackingState(offset, q) if mode == "backtracking" else None
         order = PidOrder(self.backend, bt, q.buffer_size) if bt is not None else None
         down = Condition(log, logging.WARNING)  # an outage: logged once, and when it ends
@@ -445,6 +455,11 @@ class _Page:
         if i + 1 < len(rows) and rows[i + 1]["db_timestamp"] == ts:
             self._memo = (i, o)
         return o
+
+
+Page = _Page
+"""The lazy page of slice-query rows, for the query that starts from snapshots (its rows are
+slice rows with snapshot columns beside)."""
 
 
 async def _traced_page(rows: Awaitable[list[Any]], et: str, lo: int, hi: int) -> list[Any]:

@@ -1,0 +1,107 @@
+"""Slice reads that start from snapshots (:class:`~journal.backend.SnapshotSliceReads`) on PostgreSQL.
+
+A page is the slice page of :mod:`.slice_queries` (same window, same ``seen`` rule, same order,
+same partition check) over ``event_journal`` joined with each row's pid's snapshot (one primary
+key lookup), read below a bound ``$9`` fixed when the catch-up started:
+
+- an event whose pid's snapshot names a later sequence number is left out (the snapshot covers
+  it), but only when the event the snapshot names is stored and below the bound: the snapshot is
+  then delivered at that event's place, so what is left out always lies before a delivered
+  snapshot (a snapshot beyond the pid's last event covers nothing: its events come);
+- the event the snapshot names comes as the snapshot (``snap_kind`` 'replace');
+- a pid's first stored event after its snapshot, when the snapshot's own event is no longer
+  stored (deleted up to the snapshot), comes with the snapshot before it (``snap_kind`` 'before').
+
+Each statement reads the snapshot table as it is then: a snapshot saved meanwhile is the one a
+later page sees (its pid's state is restated by it, never left with a gap).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..backend import SliceRange, SnapshotRow, SnapshotSlicePage
+from .connections import PostgresConnections
+from .schema_sql import SchemaSql
+from .snapshots import snapshot_row
+from .statements import EVENT_COLUMNS
+from .timestamp_rule import read_check
+
+_EVENT = ", ".join(
+    f"CASE WHEN x.kind = 'replace' THEN NULL ELSE x.{c} END AS {c}" if c == "event_payload" else f"x.{c}"
+    for c in EVENT_COLUMNS.split(", ")
+)
+_SNAP_COLUMNS = (
+    "seq_nr", "ser_id", "ser_manifest", "snapshot", "tags", "meta_ser_id", "meta_ser_manifest", "meta_payload",
+)  # fmt: skip
+_SNAP = ", ".join(f"s.{c} AS snap_{c}" for c in _SNAP_COLUMNS)
+
+
+class SnapshotSliceStatements(SchemaSql):
+    @property
+    def page(self) -> str:
+        """``$1``-``$8`` as the slice page (:meth:`.SliceStatements.page`); ``$9`` the catch-up's bound.
+
+        Per row of the window: its pid's snapshot (a join the planner may hash: the snapshot table
+        is read once per page when it is small) and the timestamp of the event it names (a
+        lateral primary key lookup, memoized per pid; an ``EXISTS`` there was planned as a hashed
+        subplan that scanned the whole event table once per page). Whether the snapshot's own
+        event is gone ('before') is probed only when it is not found. The page's rows (at most
+        ``$7``) then get the snapshot's columns when ``kind`` is set."""
+        ej, snap = self.t("event_journal"), self.t("snapshot")
+        inner = ", ".join(f"e.{c}" for c in EVENT_COLUMNS.split(", "))
+        return (
+            f"SELECT {_EVENT}, x.kind AS snap_kind, {_SNAP} FROM (SELECT {inner}, "
+            "CASE WHEN o.seq_nr = e.seq_nr THEN 'replace' WHEN o.seq_nr < e.seq_nr AND named.at IS NULL "
+            f"AND NOT EXISTS (SELECT 1 FROM {ej} n WHERE n.persistence_id = e.persistence_id "
+            "AND n.seq_nr >= o.seq_nr AND n.seq_nr < e.seq_nr AND n.deleted = false) THEN 'before' END AS kind "
+            f"FROM {ej} e LEFT JOIN {snap} o ON o.persistence_id = e.persistence_id "
+            f"LEFT JOIN LATERAL (SELECT n.db_timestamp AS at FROM {ej} n WHERE n.persistence_id = e.persistence_id "
+            "AND n.seq_nr = o.seq_nr AND n.deleted = false LIMIT 1) named ON true "
+            "WHERE e.entity_type = $1 AND e.slice = ANY($2::int[]) AND e.db_timestamp >= $3 AND e.db_timestamp < $4 "
+            "AND e.deleted = false "
+            "AND NOT (e.db_timestamp = $3 AND EXISTS (SELECT 1 FROM unnest($5::text[], $6::bigint[]) AS v(pid, seq) "
+            "WHERE v.pid = e.persistence_id AND v.seq >= e.seq_nr)) "
+            "AND NOT COALESCE(o.seq_nr > e.seq_nr AND named.at < $9, false) "
+            f"AND {read_check(self.schema, '$8', '$2')} "
+            "ORDER BY e.db_timestamp, e.seq_nr, e.persistence_id LIMIT $7) x "
+            f"LEFT JOIN {snap} s ON x.kind IS NOT NULL AND s.persistence_id = x.persistence_id "
+            "ORDER BY x.db_timestamp, x.seq_nr, x.persistence_id"
+        )
+
+    @property
+    def only_snapshots(self) -> str:
+        """Snapshots of the range whose pid has no stored event, by pid after ``$3``, ``$4`` at most."""
+        ej = self.t("event_journal")
+        return (
+            "SELECT slice, entity_type, persistence_id, seq_nr, db_timestamp, write_timestamp, ser_id, "
+            "ser_manifest, snapshot, tags, meta_ser_id, meta_ser_manifest, meta_payload "
+            f"FROM {self.t('snapshot')} s WHERE s.entity_type = $1 AND s.slice = ANY($2::int[]) "
+            f"AND s.persistence_id > $3 AND NOT EXISTS (SELECT 1 FROM {ej} e WHERE "
+            "e.persistence_id = s.persistence_id AND e.deleted = false) ORDER BY s.persistence_id LIMIT $4"
+        )
+
+
+class PostgresSnapshotSlices:
+    """:class:`~journal.backend.SnapshotSliceReads` over the backend's connections."""
+
+    def __init__(self, conns: PostgresConnections) -> None:
+        self.conns = conns
+        self.sql = SnapshotSliceStatements(conns.settings.schema)
+        self._page = self.sql.page
+        self._only = self.sql.only_snapshots
+
+    async def read_snapshot_slice_rows(self, slices: SliceRange, page: SnapshotSlicePage) -> list[Any]:
+        req, seen = page.request, page.request.seen
+        return await self.conns.fetch(
+            "slice page from snapshots", self._page,
+            slices.entity_type, list(range(slices.min_slice, slices.max_slice + 1)), req.from_timestamp,
+            req.to_timestamp, list(seen.keys()), list(seen.values()), req.limit, self.conns.epoch, page.bound,
+        )  # fmt: skip
+
+    async def read_only_snapshots(self, slices: SliceRange, after: str, limit: int) -> list[SnapshotRow]:
+        rows = await self.conns.fetch(
+            "snapshots without events", self._only,
+            slices.entity_type, list(range(slices.min_slice, slices.max_slice + 1)), after, limit,
+        )  # fmt: skip
+        return [snapshot_row(r) for r in rows]
