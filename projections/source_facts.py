@@ -1,10 +1,10 @@
 """What a worker knows of the source it reads, beyond the slice-query contract.
 
 A :class:`journal.Journal` tells it where each slice lives, its pool, its serializers (they seal
-dead letters), its page-at-a-time queries (from the events, or from each pid's latest snapshot) and its
-query mode; a source of the caller's (any
-:class:`projections.runner.EventSource`) tells it none of these, and the worker uses its own
-defaults. Asked once, here, so the worker never asks what kind of source it holds.
+dead letters), its page-at-a-time queries (from the events, or from each pid's latest snapshot)
+and its query mode; a source of the caller's (any :class:`projections.runner.EventSource`) tells
+it none of these, and the worker uses its own defaults. Asked once, here, so the worker never
+asks what kind of source it holds.
 """
 
 from __future__ import annotations
