@@ -7,9 +7,12 @@
     UPDATE`` (unnest) of the same 1000 rows (target 0.7);
 (c) ``current_changes_by_slices`` catch-up over 4 slice ranges of every pid against a raw
     SELECT of the same rows (target 0.6).
-Sides alternate within each round; the best round of each is reported.
+Sides alternate round by round, their order rotated; each row reports the median of the
+paired rounds' ratios and the load (benchmarks/_common.py).
 
-    flock /tmp/sj-bench.lock python benchmarks/durable_state.py [--ids 10000] [--rounds 3]
+    flock /tmp/sj-bench.lock python benchmarks/durable_state.py [--ids 10000] [--rounds 5]
+
+The issue's catch-up figure is of 1M changed pids: ``--ids 1000000 --rounds 3``.
 """
 
 from __future__ import annotations
@@ -27,9 +30,9 @@ from journal import DurableState, JournalSettings, open_journal, slice_for, slic
 from journal.postgres.dsn import asyncpg_dsn
 
 try:
-    from benchmarks._common import fresh_database, header, report
+    from benchmarks._common import Rounds, alternate_async, fresh_database, header
 except ImportError:  # run as a script from benchmarks/
-    from _common import fresh_database, header, report  # type: ignore[no-redef]
+    from _common import Rounds, alternate_async, fresh_database, header  # type: ignore[no-redef]
 
 CALLERS = 512
 PER_CALL = 1000
@@ -108,13 +111,16 @@ async def raw_select(pool: asyncpg.Pool, et: str) -> int:
 def main(ids: int, rounds: int) -> None:
     header(f"durable state: {ids:,} pids, {rounds} rounds, {CALLERS} callers, upsert_many of {PER_CALL}")
     with fresh_database() as dsn:
-        best = asyncio.run(measure(dsn, ids, rounds))
-    report("upsert per call (512 callers)", best["per call"], best["raw per call"], target=0.5)
-    report(f"upsert_many ({PER_CALL} per call)", best["many"], best["raw many"], target=0.7)
-    report("changes by slices catch-up (4 ranges)", best["catch-up"], best["raw select"], target=0.6)
+        rows = asyncio.run(measure(dsn, ids, rounds))
+    rows["per call"].report("upsert per call (512 callers)", "journal", "raw", target=0.5)
+    rows["many"].report(f"upsert_many ({PER_CALL} per call)", "journal", "raw", target=0.7)
+    rows["catch-up"].report("changes by slices catch-up (4 ranges)", "journal", "raw", target=0.6)
 
 
-async def measure(dsn: str, ids: int, rounds: int) -> dict[str, float]:
+async def measure(dsn: str, ids: int, rounds: int) -> dict[str, Rounds]:
+    """Each row's two sides alternate round by round (:func:`alternate_async`); every upsert
+    round writes the next revision of every pid of its side (the journal's pids ``State|i``, the
+    raw side's ``Raw|i``), and the catch-up reads every pid of its side."""
     settings = JournalSettings.load(env={}, dsn=dsn)
     async with open_journal(dsn, settings=settings) as journal:
         store = journal.durable_state()
@@ -122,34 +128,40 @@ async def measure(dsn: str, ids: int, rounds: int) -> dict[str, float]:
         pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=size, max_size=size)
         assert pool is not None
         try:
-            best: dict[str, float] = {}
             mine = [f"State|{i}" for i in range(ids)]
             raw = [f"Raw|{i}" for i in range(ids)]
-            for rnd in range(rounds):
-                r1, r2 = 2 * rnd + 1, 2 * rnd + 2
-                figures = {
-                    "per call": await timed(per_call(store, mine, r1), ids),
-                    "raw per call": await timed(raw_per_call(pool, raw, r1), ids),
-                    "raw many": await timed(raw_many(pool, raw, r2), ids),
-                    "many": await timed(many(store, mine, r2), ids),
-                }
+            revision = {"journal": 0, "raw": 0}
+
+            def next_revision(side: str) -> int:
+                revision[side] += 1
+                return revision[side]
+
+            async def counted(side: str, n: int) -> float:
                 start = time.perf_counter()
-                n = await catch_up(store, "State")
-                figures["catch-up"] = n / (time.perf_counter() - start)
-                start = time.perf_counter()
-                n_raw = await raw_select(pool, "Raw")
-                figures["raw select"] = n_raw / (time.perf_counter() - start)
-                assert n == n_raw == ids, (n, n_raw)
-                for k, v in figures.items():
-                    best[k] = max(best.get(k, 0.0), v)
+                got = await (catch_up(store, "State") if side == "journal" else raw_select(pool, "Raw"))
+                assert got == n, (side, got, n)
+                return n / (time.perf_counter() - start)
+
+            per_call_rounds = await alternate_async(rounds, {
+                "journal": lambda _: timed(per_call(store, mine, next_revision("journal")), ids),
+                "raw": lambda _: timed(raw_per_call(pool, raw, next_revision("raw")), ids),
+            })  # fmt: skip
+            many_rounds = await alternate_async(rounds, {
+                "journal": lambda _: timed(many(store, mine, next_revision("journal")), ids),
+                "raw": lambda _: timed(raw_many(pool, raw, next_revision("raw")), ids),
+            })  # fmt: skip
+            catch_up_rounds = await alternate_async(rounds, {
+                "journal": lambda _: counted("journal", ids),
+                "raw": lambda _: counted("raw", ids),
+            })  # fmt: skip
         finally:
             await pool.close()
-    return best
+    return {"per call": per_call_rounds, "many": many_rounds, "catch-up": catch_up_rounds}
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ids", type=int, default=10_000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     main(args.ids, args.rounds)

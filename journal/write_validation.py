@@ -101,7 +101,7 @@ class WriteValidator:
             return None
         n = len(pids)
         return WriteBatch(
-            pids, _entity_types(pids), list(map(slice_for, pids)), expected, [1] * n, payloads, ser_ids, manifests,
+            pids, entity_types_of(pids), list(map(slice_for, pids)), expected, [1] * n, payloads, ser_ids, manifests,
             ((),) * n, (None,) * n,
         )  # fmt: skip
 
@@ -225,7 +225,7 @@ def _plain_calls(parts: Sequence[object]) -> tuple[Sequence[str], Sequence[int |
     if columns is None:
         return None
     pids, events, expected = columns
-    if not _plain_pids(pids) or not _plain_expected(expected):
+    if not plain_pids(pids) or not _plain_expected(expected):
         return None
     if not set(map(type, events)) <= _LIST_OR_TUPLE or set(map(len, events)) != {1}:
         return None
@@ -251,7 +251,7 @@ def _plain_columns(parts: Sequence[object]) -> tuple[Sequence[Any], Sequence[Any
     return None
 
 
-def _plain_pids(pids: Sequence[Any]) -> bool:
+def plain_pids(pids: Sequence[Any]) -> bool:
     """Does every pid pass the rules of :func:`_call` (a non-empty str, not too long, no NUL)?"""
     if set(map(type, pids)) != {str} or "\x00" in "".join(pids):
         return False
@@ -270,7 +270,7 @@ def _plain_expected(expected: Sequence[Any]) -> bool:
     return bool(min(given) >= 0 and max(given) <= MAX_SEQ_NR - 1)
 
 
-def _entity_types(pids: Sequence[str]) -> list[str]:
+def entity_types_of(pids: Sequence[str]) -> list[str]:
     """Each pid's entity type; in one pass of C when every pid has the first one's (the common
     bulk call: one entity type)."""
     first = pids[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -119,6 +120,36 @@ async def test_upsert_many_one_outcome_per_part(store: DurableState) -> None:
     taken = await store.get("M|taken")
     assert taken is not None and taken.value == "t1"
     assert await store.get("M|gap") is None
+
+
+async def test_upsert_many_of_plain_parts_is_checked_a_column_at_a_time_and_names_a_failing_part(
+    store: DurableState,
+) -> None:
+    """The commonest bulk call (untagged (pid, revision, value) tuples) takes the columnar path;
+    a part that fails any rule there is found again part by part, named, and nothing is written."""
+    first = await store.upsert_many([(f"P|{i}", 1, {"i": i}) for i in range(50)])
+    assert [(o.persistence_id, o.revision) for o in first if isinstance(o, StateWritten)] == [
+        (f"P|{i}", 1) for i in range(50)
+    ]
+    second = await store.upsert_many([(f"P|{i}", 5 if i == 7 else 2, {"i": i, "r": 2}) for i in range(50)])
+    assert [i for i, o in enumerate(second) if isinstance(o, RevisionConflict)] == [7]
+    assert isinstance(second[7], RevisionConflict) and second[7].found == 1
+    bad: list[tuple[type[Exception], str, list[Any]]] = [
+        (SerializationError, "part 3", [(f"P|{i}", 3, (1, 2) if i == 3 else i) for i in range(10)]),
+        (SerializationError, "part 2", [(f"P|{i}", 3, float("nan") if i == 2 else i) for i in range(10)]),
+        (
+            InvalidArgument,
+            "part 4: .*two parts",
+            [("P|0", 3, 0), *[(f"P|{i}", 3, i) for i in range(1, 4)], ("P|0", 3, 1)],
+        ),
+        (InvalidArgument, "part 1", [("P|0", 3, 0), ("P|1", True, 1)]),
+        (InvalidArgument, "part 1", [("P|0", 3, 0), ("", 3, 1)]),
+    ]
+    for error, says, parts in bad:
+        with pytest.raises(error, match=says):
+            await store.upsert_many(parts)
+    state = await store.get("P|1")
+    assert state is not None and (state.revision, state.value) == (2, {"i": 1, "r": 2})
 
 
 async def test_timestamp_rule_previous_stamp_plus_a_microsecond(store: DurableState, dsn: str) -> None:

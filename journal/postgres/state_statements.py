@@ -3,7 +3,10 @@
 One statement writes a list of rows (an upsert's one, or an ``upsert_many``'s, each pid once):
 revision 1 inserts (nothing if the pid has a row), revision n updates the pid's row only where it
 holds n - 1. Under READ COMMITTED a racing writer's update of the same row makes this one wait
-and then check the row it committed: so of two writers of one revision exactly one finds n - 1.
+and then check the row it committed: so of two writers of one revision exactly one finds n - 1. Each row meets
+its pid's row through the primary key alone (an index probe a row, whatever the table's size: a
+filter on the whole pid array beside it had the planner scan the table instead, 3.5 x slower on
+a table of 2,000 rows, worse as it grows).
 ``db_timestamp`` follows the journal's one timestamp rule (:mod:`.timestamp_rule`): the clock read
 once in the statement, after its lock, and never below the pid's previous stamp plus 1 µs; the
 n-th row of the statement steps n - 1 µs, and the statement ends once the clock passed its steps.
@@ -62,8 +65,7 @@ upd AS (
   UPDATE {ds} d SET revision = s.revision, db_timestamp = {_stamp("d.db_timestamp")}, state_ser_id = s.ser_id,
          state_ser_manifest = s.manifest, state_payload = s.payload, tags = {_TAGS}
     FROM src s
-   WHERE d.persistence_id = ANY($1::text[]) AND s.revision > 1 AND d.persistence_id = s.pid
-     AND d.revision = s.revision - 1
+   WHERE d.persistence_id = s.pid AND s.revision > 1 AND d.revision = s.revision - 1
   RETURNING d.persistence_id, d.db_timestamp
 ),
 ins AS (
