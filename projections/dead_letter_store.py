@@ -66,6 +66,15 @@ def _letter(r: Any) -> DeadLetter:
     )  # fmt: skip
 
 
+async def take_event_row(conn: Any, table: str, name: str, pid: str, seq_nr: int) -> bool:
+    """Delete the row of one event of a projection from ``table`` (a dead letter, a parked
+    event): True, or False when it was gone (another retry or drain took it first)."""
+    status: str = await conn.execute(
+        f"DELETE FROM {table} WHERE projection_name = $1 AND persistence_id = $2 AND seq_nr = $3", name, pid, seq_nr
+    )
+    return status.split()[-1] == "1"
+
+
 @dataclass(frozen=True)
 class DeadLetterSql(SchemaSql):
     """Statements for one schema (functions take a connection: callers choose the transaction)."""
@@ -100,13 +109,7 @@ ORDER BY db_timestamp, persistence_id, seq_nr LIMIT $2""",
     async def take(self, conn: Any, name: str, pid: str, seq_nr: int) -> bool:
         """Inside the retry's transaction: delete the dead letter (True), or find it gone (False:
         another retry applied or discarded it). The row lock makes two retries apply it once."""
-        status: str = await conn.execute(
-            f"DELETE FROM {self.table} WHERE projection_name = $1 AND persistence_id = $2 AND seq_nr = $3",
-            name,
-            pid,
-            seq_nr,
-        )
-        return status.split()[-1] == "1"
+        return await take_event_row(conn, self.table, name, pid, seq_nr)
 
     async def failed_again(self, conn: Any, name: str, pid: str, seq_nr: int, error: str, tb: str) -> None:
         """A retry failed: count the attempt and keep its error."""

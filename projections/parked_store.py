@@ -22,6 +22,8 @@ from typing import Any
 from journal.envelope import EventEnvelope
 from journal.postgres import SchemaSql
 
+from .dead_letter_store import take_event_row
+
 LOCK_CLASS = 1460304
 """The first key of the parked events' advisory locks (the second: a hash of projection and pid)."""
 
@@ -109,13 +111,7 @@ ORDER BY seq_nr LIMIT 1""",
 
     async def take(self, conn: Any, name: str, pid: str, seq_nr: int) -> bool:
         """Delete one parked event (True), or find it gone (False: another drain took it)."""
-        status: str = await conn.execute(
-            f"DELETE FROM {self.table} WHERE projection_name = $1 AND persistence_id = $2 AND seq_nr = $3",
-            name,
-            pid,
-            seq_nr,
-        )
-        return status.split()[-1] == "1"
+        return await take_event_row(conn, self.table, name, pid, seq_nr)
 
     async def unled(self, conn: Any, name: str, pid: str | None = None) -> list[str]:
         """Pids whose parked events have no dead letter ahead of them any more (a drain that was

@@ -147,16 +147,14 @@ class Statements(SchemaSql):
 
     load_keys = Sql("SELECT subject, data_key FROM {encryption_key} WHERE subject = ANY($1::text[])")
 
-    @property
-    def forget_key(self) -> str:
-        """A subject with no key yet gets its tombstone too: it is never made later."""
-        t = self.t("encryption_key")
-        return (
-            f"WITH old AS (SELECT data_key FROM {t} WHERE subject = $1) "
-            f"INSERT INTO {t} AS k (subject, data_key, created_at, forgotten_at) VALUES ($1, NULL, now(), now()) "
-            "ON CONFLICT (subject) DO UPDATE SET data_key = NULL, forgotten_at = coalesce(k.forgotten_at, now()) "
-            "RETURNING coalesce((SELECT data_key IS NOT NULL FROM old), false)"
-        )
+    forget_key = Sql(
+        "WITH old AS (SELECT data_key FROM {encryption_key} WHERE subject = $1) "
+        "INSERT INTO {encryption_key} AS k (subject, data_key, created_at, forgotten_at) "
+        "VALUES ($1, NULL, now(), now()) "
+        "ON CONFLICT (subject) DO UPDATE SET data_key = NULL, forgotten_at = coalesce(k.forgotten_at, now()) "
+        "RETURNING coalesce((SELECT data_key IS NOT NULL FROM old), false)"
+    )
+    """A subject with no key yet gets its tombstone too: it is never made later."""
 
     manifest_counts = Sql(
         "SELECT 'event', event_ser_id, event_ser_manifest, count(*) FROM {event_journal} WHERE NOT deleted "
