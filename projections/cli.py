@@ -575,7 +575,8 @@ def dead_letters_list(
     for (pid, ahead), n in sorted(behind.items()):
         if ahead == 0:  # no dead letter leads them: a drain stopped half-way
             typer.echo(f"{pid}: {n} parked with no dead letter ahead (a drain stopped half-way: retry finishes it)")
-    typer.echo(f"{len(letters)} dead letters of {name}, {sum(behind.values())} events parked behind them")
+    parked = sum(behind.values())
+    typer.echo(f"{len(letters)} dead letters of {name}" + (f", {parked} events parked behind them" if parked else ""))
 
 
 def _opened(
