@@ -15,6 +15,7 @@ __all__ = [
     "CircuitBreakerOpen",
     "ConditionTimeout",
     "ConfigurationError",
+    "DestinationRefused",
     "DestinationUnavailable",
     "EntityError",
     "EntityStopped",
@@ -258,6 +259,15 @@ class DestinationUnavailable(ProjectionError):
         super().__init__(message)
         self.destination = destination
         """What is unavailable, as ``projections status`` words it (``Kafka``)."""
+
+
+class DestinationRefused(ProjectionError, ConfigurationError):
+    """A projection handler's destination refuses the projection itself: its credentials (a wrong
+    password) or its permissions (an ACL denying the topic or the transactional id).
+
+    Raised by a handler, it stops the projection at once: not retried, not counted toward
+    ``handler_attempts`` and never a dead letter (every event would be refused alike); the
+    worker's ``run`` raises it, ``projections run`` says it in one line with exit code 2."""
 
 
 class LeaseLost(ProjectionError):

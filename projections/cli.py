@@ -86,6 +86,14 @@ def run(
     kafka_at_least_once: Annotated[
         bool, typer.Option("--kafka-at-least-once", help="With --to-kafka: at least once, without transactions.")
     ] = False,
+    kafka_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--kafka-config",
+            envvar="KAFKA_CONFIG_FILE",
+            help="With --to-kafka: librdkafka client settings, key=value lines (a login: docs/kafka.md).",
+        ),
+    ] = None,
     entity_type: Annotated[
         str | None, typer.Option("--entity-type", help="Entity type whose events are projected (slices).")
     ] = None,
@@ -139,7 +147,7 @@ def run(
 ) -> None:
     """Run projection workers until SIGTERM/SIGINT (then commit or roll back, release leases)."""
     from journal import runtime
-    from journal.errors import InvalidArgument
+    from journal.errors import DestinationRefused, InvalidArgument
     from journal.ids import validate_entity_type, validate_name, validate_tags
     from journal.journal import open_journal
 
@@ -171,7 +179,9 @@ def run(
         raise InvalidArgument("give exactly one of --handler and --to-kafka")
     plain = tag is None and to_kafka is None and not states
     snapshots = _from_snapshots(from_snapshots, snapshot_handler, mode, plain=plain)
-    publisher = _kafka_publisher(to_kafka, kafka_bootstrap, kafka_at_least_once, mode, tag) if to_kafka else None
+    publisher = (
+        _kafka_publisher(to_kafka, kafka_bootstrap, kafka_at_least_once, mode, tag, kafka_config) if to_kafka else None
+    )
     fn = publisher if publisher is not None else load_handler(handler or "", mode)
     recovery = HandlerRecovery.parse(on_failure, settings.projection)
     if states:
@@ -239,6 +249,9 @@ def run(
                 sampler.stop()
                 await sampler_task
             failed = [r for r in results if isinstance(r, BaseException)]
+            refused = [r for r in failed if isinstance(r, DestinationRefused)]
+            if refused:  # a login or an ACL refused: one line, exit 2 (as at the start)
+                raise refused[0]
             for r in failed:
                 log.error("worker stopped: %s", r)
             return 1 if failed else 0
@@ -257,8 +270,11 @@ async def _check_kafka(publisher: Any, name: str) -> None:
         log.warning("%s; the workers start and wait for it (projections status shows it)", e)
 
 
-def _kafka_publisher(topic: str, bootstrap: str, at_least_once: bool, mode: str, tag: str | None) -> Any:
-    """``--to-kafka``: the publisher handler (grouped mode, entity types only)."""
+def _kafka_publisher(
+    topic: str, bootstrap: str, at_least_once: bool, mode: str, tag: str | None, config: Path | None
+) -> Any:
+    """``--to-kafka``: the publisher handler (grouped mode, entity types only); ``config``: a file
+    of librdkafka settings (:mod:`.kafka.settings_file`)."""
     from journal.errors import ConfigurationError, InvalidArgument
 
     if tag is not None or mode != "grouped":
@@ -267,7 +283,10 @@ def _kafka_publisher(topic: str, bootstrap: str, at_least_once: bool, mode: str,
         from .kafka.publisher import KafkaPublisher
     except ImportError as e:
         raise ConfigurationError(f"--to-kafka needs the kafka extra: pip install 'slice-journal[kafka]' ({e})") from e
-    return KafkaPublisher(bootstrap, topic, exactly_once=not at_least_once)
+    from .kafka.settings_file import read_settings
+
+    settings = read_settings(config) if config is not None else None
+    return KafkaPublisher(bootstrap, topic, exactly_once=not at_least_once, config=settings)
 
 
 async def _report(ws: list[Any], show: bool) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from journal import tracing
 from journal.envelope import EventEnvelope
-from journal.errors import EventsMissing, HandlerFailed, LeaseLost
+from journal.errors import DestinationRefused, EventsMissing, HandlerFailed, LeaseLost
 from journal.settings import ProjectionSettings
 
 from .handlers import Mode
@@ -136,7 +136,7 @@ class AtLeastOnce(Generic[R]):
                 continue
             try:  # the success path: the handler alone, no closure or retry state per envelope
                 await handler(env)
-            except (LeaseLost, EventsMissing):
+            except (LeaseLost, EventsMissing, DestinationRefused):
                 raise
             except Exception as e:  # counts as the first try
                 await self._retried(env, e)

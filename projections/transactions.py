@@ -14,6 +14,8 @@ through the seam's :class:`~journal.backend.SharedConnections`, or the worker's 
   (:func:`journal.postgres.settle`, the writer's loop) and not run again when it committed;
 - a handler's :class:`DestinationUnavailable` (its destination, a Kafka broker, does not answer)
   is waited out the same way, worded for its destination;
+- a handler's :class:`DestinationRefused` (wrong credentials, an ACL) stops it at once: not
+  retried, never a dead letter;
 - a handler's own error is tried ``tries`` times with backoff, then :class:`HandlerFailed`;
 - a stop request ends a wait between tries (:class:`LeaseLost`: the batch stays rolled back).
 """
@@ -26,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from journal.errors import DestinationUnavailable, EventsMissing, HandlerFailed, LeaseLost
+from journal.errors import DestinationRefused, DestinationUnavailable, EventsMissing, HandlerFailed, LeaseLost
 from journal.postgres import LeaseSql, settle
 from journal.serialization import SerializerRegistry
 from journal.settings import ProjectionSettings
@@ -128,7 +130,7 @@ class TransactionRunner:
             try:
                 await body(None)
                 return
-            except (LeaseLost, EventsMissing):
+            except (LeaseLost, EventsMissing, DestinationRefused):
                 raise
             except Exception as e:
                 await self.after_failure(e, body, tries=tries, failures=failures)
@@ -157,8 +159,8 @@ class TransactionRunner:
             try:
                 await self._try(body, attempt, state, transactional, fence, committed)
                 return
-            except (LeaseLost, EventsMissing, asyncio.CancelledError):
-                raise
+            except (LeaseLost, EventsMissing, DestinationRefused, asyncio.CancelledError):
+                raise  # a refusal stops the projection: not retried, never a dead letter
             except DestinationUnavailable as e:  # an outage of the handler's destination: not counted
                 await self._wait_out(state, f"{self.who}, {attempt.phase}", e, e.destination)
             except Exception as e:

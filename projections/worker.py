@@ -24,7 +24,14 @@ from typing import Any
 import asyncpg
 
 from journal.backend import SharedConnections
-from journal.errors import ConfigurationError, EventsMissing, HandlerFailed, LeaseLost, UnsupportedOperation
+from journal.errors import (
+    ConfigurationError,
+    DestinationRefused,
+    EventsMissing,
+    HandlerFailed,
+    LeaseLost,
+    UnsupportedOperation,
+)
 from journal.ids import NUMBER_OF_SLICES, runs, validate_entity_type, validate_name
 from journal.postgres import PostgresSliceLeases, asyncpg_dsn, driver_error, target_of
 from journal.serialization import SerializerRegistry
@@ -110,6 +117,8 @@ class Worker:
         self.error: str | None = None
         self._stored_error: str | None = None
         """What of ``error`` the worker's row keeps (:attr:`HandlerFailed.stored`)."""
+        self._refused: DestinationRefused | None = None
+        """The handler's destination refused the projection (credentials, ACL): :meth:`run` raises it."""
         self.epochs: dict[int, int] = {}
         self.processors: dict[tuple[int, int], tuple[Processor, asyncio.Task[None]]] = {}
         self._stop = asyncio.Event()
@@ -141,7 +150,8 @@ class Worker:
         return sorted(self.processors)
 
     async def run(self) -> None:
-        """Work until stopped; raise HandlerFailed / EventsMissing when the projection must stop."""
+        """Work until stopped; raise HandlerFailed / EventsMissing / DestinationRefused when the
+        projection must stop."""
         dsn = self.settings.connection.dsn
         if dsn is None:
             raise ConfigurationError("Worker needs settings with a DSN (open the journal first)")
@@ -184,6 +194,8 @@ class Worker:
                 await wait_set(self._stop, self.ps.lease_renew_interval)
         finally:
             await self._shutdown()
+        if self._refused is not None:
+            raise self._refused
         if self.error is not None:
             raise HandlerFailed(self.error)
 
@@ -301,7 +313,8 @@ class Worker:
                 continue
             del self.processors[key]
             exc = task.exception() if not task.cancelled() else None
-            if isinstance(exc, HandlerFailed | EventsMissing):
+            if isinstance(exc, HandlerFailed | EventsMissing | DestinationRefused):
+                self._refused = exc if isinstance(exc, DestinationRefused) else self._refused
                 self.error = str(exc)
                 self._stored_error = exc.stored if isinstance(exc, HandlerFailed) else self.error
                 log.error("%s: projection stopped: %s", self.worker_id, exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import NoReturn
 
 import pytest
@@ -51,26 +51,37 @@ def kafka_bootstrap() -> Iterator[str]:
         broker.stop()
 
 
-def create_topic(bootstrap: str, partitions: int = 4, name: str | None = None, **config: str) -> str:
-    """A fresh topic (``sj-<random>`` unless named) with ``partitions`` partitions; returns its name."""
+def create_topic(
+    bootstrap: str,
+    partitions: int = 4,
+    name: str | None = None,
+    replicas: int = 1,
+    *,
+    client: Mapping[str, str] | None = None,
+    **config: str,
+) -> str:
+    """A fresh topic (``sj-<random>`` unless named) with ``partitions`` partitions of ``replicas``
+    replicas each, its ``config``; returns its name. ``client``: settings of the admin client (a login)."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = name or f"sj-{uuid.uuid4().hex[:12]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(client or {})})
+    for future in admin.create_topics([NewTopic(topic, partitions, replicas, config=config)]).values():
         future.result(30)
-    _wait_for_leaders(bootstrap, topic, partitions)
+    _wait_for_leaders(bootstrap, topic, partitions, client=client)
     return topic
 
 
-def _wait_for_leaders(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
+def _wait_for_leaders(
+    bootstrap: str, topic: str, partitions: int, timeout: float = 30.0, client: Mapping[str, str] | None = None
+) -> None:
     """Until every partition of a new topic has a leader that answers (a new topic's metadata
     may say 'not leader' for a moment after the creation returns)."""
     import time
 
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}"})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}", **(client or {})})
     deadline = time.monotonic() + timeout
     try:
         for p in range(partitions):
@@ -92,12 +103,13 @@ def kafka_topic(kafka_bootstrap: str) -> str:
 
 
 def read_topic(
-    bootstrap: str, topic: str, timeout: float = 60.0, committed: bool = True
+    bootstrap: str, topic: str, timeout: float = 60.0, committed: bool = True, client: Mapping[str, str] | None = None
 ) -> list[tuple[int, bytes | None, bytes | None, dict[str, bytes]]]:
     """Every committed record of ``topic`` as ``(partition, key, value, headers)``, each partition
     in offset order, read with ``isolation.level=read_committed`` from the beginning up to each
     partition's end (its high watermark when reading starts: call it once no transaction is open).
-    ``committed=False``: read_uncommitted, the records of aborted transactions too."""
+    ``committed=False``: read_uncommitted, the records of aborted transactions too. ``client``:
+    settings of the consumer (a login)."""
     import time
 
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -105,7 +117,7 @@ def read_topic(
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
         "isolation.level": "read_committed" if committed else "read_uncommitted",
-        "enable.auto.commit": False, "enable.partition.eof": True,
+        "enable.auto.commit": False, "enable.partition.eof": True, **(client or {}),
     })  # fmt: skip
     try:
         partitions = sorted(consumer.list_topics(topic, 30).topics[topic].partitions)

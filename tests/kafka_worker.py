@@ -5,6 +5,10 @@ Runs projection ``pub-<TOPIC>`` over entity type ``acct`` with a :class:`KafkaPu
 exits 0. CRASH ``after:N``: the process SIGKILLs itself right after the N-th batch is published
 to Kafka, before the runner commits that batch's offsets in PostgreSQL; ``inside:N``: while it
 serializes the N-th event, inside a Kafka transaction; ``none``: no crash.
+
+Optional settings from the environment: ``SJ_KAFKA_GROUP_SIZE`` (events a batch, 25),
+``SJ_KAFKA_TIMEOUT`` (the publisher's seconds for a Kafka call, 30), ``SJ_KAFKA_ON_FAILURE``
+(the failure strategy, the settings' default).
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ def die() -> None:
 async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: str) -> None:
     where, _, n = crash.partition(":")
     count = int(n or 0)
+    group_size = int(os.environ.get("SJ_KAFKA_GROUP_SIZE", "25"))
     settings = JournalSettings.load(
-        env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, handler_backoff=0.02, group_size=25
+        env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, handler_backoff=0.02, group_size=group_size
     )
     serialized = 0
 
@@ -44,7 +49,8 @@ async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: str) -> N
             die()
         return orjson.dumps(event)
 
-    publisher = KafkaPublisher(bootstrap, topic, exactly_once=mode == "exactly-once", value=value)
+    timeout = float(os.environ.get("SJ_KAFKA_TIMEOUT", "30"))
+    publisher = KafkaPublisher(bootstrap, topic, exactly_once=mode == "exactly-once", value=value, timeout=timeout)
     batches = 0
 
     async def handler(conn: Any, envelopes: Sequence[EventEnvelope]) -> None:
@@ -55,7 +61,8 @@ async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: str) -> N
             die()
 
     async with open_journal(dsn, settings=settings) as j:
-        worker = Worker(j, settings, f"pub-{topic}", "acct", handler, "grouped")
+        recovery = os.environ.get("SJ_KAFKA_ON_FAILURE")
+        worker = Worker(j, settings, f"pub-{topic}", "acct", handler, "grouped", recovery=recovery)
         task = asyncio.create_task(worker.run())
         targets = {pid: await j.highest_seq_nr(pid) async for pid in j.current_persistence_ids("acct")}
         assert targets, "no events of entity type acct"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from kafka_fixtures import create_topic, read_topic
@@ -40,6 +41,24 @@ def test_handler_or_topic_exactly_one(dsn: str) -> None:
     assert (out.returncode, out.stderr.strip()) == (2, "error: give exactly one of --handler and --to-kafka")
     out = projections("run", "kp", "--tag", "t", "--to-kafka", "x", "--dsn", dsn)
     assert out.returncode == 2 and "grouped mode (no --tag, no --mode)" in out.stderr
+
+
+def test_a_bad_kafka_settings_file_is_one_line(dsn: str, tmp_path: Path) -> None:
+    """--kafka-config: a file that cannot be read, a line that is not key=value, a setting
+    librdkafka does not know: one line naming it, exit 2, before anything connects."""
+    pytest.importorskip("confluent_kafka")
+    bad_line, unknown = tmp_path / "bad-line", tmp_path / "unknown"
+    bad_line.write_text("# a login\nsecurity.protocol=SASL_PLAINTEXT\nsasl.password\n")
+    unknown.write_text("no.such.setting=1\n")
+    said = {}
+    for path in (tmp_path / "missing", bad_line, unknown):
+        out = projections("run", "kp", "--entity-type", "acct", "--to-kafka", "t", "--kafka-config", str(path),
+                          "--kafka-bootstrap", "127.0.0.1:9", "--dsn", dsn, "--no-progress")  # fmt: skip
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+        said[path.name] = out.stderr.strip()
+    assert said["missing"].startswith(f"error: cannot read the Kafka settings file '{tmp_path / 'missing'}': ")
+    assert said["bad-line"] == f"error: {bad_line}: line 3 is not key=value"
+    assert said["unknown"] == 'error: Kafka client settings: No such configuration property: "no.such.setting"'
 
 
 async def test_the_command_publishes_every_event_once(journal: Journal, dsn: str, kafka_bootstrap: str) -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka_fixtures import create_topic, read_topic, skip_or_fail
@@ -95,7 +97,7 @@ def start_worker(dsn: str, bootstrap: str, topic: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def wait_for_records(bootstrap: str, topic: str, proc: subprocess.Popen[str], mark: int) -> None:
+def wait_for_records(bootstrap: str, topic: str, proc: subprocess.Popen[Any], mark: int) -> None:
     deadline = time.monotonic() + 120
     while records_so_far(bootstrap, topic) < mark:
         assert proc.poll() is None and time.monotonic() < deadline, f"the worker ended before {mark} records"
@@ -165,7 +167,6 @@ async def test_brokers_down_when_the_worker_starts(
     waits with backoff (more failures than handler_attempts, none counted), its row says `Kafka
     unavailable since ...` in `projections status`; once the broker is started every event arrives
     exactly once and the row says the outage is over."""
-    import re
     import signal
 
     import asyncpg
@@ -220,3 +221,63 @@ async def test_brokers_down_when_the_worker_starts(
     assert f"Kafka at {bootstrap} does not answer" in log and "Traceback" not in log, log[-3000:]
     assert "batch failed" not in log and "HandlerFailed" not in log, log[-3000:]
     assert 1 <= log.count("Kafka unavailable (") <= 2, log[-3000:]  # once per outage, not per try
+
+
+async def test_a_broker_down_mid_run_is_an_outage_not_a_failure(
+    journal: Journal, dsn: str, own_broker: object, tmp_path: Path
+) -> None:
+    """The broker SIGKILLed while a worker publishes and kept down for longer than the publisher's
+    time for a Kafka call (2 s here): the commit that timed out and every try after it are an
+    outage, not the handler's failures. With one attempt allowed (retry-and-fail:1) the worker
+    rides it out, its row says `Kafka unavailable since ...` past several failures, and once the
+    broker is back every event is in the topic once, in order."""
+    import asyncpg
+
+    from projections.kafka.local import LocalKafka
+    from projections.postgres_store import ProjectionSql
+
+    assert isinstance(own_broker, LocalKafka)
+    pids, events = 100, 60
+    for p in range(pids):
+        await journal.persist(f"acct|{p}", [{"n": i} for i in range(events)])
+    bootstrap = own_broker.bootstrap_servers
+    topic = await asyncio.to_thread(create_topic, bootstrap, 4)
+    log_path = tmp_path / "worker.log"
+    env = {"SJ_KAFKA_TIMEOUT": "2", "SJ_KAFKA_ON_FAILURE": "retry-and-fail:1"}
+    proc = await asyncio.to_thread(start_logged_worker, [dsn, bootstrap, topic, "exactly-once", "none"], log_path, env)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await asyncio.to_thread(wait_for_records, bootstrap, topic, proc, 1500)
+        await asyncio.to_thread(own_broker.halt, kill=True)
+
+        async def three_failures_shown() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError((await asyncio.to_thread(log_path.read_text))[-3000:])
+            rows = await ProjectionSql("public").leases.workers(conn, f"pub-{topic}")
+            found = [re.match(r"Kafka unavailable since \S+ \((\d+) failures\)", r["error"] or "") for r in rows]
+            return any(int(m.group(1)) >= 3 for m in found if m)
+
+        await wait_until(three_failures_shown, 60, "3 failures shown in the worker's row")
+        await asyncio.to_thread(own_broker.resume)
+        code = await asyncio.to_thread(proc.wait, 180)
+    finally:
+        await conn.close()
+        if proc.poll() is None:
+            proc.kill()
+    log = await asyncio.to_thread(log_path.read_text)
+    assert code == 0, log[-3000:]
+    by_pid: dict[str, list[int]] = {}
+    for _, _, _, h in await asyncio.to_thread(read_topic, bootstrap, topic):
+        by_pid.setdefault(h["pid"].decode(), []).append(int(h["seq_nr"]))
+    assert by_pid == {f"acct|{p}": list(range(1, events + 1)) for p in range(pids)}
+    assert "batch failed" not in log and "HandlerFailed" not in log, log[-3000:]
+    assert "Kafka unavailable (" in log, log[-3000:]
+
+
+def start_logged_worker(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``python -m tests.kafka_worker ARGS`` with ``env`` added, its stderr in ``log``."""
+    with open(log, "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.kafka_worker", *args],
+            env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip

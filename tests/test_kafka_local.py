@@ -8,7 +8,7 @@ import os
 import uuid
 
 import pytest
-from kafka_fixtures import read_topic
+from kafka_fixtures import create_topic, read_topic, skip_or_fail
 
 pytestmark = pytest.mark.kafka
 
@@ -47,3 +47,38 @@ def test_without_java_the_broker_says_what_to_install(monkeypatch: pytest.Monkey
             broker._java(broker.data_dir)
     finally:
         broker.stop()
+
+
+def test_three_nodes_commit_with_one_stopped() -> None:
+    """LocalKafkaCluster(3): a topic and the transaction state log replicated 3 times,
+    min.insync.replicas 2, so a transaction still commits with one node stopped."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+
+    from journal.errors import KafkaSetupError
+    from projections.kafka.local import LocalKafkaCluster
+
+    cluster = LocalKafkaCluster(3)
+    try:
+        cluster.start()
+    except KafkaSetupError as e:
+        cluster.stop()
+        skip_or_fail(str(e))
+    try:
+        bootstrap = cluster.bootstrap_servers
+        topic = create_topic(bootstrap, 2, None, 3)
+        producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"t-{uuid.uuid4().hex}"})
+        producer.init_transactions(60)
+        for batch in ("before", "after"):
+            if batch == "after":
+                cluster.nodes[2].halt()
+            producer.begin_transaction()
+            for i in range(10):
+                producer.produce(topic, f"{batch}-{i}".encode(), str(i).encode())
+            producer.commit_transaction(60)
+        meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
+        assert {len(p.replicas) for t in (topic, "__transaction_state") for p in meta[t].partitions.values()} == {3}
+        values = sorted(value or b"" for _, _, value, _ in read_topic(bootstrap, topic))
+        assert values == sorted(f"{b}-{i}".encode() for b in ("before", "after") for i in range(10))
+    finally:
+        cluster.stop()

@@ -39,7 +39,7 @@ JOURNAL_API = {
     "IncompatibleVersion", "LocalWritesRefused", "SliceRangeMoved",
     "EventSeq", "StoredManifest", "Upcasters", "Forgotten", "KeyStore", "SubjectForgotten", "UnknownVersion",
     "KafkaSetupError", "KafkaStartError", "KafkaPublishError", "UnknownProjection", "NotProjected",
-    "DestinationUnavailable", "VersionNotReady",
+    "DestinationUnavailable", "DestinationRefused", "VersionNotReady",
 }  # fmt: skip
 
 PROJECTIONS_API = {

@@ -19,19 +19,23 @@ batch before the runner commits its offsets (at least once: a crash between the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import TopicCollection as Topics
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._acl import AclOperation
 from confluent_kafka.cimpl import NewTopic
 
 from journal.envelope import EventEnvelope
-from journal.errors import ConfigurationError, DestinationUnavailable, KafkaPublishError
+from journal.errors import ConfigurationError, DestinationRefused, DestinationUnavailable, KafkaPublishError
 
 from .. import range_context
+from . import causes
 from .records import Record, RecordBuilder, Serializer, json_value
 
 _NO_LEADER_YET = (
@@ -40,15 +44,6 @@ _NO_LEADER_YET = (
     KafkaError.UNKNOWN_TOPIC_OR_PART,
 )
 """What a topic created a moment ago may answer before its partitions have leaders."""
-
-
-_UNAVAILABLE = (
-    KafkaError._TRANSPORT,
-    KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._RESOLVE,
-    KafkaError._TIMED_OUT,
-)
-"""What librdkafka answers when no broker answers (refused, unreachable, not resolved, silent)."""
 
 ANSWER_WITHIN = 2.0
 """Seconds the publisher waits for the brokers' metadata before a range's first batch (and at the
@@ -87,17 +82,18 @@ class _Range:
         if self.p.exactly_once:
             try:  # fences the range's older producer
                 await asyncio.to_thread(self.producer.init_transactions, self.p.timeout)
+                self.published = await asyncio.to_thread(self._load_published)
             except KafkaException as e:
-                if e.args[0].code() in _UNAVAILABLE:
-                    raise self.p.unavailable(e.args[0]) from None
+                with contextlib.suppress(KafkaException):  # a fatal error raises here too
+                    self.producer.poll(0)  # serves the error callback: a refused login is said there
                 raise self._failed(e.args[0]) from None
-            self.published = await asyncio.to_thread(self._load_published)
+            self.p.refusals.clear()
 
     def _load_published(self) -> dict[str, int]:
         """The highest published seq_nr of each persistence id of this range (read_committed)."""
         topic = self.p.offsets_topic
         consumer = Consumer({
-            **self.p.config, "group.id": f"sj-offsets-loader.{self.owned.projection}",
+            **self.p.client_config, "group.id": f"sj-offsets-loader.{self.owned.projection}",
             "isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True,
         })  # fmt: skip
         try:
@@ -106,10 +102,16 @@ class _Range:
             pending = {p for p, end in ends.items() if end > 0}
             consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
             seen: dict[str, int] = {}
+            deadline = time.monotonic() + self.p.timeout
             while pending:
+                if time.monotonic() > deadline:  # nothing came for that long: the brokers are gone
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{topic} not read to its end"))
                 for m in consumer.consume(10_000, 0.05):  # it waits for all 10,000 or the timeout
-                    value = m.value()
-                    if m.error() is None and value is not None:
+                    deadline = time.monotonic() + self.p.timeout
+                    value, err = m.value(), m.error()
+                    if err is not None and causes.refused(err):
+                        raise KafkaException(err)
+                    if err is None and value is not None:
                         row = orjson.loads(value)
                         if self.owned.lo <= row["slice"] <= self.owned.hi:
                             seen[row["pid"]] = max(row["seq_nr"], seen.get(row["pid"], 0))
@@ -152,9 +154,12 @@ class _Range:
             ]
             await self._produce_records(self.p.offsets_topic, rows)
             await self._call(self.producer.commit_transaction, self.p.timeout)
+        except DestinationUnavailable:
+            raise  # the producer is forgotten: the next one's init_transactions ends what it left open
         except BaseException:
             await self._abort()
             raise
+        self.p.refusals.clear()
         for pid, e in last.items():
             self.published[pid] = e.seq_nr
 
@@ -181,6 +186,8 @@ class _Range:
         except BufferError:
             return i
         except KafkaException as e:
+            if causes.refused(e.args[0]):
+                raise self.p.refused(e.args[0], f"records for {topic!r}") from None
             raise KafkaPublishError(f"Kafka refused a record for {topic!r}: {e.args[0].str()}") from None
         return len(records)
 
@@ -192,9 +199,17 @@ class _Range:
         left = await asyncio.to_thread(self.producer.flush, self.p.timeout)
         err, self.p.first_error = self.p.first_error, None
         if err is not None:
+            err = self.p.refusals.cause(err)
+            if causes.refused(err):
+                raise self.p.refused(err, f"records for {self.p.topic!r}")
+            if causes.unavailable(err):
+                raise self.p.unavailable(err)
             raise KafkaPublishError(f"Kafka did not take a record for {self.p.topic!r}: {err.str()}")
         if left:
-            raise KafkaPublishError(f"{left} records for {self.p.topic!r} not delivered within {self.p.timeout} s")
+            raise self.p.unavailable(
+                None, f"{left} records for {self.p.topic!r} not delivered within {self.p.timeout} s"
+            )
+        self.p.refusals.clear()
 
     async def _abort(self) -> None:
         try:
@@ -208,15 +223,23 @@ class _Range:
         except KafkaException as e:
             raise self._failed(e.args[0]) from None
 
-    def _failed(self, err: KafkaError) -> KafkaPublishError:
-        """The error to raise for a failed transaction call (the first failed delivery's cause when
-        there is one); a fenced or fatally failed producer is forgotten: the next batch opens one."""
+    def _failed(self, err: KafkaError) -> Exception:
+        """The error to raise for a failed transaction call, by its cause (the first failed
+        delivery's when there is one; :mod:`.causes`): refused, unavailable (the producer is
+        forgotten: the next try opens a new one, which settles the transaction left open), or this
+        batch's failure. A fenced or fatally failed producer is forgotten too."""
         err_of_delivery, self.p.first_error = self.p.first_error, None
-        cause = err_of_delivery.str() if err_of_delivery is not None else err.str()
-        if err.fatal() or err.code() == KafkaError._FENCED:
+        cause = self.p.refusals.cause(err_of_delivery or err)
+        if causes.unavailable(cause) and err_of_delivery is not None and not causes.unavailable(err):
+            cause = err  # a delivery timed out; the call's own error says more
+        if err.fatal() or err.code() == KafkaError._FENCED or causes.unavailable(cause):
             self.p.drop(self)
+        if causes.refused(cause):
+            return self.p.refused(cause, f"projection {self.owned.projection} slices {self.owned.key}")
+        if causes.unavailable(cause):
+            return self.p.unavailable(cause)
         return KafkaPublishError(
-            f"Kafka transaction of {self.owned.projection} slices {self.owned.key} failed: {cause}"
+            f"Kafka transaction of {self.owned.projection} slices {self.owned.key} failed: {cause.str()}"
         )
 
 
@@ -247,7 +270,10 @@ class KafkaPublisher:
         self.value: Serializer = value or json_value
         self.config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(config or {})}
         """The client settings every client of the publisher shares (producers, the offsets' reader)."""
-        self.producer_config: dict[str, Any] = {**PRODUCER_DEFAULTS, **self.config}
+        self.refusals = causes.Refusals()
+        """The clients' error callback: the last refused login or permission they reported."""
+        self.client_config: dict[str, Any] = {**self.config, "error_cb": self.refusals}
+        self.producer_config: dict[str, Any] = {**PRODUCER_DEFAULTS, **self.client_config}
         if not exactly_once:
             self.producer_config.setdefault("enable.idempotence", True)
         self.timeout = timeout
@@ -292,15 +318,26 @@ class KafkaPublisher:
 
     def _check_topics(self, projection: str) -> None:
         """The topic must exist (one line naming it otherwise); the offsets topic is created compacted."""
-        admin = AdminClient({"log_level": 2, **self.config})  # its refused connections: in the error raised
+        try:  # its refused connections: in the error raised
+            admin = AdminClient({"log_level": 2, **self.client_config})
+        except KafkaException as e:  # a setting librdkafka does not know, or a wrong value
+            raise ConfigurationError(f"Kafka client settings: {e.args[0].str()}") from None
         offsets = self._offsets_topic or offsets_topic_for(projection)
         try:
             topics = admin.list_topics(timeout=ANSWER_WITHIN).topics
+            self._check_access(admin, topics)
+            self.refusals.clear()
         except KafkaException as e:
-            if e.args[0].code() in _UNAVAILABLE:
-                raise self.unavailable(e.args[0]) from None
+            with contextlib.suppress(KafkaException):
+                admin.poll(0)  # serves the error callback: a refused login is said there
+            cause = self.refusals.cause(e.args[0])
+            if causes.refused(cause):
+                what = "the login" if causes.login_refused(cause) else f"the topic {self.topic!r}"
+                raise self.refused(cause, what) from None
+            if causes.unavailable(cause):
+                raise self.unavailable(cause) from None
             servers = self.config["bootstrap.servers"]
-            raise KafkaPublishError(f"Kafka at {servers} did not answer: {e.args[0].str()}") from None
+            raise KafkaPublishError(f"Kafka at {servers} did not answer: {cause.str()}") from None
         if self.topic not in topics:
             raise ConfigurationError(f"the Kafka topic {self.topic!r} does not exist (create it first)")
         if self.exactly_once and offsets not in topics:
@@ -314,10 +351,30 @@ class KafkaPublisher:
                             f"cannot create the offsets topic {offsets!r}: {e.args[0].str()}"
                         ) from None
 
-    def unavailable(self, err: KafkaError) -> DestinationUnavailable:
+    def _check_access(self, admin: AdminClient, topics: Mapping[str, Any]) -> None:
+        """A topic the client may not see or write: :class:`DestinationRefused` now (one line)."""
+        meta = topics.get(self.topic)
+        if meta is None:  # not listed: missing, or hidden from this client; asked by name, it says which
+            meta = admin.list_topics(self.topic, timeout=ANSWER_WITHIN).topics.get(self.topic)
+        if meta is not None and meta.error is not None and causes.refused(meta.error):
+            raise KafkaException(meta.error)
+        if meta is None or meta.error is not None:
+            return
+        described = admin.describe_topics(Topics([self.topic]), include_authorized_operations=True)
+        operations = described[self.topic].result(self.timeout).authorized_operations or []
+        if operations and AclOperation.WRITE not in operations and AclOperation.ALL not in operations:
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    def unavailable(self, err: KafkaError | None, text: str = "") -> DestinationUnavailable:
         """The brokers do not answer: an outage the runner waits out (docs/kafka.md)."""
         servers = self.config["bootstrap.servers"]
-        return DestinationUnavailable(f"Kafka at {servers} does not answer: {err.str()}", destination="Kafka")
+        said = text or (err.str() if err is not None else "no answer")
+        return DestinationUnavailable(f"Kafka at {servers} does not answer: {said}", destination="Kafka")
+
+    def refused(self, err: KafkaError, what: str) -> DestinationRefused:
+        """The brokers refuse the projection's login or permissions: it stops (docs/kafka.md)."""
+        servers = self.config["bootstrap.servers"]
+        return DestinationRefused(f"Kafka at {servers} refused {what}: {err.str()} ({causes.hint(err)})")
 
     def drop(self, channel: _Range) -> None:
         """Forget a range's producer (fenced, failed, or its processor stopped)."""
