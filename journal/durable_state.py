@@ -297,12 +297,10 @@ class DurableState:
             for r in rows
         )
 
-        value_of = {r.persistence_id: v for r, v in zip(rows, values, strict=True)}  # a pid is in one part
-
         async def in_transaction(conn: Any, written: Sequence[StateRow], answers: list[RowOutcome]) -> None:
-            for row, answer in zip(written, answers, strict=True):
+            for row, value, answer in zip(written, values, answers, strict=True):  # written: ``rows``, in order
                 if isinstance(answer, datetime):
-                    await self._changed(conn, _change(row, value_of[row.persistence_id], answer))
+                    await self._changed(conn, _change(row, value, answer))
 
         answers = await self._store.upsert_states(rows, in_transaction if watched else None)
         return [_outcome(r, a) for r, a in zip(rows, answers, strict=True)]

@@ -52,10 +52,6 @@ class Sequencer:
         if self.held is not None:
             self.held.add(pid)
 
-    def any_held(self, envs: Sequence[EventEnvelope]) -> bool:
-        held = self.held
-        return bool(held) and any(e.persistence_id in held for e in envs)  # type: ignore[operator]
-
     async def split(self, conn: Any, envs: Sequence[EventEnvelope]) -> Sequence[EventEnvelope]:
         """Inside the offset transaction on ``conn``: park the events of ``envs`` whose id is held
         and return the others, for the handler. Ids found free are forgotten."""
