@@ -297,10 +297,13 @@ class DurableState:
             for r in rows
         )
 
+        # a partitioned store hands each database's rows on their own: find each row's value by its pid
+        value_of = {r.persistence_id: v for r, v in zip(rows, values, strict=True)}  # a pid is in one part
+
         async def in_transaction(conn: Any, written: Sequence[StateRow], answers: list[RowOutcome]) -> None:
-            for row, value, answer in zip(written, values, answers, strict=True):  # written: ``rows``, in order
+            for row, answer in zip(written, answers, strict=True):
                 if isinstance(answer, datetime):
-                    await self._changed(conn, _change(row, value, answer))
+                    await self._changed(conn, _change(row, value_of[row.persistence_id], answer))
 
         answers = await self._store.upsert_states(rows, in_transaction if watched else None)
         return [_outcome(r, a) for r, a in zip(rows, answers, strict=True)]
