@@ -36,16 +36,20 @@ _CLOCK_SEQ = int.from_bytes(os.urandom(2), "big") & 0x3FFF
 def _build(t: int, clock_seq: int, node: int) -> uuid.UUID:
     if not 0 <= t <= _MAX_TIME:
         raise InvalidArgument(f"timestamp out of the TimeUUID range: {t}")
-    return uuid.UUID(
-        fields=(
-            t & 0xFFFFFFFF,
-            (t >> 32) & 0xFFFF,
-            ((t >> 48) & 0x0FFF) | 0x1000,
-            ((clock_seq >> 8) & 0x3F) | 0x80,
-            clock_seq & 0xFF,
-            node & 0xFFFFFFFFFFFF,
-        )
-    )
+    return uuid.UUID(int=_time_bits(t) | _low_bits(clock_seq, node))
+
+
+def _time_bits(t: int) -> int:
+    """The high 64 bits of a v1 UUID of time ``t`` (time_low, time_mid, version and time_hi)."""
+    return ((t & 0xFFFFFFFF) << 96) | (((t >> 32) & 0xFFFF) << 80) | ((((t >> 48) & 0x0FFF) | 0x1000) << 64)
+
+
+def _low_bits(clock_seq: int, node: int) -> int:
+    """The low 64 bits of a v1 UUID: the RFC 4122 variant, the clock sequence and the node."""
+    return ((((clock_seq >> 8) & 0x3F) | 0x80) << 56) | ((clock_seq & 0xFF) << 48) | (node & 0xFFFFFFFFFFFF)
+
+
+_OWN_LOW_BITS = _low_bits(_CLOCK_SEQ, _NODE)
 
 
 def ticks_of_micros(unix_micros: int) -> int:
@@ -54,13 +58,21 @@ def ticks_of_micros(unix_micros: int) -> int:
 
 def new_timeuuid(now_ns: int | None = None) -> uuid.UUID:
     """A v1 UUID for now, strictly greater in time than any made before in this process."""
+    return new_timeuuids(1, now_ns)[0]
+
+
+def new_timeuuids(n: int, now_ns: int | None = None) -> list[uuid.UUID]:
+    """``n`` v1 UUIDs for now, in increasing time, each strictly greater in time than any made
+    before in this process (the events of one write: the clock is read once)."""
     global _last
     t = ((time.time_ns() if now_ns is None else now_ns) // 100) + GREGORIAN_OFFSET
     with _lock:
         if t <= _last:
             t = _last + 1
-        _last = t
-    return _build(t, _CLOCK_SEQ, _NODE)
+        _last = t + n - 1
+    if _last > _MAX_TIME:
+        raise InvalidArgument(f"timestamp out of the TimeUUID range: {_last}")
+    return [uuid.UUID(int=_time_bits(x) | _OWN_LOW_BITS) for x in range(t, t + n)]
 
 
 def timeuuid_for_event(db_timestamp: datetime, persistence_id: str, seq_nr: int) -> uuid.UUID:

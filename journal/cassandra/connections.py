@@ -17,7 +17,7 @@ from ..errors import ConfigurationError, JournalUnavailable, StorageError
 from ..settings import JournalSettings
 from .cql import statements, validate_keyspace
 from .partitions import PartitionLayout
-from .session import build_cluster, consistency, is_read
+from .session import PAGE_PROFILE, build_cluster, consistency, is_read
 
 
 def parse_target(target: str) -> tuple[list[str], int, str]:
@@ -36,7 +36,9 @@ def parse_target(target: str) -> tuple[list[str], int, str]:
     return hosts, port, keyspace
 
 
-async def execute(session: Any, stmt: Any, params: Sequence[Any] | None = None) -> list[Any]:
+async def execute(
+    session: Any, stmt: Any, params: Sequence[Any] | None = None, profile: str | None = None
+) -> list[Any]:
     """execute_async -> asyncio, every page of the result.
 
     The driver calls ``add_callbacks``' callback on its own event thread with ONE page of rows
@@ -47,7 +49,11 @@ async def execute(session: Any, stmt: Any, params: Sequence[Any] | None = None) 
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[list[Any]] = loop.create_future()
     rows: list[Any] = []
-    rf = session.execute_async(stmt, params)
+    rf = (
+        session.execute_async(stmt, params)
+        if profile is None
+        else session.execute_async(stmt, params, execution_profile=profile)
+    )
 
     def settle(exc: BaseException | None) -> None:
         if fut.done():  # cancelled by the awaiting side
@@ -198,6 +204,10 @@ class CassandraConnections:
     async def run(self, name: str, *params: Any) -> list[Any]:
         """A prepared statement by name, every page of its result."""
         return await execute(self.session, self.prepared[name], params)
+
+    async def run_for_dicts(self, name: str, *params: Any) -> list[dict[str, Any]]:
+        """:meth:`run`, each row a dict by column name (:data:`~.session.PAGE_PROFILE`)."""
+        return await execute(self.session, self.prepared[name], params, PAGE_PROFILE)
 
 
 class CassandraPart:

@@ -15,25 +15,34 @@ def consistency(name: str) -> int:
     return int(ConsistencyLevel.name_to_value[name])
 
 
+PAGE_PROFILE = "pages"
+"""The execution profile whose rows come as dicts by column name: a page of tag rows is handed to
+the query as the driver made it (:data:`journal.backend.TagPageRow`), without an object per row."""
+
+
 def build_cluster(contact_points: list[str], port: int, s: CassandraSettings) -> Any:
     """A ``cassandra.cluster.Cluster`` (not connected): token-aware routing, DC-aware when
     ``local_datacenter`` is set, PlainText authentication when ``username`` is set."""
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+    from cassandra.query import dict_factory
 
-    profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=s.local_datacenter)),
-        consistency_level=consistency(s.read_consistency),
-        serial_consistency_level=consistency(s.serial_consistency),
-        request_timeout=s.request_timeout,
-    )
+    def profile(**row_factory: Any) -> Any:
+        return ExecutionProfile(
+            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=s.local_datacenter)),
+            consistency_level=consistency(s.read_consistency),
+            serial_consistency_level=consistency(s.serial_consistency),
+            request_timeout=s.request_timeout,
+            **row_factory,
+        )
+
     auth = PlainTextAuthProvider(s.username, s.password) if s.username is not None else None
     return Cluster(
         contact_points,
         port=port,
         auth_provider=auth,
-        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile(), PAGE_PROFILE: profile(row_factory=dict_factory)},
         connect_timeout=s.request_timeout,
     )
 

@@ -7,7 +7,7 @@ import asyncio
 import uuid
 from collections.abc import Sequence
 
-from ..backend import TaggedEvent, TagPageRow, TagProgress, TagRow, page_row
+from ..backend import TaggedEvent, TagPageRow, TagProgress, TagRow
 from ..errors import ConfigurationError
 from ..serialization import Serialized
 from ..timeuuid import GREGORIAN_OFFSET
@@ -91,14 +91,14 @@ class CassandraTagStore:
     async def read_tag_rows(
         self, tag: str, bucket: int, after: uuid.UUID | None, before_ticks: int, limit: int
     ) -> list[TagPageRow]:
+        """The driver's rows as they come (selected under the names of the page's columns), each
+        given the one-tag ``tags`` the partition holds."""
         lower = after if after is not None else lower_bound(bucket)
-        rows = await self.conns.run("read_tag_views", tag, bucket, lower, upper_bound(before_ticks), limit)
-        return [
-            page_row(TagRow(r.tag_name, r.timebucket, r.timestamp, r.persistence_id, r.tag_pid_sequence_nr,
-                            r.sequence_nr, r.writer_uuid, Serialized(r.ser_id, r.ser_manifest, bytes(r.event)),
-                            meta_of(r)))
-            for r in rows
-        ]  # fmt: skip
+        rows = await self.conns.run_for_dicts("read_tag_views", tag, bucket, lower, upper_bound(before_ticks), limit)
+        tags = (tag,)
+        for r in rows:
+            r["tags"] = tags
+        return rows  # type: ignore[return-value]
 
     async def next_bucket(self, tag: str, from_bucket: int, to_bucket: int) -> int | None:
         """Cassandra cannot list a tag's buckets: every bucket is read (set first_time_bucket)."""

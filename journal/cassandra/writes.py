@@ -22,7 +22,7 @@ from ..backend import TaggedEvent, TagRowWriter, WriteCheck, check_rows
 from ..buckets import bucket_of
 from ..errors import InvalidArgument, JournalUnavailable, SequenceConflict, UnsupportedOperation
 from ..serialization import Serialized
-from ..timeuuid import datetime_of, new_timeuuid
+from ..timeuuid import datetime_of, new_timeuuids
 from ..write_batch import BatchResult, ResultBuilder, WriteBatch, WriteLater
 from .connections import CassandraConnections, execute
 from .reads import CassandraReads
@@ -260,7 +260,7 @@ class CassandraWrites(CassandraReads):
         else:
             batch.add(prepared["mark_partition"], (last, pid, part))
         meta = (m.ser_id, m.manifest, m.payload) if m else (None, None, None)
-        stamps = [new_timeuuid() for _ in r.events]
+        stamps = new_timeuuids(len(r.events))
         for seq, (u, ev) in enumerate(zip(stamps, r.events, strict=True), first):
             bucket = str(bucket_of(u, self.settings.tags.bucket_size))
             row = (pid, part, seq, u, bucket, self.writer_id, ev.ser_id, ev.manifest, ev.payload, *meta)
