@@ -83,6 +83,13 @@ class RangeProcessor:
         self.query_mode = query_mode
         self.per_pid = query_mode == "backtracking" or from_snapshots
         """Judge an unknown pid by its own record, never by the slice offset (:meth:`_validate_into`)."""
+        unrecorded = self.s.offset_delete_after if from_snapshots else self.s.offset_time_window
+        self.unrecorded_span = timedelta(seconds=unrecorded)
+        """How far behind the slice's latest offset an unrecorded pid's events are replayed
+        (:meth:`_accept_unrecorded`): the time window in backtracking mode (the reference's rule:
+        a late commit lies within it), ``offset_delete_after`` from snapshots (the events a
+        snapshot stood for may lie anywhere behind, and within it a processed event's row is
+        never pruned: no row means not processed)."""
         self.validator = self._validator(timedelta(seconds=self.s.offset_time_window))
         self._stopping = asyncio.Event()
         self.tx = parts.transactions(self.key, self._stopping)
@@ -246,10 +253,13 @@ class RangeProcessor:
         """Backtracking mode, a pid with no record in the store (the reference's rule): seq_nr 1
         is new; a later one is accepted when its previous event is older than the time window
         (its record was evicted), otherwise the pid's events within the window are replayed first.
-        The slice offset is no evidence: a late commit can lie below it and be unprocessed."""
+        The slice offset is no evidence: a late commit can lie below it and be unprocessed.
+        From snapshots, ``offset_delete_after`` instead of the window (:attr:`unrecorded_span`):
+        events left out for a snapshot that was then replaced past the catch-up's bound, or
+        deleted, can be older than the window."""
         v = self.validator
         if env.seq_nr > 1:
-            start = v.window_start(env.slice)
+            start = v.behind_latest(env.slice, self.unrecorded_span)
             prev = await self.tx.read(
                 "a timestamp", lambda: self.journal.timestamp_of(env.persistence_id, env.seq_nr - 1)
             )

@@ -11,6 +11,7 @@ beyond its pid's last event, a deleted snapshot, a pid with only a snapshot. The
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import signal
@@ -23,7 +24,7 @@ import pytest
 from projection_helpers import FAST_ENV, spawn_worker, stop
 from snapshot_model import create, table
 
-from journal import Journal
+from journal import Journal, slice_for
 from tests.support.waiting import wait_until
 
 ET = "SnapAcct"
@@ -79,9 +80,13 @@ async def test_kill9_mid_catch_up_from_snapshots_gives_the_full_reads_model(
     procs = [spawn_worker(dsn, "full", ET, "tests.snapshot_model:full")]
     procs += [spawn_worker(dsn, "fs", ET, "tests.snapshot_model:from_snapshots", extra=SNAP, env=slow) for _ in "ab"]
 
-    async def load() -> None:  # events and snapshots go on being written during the catch-up
+    killed = asyncio.Event()
+
+    async def load() -> None:  # events and snapshots go on being written during the catch-up, past the kill
         rng = random.Random(36)
-        for _ in range(700):  # 7 events at a time: most writes pass a multiple of 10, a snapshot
+        for i in itertools.count():  # 7 events at a time: most writes pass a multiple of 10, a snapshot
+            if i >= 700 and killed.is_set():
+                return
             pid = rng.choice(snapped + plain + [f"{ET}|trimmed"])
             await write(j, pid, await j.highest_seq_nr(pid) + 1, 7, every=0 if "|p" in pid else 10)
 
@@ -92,7 +97,7 @@ async def test_kill9_mid_catch_up_from_snapshots_gives_the_full_reads_model(
         procs[1].wait()
         at_kill = len(await model(conn, "snap"))
         assert at_kill < len(snapped) + len(plain), f"the kill came after the catch-up ({at_kill})"
-        assert not writer.done(), "the writes ended before the kill"
+        killed.set()  # (a fixed number of writes could end before a worker slow to start under load got going)
         procs.append(spawn_worker(dsn, "fs", ET, "tests.snapshot_model:from_snapshots", extra=SNAP, env=slow))
         await wait_until(lambda: _rows(conn, len(snapped) + len(plain) + 4), 90, "the restarted catch-up")
         await writer
@@ -109,6 +114,88 @@ async def test_kill9_mid_catch_up_from_snapshots_gives_the_full_reads_model(
     assert full.pop(f"{ET}|trimmed")[0] == sum(range(21, last + 1))
     assert snap == full and len(full) == len(snapped) + len(plain) + 2
     assert snap[f"{ET}|ahead"] == (21, 6) and snap[f"{ET}|deleted"] == (78, 12)
+
+
+async def test_a_snapshot_replaced_past_the_bound_after_a_kill_leaves_no_gap_older_than_the_window(
+    journal: Journal, conn: asyncpg.Connection, dsn: str
+) -> None:
+    """The gap the per-pid rule left: a catch-up from snapshots leaves out ``g*``'s events 1-9
+    (their snapshot at 10 covers them) and is killed with SIGKILL before it reaches event 10;
+    the restarted catch-up takes its bound and then the snapshots are replaced by ones at 15,
+    past that bound, before the query reaches event 10. Events 10.. then come as events, and the
+    left-out 1-9 lie further behind the slice's offset than ``offset_time_window`` (1 s here):
+    the projection must replay them (a model that skipped them fails the handler)."""
+    j = journal
+    gapped = [f"{ET}|g{i}" for i in range(6)]
+    filler = [_same_slice(g) for g in gapped] + [f"{ET}|f{i}" for i in range(34)]
+    await asyncio.gather(*(write(j, p, 1, 9, every=0) for p in gapped))
+    t0 = await conn.fetchval("SELECT clock_timestamp()")
+    await asyncio.gather(*(write(j, p, 1, 30, every=0) for p in filler))  # 1,200 events after g*'s first 9
+    await wait_until(lambda: _clock_past(conn, t0, 2.0), 10, "two seconds of db_timestamps past g*'s events")
+    await asyncio.gather(*(write(j, p, 10, 3, every=10) for p in gapped))  # a snapshot at 10, events 10-12
+    await asyncio.gather(*(write(j, p, 31, 5, every=0) for p in filler))
+    env = {
+        "SNAPSHOT_MODEL_PAUSE": "0.02", "JOURNAL_PROJECTION_GROUP_SIZE": "10", "JOURNAL_PROJECTION_QUEUE_SIZE": "20",
+        "JOURNAL_PROJECTION_OFFSET_TIME_WINDOW": "1", "JOURNAL_QUERY_BUFFER_SIZE": "20",
+        "JOURNAL_QUERY_CATCH_UP_BUFFER_SIZE": "20",
+    }  # fmt: skip
+    procs = [spawn_worker(dsn, "full", ET, "tests.snapshot_model:full", env=env)]
+    procs.append(spawn_worker(dsn, "fs", ET, "tests.snapshot_model:from_snapshots", extra=SNAP, env=env))
+    try:
+        await wait_until(lambda: _filler_done(conn, filler, 250), 60, "the catch-up under way")
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+        at_kill = await _filler_done(conn, filler, 0)
+        assert at_kill < 900 and not set(gapped) & set(await model(conn, "snap")), "the kill came too late"
+        procs.append(spawn_worker(dsn, "fs", ET, "tests.snapshot_model:from_snapshots", extra=SNAP, env=env))
+        await wait_until(lambda: _owns_all(conn, procs[2].pid), 60, "the new worker holding every slice")
+        owned_at = await _filler_done(conn, filler, 0)
+        await wait_until(lambda: _filler_done(conn, filler, owned_at + 60), 60, "the restarted catch-up")
+        # its bound is taken: snapshots at 15 lie past it; the query is well before g*'s event 10
+        await asyncio.gather(*(write(j, p, 13, 3, every=15) for p in gapped))
+        assert await _filler_done(conn, filler, 0) < 1000 and not set(gapped) & set(await model(conn, "snap"))
+        want = {p: 15 for p in gapped} | {p: 35 for p in filler}
+        await wait_until(lambda: _complete_or_failed(conn, "full", want, procs), 90, "the full read's model")
+        await wait_until(lambda: _complete_or_failed(conn, "snap", want, procs), 90, "the model from snapshots")
+        assert all(p.poll() is None for p in procs[::2]), "a worker stopped (a handler failed: a skipped event)"
+    finally:
+        stop(procs)
+    full, snap = await model(conn, "full"), await model(conn, "snap")
+    assert snap == full and full[gapped[0]] == (120, 15)
+
+
+async def _clock_past(conn: asyncpg.Connection, t0: object, seconds: float) -> bool:
+    past = await conn.fetchval("SELECT clock_timestamp() > $1::timestamptz + make_interval(secs => $2)", t0, seconds)
+    return bool(past)
+
+
+def _same_slice(pid: str) -> str:
+    """A filler pid in ``pid``'s slice: that slice's offset then moves on past ``pid``'s events."""
+    return next(f"{pid}-f{k}" for k in range(100_000) if slice_for(f"{pid}-f{k}") == slice_for(pid))
+
+
+async def _owns_all(conn: asyncpg.Connection, pid: int) -> bool:
+    """Does the worker process ``pid`` hold every slice of the projection from snapshots (its
+    range's processor, and so its query, started after that)?"""
+    held = await conn.fetchval(
+        "SELECT count(*) FROM projection_slice_lease WHERE projection_name = 'fs' AND owner LIKE $1 "
+        "AND expires_at > now()",
+        f"%-{pid}-%",
+    )
+    return bool(held == 1024)
+
+
+async def _filler_done(conn: asyncpg.Connection, filler: list[str], n: int) -> int:
+    """The filler events the projection from snapshots has applied (truthy when at least ``n``)."""
+    got = await model(conn, "snap")
+    done = sum(got.get(p, (0, 0))[1] for p in filler)
+    return done if done >= n else 0
+
+
+async def _complete_or_failed(
+    conn: asyncpg.Connection, kind: str, want: dict[str, int], procs: list[subprocess.Popen[bytes]]
+) -> bool:
+    return any(p.poll() is not None for p in procs[::2]) or await complete(conn, kind, want)
 
 
 async def _rows(conn: asyncpg.Connection, n: int) -> bool:
