@@ -131,3 +131,60 @@ async def test_a_zombie_of_a_range_is_fenced(journal: Journal, kafka_bootstrap: 
     await new.close()
     records = read_topic(kafka_bootstrap, topic)
     assert [int(h["seq_nr"]) for *_, h in records] == [1, 2]
+
+
+async def test_a_killed_owner_of_other_slices_does_not_hold_the_topic(
+    journal: Journal, dsn: str, kafka_bootstrap: str
+) -> None:
+    """A worker (slices 0-1023) is SIGKILLed before its first Kafka commit, the transaction's
+    records written; the next owner of a part of its slices has another range, so another
+    transactional id (a worker that starts while the killed one's leases have not expired yet).
+    Its batch is visible to a read_committed consumer at once, not only once the transaction
+    coordinator aborts the killed transaction (transaction.timeout.ms, 60 s)."""
+    import time
+
+    from projections import range_context
+    from projections.kafka.publisher import KafkaPublisher
+
+    envelopes = [e for p in range(PIDS) for e in await journal.persist(f"acct|{p}", [{"n": i} for i in range(5)])]
+    topic = create_topic(kafka_bootstrap, partitions=4)
+    assert run_worker(dsn, kafka_bootstrap, topic, "exactly-once", "flushed:1") == -9
+    assert len(read_topic(kafka_bootstrap, topic, committed=False)) > 0, "the killed transaction wrote nothing"
+
+    ours = [e for e in envelopes if e.slice <= 511]
+    range_context.enter(range_context.OwnedRange(f"pub-{topic}", 0, 511))
+    publisher = KafkaPublisher(kafka_bootstrap, topic)
+    began = time.monotonic()
+    await publisher(None, ours)
+    await publisher.close()
+    records = read_topic(kafka_bootstrap, topic, timeout=20)
+    print(f"published and read in {time.monotonic() - began:.1f} s")
+    assert sorted((h["pid"].decode(), int(h["seq_nr"])) for *_, h in records) == sorted(
+        (e.persistence_id, e.seq_nr) for e in ours
+    )
+
+
+async def test_a_transaction_that_does_not_end_is_said_not_read_past(journal: Journal, kafka_bootstrap: str) -> None:
+    """A transaction of another producer is left open on the offsets topic (a hanging one): a
+    range's producer does not take the offsets before it for all there is; it says so, an outage."""
+    from confluent_kafka import Producer
+
+    from journal.errors import DestinationUnavailable
+    from projections import range_context
+    from projections.kafka.publisher import KafkaPublisher
+
+    topic = create_topic(kafka_bootstrap)
+    offsets = create_topic(kafka_bootstrap, partitions=1)
+    stranger = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"stranger-{topic}"})
+    stranger.init_transactions(30)
+    stranger.begin_transaction()
+    stranger.produce(offsets, b'{"pid": "acct|h", "slice": 1, "seq_nr": 1}', b"acct|h")
+    stranger.flush(30)
+    try:
+        range_context.enter(range_context.OwnedRange(f"hang-{topic}", 0, 1023))
+        publisher = KafkaPublisher(kafka_bootstrap, topic, offsets_topic=offsets, timeout=2)
+        events = await journal.persist("acct|h", [{"n": 1}])
+        with pytest.raises(DestinationUnavailable, match=f"a transaction open on {offsets} partition 0 since offset 0"):
+            await publisher(None, events)
+    finally:
+        stranger.abort_transaction(30)
