@@ -107,8 +107,9 @@ async def test_sigkill_at_three_moments_of_a_run(journal: Journal, dsn: str, kaf
 
 async def test_a_zombie_of_a_range_is_fenced(journal: Journal, kafka_bootstrap: str) -> None:
     """Two publishers of the same projection and range (a stalled worker that comes back after a
-    newer one took its range): the older cannot commit, its batch is not in the topic."""
-    from journal.errors import KafkaPublishError
+    newer one took its range): the older cannot commit, its batch is not in the topic, and it
+    stops processing the range (LeaseLost, not a failure of the batch)."""
+    from journal.errors import LeaseLost
     from projections import range_context
     from projections.kafka.publisher import KafkaPublisher
 
@@ -124,11 +125,40 @@ async def test_a_zombie_of_a_range_is_fenced(journal: Journal, kafka_bootstrap: 
     range_context.enter(new_range)
     await new(None, [])  # opens its producer: init_transactions fences the old one
     range_context.enter(old_range)
-    with pytest.raises(KafkaPublishError, match="fenced"):
+    with pytest.raises(LeaseLost, match="fenced by another worker's"):
         await old(None, second)
     range_context.enter(new_range)
     await new(None, first + second)  # seq 1 is known published: only seq 2 goes out
     await new.close()
+    records = read_topic(kafka_bootstrap, topic)
+    assert [int(h["seq_nr"]) for *_, h in records] == [1, 2]
+
+
+async def test_a_producer_fenced_by_one_of_its_own_process_redoes_the_batch(
+    journal: Journal, kafka_bootstrap: str
+) -> None:
+    """A publisher's producer of a range fenced by another producer of the same publisher (one it
+    abandoned in an outage, whose initialization went on in the background): an outage, the
+    batch redone through a new producer, not a failure."""
+    from journal.errors import DestinationUnavailable
+    from projections import range_context
+    from projections.kafka.offsets_log import transactional_id
+    from projections.kafka.publisher import KafkaPublisher
+
+    topic = create_topic(kafka_bootstrap)
+    projection = f"own-{topic}"
+    first = await journal.persist("acct|o", [{"n": 1}])
+    second = await journal.persist("acct|o", [{"n": 2}])
+    publisher = KafkaPublisher(kafka_bootstrap, topic)
+    range_context.enter(range_context.OwnedRange(projection, 0, 1023))
+    await publisher(None, first)
+    txn = transactional_id(projection, 0, 1023)
+    abandoned = publisher.instances.producer(txn)  # its initialization ends after the range's producer's
+    publisher.instances.init(abandoned, txn, 30)
+    with pytest.raises(DestinationUnavailable, match="fenced by a newer one of this process"):
+        await publisher(None, second)
+    await publisher(None, first + second)  # the retry: a new producer, seq 1 known published
+    await publisher.close()
     records = read_topic(kafka_bootstrap, topic)
     assert [int(h["seq_nr"]) for *_, h in records] == [1, 2]
 

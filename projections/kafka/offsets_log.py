@@ -28,9 +28,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from . import causes
+from .instances import Instances
 
 log = logging.getLogger("projections.kafka")
 
@@ -67,8 +68,11 @@ class OffsetsLog:
     may go without progress (and each call to the brokers may take)."""
 
     def __init__(
-        self, config: Mapping[str, Any], topic: str, projection: str, lo: int, hi: int, timeout: float
+        self, config: Mapping[str, Any], topic: str, projection: str, lo: int, hi: int, timeout: float,
+        instances: Instances,
     ) -> None:  # fmt: skip
+        self.instances = instances
+        """The publisher's producers: a fencing one is one of them (:mod:`.instances`)."""
         self.config = dict(config)
         self.topic = topic
         self.projection = projection
@@ -87,8 +91,8 @@ class OffsetsLog:
         own = transactional_id(self.projection, self.lo, self.hi)
         stale = sorted(t for t in self._ids_past_stable_offsets() if t != own and self._overlaps(t))
         for txn in stale:
-            producer = Producer({**self.config, "transactional.id": txn})
-            producer.init_transactions(self.timeout)  # aborts its open transaction, fences its producer
+            producer = self.instances.producer(txn)
+            self.instances.init(producer, txn, self.timeout)  # aborts its open transaction, fences its producer
             log.warning(
                 "Kafka: fenced %s, an earlier producer of slices of %s %d-%d (its open transaction, if any, aborted)",
                 txn, self.projection, self.lo, self.hi,
@@ -177,7 +181,10 @@ class OffsetsLog:
                     if err is None:
                         row(m)
                     p = m.partition() or 0
-                    if consumer.position([TopicPartition(self.topic, p)])[0].offset >= targets.get(p, 0):
+                    at = m.offset() if err is not None and err.code() == KafkaError._PARTITION_EOF else None
+                    if at is None:
+                        at = consumer.position([TopicPartition(self.topic, p)])[0].offset
+                    if at >= targets.get(p, 0):
                         pending.discard(p)
         finally:
             consumer.close()

@@ -31,10 +31,17 @@ from confluent_kafka.admin._acl import AclOperation
 from confluent_kafka.cimpl import NewTopic
 
 from journal.envelope import EventEnvelope
-from journal.errors import ConfigurationError, DestinationRefused, DestinationUnavailable, KafkaPublishError
+from journal.errors import (
+    ConfigurationError,
+    DestinationRefused,
+    DestinationUnavailable,
+    KafkaPublishError,
+    LeaseLost,
+)
 
 from .. import range_context
 from . import causes
+from .instances import Instances
 from .offsets_log import OffsetsLog, StuckTransaction, transactional_id
 from .records import Record, RecordBuilder, Serializer, json_value
 
@@ -61,17 +68,20 @@ class _Range:
         self.p = publisher
         self.published: dict[str, int] = {}
         self.builder = RecordBuilder(publisher.value)
-        conf = dict(publisher.producer_config)
         self.txn = transactional_id(owned.projection, owned.lo, owned.hi)
+        self.generation = 0
+        """The count of this process's initializations of the transactional id at this one's."""
         if publisher.exactly_once:
-            conf["transactional.id"] = self.txn
-        self.producer = Producer(conf)
+            self.producer = publisher.instances.producer(self.txn)
+        else:
+            self.producer = Producer(publisher.producer_config)
 
     async def open(self) -> None:
         if self.p.exactly_once:
             try:  # fences the range's older producer
-                await asyncio.to_thread(self.producer.init_transactions, self.p.timeout)
-                log = OffsetsLog(self.p.client_config, self.p.offsets_topic, *self._slices(), self.p.timeout)
+                instances = self.p.instances
+                self.generation = await asyncio.to_thread(instances.init, self.producer, self.txn, self.p.timeout)
+                log = OffsetsLog(self.p.client_config, self.p.offsets_topic, *self._slices(), self.p.timeout, instances)
                 await asyncio.to_thread(log.end_open_transactions)
                 self.published = await asyncio.to_thread(log.published)
             except KafkaException as e:
@@ -186,7 +196,9 @@ class _Range:
         cause = self.p.refusals.cause(err_of_delivery or err)
         if causes.unavailable(cause) and err_of_delivery is not None and not causes.unavailable(err):
             cause = err  # a delivery timed out; the call's own error says more
-        if err.fatal() or err.code() == KafkaError._FENCED or causes.unavailable(cause):
+        if err.code() in causes.FENCED:
+            return self._fenced(err)
+        if err.fatal() or causes.unavailable(cause):
             self.p.drop(self)
         if causes.refused(cause):
             return self.p.refused(cause, f"projection {self.owned.projection} slices {self.owned.key}")
@@ -195,6 +207,20 @@ class _Range:
         return KafkaPublishError(
             f"Kafka transaction of {self.owned.projection} slices {self.owned.key} failed: {cause.str()}"
         )
+
+    def _fenced(self, err: KafkaError) -> Exception:
+        """A newer producer of the transactional id fenced this one (it is forgotten): one of this
+        process, opened for a retry after an outage, and the batch is redone through a new one
+        (an outage, not a failure of the batch); or another worker's, which publishes these slices
+        now: this worker stops processing them (:class:`LeaseLost`)."""
+        self.p.drop(self)
+        what = f"the Kafka producer of {self.owned.projection} slices {self.owned.key}"
+        if self.p.instances.newer_than(self.txn, self.generation):
+            return DestinationUnavailable(
+                f"{what} was fenced by a newer one of this process (opened after an outage): the batch is redone",
+                destination="Kafka",
+            )
+        return LeaseLost(f"{what} was fenced by another worker's ({err.str()}): it publishes these slices now")
 
 
 class KafkaPublisher:
@@ -230,6 +256,8 @@ class KafkaPublisher:
         self.producer_config: dict[str, Any] = {**PRODUCER_DEFAULTS, **self.client_config}
         if not exactly_once:
             self.producer_config.setdefault("enable.idempotence", True)
+        self.instances = Instances(self.producer_config)
+        """The transactional producers of this process by id (:mod:`.instances`)."""
         self.timeout = timeout
         self.first_error: KafkaError | None = None
         self._ranges: dict[range_context.OwnedRange, _Range] = {}
