@@ -184,13 +184,6 @@ class SliceQueries:
         state = SliceQueryState(offset, self.q.buffer_size, self.q.catch_up_buffer_size)
         return self._catch_up(state, mode, et, lo, hi)
 
-    def current_pages(
-        self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode
-    ) -> AsyncIterator[list[EventEnvelope]]:
-        """:meth:`current` a page at a time (each a non-empty list, the consumer's to keep)."""
-        state = SliceQueryState(offset, self.q.buffer_size, self.q.catch_up_buffer_size)
-        return self._catch_up_pages(state, mode, et, lo, hi)
-
     def current_row_pages(
         self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode
     ) -> AsyncIterator[Page]:
