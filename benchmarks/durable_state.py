@@ -10,9 +10,11 @@
 Sides alternate round by round, their order rotated; each row reports the median of the
 paired rounds' ratios and the load (benchmarks/_common.py).
 
-    flock /tmp/sj-bench.lock python benchmarks/durable_state.py [--ids 10000] [--rounds 5]
+    flock /tmp/sj-bench.lock python benchmarks/durable_state.py [--ids 10000] [--rounds 5] [--only catch-up]
 
-The issue's catch-up figure is of 1M changed pids: ``--ids 1000000 --rounds 3``.
+The issue's catch-up figure is of 1M changed pids: ``--ids 1000000 --rounds 5 --only catch-up``.
+``--only catch-up`` runs row (c) alone, over rows loaded by a raw COPY (the plugin's row shape,
+JSON payloads, 1 µs apart), not through ``upsert``: the upsert rows of 1M pids would take hours.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Awaitable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -92,6 +95,20 @@ async def raw_many(pool: asyncpg.Pool, pids: list[str], r: int) -> None:
         )
 
 
+async def copy_rows(pool: asyncpg.Pool, et: str, ids: int) -> None:
+    """``ids`` rows of ``et`` (pids ``et|i``, revision 2, JSON values of :func:`value`) by a raw
+    COPY, as the plugin lays them out, stamped 1 µs apart an hour ago (below any horizon)."""
+    start, step = datetime.now(UTC) - timedelta(hours=1), timedelta(microseconds=1)
+    columns = ["slice", "entity_type", "persistence_id", "revision", "db_timestamp", "state_ser_id",
+               "state_ser_manifest", "state_payload"]  # fmt: skip
+    for k in range(0, ids, 100_000):
+        records = []
+        for i in range(k, min(ids, k + 100_000)):
+            pid = f"{et}|{i}"
+            records.append((slice_for(pid), et, pid, 2, start + i * step, 1, "", msgspec.json.encode(value(i, 2))))
+        await pool.copy_records_to_table("durable_state", records=records, columns=columns)
+
+
 async def catch_up(store: DurableState, et: str) -> int:
     async def one(lo: int, hi: int) -> int:
         return sum([1 async for _ in store.current_changes_by_slices(et, lo, hi)])
@@ -108,7 +125,13 @@ async def raw_select(pool: asyncpg.Pool, et: str) -> int:
     return len([msgspec.json.decode(r["state_payload"]) for r in rows])
 
 
-def main(ids: int, rounds: int) -> None:
+def main(ids: int, rounds: int, only: str) -> None:
+    if only == "catch-up":
+        header(f"durable state catch-up: {ids:,} pids a side, loaded by a raw COPY (not upsert), {rounds} rounds")
+        with fresh_database() as dsn:
+            catch_up_rounds = asyncio.run(measure_catch_up(dsn, ids, rounds))
+        catch_up_rounds.report("changes by slices catch-up (4 ranges)", "journal", "raw", target=0.6)
+        return
     header(f"durable state: {ids:,} pids, {rounds} rounds, {CALLERS} callers, upsert_many of {PER_CALL}")
     with fresh_database() as dsn:
         rows = asyncio.run(measure(dsn, ids, rounds))
@@ -143,12 +166,6 @@ async def measure(dsn: str, ids: int, rounds: int) -> dict[str, Rounds]:
                 revision[side] += 1
                 return revision[side]
 
-            async def counted(side: str, n: int) -> float:
-                start = time.perf_counter()
-                got = await (catch_up(store, "State") if side == "journal" else raw_select(pool, "Raw"))
-                assert got == n, (side, got, n)
-                return n / (time.perf_counter() - start)
-
             per_call_rounds = await alternate_async(rounds, {
                 "journal": lambda _: timed(per_call(store, mine, next_revision("journal")), ids),
                 "raw": lambda _: timed(raw_per_call(pool, raw, next_revision("raw")), ids),
@@ -157,18 +174,45 @@ async def measure(dsn: str, ids: int, rounds: int) -> dict[str, Rounds]:
                 "journal": lambda _: timed(many(store, mine, next_revision("journal")), ids),
                 "raw": lambda _: timed(raw_many(pool, raw, next_revision("raw")), ids),
             })  # fmt: skip
-            catch_up_rounds = await alternate_async(rounds, {
-                "journal": lambda _: counted("journal", ids),
-                "raw": lambda _: counted("raw", ids),
-            })  # fmt: skip
+            catch_up_rounds = await catch_up_alternating(store, pool, ids, rounds)
         finally:
             await pool.close()
     return {"per call": per_call_rounds, "many": many_rounds, "catch-up": catch_up_rounds}
+
+
+async def measure_catch_up(dsn: str, ids: int, rounds: int) -> Rounds:
+    """Row (c) alone: each side's rows loaded by :func:`copy_rows`, analyzed, then read."""
+    settings = JournalSettings.load(env={}, dsn=dsn)
+    async with open_journal(dsn, settings=settings) as journal:
+        size = settings.connection.pool_max_size
+        pool = await asyncpg.create_pool(asyncpg_dsn(dsn), min_size=size, max_size=size)
+        assert pool is not None
+        try:
+            await copy_rows(pool, "State", ids)
+            await copy_rows(pool, "Raw", ids)
+            await pool.execute("ANALYZE durable_state")
+            return await catch_up_alternating(journal.durable_state(), pool, ids, rounds)
+        finally:
+            await pool.close()
+
+
+async def catch_up_alternating(store: DurableState, pool: asyncpg.Pool, ids: int, rounds: int) -> Rounds:
+    """The journal's catch-up of every ``State`` pid and the raw SELECT of every ``Raw`` one,
+    alternating round by round."""
+
+    async def counted(side: str) -> float:
+        start = time.perf_counter()
+        got = await (catch_up(store, "State") if side == "journal" else raw_select(pool, "Raw"))
+        assert got == ids, (side, got, ids)
+        return ids / (time.perf_counter() - start)
+
+    return await alternate_async(rounds, {"journal": lambda _: counted("journal"), "raw": lambda _: counted("raw")})
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ids", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", choices=["all", "catch-up"], default="all", help="catch-up: row (c) alone, COPY-loaded")
     args = ap.parse_args()
-    main(args.ids, args.rounds)
+    main(args.ids, args.rounds, args.only)

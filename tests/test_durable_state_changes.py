@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import pytest
 
 from journal import (
@@ -19,7 +21,9 @@ from journal import (
     StateChange,
     UpdatedState,
     open_journal,
+    slice_for,
 )
+from journal.postgres.dsn import asyncpg_dsn
 from tests.conftest import truncate_all
 
 MODES = ["horizon", "backtracking"]
@@ -114,3 +118,41 @@ async def test_live_changes_under_concurrent_upserts_never_go_back(j: Journal, m
     for p in pids:
         assert seen[p] == sorted(set(seen[p])), (p, seen[p])  # increasing, no duplicates
         assert seen[p][-1] == 6
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_changes_sharing_a_timestamp_across_pages_keep_their_offsets(dsn: str, mode: str) -> None:
+    """Rows as another writer (the JVM plugin) may leave them: several pids at one db_timestamp,
+    a delete among them, read in pages of 2 so a page starts inside a timestamp. Each change's
+    offset holds every pid delivered at its timestamp up to it, and resuming from any change's
+    offset delivers exactly the changes after it."""
+    await truncate_all(dsn)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    t1, t2 = t0 + timedelta(microseconds=1), t0 + timedelta(seconds=1)
+    rows = [  # (pid, revision, db_timestamp, payload; None: a tombstone), in the query's order
+        ("Cart|a", 1, t0, b'{"v": "a"}'), ("Cart|b", 2, t0, b'"b"'), ("Cart|c", 3, t0, None),
+        ("Cart|d", 1, t1, b"4"), ("Cart|e", 1, t2, b"[5]"), ("Cart|f", 1, t2, b"null"),
+    ]  # fmt: skip
+    conn = await asyncpg.connect(asyncpg_dsn(dsn))
+    try:
+        await conn.executemany(
+            "INSERT INTO durable_state (slice, entity_type, persistence_id, revision, db_timestamp, state_ser_id, "
+            "state_ser_manifest, state_payload) VALUES ($1, 'Cart', $2, $3, $4, $5, '', $6)",
+            [(slice_for(p), p, r, ts, 1 if b is not None else 0, b or b"") for p, r, ts, b in rows],
+        )
+    finally:
+        await conn.close()
+    settings = JournalSettings.load(env={}, dsn=dsn, buffer_size=2, catch_up_buffer_size=2, behind_current_time=0.0)
+    async with open_journal(dsn, settings=settings) as journal:
+        store = journal.durable_state()
+        got = await current(store, mode)
+        assert [(type(c), c.persistence_id, c.revision, c.db_timestamp) for c in got] == [
+            (UpdatedState if b is not None else DeletedState, p, r, ts) for p, r, ts, b in rows
+        ]
+        assert [c.value for c in got if isinstance(c, UpdatedState)] == [{"v": "a"}, "b", 4, [5], None]
+        assert [(c.offset.timestamp, dict(c.offset.seen)) for c in got] == [
+            (t0, {"Cart|a": 1}), (t0, {"Cart|a": 1, "Cart|b": 2}), (t0, {"Cart|a": 1, "Cart|b": 2, "Cart|c": 3}),
+            (t1, {"Cart|d": 1}), (t2, {"Cart|e": 1}), (t2, {"Cart|e": 1, "Cart|f": 1}),
+        ]  # fmt: skip
+        for i, change in enumerate(got):
+            assert await current(store, mode, change.offset) == got[i + 1 :], i

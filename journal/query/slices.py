@@ -122,8 +122,15 @@ class SliceQueries:
     async def _catch_up_pages(
         self, state: SliceQueryState, bound: datetime | QueryMode, et: str, lo: int, hi: int
     ) -> AsyncIterator[list[EventEnvelope]]:
-        """Read pages until everything below ``bound`` is delivered; yield each page's envelopes
-        (a non-empty list, the consumer's to keep).
+        """:meth:`_row_pages`, each page's envelopes (a non-empty list, the consumer's to keep)."""
+        async for page in self._row_pages(state, bound, et, lo, hi):
+            yield page_envelopes(page.rows, page, page.metadata)
+
+    async def _row_pages(
+        self, state: SliceQueryState, bound: datetime | QueryMode, et: str, lo: int, hi: int
+    ) -> AsyncIterator[_Page]:
+        """Read pages until everything below ``bound`` is delivered; yield each non-empty page
+        (its rows, the offset before it, and the keys its payloads need, held while it is).
 
         The next page is fetched while the current one is handed out (the state knows where the
         next page starts once the current page's offsets are computed), so the database and the
@@ -165,7 +172,7 @@ class SliceQueries:
                     pending = read(nxt)
                     req = nxt
                 if rows:
-                    yield page_envelopes(rows, page, page.metadata)
+                    yield page
         finally:
             if pending is not None:
                 pending.cancel()
@@ -177,12 +184,13 @@ class SliceQueries:
         state = SliceQueryState(offset, self.q.buffer_size, self.q.catch_up_buffer_size)
         return self._catch_up(state, mode, et, lo, hi)
 
-    def current_pages(
+    def current_row_pages(
         self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode
-    ) -> AsyncIterator[list[EventEnvelope]]:
-        """:meth:`current` a page at a time (each a non-empty list, the consumer's to keep)."""
+    ) -> AsyncIterator[Page]:
+        """:meth:`current` a page of rows at a time (each non-empty): for a consumer that takes
+        every row of a page a column at a time (:mod:`.page_columns`)."""
         state = SliceQueryState(offset, self.q.buffer_size, self.q.catch_up_buffer_size)
-        return self._catch_up_pages(state, mode, et, lo, hi)
+        return self._row_pages(state, mode, et, lo, hi)
 
     async def live(
         self, et: str, lo: int, hi: int, offset: TimestampOffset | None, mode: QueryMode, heartbeats: bool
