@@ -277,7 +277,9 @@ class ProjectionSettings:
     at_least_once_every: int = 100
     """At-least-once: store offsets after this many envelopes..."""
     at_least_once_interval: float = 1.0
-    """...or after this many seconds, whichever comes first."""
+    """...or after this many seconds, whichever comes first. The offsets are stored behind the
+    handler (it goes on meanwhile); a flush due while the last one is still being stored comes
+    when that one ends, with the offsets of every envelope handled by then."""
     handler_attempts: int = 5
     """Tries of a failing batch (rolled back each time) before ``handler_recovery`` acts."""
     handler_recovery: str = "retry-and-fail"

@@ -162,6 +162,7 @@ async def process(
                 await delivery.deliver((), {})
         await delivery.stop()
     finally:
+        delivery.close()
         # never let a reader that is slow to unwind (a query being cancelled) hold up the
         # hand-over of these slices: it finishes in the background
         reader.add_done_callback(_consume)

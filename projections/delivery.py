@@ -17,6 +17,7 @@ recovery strategy skips or dead-letters.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -60,6 +61,11 @@ class Delivery(Protocol):
 
     async def stop(self) -> None:
         """The unit is handed over or stopped: store what is worth storing."""
+        ...
+
+    def close(self) -> None:
+        """The processor ended, stopped or not (an error, a cancellation): nothing of the
+        delivery runs on."""
         ...
 
 
@@ -114,7 +120,8 @@ def traced(body: Body, envs: Sequence[EventEnvelope], unit: Unit) -> Body:
 
 
 class AtLeastOnce(Generic[R]):
-    """The handler alone on each event; the offset rows flushed now and then."""
+    """The handler alone on each event; the offset rows stored now and then, behind the handling:
+    a flush's transaction runs while the next events are handled (at most one at a time)."""
 
     def __init__(self, h: Handling[R], settings: ProjectionSettings) -> None:
         self.h = h
@@ -124,8 +131,12 @@ class AtLeastOnce(Generic[R]):
         self._heartbeats: dict[int, datetime] = {}
         """The heartbeats the next flush stores."""
         self._last_flush = time.monotonic()
+        self._storing: asyncio.Task[None] | None = None
+        """The last flush's transaction (its offset rows being stored), until it is awaited."""
 
     async def deliver(self, accepted: Sequence[EventEnvelope], heartbeats: dict[int, datetime]) -> None:
+        if self._storing is not None and self._storing.done():
+            await self._stored()  # a flush that failed stops the processor here
         handler, seq = self.h.handler, self.h.sequencer
         held = await seq.ready() if seq is not None else None
         for env in accepted:
@@ -171,32 +182,59 @@ class AtLeastOnce(Generic[R]):
             await h.isolation.park(env, failures, h.offsets.empty())  # its offset goes with the next flush
 
     async def stop(self) -> None:
+        await self._stored()
         if self.h.offsets.has_pending:
             await self._flush(force=True)
+            await self._stored()
+
+    def close(self) -> None:
+        if self._storing is not None:  # the processor failed or was cancelled: its offsets trail
+            self._storing.add_done_callback(_consume)
+            self._storing.cancel()
+            self._storing = None
 
     async def _flush(self, *, force: bool) -> None:
+        """Start storing the offset rows of the events handled so far when due and the last
+        flush's transaction has ended (while it runs, the rows of the next events gather for the
+        flush after it; ``force``: wait for it). The events are handled whatever the outcome, so
+        the validator knows them as processed at once; a flush that fails stops the processor,
+        whose successor reads the stored offsets."""
         o, hb = self.h.offsets, self._heartbeats
         due = self._unflushed >= self.s.at_least_once_every or (
             time.monotonic() - self._last_flush >= self.s.at_least_once_interval
         )
         if not (force or due) or not (o.has_pending or hb):
             return
+        if self._storing is not None and not (force or self._storing.done()):
+            return
+        await self._stored()
         rows = o.pending(hb)
         newest = o.newest_pending()
+        o.committed(hb)
+        self._storing = asyncio.create_task(self._store(rows, newest, self._unflushed))
+        self._heartbeats = {}
+        self._unflushed = 0
+        self._last_flush = time.monotonic()
+
+    async def _stored(self) -> None:
+        """Wait for the last flush's transaction (its error raised here)."""
+        storing, self._storing = self._storing, None
+        if storing is not None:
+            await storing
+
+    async def _store(self, rows: R, newest: datetime | None, events: int) -> None:
+        o = self.h.offsets
 
         async def body(conn: Any) -> None:
             await o.store(conn, rows)
 
-        try:
-            await self.h.tx.run(body, tries=self.h.tries, fence=o.fence(rows), committed=o.proof(rows))
-        except BaseException:
-            o.rolled_back()
-            raise
-        o.committed(hb)
-        self._heartbeats = {}
-        self.h.stats.committed(self._unflushed, newest, key=self.h.tx.unit.key)
-        self._unflushed = 0
-        self._last_flush = time.monotonic()
+        await self.h.tx.run(body, tries=self.h.tries, fence=o.fence(rows), committed=o.proof(rows))
+        self.h.stats.committed(events, newest, key=self.h.tx.unit.key)
+
+
+def _consume(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("abandoned offset flush ended with %r", task.exception())
 
 
 class _Transactional(ABC, Generic[R]):
@@ -241,6 +279,9 @@ class _Transactional(ABC, Generic[R]):
             await self.deliver([], heartbeats)
         except (LeaseLost, HandlerFailed) as e:  # a slice already moved on: its owner resumes as before
             log.debug("%s: position not stored at stop: %s", self.h.tx.who, e)
+
+    def close(self) -> None:
+        """Nothing runs beside a batch: its transaction ended when :meth:`deliver` returned."""
 
     async def commit(
         self, envs: Sequence[EventEnvelope], rows: R, tries: int, failures: Failures | None = None

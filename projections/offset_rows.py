@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
@@ -108,6 +108,9 @@ class SliceOffsetRows:
     delivered_upto: datetime | None = None
     """Horizon mode: every event of the range below it is delivered (the processor notes it after
     each batch; a transactional delivery has committed it then, and stores it at stop)."""
+    _oldest: datetime | None = field(default=None, init=False)
+    """The oldest stored offset among the range's slices when none was due a heartbeat: a stored
+    offset only moves up, so none is due while ``ts - every`` is not past it."""
 
     @property
     def has_pending(self) -> bool:
@@ -157,13 +160,22 @@ class SliceOffsetRows:
         return committed
 
     def heartbeats(self, ts: datetime, every: timedelta) -> dict[int, datetime]:
-        """Heartbeats at ``ts`` for the slices whose stored offset is older than ``ts - every``."""
+        """Heartbeats at ``ts`` for the slices whose stored offset is older than ``ts - every``
+        (asked after every batch: the range's slices are looked at only when one may be due)."""
         below = ts - every
+        if self._oldest is not None and below <= self._oldest:
+            return {}
         out: dict[int, datetime] = {}
+        oldest: datetime | None = None
         for s in self.epochs:
             st = self.validator.slices.get(s)
-            if st is None or st.latest is None or st.latest < below:
+            latest = None if st is None else st.latest
+            if latest is None or latest < below:
                 out[s] = ts
+            elif oldest is None or latest < oldest:
+                oldest = latest
+        if not out:
+            self._oldest = oldest
         return out
 
     def at_stop(self) -> dict[int, datetime]:

@@ -95,6 +95,45 @@ async def _eq(conn: asyncpg.Connection, n: int) -> bool:
     return await count(conn) == n
 
 
+async def test_at_least_once_handles_on_while_its_offsets_are_being_stored(journal: Journal, dsn: str) -> None:
+    """The offset rows of at-least-once are stored behind the handler: with the offset table
+    locked (a flush's INSERT waits), events written meanwhile are still handled, one by one."""
+    seen: list[tuple[str, int]] = []
+
+    async def handler(env: EventEnvelope) -> None:
+        seen.append((env.persistence_id, env.seq_nr))
+
+    s = JournalSettings.load(
+        env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, handler_backoff=0.02, at_least_once_every=1
+    )
+    w = Worker(journal, s, "p-behind", "B", handler, "at-least-once")
+    task = asyncio.create_task(w.run())
+    blocker = await asyncpg.connect(dsn)
+    try:
+        await journal.persist("B|a", [{"n": 0}])
+        await wait_until(lambda: SQL.load_pid(blocker, "p-behind", slice_for("B|a"), "B|a"), 20, "the first offset")
+        lock = blocker.transaction()
+        await lock.start()
+        await blocker.execute("LOCK TABLE projection_timestamp_offset_store IN SHARE MODE")
+        for n in range(1, 4):  # each in a batch of its own, each batch's flush due
+            await journal.persist("B|a", [{"n": n}])
+            await wait_until(lambda n=n: ("B|a", n + 1) in seen, 10, f"event {n + 1} handled while the store waits")
+        stored = await SQL.load_pid(blocker, "p-behind", slice_for("B|a"), "B|a")
+        assert stored is not None and stored[0] == 1  # the later offsets wait behind the lock
+        await lock.commit()
+
+        async def stored_upto_4() -> bool:
+            got = await SQL.load_pid(blocker, "p-behind", slice_for("B|a"), "B|a")
+            return got is not None and got[0] == 4
+
+        await wait_until(stored_upto_4, 20, "the offsets stored once the lock is gone")
+    finally:
+        await blocker.close()  # its lock with it
+        w.stop()
+        await task
+    assert seen == [("B|a", n) for n in range(1, 5)]
+
+
 async def test_handler_errors_roll_back_and_retry(
     journal: Journal, conn: asyncpg.Connection, fast: JournalSettings
 ) -> None:
