@@ -240,12 +240,12 @@ class GroupCommit:
         """Write the chunks of a bulk write (distinct pids), each call atomic and failing alone;
         returns the chunks as written (split at ``max_batch_events`` events) and their results.
 
-        When idle, they are written from the caller's task: a bulk write of one chunk as one
-        statement, like a batch of queued calls (``write_batch``: nothing to hold open, one round
-        trip), and a larger one by ``write_chunks``, each chunk checked while the ones before it
-        are written. As soon as other calls queue up, the rest is checked and joins the queue
-        behind them, so a large bulk write does not starve them. The iterator's error (bad
-        input) is raised as is: nothing was written.
+        When idle, they are written from the caller's task: a bulk write of one chunk (checked
+        whole) in statements written at once by ``write_batch``, as batches of queued calls are
+        (:meth:`_write_at_once`: nothing to hold open), and a larger one by ``write_chunks``,
+        each chunk checked while the ones before it are written. As soon as other calls queue
+        up, the rest is checked and joins the queue behind them, so a large bulk write does not
+        starve them. The iterator's error (bad input) is raised as is: nothing was written.
         """
         if self._closed:
             raise JournalUnavailable("the journal is closed")
@@ -255,8 +255,10 @@ class GroupCommit:
         if self._idle():
             split = self._split(chunks)
             head = list(islice(split, 2))  # checked before anything is sent: one chunk or more?
-            write = self._write_alone if len(head) == 1 else self._write_chunks
-            results = await self._write_chunks_now(chain(head, split), taken, rest, write)
+            if len(head) == 1:
+                results = await self._write_chunks_now(iter(self._pieces(head[0])), taken, rest, self._write_at_once)
+            else:
+                results = await self._write_chunks_now(chain(head, split), taken, rest, self._write_chunks)
         else:
             rest = list(self._split(chunks))
         if rest:
@@ -276,9 +278,19 @@ class GroupCommit:
         size = -(-calls // (BULK_CHUNKS_PER_CONNECTION * self._bulk_in_flight))
         return min(max(MIN_BULK_CHUNK_EVENTS, size), limit)
 
-    async def _write_alone(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
-        """The one chunk of a bulk write, written as one statement by ``write_batch``."""
-        return [await self._write_batch(chunk) for chunk in chunks]
+    def _pieces(self, chunk: WriteBatch) -> list[WriteBatch]:
+        """A bulk write checked whole, in up to ``bulk_in_flight`` statements of at least
+        ``MIN_BULK_CHUNK_EVENTS`` calls each."""
+        n = len(chunk)
+        size = -(-n // max(1, min(self._bulk_in_flight, n // MIN_BULK_CHUNK_EVENTS)))
+        return [chunk.chunk(start, min(n, start + size)) for start in range(0, n, size)]
+
+    async def _write_at_once(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
+        """Statements of a bulk write checked whole, written at once by ``write_batch``, as
+        group-commit batches are: nothing to hold open, the server writes them side by side."""
+        pieces = list(chunks)
+        got = await asyncio.gather(*map(self._write_batch, pieces), return_exceptions=True)
+        return [_failed_whole(p, r) if isinstance(r, BaseException) else r for p, r in zip(pieces, got, strict=True)]
 
     def _split(self, chunks: Iterator[WriteBatch]) -> Iterator[WriteBatch]:
         """Chunks of at most ``max_batch_events`` events (a larger call goes alone)."""

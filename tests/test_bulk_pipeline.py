@@ -151,9 +151,12 @@ async def test_a_connection_killed_during_commit_is_resolved_from_the_rows(dsn: 
         await conn.close()
 
 
-async def test_a_call_that_fits_one_statement_is_written_as_one_statement(dsn: str, journal: Journal) -> None:
-    """Up to ``max_batch_events`` parts, no chunks and no transactions to hold open: one
-    statement, as a group-commit batch is (before: four chunks of 250 on two connections)."""
+async def test_a_call_that_fits_one_statement_is_checked_whole_and_written_without_transactions(
+    dsn: str, journal: Journal
+) -> None:
+    """Up to ``max_batch_events`` parts: checked whole, then one statement per bulk connection
+    (``bulk_in_flight``, 2), written at once as group-commit batches are, no transaction held
+    open (before: four chunks of 250 in two transactions). Bad input still writes nothing."""
 
     def statements() -> float:
         return REGISTRY.get_sample_value("journal_write_batch_calls_count") or 0.0
@@ -161,7 +164,8 @@ async def test_a_call_that_fits_one_statement_is_written_as_one_statement(dsn: s
     before = statements()
     out = await journal.persist_many([Write(f"one|{i}", [i], 0) for i in range(MAX_BATCH_EVENTS)])
     assert failures(out) == [] and await count_rows(dsn) == MAX_BATCH_EVENTS
-    assert statements() - before == 1
+    assert all(isinstance(o, Written) and o.first_seq_nr == o.last_seq_nr == 1 for o in out)
+    assert statements() - before == 2
     with pytest.raises(InvalidArgument, match=f"part {MAX_BATCH_EVENTS - 1}"):
         await journal.persist_many([Write(f"two|{i}", [i]) for i in range(MAX_BATCH_EVENTS - 1)] + [Write("", [1])])
-    assert statements() - before == 1 and await count_rows(dsn) == MAX_BATCH_EVENTS
+    assert statements() - before == 2 and await count_rows(dsn) == MAX_BATCH_EVENTS
