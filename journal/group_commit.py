@@ -21,6 +21,7 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import chain, islice
 from typing import Any
 
 import msgspec
@@ -239,10 +240,12 @@ class GroupCommit:
         """Write the chunks of a bulk write (distinct pids), each call atomic and failing alone;
         returns the chunks as written (split at ``max_batch_events`` events) and their results.
 
-        When idle, they go to ``write_chunks`` from the caller's task, each chunk checked while
-        the ones before it are written; as soon as other calls queue up, the rest is checked and
-        joins the queue behind them, so a large bulk write does not starve them. The iterator's
-        error (bad input) is raised as is: nothing was written.
+        When idle, they are written from the caller's task: a bulk write of one chunk (checked
+        whole) in statements written at once by ``write_batch``, as batches of queued calls are
+        (:meth:`_write_at_once`: nothing to hold open), and a larger one by ``write_chunks``,
+        each chunk checked while the ones before it are written. As soon as other calls queue
+        up, the rest is checked and joins the queue behind them, so a large bulk write does not
+        starve them. The iterator's error (bad input) is raised as is: nothing was written.
         """
         if self._closed:
             raise JournalUnavailable("the journal is closed")
@@ -250,7 +253,12 @@ class GroupCommit:
         rest: list[WriteBatch] = []
         results: list[BatchResult] = []
         if self._idle():
-            results = await self._write_chunks_now(self._split(chunks), taken, rest)
+            split = self._split(chunks)
+            head = list(islice(split, 2))  # checked before anything is sent: one chunk or more?
+            if len(head) == 1:
+                results = await self._write_chunks_now(iter(self._pieces(head[0])), taken, rest, self._write_at_once)
+            else:
+                results = await self._write_chunks_now(chain(head, split), taken, rest, self._write_chunks)
         else:
             rest = list(self._split(chunks))
         if rest:
@@ -261,10 +269,28 @@ class GroupCommit:
         return taken + rest, results
 
     def bulk_chunk_calls(self, calls: int) -> int:
-        """Calls per chunk of a bulk write: several chunks per connection, so the next one is
-        checked while the server writes the ones before; at least ``MIN_BULK_CHUNK_EVENTS``."""
+        """Calls per chunk of a bulk write: all of them when they fit one statement (one chunk,
+        written as one statement); else several chunks per connection, so the next one is checked
+        while the server writes the ones before, of at least ``MIN_BULK_CHUNK_EVENTS`` calls."""
+        limit = self._planner.max_batch_events
+        if calls <= limit:
+            return max(1, calls)
         size = -(-calls // (BULK_CHUNKS_PER_CONNECTION * self._bulk_in_flight))
-        return min(max(MIN_BULK_CHUNK_EVENTS, size), self._planner.max_batch_events)
+        return min(max(MIN_BULK_CHUNK_EVENTS, size), limit)
+
+    def _pieces(self, chunk: WriteBatch) -> list[WriteBatch]:
+        """A bulk write checked whole, in up to ``bulk_in_flight`` statements of at least
+        ``MIN_BULK_CHUNK_EVENTS`` calls each."""
+        n = len(chunk)
+        size = -(-n // max(1, min(self._bulk_in_flight, n // MIN_BULK_CHUNK_EVENTS)))
+        return [chunk.chunk(start, min(n, start + size)) for start in range(0, n, size)]
+
+    async def _write_at_once(self, chunks: Iterator[WriteBatch]) -> list[BatchResult]:
+        """Statements of a bulk write checked whole, written at once by ``write_batch``, as
+        group-commit batches are: nothing to hold open, the server writes them side by side."""
+        pieces = list(chunks)
+        got = await asyncio.gather(*map(self._write_batch, pieces), return_exceptions=True)
+        return [_failed_whole(p, r) if isinstance(r, BaseException) else r for p, r in zip(pieces, got, strict=True)]
 
     def _split(self, chunks: Iterator[WriteBatch]) -> Iterator[WriteBatch]:
         """Chunks of at most ``max_batch_events`` events (a larger call goes alone)."""
@@ -276,10 +302,10 @@ class GroupCommit:
                     yield chunk.chunk(start, end)
 
     async def _write_chunks_now(
-        self, chunks: Iterator[WriteBatch], taken: list[WriteBatch], rest: list[WriteBatch]
+        self, chunks: Iterator[WriteBatch], taken: list[WriteBatch], rest: list[WriteBatch], write: ChunksFn
     ) -> list[BatchResult]:
-        """Idle path of a bulk write: the chunks handed to ``write_chunks`` (appended to
-        ``taken``) until other calls queue up; then the rest is checked into ``rest``."""
+        """Idle path of a bulk write: the chunks handed to ``write`` (appended to ``taken``)
+        until other calls queue up; then the rest is checked into ``rest``."""
         in_flight = self._planner.in_flight_pids
         invalid: list[BaseException] = []
 
@@ -299,7 +325,7 @@ class GroupCommit:
         self._direct += 1
         direct = True
         try:
-            results = await self._write_chunks(feed())
+            results = await write(feed())
             if any(map(deferrals, results)):  # calls waiting apart: free the slot
                 self._direct -= 1
                 self._direct_apart += 1

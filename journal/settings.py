@@ -73,8 +73,10 @@ class WriteSettings:
     another batch, which measured fastest on 2 cores (see ``GroupCommit._release``); on Cassandra
     2 measured ~5% faster than 1 (``benchmarks/cassandra_write.py``, one event per call)."""
     bulk_in_flight: int = 2
-    """persist_many: statements of one bulk call written at once (on separate connections), so
-    the client encodes the next chunk while the server writes the last one."""
+    """persist_many: statements of one bulk call written at once (on separate connections). A
+    call of up to ``max_batch_events`` parts is checked whole, then split into this many (of at
+    least 250 parts); a larger one goes in chunks, the client checking the next chunk while the
+    server writes the last one."""
     bulk_lock_timeout: float = 1.0
     """persist_many: seconds a bulk statement waits for a row lock another transaction holds;
     then its chunk is set aside and written again once the call's other chunks commit. A bulk

@@ -1,5 +1,6 @@
 """persist_many checks its later chunks while the server writes the earlier ones, inside
-transactions committed only once every part was checked (journal/postgres/bulk_writes.py).
+transactions committed only once every part was checked (journal/postgres/bulk_writes.py);
+a call that fits one statement is that one statement (journal/group_commit.py).
 
 Against a real PostgreSQL: rows of earlier chunks really were inserted before a bad part further
 on was found, and none of them stays; a chunk refused by the database takes its transaction's
@@ -14,11 +15,27 @@ import time
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
-from journal import InvalidArgument, Journal, SerializationError, StorageError, Write, Written, failures
+from journal import (
+    InvalidArgument,
+    Journal,
+    JournalSettings,
+    SerializationError,
+    StorageError,
+    Write,
+    Written,
+    failures,
+)
 from tests.support.rows import count_rows
 
-PARTS = 2000  # several chunks on each of the two bulk connections
+MAX_BATCH_EVENTS = 1000
+PARTS = 2000  # more than one statement holds: several chunks on each of the two bulk connections
+
+
+@pytest.fixture
+def settings(dsn: str) -> JournalSettings:
+    return JournalSettings.load(env={}, dsn=dsn, max_batch_events=MAX_BATCH_EVENTS)
 
 
 async def _count_inserts(dsn: str) -> asyncpg.Connection:
@@ -132,3 +149,23 @@ async def test_a_connection_killed_during_commit_is_resolved_from_the_rows(dsn: 
             "DROP TABLE IF EXISTS commit_done"
         )
         await conn.close()
+
+
+async def test_a_call_that_fits_one_statement_is_checked_whole_and_written_without_transactions(
+    dsn: str, journal: Journal
+) -> None:
+    """Up to ``max_batch_events`` parts: checked whole, then one statement per bulk connection
+    (``bulk_in_flight``, 2), written at once as group-commit batches are, no transaction held
+    open (before: four chunks of 250 in two transactions). Bad input still writes nothing."""
+
+    def statements() -> float:
+        return REGISTRY.get_sample_value("journal_write_batch_calls_count") or 0.0
+
+    before = statements()
+    out = await journal.persist_many([Write(f"one|{i}", [i], 0) for i in range(MAX_BATCH_EVENTS)])
+    assert failures(out) == [] and await count_rows(dsn) == MAX_BATCH_EVENTS
+    assert all(isinstance(o, Written) and o.first_seq_nr == o.last_seq_nr == 1 for o in out)
+    assert statements() - before == 2
+    with pytest.raises(InvalidArgument, match=f"part {MAX_BATCH_EVENTS - 1}"):
+        await journal.persist_many([Write(f"two|{i}", [i]) for i in range(MAX_BATCH_EVENTS - 1)] + [Write("", [1])])
+    assert statements() - before == 2 and await count_rows(dsn) == MAX_BATCH_EVENTS
