@@ -91,8 +91,8 @@ class PostgresDurableState(PostgresPart):
             log.debug("durable state upsert: its connection broke on release (%s), terminated", e)
 
     async def _upsert(self, conn: Any, rows: Sequence[StateRow], params: tuple[Any, ...]) -> list[StateOutcome]:
-        answer = await conn.fetch(self.statements.upsert, *params)
-        out: list[StateOutcome] = [r["ts"] for r in answer]
+        ns, stamps = await conn.fetchrow(self.statements.upsert, *params)
+        out = _by_ordinal(len(rows), ns, stamps)
         refused = [i for i, ts in enumerate(out) if ts is None]
         if refused:  # read after the statement: the revision a racing writer committed
             pids = [rows[i].persistence_id for i in refused]
@@ -239,6 +239,17 @@ def _resolved(row: StateRow, found: Any) -> StateOutcome:
         f"{stored} cannot tell whether it was written (a later write may have followed it)",
         outcome_unknown=True,
     )
+
+
+def _by_ordinal(n: int, ns: list[int] | None, stamps: list[datetime] | None) -> list[StateOutcome]:
+    """Each of ``n`` rows' db_timestamp, or None where it was not written, from the upsert's
+    answer (the written rows' ordinals and stamps); as they are when every row was written in order."""
+    if stamps is not None and ns == list(range(1, n + 1)):
+        return list(stamps)
+    out: list[StateOutcome] = [None] * n
+    for i, ts in zip(ns or (), stamps or (), strict=True):
+        out[i - 1] = ts
+    return out
 
 
 def _params(rows: Sequence[StateRow], epoch: int) -> tuple[Any, ...]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..settings import validate_identifier
 from .slice_queries import SliceTable
-from .timestamp_rule import MICROSECOND, clock, delete_check_sql, read_check, settle
+from .timestamp_rule import MICROSECOND, clock, delete_check_sql, read_check
 
 _STATE_COLUMNS = (
     "persistence_id, entity_type, slice, revision AS seq_nr, db_timestamp, state_ser_id AS event_ser_id, "
@@ -47,13 +47,22 @@ def _stamp(prev: str) -> str:
     return f"GREATEST((SELECT t FROM clock), {prev} + {MICROSECOND}) + (s.n - 1) * {MICROSECOND}"
 
 
+def _settled(written: str) -> str:
+    """:func:`.timestamp_rule.settle` for rows stepped by their ordinal ``n``: true once the clock
+    has passed the last step of the rows of ``written`` (their greatest ``n``). Reading them
+    runs the data-modifying CTEs to their end first, so the wait overlaps nothing."""
+    last = f"(SELECT t FROM clock) + (coalesce((SELECT max(n) FROM {written}), 1) - 1) * {MICROSECOND}"
+    return f"(SELECT true FROM pg_sleep(GREATEST(0, extract(epoch FROM {last} - clock_timestamp()))))"
+
+
 class StateStatements:
     """The statements for one schema.
 
     Upsert parameters, one element per row: $1 pid, $2 slice, $3 entity type, $4 revision,
     $5 serializer id (0: a tombstone), $6 manifest, $7 payload, $8 tags as a JSON array (NULL:
     none); $9 the writer's partition map epoch (the owner check of the clock). It returns one
-    row per input row, in order: ``ts`` its db_timestamp, NULL where it was not written."""
+    row of two arrays, the written rows only (NULL when none is): ``ns`` their ordinals in the
+    input (from 1) and ``ts`` their db_timestamps; a row not among them was refused."""
 
     def __init__(self, schema: str) -> None:
         validate_identifier(schema, "schema")
@@ -66,7 +75,7 @@ upd AS (
          state_ser_manifest = s.manifest, state_payload = s.payload, tags = {_TAGS}
     FROM src s
    WHERE d.persistence_id = s.pid AND s.revision > 1 AND d.revision = s.revision - 1
-  RETURNING d.persistence_id, d.db_timestamp
+  RETURNING s.n, d.db_timestamp AS ts
 ),
 ins AS (
   INSERT INTO {ds} (slice, entity_type, persistence_id, revision, db_timestamp, state_ser_id,
@@ -74,12 +83,10 @@ ins AS (
   SELECT s.slice, s.entity_type, s.pid, 1, {_stamp("NULL::timestamptz")}, s.ser_id, s.manifest, s.payload, {_TAGS}
     FROM src s WHERE s.revision = 1
   ON CONFLICT (persistence_id) DO NOTHING
-  RETURNING persistence_id, db_timestamp
+  RETURNING persistence_id, db_timestamp AS ts
 ),
-done AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
-SELECT d.db_timestamp AS ts, {settle("src")} AS settled
-  FROM src s LEFT JOIN done d ON d.persistence_id = s.pid
- ORDER BY s.n"""
+done AS (SELECT n, ts FROM upd UNION ALL SELECT s.n, i.ts FROM ins i JOIN src s ON s.pid = i.persistence_id)
+SELECT array_agg(n) AS ns, array_agg(ts) AS ts FROM done WHERE {_settled("done")}"""
         self.revisions = f"SELECT persistence_id, revision FROM {ds} WHERE persistence_id = ANY($1::text[])"
         """The stored revision of each pid of a refused row (read after the statement: the revision
         a racing writer committed, which the statement's own snapshot may not show)."""
