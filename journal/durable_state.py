@@ -335,17 +335,10 @@ class DurableState:
         as ``(pid, revision, value)`` tuples or untagged :class:`StateWrite`, on a journal
         without a codec. None for anything else, or for any part that fails a rule: those are
         checked part by part (:meth:`_row`), which names the part that fails."""
-        if not parts or self._serializers.codec is not None:
+        columns = _untagged_columns(parts) if parts and self._serializers.codec is None else None
+        if columns is None:
             return None
-        shapes = set(map(type, parts))
-        if shapes == {tuple} and set(map(len, cast(list[tuple[Any, ...]], parts))) == {3}:
-            pids, revisions, values = zip(*cast(list[tuple[Any, ...]], parts), strict=True)
-        elif shapes == {StateWrite}:
-            pids, revisions, values, tags = zip(*cast(list[StateWrite], parts), strict=True)
-            if any(tags):
-                return None
-        else:
-            return None
+        pids, revisions, values = columns
         kinds = set(map(type, revisions))
         if not plain_pids(pids) or len(set(pids)) != len(pids) or kinds != {int}:
             return None
@@ -425,6 +418,18 @@ def page_changes(page: Page, serializers: SerializerRegistry) -> list[StateChang
             if payload is None:
                 changes[i] = DeletedState(pids[i], revisions[i], at[i], stamps[i], cols[ENTITY_TYPE][i], cols[SLICE][i])
     return changes
+
+
+def _untagged_columns(parts: Sequence[object]) -> tuple[tuple[Any, ...], ...] | None:
+    """The pid, revision and value columns of parts that are all ``(pid, revision, value)``
+    tuples or all untagged :class:`StateWrite`; None for any other mix."""
+    shapes = set(map(type, parts))
+    if shapes == {tuple} and set(map(len, cast(list[tuple[Any, ...]], parts))) == {3}:
+        return tuple(zip(*cast(list[tuple[Any, ...]], parts), strict=True))
+    if shapes == {StateWrite}:
+        pids, revisions, values, tags = zip(*cast(list[StateWrite], parts), strict=True)
+        return None if any(tags) else (pids, revisions, values)
+    return None
 
 
 def _part(i: int, part: object) -> StateWrite:
