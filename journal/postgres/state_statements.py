@@ -40,6 +40,15 @@ _SRC = (
     "unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bytea[], $8::text[])"
     " WITH ORDINALITY AS s(pid, slice, entity_type, revision, ser_id, manifest, payload, tags, n)"
 )
+_UNIFORM_SRC = (
+    "(SELECT u.pid, u.slice, $3::text AS entity_type, u.revision, $5::int AS ser_id, $6::text AS manifest,"
+    " u.payload, NULL::text AS tags, u.n"
+    " FROM unnest($1::text[], $2::int[], $4::bigint[], $7::bytea[])"
+    " WITH ORDINALITY AS u(pid, slice, revision, payload, n)"
+    ") s"
+)
+"""The rows of an upsert whose rows share one entity type, serializer id and manifest and have
+no tags (the commonest bulk call): those as single values, so only four arrays are sent."""
 _TAGS = "CASE WHEN s.tags IS NULL THEN NULL ELSE ARRAY(SELECT json_array_elements_text(s.tags::json)) END"
 
 
@@ -55,21 +64,13 @@ def _settled(written: str) -> str:
     return f"(SELECT true FROM pg_sleep(GREATEST(0, extract(epoch FROM {last} - clock_timestamp()))))"
 
 
-class StateStatements:
-    """The statements for one schema.
-
-    Upsert parameters, one element per row: $1 pid, $2 slice, $3 entity type, $4 revision,
-    $5 serializer id (0: a tombstone), $6 manifest, $7 payload, $8 tags as a JSON array (NULL:
-    none); $9 the writer's partition map epoch (the owner check of the clock). It returns one
-    row of two arrays, the written rows only (NULL when none is): ``ns`` their ordinals in the
-    input (from 1) and ``ts`` their db_timestamps; a row not among them was refused."""
-
-    def __init__(self, schema: str) -> None:
-        validate_identifier(schema, "schema")
-        ds = f'"{schema}".durable_state'
-        self.upsert = f"""
-WITH {clock(schema, "$9", "$2")},
-src AS MATERIALIZED (SELECT * FROM {_SRC}),
+def _upsert(schema: str, src: str, epoch: str) -> str:
+    """The upsert statement over the rows of ``src`` (a FROM item ``s``), ``epoch`` the
+    parameter of the writer's map epoch (see :class:`StateStatements`)."""
+    ds = f'"{schema}".durable_state'
+    return f"""
+WITH {clock(schema, epoch, "$2")},
+src AS MATERIALIZED (SELECT * FROM {src}),
 upd AS (
   UPDATE {ds} d SET revision = s.revision, db_timestamp = {_stamp("d.db_timestamp")}, state_ser_id = s.ser_id,
          state_ser_manifest = s.manifest, state_payload = s.payload, tags = {_TAGS}
@@ -87,6 +88,24 @@ ins AS (
 ),
 done AS (SELECT n, ts FROM upd UNION ALL SELECT s.n, i.ts FROM ins i JOIN src s ON s.pid = i.persistence_id)
 SELECT array_agg(n) AS ns, array_agg(ts) AS ts FROM done WHERE {_settled("done")}"""
+
+
+class StateStatements:
+    """The statements for one schema.
+
+    Upsert parameters, one element per row: $1 pid, $2 slice, $3 entity type, $4 revision,
+    $5 serializer id (0: a tombstone), $6 manifest, $7 payload, $8 tags as a JSON array (NULL:
+    none); $9 the writer's partition map epoch (the owner check of the clock). It returns one
+    row of two arrays, the written rows only (NULL when none is): ``ns`` their ordinals in the
+    input (from 1) and ``ts`` their db_timestamps; a row not among them was refused."""
+
+    def __init__(self, schema: str) -> None:
+        validate_identifier(schema, "schema")
+        ds = f'"{schema}".durable_state'
+        self.upsert = _upsert(schema, _SRC, "$9")
+        self.upsert_uniform = _upsert(schema, _UNIFORM_SRC, "$8")
+        """:attr:`upsert` of uniform rows: $1 pids, $2 slices, $3 the entity type, $4 revisions, $5
+        the serializer id, $6 the manifest, $7 payloads (no tags), $8 the map epoch."""
         self.revisions = f"SELECT persistence_id, revision FROM {ds} WHERE persistence_id = ANY($1::text[])"
         """The stored revision of each pid of a refused row (read after the statement: the revision
         a racing writer committed, which the statement's own snapshot may not show)."""
