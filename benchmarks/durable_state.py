@@ -10,11 +10,12 @@
 Sides alternate round by round, their order rotated; each row reports the median of the
 paired rounds' ratios and the load (benchmarks/_common.py).
 
-    flock /tmp/sj-bench.lock python benchmarks/durable_state.py [--ids 10000] [--rounds 5] [--only catch-up]
+    flock /tmp/sj-bench.lock python benchmarks/durable_state.py [--ids 10000] [--rounds 5] [--only catch-up|many]
 
 The issue's catch-up figure is of 1M changed pids: ``--ids 1000000 --rounds 5 --only catch-up``.
 ``--only catch-up`` runs row (c) alone, over rows loaded by a raw COPY (the plugin's row shape,
 JSON payloads, 1 µs apart), not through ``upsert``: the upsert rows of 1M pids would take hours.
+``--only many`` runs row (b) alone (after the same untimed first revision and ANALYZE).
 """
 
 from __future__ import annotations
@@ -134,13 +135,16 @@ def main(ids: int, rounds: int, only: str) -> None:
         return
     header(f"durable state: {ids:,} pids, {rounds} rounds, {CALLERS} callers, upsert_many of {PER_CALL}")
     with fresh_database() as dsn:
-        rows = asyncio.run(measure(dsn, ids, rounds))
+        rows = asyncio.run(measure(dsn, ids, rounds, only))
+    if only == "many":
+        rows["many"].report(f"upsert_many ({PER_CALL} per call)", "journal", "raw", target=0.7)
+        return
     rows["per call"].report("upsert per call (512 callers)", "journal", "raw", target=0.5)
     rows["many"].report(f"upsert_many ({PER_CALL} per call)", "journal", "raw", target=0.7)
     rows["catch-up"].report("changes by slices catch-up (4 ranges)", "journal", "raw", target=0.6)
 
 
-async def measure(dsn: str, ids: int, rounds: int) -> dict[str, Rounds]:
+async def measure(dsn: str, ids: int, rounds: int, only: str = "all") -> dict[str, Rounds]:
     """Each row's two sides alternate round by round (:func:`alternate_async`); every upsert
     round writes the next revision of every pid of its side (the journal's pids ``State|i``, the
     raw side's ``Raw|i``), after an untimed first one, and the catch-up reads every pid of its side."""
@@ -166,14 +170,17 @@ async def measure(dsn: str, ids: int, rounds: int) -> dict[str, Rounds]:
                 revision[side] += 1
                 return revision[side]
 
+            many_side = {
+                "journal": lambda _: timed(many(store, mine, next_revision("journal")), ids),
+                "raw": lambda _: timed(raw_many(pool, raw, next_revision("raw")), ids),
+            }
+            if only == "many":
+                return {"many": await alternate_async(rounds, many_side)}
             per_call_rounds = await alternate_async(rounds, {
                 "journal": lambda _: timed(per_call(store, mine, next_revision("journal")), ids),
                 "raw": lambda _: timed(raw_per_call(pool, raw, next_revision("raw")), ids),
             })  # fmt: skip
-            many_rounds = await alternate_async(rounds, {
-                "journal": lambda _: timed(many(store, mine, next_revision("journal")), ids),
-                "raw": lambda _: timed(raw_many(pool, raw, next_revision("raw")), ids),
-            })  # fmt: skip
+            many_rounds = await alternate_async(rounds, many_side)
             catch_up_rounds = await catch_up_alternating(store, pool, ids, rounds)
         finally:
             await pool.close()
@@ -213,6 +220,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ids", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--only", choices=["all", "catch-up"], default="all", help="catch-up: row (c) alone, COPY-loaded")
+    ap.add_argument("--only", choices=["all", "catch-up", "many"], default="all",
+                    help="catch-up: row (c) alone, COPY-loaded; many: row (b) alone")  # fmt: skip
     args = ap.parse_args()
     main(args.ids, args.rounds, args.only)

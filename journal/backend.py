@@ -613,10 +613,10 @@ class SliceLeases(Protocol):
 # -- durable state (issue 34) ----------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class StateRow:
+class StateRow(NamedTuple):
     """One upsert or delete of the durable state store, validated and serialized: the row the
-    pid gets at ``revision`` (``state`` None: a tombstone, the plugin's delete)."""
+    pid gets at ``revision`` (``state`` None: a tombstone, the plugin's delete). A NamedTuple:
+    an ``upsert_many`` builds a thousand of them a call, a column at a time, in C."""
 
     persistence_id: str
     entity_type: str

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
 from itertools import repeat
+from operator import attrgetter
 from typing import Any, NamedTuple, cast
 
 from .backend import DurableStateStore, StateColumn, StateRow, StoredState
@@ -210,10 +211,11 @@ class DurableState:
         Raises (before anything is sent): InvalidArgument for a bad part or a pid in two parts,
         SerializationError for a value that cannot be serialized; the message names the part.
         """
-        parts = [_part(i, part) for i, part in enumerate(writes)]
-        plain = self._plain_rows(parts)
+        given = list(writes)
+        plain = self._plain_rows(given)
         if plain is not None:
             return await self._write(*plain)
+        parts = [_part(i, part) for i, part in enumerate(given)]
         seen: set[str] = set()
         for i, write in enumerate(parts):
             try:
@@ -301,10 +303,10 @@ class DurableState:
                 yield change
 
     async def _write(self, rows: Sequence[StateRow], values: Sequence[Any]) -> list[StateOutcome]:
-        watched = any(
-            r.entity_type in self._handlers or r.entity_type in self._events or r.entity_type in self._columns
-            for r in rows
-        )
+        types = set(map(_ENTITY_TYPE, rows))
+        watched = any(t in self._handlers or t in self._events or t in self._columns for t in types)
+        if not watched:
+            return _outcomes(rows, await self._store.upsert_states(rows))
 
         # a partitioned store hands each database's rows on their own: find each row's value by its pid
         value_of = {r.persistence_id: v for r, v in zip(rows, values, strict=True)}  # a pid is in one part
@@ -314,8 +316,7 @@ class DurableState:
                 if isinstance(answer, datetime):
                     await self._changed(conn, _change(row, value_of[row.persistence_id], answer))
 
-        answers = await self._store.upsert_states(rows, in_transaction if watched else None)
-        return [_outcome(r, a) for r, a in zip(rows, answers, strict=True)]
+        return _outcomes(rows, await self._store.upsert_states(rows, in_transaction))
 
     async def _changed(self, conn: Any, change: StateChange) -> None:
         values = self._columns.values(change)
@@ -328,16 +329,18 @@ class DurableState:
         for handler in self._handlers.get(change.entity_type, ()):
             await handler(conn, change)
 
-    def _plain_rows(self, parts: Sequence[StateWrite]) -> tuple[list[StateRow], Sequence[Any]] | None:
+    def _plain_rows(self, parts: Sequence[object]) -> tuple[list[StateRow], Sequence[Any]] | None:
         """The rows of the commonest bulk upsert, checked and serialized a column at a time:
-        untagged values (no deletes) of distinct pids at revisions that pass their rules, on a
-        journal without a codec. None for anything else, or for any part that fails a rule:
-        those are checked part by part (:meth:`_row`), which names the part that fails."""
-        if not parts or self._serializers.codec is not None:
+        untagged values (no deletes) of distinct pids at revisions that pass their rules, given
+        as ``(pid, revision, value)`` tuples or untagged :class:`StateWrite`, on a journal
+        without a codec. None for anything else, or for any part that fails a rule: those are
+        checked part by part (:meth:`_row`), which names the part that fails."""
+        columns = _untagged_columns(parts) if parts and self._serializers.codec is None else None
+        if columns is None:
             return None
-        pids, revisions, values, tags = zip(*parts, strict=True)
+        pids, revisions, values = columns
         kinds = set(map(type, revisions))
-        if any(tags) or not plain_pids(pids) or len(set(pids)) != len(pids) or kinds != {int}:
+        if not plain_pids(pids) or len(set(pids)) != len(pids) or kinds != {int}:
             return None
         if min(revisions) < 1 or max(revisions) > MAX_SEQ_NR or None in values:
             return None
@@ -347,9 +350,10 @@ class DurableState:
             return None
         if 0 in ser_ids or max(map(len, payloads)) > self._max_bytes:
             return None
-        states = map(Serialized, ser_ids, manifests, payloads)
-        rows = list(map(StateRow, pids, entity_types_of(pids), map(slice_for, pids), revisions, states))
-        return rows, values
+        states = map(tuple.__new__, repeat(Serialized), zip(ser_ids, manifests, payloads, strict=True))
+        # tuple.__new__ over zipped columns builds each NamedTuple in C (as page_changes does)
+        fields = zip(pids, entity_types_of(pids), map(slice_for, pids), revisions, states, repeat(()))
+        return cast(list[StateRow], list(map(tuple.__new__, repeat(StateRow), fields))), values
 
     def _row(self, pid: Any, revision: Any, value: Any, tags: Any, where: str) -> StateRow:
         try:
@@ -416,6 +420,18 @@ def page_changes(page: Page, serializers: SerializerRegistry) -> list[StateChang
     return changes
 
 
+def _untagged_columns(parts: Sequence[object]) -> tuple[tuple[Any, ...], ...] | None:
+    """The pid, revision and value columns of parts that are all ``(pid, revision, value)``
+    tuples or all untagged :class:`StateWrite`; None for any other mix."""
+    shapes = set(map(type, parts))
+    if shapes == {tuple} and set(map(len, cast(list[tuple[Any, ...]], parts))) == {3}:
+        return tuple(zip(*cast(list[tuple[Any, ...]], parts), strict=True))
+    if shapes == {StateWrite}:
+        pids, revisions, values, tags = zip(*cast(list[StateWrite], parts), strict=True)
+        return None if any(tags) else (pids, revisions, values)
+    return None
+
+
 def _part(i: int, part: object) -> StateWrite:
     if type(part) is StateWrite:
         return part
@@ -424,6 +440,17 @@ def _part(i: int, part: object) -> StateWrite:
             f"part {i}: a StateWrite or a (persistence_id, revision, value[, tags]) tuple, got {part!r}"
         )
     return StateWrite(*part)
+
+
+_ENTITY_TYPE = attrgetter("entity_type")
+
+
+def _outcomes(rows: Sequence[StateRow], answers: list[RowOutcome]) -> list[StateOutcome]:
+    """Each row's outcome; when every row was written, built a column at a time in C."""
+    if set(map(type, answers)) == {datetime}:
+        fields = zip(map(attrgetter("persistence_id"), rows), map(attrgetter("revision"), rows), answers, strict=True)
+        return cast(list[StateOutcome], list(map(tuple.__new__, repeat(StateWritten), fields)))
+    return [_outcome(r, a) for r, a in zip(rows, answers, strict=True)]
 
 
 def _outcome(row: StateRow, answer: RowOutcome) -> StateOutcome:

@@ -152,6 +152,21 @@ async def test_upsert_many_of_plain_parts_is_checked_a_column_at_a_time_and_name
     assert state is not None and (state.revision, state.value) == (2, {"i": 1, "r": 2})
 
 
+async def test_upsert_many_of_mixed_entity_types_keeps_each_rows_own(store: DurableState, dsn: str) -> None:
+    """Plain parts of one entity type go with it as a single value (upsert_uniform); parts over
+    several go as a column: each row keeps its own entity type, its outcome in order."""
+    uniform = await store.upsert_many([(f"U|{i}", 1, {"i": i}) for i in range(3)])
+    mixed = await store.upsert_many([("U|0", 2, {"i": 0}), ("V|0", 1, "v"), ("W|0", 1, [1])])
+    assert [type(o) for o in uniform + mixed] == [StateWritten] * 6
+    assert [(o.persistence_id, o.revision) for o in mixed if isinstance(o, StateWritten)] == [
+        ("U|0", 2), ("V|0", 1), ("W|0", 1)
+    ]  # fmt: skip
+    rows = [await raw_row(dsn, pid) for pid in ("U|0", "U|2", "V|0", "W|0")]
+    assert [(r["entity_type"], r["revision"]) for r in rows if r] == [("U", 2), ("U", 1), ("V", 1), ("W", 1)]
+    got = await store.get("W|0")
+    assert got is not None and got.value == [1]
+
+
 async def test_timestamp_rule_previous_stamp_plus_a_microsecond(store: DurableState, dsn: str) -> None:
     """A row stamped ahead of the clock (a JVM writer's clock, a floor) is followed by prev + 1 µs."""
     await store.upsert("T|a", 1, "v1")

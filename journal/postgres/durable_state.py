@@ -8,7 +8,7 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from ..backend import StateColumn, StateOutcome, StateRow, StateTransaction, StoredEvent, StoredState, stored_event
 from ..errors import ConfigurationError, JournalUnavailable, SliceRangeMoved
@@ -57,15 +57,16 @@ class PostgresDurableState(PostgresPart):
         """The rows in one statement (autocommit, or in a transaction with ``in_transaction``
         after it); a refused row gets the revision stored now."""
         epoch = self.conns.epoch
-        params = _params(rows, epoch)
+        uniform, params = _params(rows, epoch)
+        sql = self.statements.upsert_uniform if uniform else self.statements.upsert
         with mapped_errors("durable state upsert", self.conns.target):  # nothing sent yet
             conn = await self.pool.acquire()
         server_pid = conn.get_server_pid()
         try:
             if in_transaction is None:
-                return await self._upsert(conn, rows, params)
+                return await self._upsert(conn, rows, sql, params)
             async with conn.transaction():
-                out = await self._upsert(conn, rows, params)
+                out = await self._upsert(conn, rows, sql, params)
                 await in_transaction(conn, rows, out)
                 return out
         except Exception as e:
@@ -90,9 +91,11 @@ class PostgresDurableState(PostgresPart):
                 raise
             log.debug("durable state upsert: its connection broke on release (%s), terminated", e)
 
-    async def _upsert(self, conn: Any, rows: Sequence[StateRow], params: tuple[Any, ...]) -> list[StateOutcome]:
-        answer = await conn.fetch(self.statements.upsert, *params)
-        out: list[StateOutcome] = [r["ts"] for r in answer]
+    async def _upsert(
+        self, conn: Any, rows: Sequence[StateRow], sql: str, params: tuple[Any, ...]
+    ) -> list[StateOutcome]:
+        ns, stamps = await conn.fetchrow(sql, *params)
+        out = _by_ordinal(len(rows), ns, stamps)
         refused = [i for i, ts in enumerate(out) if ts is None]
         if refused:  # read after the statement: the revision a racing writer committed
             pids = [rows[i].persistence_id for i in refused]
@@ -241,19 +244,51 @@ def _resolved(row: StateRow, found: Any) -> StateOutcome:
     )
 
 
-def _params(rows: Sequence[StateRow], epoch: int) -> tuple[Any, ...]:
+def _by_ordinal(n: int, ns: list[int] | None, stamps: list[datetime] | None) -> list[StateOutcome]:
+    """Each of ``n`` rows' db_timestamp, or None where it was not written, from the upsert's
+    answer (the written rows' ordinals and stamps); as they are when every row was written in order."""
+    if stamps is not None and ns == list(range(1, n + 1)):
+        return list(stamps)
+    out: list[StateOutcome] = [None] * n
+    for i, ts in zip(ns or (), stamps or (), strict=True):
+        out[i - 1] = ts
+    return out
+
+
+def _params(rows: Sequence[StateRow], epoch: int) -> tuple[bool, tuple[Any, ...]]:
+    """The upsert's parameters: of :attr:`.StateStatements.upsert_uniform` (True) when the rows
+    share one entity type, serializer id and manifest and have no tags (four arrays, not eight:
+    asyncpg checks each element of each array it sends), else of ``upsert``."""
+    pids, slices, revisions = [r.persistence_id for r in rows], [r.slice for r in rows], [r.revision for r in rows]
     states = [r.state for r in rows]
-    return (
-        [r.persistence_id for r in rows],
-        [r.slice for r in rows],
+    uniform = _uniform(rows, states)
+    if uniform is not None:
+        entity_type, ser_id, manifest = uniform
+        payloads = [s.payload for s in cast(list[Serialized], states)]
+        return True, (pids, slices, entity_type, revisions, ser_id, manifest, payloads, epoch)
+    return False, (
+        pids,
+        slices,
         [r.entity_type for r in rows],
-        [r.revision for r in rows],
+        revisions,
         [s.ser_id if s else TOMBSTONE_SER_ID for s in states],
         [s.manifest if s else "" for s in states],
         [s.payload if s else b"" for s in states],
         [json.dumps(r.tags) if r.tags else None for r in rows],
         epoch,
     )
+
+
+def _uniform(rows: Sequence[StateRow], states: list[Serialized | None]) -> tuple[str, int, str] | None:
+    """The one entity type, serializer id and manifest of untagged rows that all have a state, or None."""
+    if None in states or any(r.tags for r in rows):
+        return None
+    present = cast(list[Serialized], states)
+    kinds = ({r.entity_type for r in rows}, {s.ser_id for s in present}, {s.manifest for s in present})
+    if any(len(k) != 1 for k in kinds):
+        return None
+    (entity_type,), (ser_id,), (manifest,) = kinds
+    return entity_type, ser_id, manifest
 
 
 class PostgresStateChanges(PostgresSliceReader):

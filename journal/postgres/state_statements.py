@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..settings import validate_identifier
 from .slice_queries import SliceTable
-from .timestamp_rule import MICROSECOND, clock, delete_check_sql, read_check, settle
+from .timestamp_rule import MICROSECOND, clock, delete_check_sql, read_check
 
 _STATE_COLUMNS = (
     "persistence_id, entity_type, slice, revision AS seq_nr, db_timestamp, state_ser_id AS event_ser_id, "
@@ -40,11 +40,54 @@ _SRC = (
     "unnest($1::text[], $2::int[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bytea[], $8::text[])"
     " WITH ORDINALITY AS s(pid, slice, entity_type, revision, ser_id, manifest, payload, tags, n)"
 )
+_UNIFORM_SRC = (
+    "(SELECT u.pid, u.slice, $3::text AS entity_type, u.revision, $5::int AS ser_id, $6::text AS manifest,"
+    " u.payload, NULL::text AS tags, u.n"
+    " FROM unnest($1::text[], $2::int[], $4::bigint[], $7::bytea[])"
+    " WITH ORDINALITY AS u(pid, slice, revision, payload, n)"
+    ") s"
+)
+"""The rows of an upsert whose rows share one entity type, serializer id and manifest and have
+no tags (the commonest bulk call): those as single values, so only four arrays are sent."""
 _TAGS = "CASE WHEN s.tags IS NULL THEN NULL ELSE ARRAY(SELECT json_array_elements_text(s.tags::json)) END"
 
 
 def _stamp(prev: str) -> str:
     return f"GREATEST((SELECT t FROM clock), {prev} + {MICROSECOND}) + (s.n - 1) * {MICROSECOND}"
+
+
+def _settled(written: str) -> str:
+    """:func:`.timestamp_rule.settle` for rows stepped by their ordinal ``n``: true once the clock
+    has passed the last step of the rows of ``written`` (their greatest ``n``). Reading them
+    runs the data-modifying CTEs to their end first, so the wait overlaps nothing."""
+    last = f"(SELECT t FROM clock) + (coalesce((SELECT max(n) FROM {written}), 1) - 1) * {MICROSECOND}"
+    return f"(SELECT true FROM pg_sleep(GREATEST(0, extract(epoch FROM {last} - clock_timestamp()))))"
+
+
+def _upsert(schema: str, src: str, epoch: str) -> str:
+    """The upsert statement over the rows of ``src`` (a FROM item ``s``), ``epoch`` the
+    parameter of the writer's map epoch (see :class:`StateStatements`)."""
+    ds = f'"{schema}".durable_state'
+    return f"""
+WITH {clock(schema, epoch, "$2")},
+src AS MATERIALIZED (SELECT * FROM {src}),
+upd AS (
+  UPDATE {ds} d SET revision = s.revision, db_timestamp = {_stamp("d.db_timestamp")}, state_ser_id = s.ser_id,
+         state_ser_manifest = s.manifest, state_payload = s.payload, tags = {_TAGS}
+    FROM src s
+   WHERE d.persistence_id = s.pid AND s.revision > 1 AND d.revision = s.revision - 1
+  RETURNING s.n, d.db_timestamp AS ts
+),
+ins AS (
+  INSERT INTO {ds} (slice, entity_type, persistence_id, revision, db_timestamp, state_ser_id,
+                    state_ser_manifest, state_payload, tags)
+  SELECT s.slice, s.entity_type, s.pid, 1, {_stamp("NULL::timestamptz")}, s.ser_id, s.manifest, s.payload, {_TAGS}
+    FROM src s WHERE s.revision = 1
+  ON CONFLICT (persistence_id) DO NOTHING
+  RETURNING persistence_id, db_timestamp AS ts
+),
+done AS (SELECT n, ts FROM upd UNION ALL SELECT s.n, i.ts FROM ins i JOIN src s ON s.pid = i.persistence_id)
+SELECT array_agg(n) AS ns, array_agg(ts) AS ts FROM done WHERE {_settled("done")}"""
 
 
 class StateStatements:
@@ -53,33 +96,16 @@ class StateStatements:
     Upsert parameters, one element per row: $1 pid, $2 slice, $3 entity type, $4 revision,
     $5 serializer id (0: a tombstone), $6 manifest, $7 payload, $8 tags as a JSON array (NULL:
     none); $9 the writer's partition map epoch (the owner check of the clock). It returns one
-    row per input row, in order: ``ts`` its db_timestamp, NULL where it was not written."""
+    row of two arrays, the written rows only (NULL when none is): ``ns`` their ordinals in the
+    input (from 1) and ``ts`` their db_timestamps; a row not among them was refused."""
 
     def __init__(self, schema: str) -> None:
         validate_identifier(schema, "schema")
         ds = f'"{schema}".durable_state'
-        self.upsert = f"""
-WITH {clock(schema, "$9", "$2")},
-src AS MATERIALIZED (SELECT * FROM {_SRC}),
-upd AS (
-  UPDATE {ds} d SET revision = s.revision, db_timestamp = {_stamp("d.db_timestamp")}, state_ser_id = s.ser_id,
-         state_ser_manifest = s.manifest, state_payload = s.payload, tags = {_TAGS}
-    FROM src s
-   WHERE d.persistence_id = s.pid AND s.revision > 1 AND d.revision = s.revision - 1
-  RETURNING d.persistence_id, d.db_timestamp
-),
-ins AS (
-  INSERT INTO {ds} (slice, entity_type, persistence_id, revision, db_timestamp, state_ser_id,
-                    state_ser_manifest, state_payload, tags)
-  SELECT s.slice, s.entity_type, s.pid, 1, {_stamp("NULL::timestamptz")}, s.ser_id, s.manifest, s.payload, {_TAGS}
-    FROM src s WHERE s.revision = 1
-  ON CONFLICT (persistence_id) DO NOTHING
-  RETURNING persistence_id, db_timestamp
-),
-done AS (SELECT * FROM upd UNION ALL SELECT * FROM ins)
-SELECT d.db_timestamp AS ts, {settle("src")} AS settled
-  FROM src s LEFT JOIN done d ON d.persistence_id = s.pid
- ORDER BY s.n"""
+        self.upsert = _upsert(schema, _SRC, "$9")
+        self.upsert_uniform = _upsert(schema, _UNIFORM_SRC, "$8")
+        """:attr:`upsert` of uniform rows: $1 pids, $2 slices, $3 the entity type, $4 revisions, $5
+        the serializer id, $6 the manifest, $7 payloads (no tags), $8 the map epoch."""
         self.revisions = f"SELECT persistence_id, revision FROM {ds} WHERE persistence_id = ANY($1::text[])"
         """The stored revision of each pid of a refused row (read after the statement: the revision
         a racing writer committed, which the statement's own snapshot may not show)."""
