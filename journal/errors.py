@@ -244,7 +244,8 @@ class ProjectionError(JournalError):
 
 class KafkaPublishError(ProjectionError):
     """Events could not be published to Kafka: the broker refused a record or a transaction (a
-    missing topic, a record over the size limit, a producer fenced by a newer owner of its range)."""
+    missing topic, a record over the size limit). A producer fenced by a newer one of its range
+    is not this: an outage, or :class:`LeaseLost` (docs/kafka.md, "A fenced producer")."""
 
 
 class DestinationUnavailable(ProjectionError):

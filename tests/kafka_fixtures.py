@@ -107,7 +107,8 @@ def read_topic(
 ) -> list[tuple[int, bytes | None, bytes | None, dict[str, bytes]]]:
     """Every committed record of ``topic`` as ``(partition, key, value, headers)``, each partition
     in offset order, read with ``isolation.level=read_committed`` from the beginning up to each
-    partition's end (its high watermark when reading starts: call it once no transaction is open).
+    partition's high watermark when reading starts: it waits for the transactions open then to
+    end (an AssertionError after ``timeout`` seconds if one does not)
     ``committed=False``: read_uncommitted, the records of aborted transactions too. ``client``:
     settings of the consumer (a login)."""
     import time
@@ -121,7 +122,7 @@ def read_topic(
     })  # fmt: skip
     try:
         partitions = sorted(consumer.list_topics(topic, 30).topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), 30)[1] for p in partitions}
+        ends = high_watermarks(bootstrap, topic, partitions, client)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         records: list[tuple[int, bytes | None, bytes | None, dict[str, bytes]]] = []
         pending = {p for p in partitions if ends[p] > 0}
@@ -136,5 +137,22 @@ def read_topic(
                 if p in pending and consumer.position([TopicPartition(topic, p)])[0].offset >= ends[p]:
                     pending.discard(p)
         return records
+    finally:
+        consumer.close()
+
+
+def high_watermarks(
+    bootstrap: str, topic: str, partitions: list[int], client: Mapping[str, str] | None = None
+) -> dict[int, int]:
+    """Each partition's high watermark (a read_committed consumer's watermark is the last stable
+    offset instead, which stays behind an open transaction)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
+        "isolation.level": "read_uncommitted", **(client or {}),
+    })  # fmt: skip
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), 30)[1] for p in partitions}
     finally:
         consumer.close()

@@ -4,7 +4,9 @@ Runs projection ``pub-<TOPIC>`` over entity type ``acct`` with a :class:`KafkaPu
 (MODE ``exactly-once`` or ``at-least-once``) until it has committed offsets for every event, then
 exits 0. CRASH ``after:N``: the process SIGKILLs itself right after the N-th batch is published
 to Kafka, before the runner commits that batch's offsets in PostgreSQL; ``inside:N``: while it
-serializes the N-th event, inside a Kafka transaction; ``none``: no crash.
+serializes the N-th event, inside a Kafka transaction (begun, nothing of it sent yet);
+``flushed:N``: before the N-th commit of a Kafka transaction, once its records are in the topic
+(flushed, not committed); ``none``: no crash.
 
 Optional settings from the environment: ``SJ_KAFKA_GROUP_SIZE`` (events a batch, 25),
 ``SJ_KAFKA_TIMEOUT`` (the publisher's seconds for a Kafka call, 30), ``SJ_KAFKA_ON_FAILURE``
@@ -24,6 +26,7 @@ import orjson
 
 from journal import EventEnvelope, JournalSettings, open_journal
 from projections import Worker
+from projections.kafka import publisher as kafka_publisher
 from projections.kafka.publisher import KafkaPublisher
 from projections.management import processed_up_to
 from tests.support.waiting import wait_until
@@ -31,6 +34,24 @@ from tests.support.waiting import wait_until
 
 def die() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_before_commit(count: int) -> None:
+    """``flushed:N``: the publisher's N-th ``commit_transaction`` flushes the transaction's records
+    to the brokers, then the process SIGKILLs itself (the transaction open, its records written)."""
+    original = kafka_publisher._Range._call
+    commits = 0
+
+    async def call(self: Any, op: Any, seconds: float) -> None:
+        nonlocal commits
+        if op == self.producer.commit_transaction:
+            commits += 1
+            if commits == count:
+                await asyncio.to_thread(self.producer.flush, seconds)
+                die()
+        await original(self, op, seconds)
+
+    kafka_publisher._Range._call = call  # type: ignore[method-assign]
 
 
 async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: str) -> None:
@@ -41,6 +62,8 @@ async def main(dsn: str, bootstrap: str, topic: str, mode: str, crash: str) -> N
         env={}, dsn=dsn, lease_ttl=1.5, lease_renew_interval=0.3, handler_backoff=0.02, group_size=group_size
     )
     serialized = 0
+    if where == "flushed":
+        die_before_commit(count)
 
     def value(event: Any) -> bytes:
         nonlocal serialized

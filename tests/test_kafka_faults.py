@@ -223,12 +223,6 @@ async def test_brokers_down_when_the_worker_starts(
     assert 1 <= log.count("Kafka unavailable (") <= 2, log[-3000:]  # once per outage, not per try
 
 
-@pytest.mark.xfail(
-    reason="known race, not fixed (docs/kafka.md, 'Not built yet'): after the outage a producer of the "
-    "range can be fenced by the newer instance the publisher opened for the retry, and that FENCED error "
-    "counts as a handler failure (failed 1 run in 2 clean CI runs on 11-27)",
-    strict=False,
-)
 async def test_a_broker_down_mid_run_is_an_outage_not_a_failure(
     journal: Journal, dsn: str, own_broker: object, tmp_path: Path
 ) -> None:

@@ -107,8 +107,9 @@ async def test_sigkill_at_three_moments_of_a_run(journal: Journal, dsn: str, kaf
 
 async def test_a_zombie_of_a_range_is_fenced(journal: Journal, kafka_bootstrap: str) -> None:
     """Two publishers of the same projection and range (a stalled worker that comes back after a
-    newer one took its range): the older cannot commit, its batch is not in the topic."""
-    from journal.errors import KafkaPublishError
+    newer one took its range): the older cannot commit, its batch is not in the topic, and it
+    stops processing the range (LeaseLost, not a failure of the batch)."""
+    from journal.errors import LeaseLost
     from projections import range_context
     from projections.kafka.publisher import KafkaPublisher
 
@@ -124,10 +125,96 @@ async def test_a_zombie_of_a_range_is_fenced(journal: Journal, kafka_bootstrap: 
     range_context.enter(new_range)
     await new(None, [])  # opens its producer: init_transactions fences the old one
     range_context.enter(old_range)
-    with pytest.raises(KafkaPublishError, match="fenced"):
+    with pytest.raises(LeaseLost, match="fenced by another worker's"):
         await old(None, second)
     range_context.enter(new_range)
     await new(None, first + second)  # seq 1 is known published: only seq 2 goes out
     await new.close()
     records = read_topic(kafka_bootstrap, topic)
     assert [int(h["seq_nr"]) for *_, h in records] == [1, 2]
+
+
+async def test_a_producer_fenced_by_one_of_its_own_process_redoes_the_batch(
+    journal: Journal, kafka_bootstrap: str
+) -> None:
+    """A publisher's producer of a range fenced by another producer of the same publisher (one it
+    abandoned in an outage, whose initialization went on in the background): an outage, the
+    batch redone through a new producer, not a failure."""
+    from journal.errors import DestinationUnavailable
+    from projections import range_context
+    from projections.kafka.offsets_log import transactional_id
+    from projections.kafka.publisher import KafkaPublisher
+
+    topic = create_topic(kafka_bootstrap)
+    projection = f"own-{topic}"
+    first = await journal.persist("acct|o", [{"n": 1}])
+    second = await journal.persist("acct|o", [{"n": 2}])
+    publisher = KafkaPublisher(kafka_bootstrap, topic)
+    range_context.enter(range_context.OwnedRange(projection, 0, 1023))
+    await publisher(None, first)
+    txn = transactional_id(projection, 0, 1023)
+    abandoned = publisher.instances.producer(txn)  # its initialization ends after the range's producer's
+    publisher.instances.init(abandoned, txn, 30)
+    with pytest.raises(DestinationUnavailable, match="fenced by a newer one of this process"):
+        await publisher(None, second)
+    await publisher(None, first + second)  # the retry: a new producer, seq 1 known published
+    await publisher.close()
+    records = read_topic(kafka_bootstrap, topic)
+    assert [int(h["seq_nr"]) for *_, h in records] == [1, 2]
+
+
+async def test_a_killed_owner_of_other_slices_does_not_hold_the_topic(
+    journal: Journal, dsn: str, kafka_bootstrap: str
+) -> None:
+    """A worker (slices 0-1023) is SIGKILLed before its first Kafka commit, the transaction's
+    records written; the next owner of a part of its slices has another range, so another
+    transactional id (a worker that starts while the killed one's leases have not expired yet).
+    Its batch is visible to a read_committed consumer at once, not only once the transaction
+    coordinator aborts the killed transaction (transaction.timeout.ms, 60 s)."""
+    import time
+
+    from projections import range_context
+    from projections.kafka.publisher import KafkaPublisher
+
+    envelopes = [e for p in range(PIDS) for e in await journal.persist(f"acct|{p}", [{"n": i} for i in range(5)])]
+    topic = create_topic(kafka_bootstrap, partitions=4)
+    assert run_worker(dsn, kafka_bootstrap, topic, "exactly-once", "flushed:1") == -9
+    assert len(read_topic(kafka_bootstrap, topic, committed=False)) > 0, "the killed transaction wrote nothing"
+
+    ours = [e for e in envelopes if e.slice <= 511]
+    range_context.enter(range_context.OwnedRange(f"pub-{topic}", 0, 511))
+    publisher = KafkaPublisher(kafka_bootstrap, topic)
+    began = time.monotonic()
+    await publisher(None, ours)
+    await publisher.close()
+    records = read_topic(kafka_bootstrap, topic, timeout=20)
+    print(f"published and read in {time.monotonic() - began:.1f} s")
+    assert sorted((h["pid"].decode(), int(h["seq_nr"])) for *_, h in records) == sorted(
+        (e.persistence_id, e.seq_nr) for e in ours
+    )
+
+
+async def test_a_transaction_that_does_not_end_is_said_not_read_past(journal: Journal, kafka_bootstrap: str) -> None:
+    """A transaction of another producer is left open on the offsets topic (a hanging one): a
+    range's producer does not take the offsets before it for all there is; it says so, an outage."""
+    from confluent_kafka import Producer
+
+    from journal.errors import DestinationUnavailable
+    from projections import range_context
+    from projections.kafka.publisher import KafkaPublisher
+
+    topic = create_topic(kafka_bootstrap)
+    offsets = create_topic(kafka_bootstrap, partitions=1)
+    stranger = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"stranger-{topic}"})
+    stranger.init_transactions(30)
+    stranger.begin_transaction()
+    stranger.produce(offsets, b'{"pid": "acct|h", "slice": 1, "seq_nr": 1}', b"acct|h")
+    stranger.flush(30)
+    try:
+        range_context.enter(range_context.OwnedRange(f"hang-{topic}", 0, 1023))
+        publisher = KafkaPublisher(kafka_bootstrap, topic, offsets_topic=offsets, timeout=2)
+        events = await journal.persist("acct|h", [{"n": 1}])
+        with pytest.raises(DestinationUnavailable, match=f"a transaction open on {offsets} partition 0 since offset 0"):
+            await publisher(None, events)
+    finally:
+        stranger.abort_transaction(30)

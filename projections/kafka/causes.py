@@ -6,7 +6,9 @@
 - the brokers do not answer (down, cut off, no leader or coordinator yet, too few in-sync
   replicas, a call that timed out): :class:`~journal.errors.DestinationUnavailable`, an outage
   the runner waits out without counting it toward ``handler_attempts``;
-- anything else refuses this batch (a record over the size limit, a fenced producer):
+- a producer fenced by a newer one of its transactional id (:data:`FENCED`): the publisher
+  says whose (``publisher._Range._fenced``);
+- anything else refuses this batch (a record over the size limit):
   :class:`~journal.errors.KafkaPublishError`, to which the failure strategy applies (a retry, a
   dead letter for the one event).
 
@@ -34,6 +36,9 @@ UNAVAILABLE = frozenset({
     KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
 })  # fmt: skip
 """No broker answers, or not the one a call needs (yet): what a broker down or cut off gives."""
+
+FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+"""A newer producer of the same transactional id took over (its ``init_transactions``)."""
 
 
 class Refusals:

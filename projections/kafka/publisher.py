@@ -20,30 +20,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import TopicCollection as Topics
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._acl import AclOperation
 from confluent_kafka.cimpl import NewTopic
 
 from journal.envelope import EventEnvelope
-from journal.errors import ConfigurationError, DestinationRefused, DestinationUnavailable, KafkaPublishError
+from journal.errors import (
+    ConfigurationError,
+    DestinationRefused,
+    DestinationUnavailable,
+    KafkaPublishError,
+    LeaseLost,
+)
 
 from .. import range_context
 from . import causes
+from .instances import Instances
+from .offsets_log import OffsetsLog, StuckTransaction, transactional_id
 from .records import Record, RecordBuilder, Serializer, json_value
-
-_NO_LEADER_YET = (
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-)
-"""What a topic created a moment ago may answer before its partitions have leaders."""
 
 ANSWER_WITHIN = 2.0
 """Seconds the publisher waits for the brokers' metadata before a range's first batch (and at the
@@ -60,11 +60,6 @@ def offsets_topic_for(projection: str) -> str:
     return f"sj-offsets.{projection}"
 
 
-def transactional_id(projection: str, lo: int, hi: int) -> str:
-    """The producer's ``transactional.id`` for slices ``lo..hi`` of ``projection``."""
-    return f"sj.{projection}.{lo}-{hi}"
-
-
 class _Range:
     """One owned slice range's producer and what it has published."""
 
@@ -73,65 +68,34 @@ class _Range:
         self.p = publisher
         self.published: dict[str, int] = {}
         self.builder = RecordBuilder(publisher.value)
-        conf = dict(publisher.producer_config)
+        self.txn = transactional_id(owned.projection, owned.lo, owned.hi)
+        self.generation = 0
+        """The count of this process's initializations of the transactional id at this one's."""
         if publisher.exactly_once:
-            conf["transactional.id"] = transactional_id(owned.projection, owned.lo, owned.hi)
-        self.producer = Producer(conf)
+            self.producer = publisher.instances.producer(self.txn)
+        else:
+            self.producer = Producer(publisher.producer_config)
 
     async def open(self) -> None:
         if self.p.exactly_once:
             try:  # fences the range's older producer
-                await asyncio.to_thread(self.producer.init_transactions, self.p.timeout)
-                self.published = await asyncio.to_thread(self._load_published)
+                instances = self.p.instances
+                self.generation = await asyncio.to_thread(instances.init, self.producer, self.txn, self.p.timeout)
+                log = OffsetsLog(self.p.client_config, self.p.offsets_topic, *self._slices(), self.p.timeout, instances)
+                await asyncio.to_thread(log.end_open_transactions)
+                self.published = await asyncio.to_thread(log.published)
             except KafkaException as e:
                 with contextlib.suppress(KafkaException):  # a fatal error raises here too
                     self.producer.poll(0)  # serves the error callback: a refused login is said there
                 raise self._failed(e.args[0]) from None
+            except StuckTransaction as e:
+                self.p.drop(self)
+                servers = self.p.config["bootstrap.servers"]
+                raise DestinationUnavailable(f"Kafka at {servers}: {e}", destination="Kafka") from None
             self.p.refusals.clear()
 
-    def _load_published(self) -> dict[str, int]:
-        """The highest published seq_nr of each persistence id of this range (read_committed)."""
-        topic = self.p.offsets_topic
-        consumer = Consumer({
-            **self.p.client_config, "group.id": f"sj-offsets-loader.{self.owned.projection}",
-            "isolation.level": "read_committed", "enable.auto.commit": False, "enable.partition.eof": True,
-        })  # fmt: skip
-        try:
-            partitions = sorted(consumer.list_topics(topic, self.p.timeout).topics[topic].partitions)
-            ends = {p: self._end_of(consumer, TopicPartition(topic, p)) for p in partitions}
-            pending = {p for p, end in ends.items() if end > 0}
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in pending])
-            seen: dict[str, int] = {}
-            deadline = time.monotonic() + self.p.timeout
-            while pending:
-                if time.monotonic() > deadline:  # nothing came for that long: the brokers are gone
-                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{topic} not read to its end"))
-                for m in consumer.consume(10_000, 0.05):  # it waits for all 10,000 or the timeout
-                    deadline = time.monotonic() + self.p.timeout
-                    value, err = m.value(), m.error()
-                    if err is not None and causes.refused(err):
-                        raise KafkaException(err)
-                    if err is None and value is not None:
-                        row = orjson.loads(value)
-                        if self.owned.lo <= row["slice"] <= self.owned.hi:
-                            seen[row["pid"]] = max(row["seq_nr"], seen.get(row["pid"], 0))
-                    p = m.partition() or 0
-                    if consumer.position([TopicPartition(topic, p)])[0].offset >= ends[p]:
-                        pending.discard(p)
-            return seen
-        finally:
-            consumer.close()
-
-    def _end_of(self, consumer: Consumer, partition: TopicPartition) -> int:
-        """The partition's high watermark; retried while a new topic's leader is not known yet."""
-        deadline = time.monotonic() + self.p.timeout
-        while True:
-            try:
-                return int(consumer.get_watermark_offsets(partition, self.p.timeout)[1])
-            except KafkaException as e:
-                if e.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)  # the retry interval of a blocking call run in a thread
+    def _slices(self) -> tuple[str, int, int]:
+        return self.owned.projection, self.owned.lo, self.owned.hi
 
     async def publish(self, envelopes: Sequence[EventEnvelope]) -> None:
         fresh = [e for e in envelopes if e.seq_nr > self.published.get(e.persistence_id, 0)]
@@ -145,14 +109,14 @@ class _Range:
             self.producer.begin_transaction()
         except KafkaException as begin_error:
             raise self._failed(begin_error.args[0]) from None
-        try:
-            await self._produce_all(fresh)
+        try:  # the offsets' rows first: they name the transaction to a next owner (offsets_log)
             last = {e.persistence_id: e for e in fresh}
             rows: list[Record] = [
-                (pid.encode(), orjson.dumps({"pid": pid, "slice": e.slice, "seq_nr": e.seq_nr}), [])
+                (pid.encode(), orjson.dumps({"pid": pid, "slice": e.slice, "seq_nr": e.seq_nr, "txn": self.txn}), [])
                 for pid, e in last.items()
             ]
             await self._produce_records(self.p.offsets_topic, rows)
+            await self._produce_all(fresh)
             await self._call(self.producer.commit_transaction, self.p.timeout)
         except DestinationUnavailable:
             raise  # the producer is forgotten: the next one's init_transactions ends what it left open
@@ -232,7 +196,9 @@ class _Range:
         cause = self.p.refusals.cause(err_of_delivery or err)
         if causes.unavailable(cause) and err_of_delivery is not None and not causes.unavailable(err):
             cause = err  # a delivery timed out; the call's own error says more
-        if err.fatal() or err.code() == KafkaError._FENCED or causes.unavailable(cause):
+        if err.code() in causes.FENCED:
+            return self._fenced(err)
+        if err.fatal() or causes.unavailable(cause):
             self.p.drop(self)
         if causes.refused(cause):
             return self.p.refused(cause, f"projection {self.owned.projection} slices {self.owned.key}")
@@ -241,6 +207,20 @@ class _Range:
         return KafkaPublishError(
             f"Kafka transaction of {self.owned.projection} slices {self.owned.key} failed: {cause.str()}"
         )
+
+    def _fenced(self, err: KafkaError) -> Exception:
+        """A newer producer of the transactional id fenced this one (it is forgotten): one of this
+        process, opened for a retry after an outage, and the batch is redone through a new one
+        (an outage, not a failure of the batch); or another worker's, which publishes these slices
+        now: this worker stops processing them (:class:`LeaseLost`)."""
+        self.p.drop(self)
+        what = f"the Kafka producer of {self.owned.projection} slices {self.owned.key}"
+        if self.p.instances.newer_than(self.txn, self.generation):
+            return DestinationUnavailable(
+                f"{what} was fenced by a newer one of this process (opened after an outage): the batch is redone",
+                destination="Kafka",
+            )
+        return LeaseLost(f"{what} was fenced by another worker's ({err.str()}): it publishes these slices now")
 
 
 class KafkaPublisher:
@@ -276,6 +256,8 @@ class KafkaPublisher:
         self.producer_config: dict[str, Any] = {**PRODUCER_DEFAULTS, **self.client_config}
         if not exactly_once:
             self.producer_config.setdefault("enable.idempotence", True)
+        self.instances = Instances(self.producer_config)
+        """The transactional producers of this process by id (:mod:`.instances`)."""
         self.timeout = timeout
         self.first_error: KafkaError | None = None
         self._ranges: dict[range_context.OwnedRange, _Range] = {}
