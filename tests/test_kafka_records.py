@@ -8,6 +8,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from journal import Journal
 from journal.envelope import EventEnvelope
 from journal.offsets import TimestampOffset
 from journal.serialization import JsonSerializer
@@ -43,3 +44,17 @@ def test_records_match_the_event_alone() -> None:
     builder = RecordBuilder()
     got = builder.records(envs) + builder.records(list(reversed(envs)))  # the second batch from the caches
     assert got == [expected(e) for e in envs + list(reversed(envs))]
+
+
+async def test_events_read_back_are_published_as_stored(journal: Journal) -> None:
+    """Events read from the journal: a plain JSON one goes out as its stored bytes (not decoded),
+    a typed one decoded and dumped; either way the record is what the event alone gives."""
+    journal.serializers.register_type(Shipped)
+    events: list[Any] = [{"n": 1, "pad": "x"}, Shipped("o-1", 3), [1, 2.5, None], "text", {"é": {"a": [1]}}]
+    await journal.persist("Order|1", events)
+    envs = [e async for e in journal.current_events_by_slices("Order", 0, 1023)]
+    stored = [e.stored_json() for e in envs]
+    assert [s is not None for s in stored] == [True, False, True, True, True]
+    got = RecordBuilder().records(envs)
+    assert [value for _k, value, _h in got] == [JsonSerializer().to_bytes(e) for e in events]
+    assert got == [expected(e) for e in envs]
