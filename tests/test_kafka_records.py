@@ -42,7 +42,7 @@ def test_records_match_the_event_alone() -> None:
         for i in range(40)
     ]
     builder = RecordBuilder()
-    got = builder.records(envs) + builder.records(list(reversed(envs)))  # the second batch from the caches
+    got = [*builder.records(envs), *builder.records(reversed(envs))]  # the second batch from the caches
     assert got == [expected(e) for e in envs + list(reversed(envs))]
 
 
@@ -55,6 +55,6 @@ async def test_events_read_back_are_published_as_stored(journal: Journal) -> Non
     envs = [e async for e in journal.current_events_by_slices("Order", 0, 1023)]
     stored = [e.stored_json() for e in envs]
     assert [s is not None for s in stored] == [True, False, True, True, True]
-    got = RecordBuilder().records(envs)
+    got = list(RecordBuilder().records(envs))
     assert [value for _k, value, _h in got] == [JsonSerializer().to_bytes(e) for e in events]
     assert got == [expected(e) for e in envs]

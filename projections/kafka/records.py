@@ -14,7 +14,7 @@ microsecond apart, so timestamps are not).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -49,8 +49,7 @@ class RecordBuilder:
         """Whether plain JSON events are published as stored (the default value serializer)."""
         self._manifests: dict[type, bytes] = {}
 
-    def records(self, envelopes: Sequence[EventEnvelope]) -> list[Record]:
-        out: list[Record] = []
+    def records(self, envelopes: Iterable[EventEnvelope]) -> Iterator[Record]:
         for e in envelopes:
             stored = e.stored_json() if self.stored_json else None
             if stored is None:
@@ -62,8 +61,7 @@ class RecordBuilder:
                 ("pid", pid), ("seq_nr", str(e.seq_nr).encode()), ("slice", _SLICES[e.slice]),
                 ("db_timestamp", e.db_timestamp.isoformat().encode()), ("manifest", manifest),
             ]  # fmt: skip
-            out.append((pid, value, headers))
-        return out
+            yield pid, value, headers
 
     def _decoded(self, event: Any) -> tuple[bytes, bytes]:
         """The value and manifest of an event not published as stored."""
