@@ -124,8 +124,10 @@ class EventEnvelope(msgspec.Struct, frozen=True):
 
     def stored_json(self) -> bytes | None:
         """The event's payload as stored, when it is plain JSON (the built-in JSON serializer's,
-        no manifest, not encrypted): the event as JSON without decoding it. None otherwise, and
-        for envelopes not read from the journal."""
+        no manifest, neither compressed nor encrypted): the event as JSON without decoding it.
+        None otherwise, and for envelopes not read from the journal. The bytes are not parsed:
+        a damaged payload under the JSON serializer's id, which ``event`` would refuse, is
+        returned as it is stored."""
         return None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> EventEnvelope:
