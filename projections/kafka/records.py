@@ -50,6 +50,9 @@ class RecordBuilder:
         self._manifests: dict[type, bytes] = {}
 
     def records(self, envelopes: Iterable[EventEnvelope]) -> Iterator[Record]:
+        """The records of ``envelopes``, each built when asked for: a caller that produces each
+        before asking for the next holds no batch of records (whose allocations would set off the
+        cyclic garbage collector every ~100 records, each pass walking the live envelopes)."""
         for e in envelopes:
             stored = e.stored_json() if self.stored_json else None
             if stored is None:
