@@ -122,6 +122,14 @@ class EventEnvelope(msgspec.Struct, frozen=True):
     def __copy__(self) -> EventEnvelope:
         return self
 
+    def stored_json(self) -> bytes | None:
+        """The event's payload as stored, when it is plain JSON (the built-in JSON serializer's,
+        no manifest, neither compressed nor encrypted): the event as JSON without decoding it.
+        None otherwise, and for envelopes not read from the journal. The bytes are not parsed:
+        a damaged payload under the JSON serializer's id, which ``event`` would refuse, is
+        returned as it is stored."""
+        return None
+
     def __deepcopy__(self, memo: dict[int, Any]) -> EventEnvelope:
         return EventEnvelope(*copy.deepcopy(self.values(), memo))
 
@@ -147,6 +155,9 @@ class LazySource(Protocol):
 
     def offset_at(self, index: int) -> Offset: ...
 
+    def stored_json_at(self, index: int) -> bytes | None:
+        """Row i's payload as stored when it is plain JSON, else None (:meth:`EventEnvelope.stored_json`)."""
+
 
 class TagSource(LazySource, Protocol):
     """A :class:`LazySource` of tag rows, which also gives each row's timestamp."""
@@ -160,7 +171,7 @@ class _NoPage:
     def event_at(self, index: int) -> Any:
         raise AssertionError("not an envelope of a page")
 
-    offset_at = db_timestamp_at = event_at
+    offset_at = db_timestamp_at = stored_json_at = event_at
 
 
 _NO_PAGE: Any = _NoPage()
@@ -180,6 +191,9 @@ class _OnPage(EventEnvelope, frozen=True):
     @property  # type: ignore[misc]
     def offset(self) -> Offset:
         return self.page.offset_at(self.index)
+
+    def stored_json(self) -> bytes | None:
+        return self.page.stored_json_at(self.index) if self.has_payload else None
 
 
 class _OnTagPage(_OnPage, frozen=True):

@@ -431,6 +431,12 @@ class _Page:
         events[i] = event
         return event
 
+    def stored_json_at(self, i: int) -> bytes | None:
+        r = self.rows[i]
+        if r["event_ser_id"] != JSON_SERIALIZER_ID or r["event_ser_manifest"]:
+            return None
+        return r["event_payload"] or None
+
     def metadata(self, r: Any) -> Any:
         try:
             return self.serializers.deserialize(

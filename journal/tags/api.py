@@ -13,7 +13,7 @@ from ..envelope import EventEnvelope, tag_page_envelopes
 from ..errors import OffsetError, SerializationError
 from ..ids import entity_type_of, slice_for, validate_tags
 from ..offsets import NoOffset, Offset, TimeUUIDOffset
-from ..serialization import SerializerRegistry
+from ..serialization import JSON_SERIALIZER_ID, SerializerRegistry
 from ..settings import JournalSettings
 from ..timeuuid import datetime_of
 from .query import TagQuery
@@ -64,6 +64,12 @@ class _TagPage:
             except SerializationError as e:  # named as the slice queries name it: pid#seq_nr
                 raise e.located(f"{pid}#{r[SEQ_NR]}") from e
         return self._events[i]
+
+    def stored_json_at(self, i: int) -> bytes | None:
+        r = self.rows[i]
+        if r["ser_id"] != JSON_SERIALIZER_ID or r["ser_manifest"]:
+            return None
+        return r["event"] or None
 
     def offset_at(self, i: int) -> TimeUUIDOffset:
         return TimeUUIDOffset(self.rows[i]["timestamp"])

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -130,30 +131,30 @@ class _Range:
     async def _produce_all(self, envs: Sequence[EventEnvelope]) -> None:
         await self._produce_records(self.p.topic, self.builder.records(envs))
 
-    async def _produce_records(self, topic: str, records: Sequence[Record]) -> None:
-        """Hand every record to the producer (its ``produce`` does not block); only when its local
-        queue is full is there a wait, in a thread, for deliveries to drain it."""
-        done = 0
-        while done < len(records):
-            done = self._produce_until_full(topic, records, done)
-            if done < len(records):
-                await asyncio.to_thread(self.producer.poll, 0.1)
+    async def _produce_records(self, topic: str, records: Iterable[Record]) -> None:
+        """Hand each record to the producer as it is built (its ``produce`` copies it and does not
+        block, so no batch of records is held); only when its local queue is full is there a wait,
+        in a thread, for deliveries to drain it."""
+        pending = iter(records)
+        left = self._produce_until_full(topic, pending)
+        while left is not None:
+            await asyncio.to_thread(self.producer.poll, 0.1)
+            left = self._produce_until_full(topic, itertools.chain([left], pending))
 
-    def _produce_until_full(self, topic: str, records: Sequence[Record], start: int) -> int:
-        """Produce ``records[start:]`` until the local queue is full; the index reached."""
+    def _produce_until_full(self, topic: str, records: Iterator[Record]) -> Record | None:
+        """Produce ``records`` until the local queue is full; the record that did not fit, if any."""
         produce, delivered = self.producer.produce, self._delivered
-        i = start
-        try:
-            for i in range(start, len(records)):
-                key, value, headers = records[i]
+        for record in records:
+            key, value, headers = record
+            try:
                 produce(topic, value, key, headers=headers or None, on_delivery=delivered)
-        except BufferError:
-            return i
-        except KafkaException as e:
-            if causes.refused(e.args[0]):
-                raise self.p.refused(e.args[0], f"records for {topic!r}") from None
-            raise KafkaPublishError(f"Kafka refused a record for {topic!r}: {e.args[0].str()}") from None
-        return len(records)
+            except BufferError:
+                return record
+            except KafkaException as e:
+                if causes.refused(e.args[0]):
+                    raise self.p.refused(e.args[0], f"records for {topic!r}") from None
+                raise KafkaPublishError(f"Kafka refused a record for {topic!r}: {e.args[0].str()}") from None
+        return None
 
     def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
         if err is not None and self.p.first_error is None:
