@@ -230,6 +230,15 @@ _ONE_JSON, _ONE_BYTES, _ONE_MANIFEST = (JSON_SERIALIZER_ID,), (BYTES_SERIALIZER_
 """The serializer id and manifest columns of one plain event."""
 
 
+def stored_plain_json(ser_id: int, manifest: str | None, payload: bytes | None) -> bytes | None:
+    """A stored payload as it is, when it is plain JSON (the JSON serializer's, no manifest, so
+    neither sealed by the codec nor upcast): what publishers may pass on without decoding it.
+    None otherwise."""
+    if ser_id != JSON_SERIALIZER_ID or manifest:
+        return None
+    return payload or None
+
+
 def _type_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 

@@ -22,7 +22,7 @@ from ..errors import JournalUnavailable, SerializationError
 from ..ids import MAX_SEQ_NR, entity_type_of, slice_for
 from ..offsets import SequenceOffset as SeqOffset
 from ..offsets import TimestampOffset
-from ..serialization import JSON_SERIALIZER_ID, SerializerRegistry
+from ..serialization import JSON_SERIALIZER_ID, SerializerRegistry, stored_plain_json
 from ..settings import JournalSettings, QueryMode
 from ..waits import wait_set
 from .backtracking import BacktrackingState
@@ -433,9 +433,7 @@ class _Page:
 
     def stored_json_at(self, i: int) -> bytes | None:
         r = self.rows[i]
-        if r["event_ser_id"] != JSON_SERIALIZER_ID or r["event_ser_manifest"]:
-            return None
-        return r["event_payload"] or None
+        return stored_plain_json(r["event_ser_id"], r["event_ser_manifest"], r["event_payload"])
 
     def metadata(self, r: Any) -> Any:
         try:

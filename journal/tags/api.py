@@ -13,7 +13,7 @@ from ..envelope import EventEnvelope, tag_page_envelopes
 from ..errors import OffsetError, SerializationError
 from ..ids import entity_type_of, slice_for, validate_tags
 from ..offsets import NoOffset, Offset, TimeUUIDOffset
-from ..serialization import JSON_SERIALIZER_ID, SerializerRegistry
+from ..serialization import SerializerRegistry, stored_plain_json
 from ..settings import JournalSettings
 from ..timeuuid import datetime_of
 from .query import TagQuery
@@ -67,9 +67,7 @@ class _TagPage:
 
     def stored_json_at(self, i: int) -> bytes | None:
         r = self.rows[i]
-        if r["ser_id"] != JSON_SERIALIZER_ID or r["ser_manifest"]:
-            return None
-        return r["event"] or None
+        return stored_plain_json(r["ser_id"], r["ser_manifest"], r["event"])
 
     def offset_at(self, i: int) -> TimeUUIDOffset:
         return TimeUUIDOffset(self.rows[i]["timestamp"])
