@@ -39,9 +39,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import asyncpg
 
@@ -76,6 +77,24 @@ MOVER_PATIENCE = 5.0
 """Seconds a move waits for the range's mover lock (a journal finishing or undoing what a dead
 move left holds it for a moment) before it says another move of the range is running."""
 _START = datetime(1, 1, 1, tzinfo=UTC)
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+
+async def _pages(
+    read: Callable[[K], Awaitable[list[T]]], first: K, key: Callable[[T], K], size: int
+) -> AsyncIterator[list[T]]:
+    """Every page of a keyset-paged read: ``read(after)`` from ``first``, each next page after
+    the ``key`` of the last row, until a page comes short."""
+    after = first
+    while True:
+        rows = await read(after)
+        if rows:
+            yield rows
+        if len(rows) < size:
+            return
+        after = key(rows[-1])
 
 
 @dataclass
@@ -302,22 +321,21 @@ class SliceMove:
     ) -> int:
         """Every row of the range stamped in ``[since, until)`` (``until`` None: no end), with
         the tag rows of their pids; returns the number of event rows."""
-        after: tuple[str, int] = ("", 0)
         n = 0
-        while True:
-            rows = await src.partitions().event_rows(self.lo, self.hi, since, until, after, COPY_PAGE)
-            if not rows:
-                return n
+        parts = src.partitions()
+        async for rows in _pages(
+            lambda after: parts.event_rows(self.lo, self.hi, since, until, after, COPY_PAGE),
+            ("", 0),
+            lambda last: (last["persistence_id"], last["seq_nr"]),
+            COPY_PAGE,
+        ):
             await dst.partitions().write_rows("event_journal", rows)
             tags = sorted({t for r in rows for t in (r["tags"] or ())})
             if tags:
                 pids = sorted({r["persistence_id"] for r in rows if r["tags"]})
-                await dst.partitions().write_rows("tag_views", await src.partitions().tag_rows(tags, pids))
+                await dst.partitions().write_rows("tag_views", await parts.tag_rows(tags, pids))
             n += len(rows)
-            last = rows[-1]
-            after = (last["persistence_id"], last["seq_nr"])
-            if len(rows) < COPY_PAGE:
-                return n
+        return n
 
     async def _copy_states(
         self, src: PostgresBackend, dst: PostgresBackend, since: datetime, until: datetime | None
@@ -327,31 +345,25 @@ class SliceMove:
         pass's bound (the horizon's promise), so a later pass, or the last one at the fence,
         copies it again over its earlier copy (:attr:`~journal.postgres.partition_statements.
         PartitionStatements.newer_state`)."""
-        after = ""
         n = 0
-        while True:
-            rows = await src.partitions().state_rows(self.lo, self.hi, since, until, after, COPY_PAGE)
-            if not rows:
-                return n
+        parts = src.partitions()
+        async for rows in _pages(
+            lambda after: parts.state_rows(self.lo, self.hi, since, until, after, COPY_PAGE),
+            "",
+            lambda last: last["persistence_id"],
+            COPY_PAGE,
+        ):
             await dst.partitions().write_rows("durable_state", rows)
             n += len(rows)
-            after = rows[-1]["persistence_id"]
-            if len(rows) < COPY_PAGE:
-                return n
+        return n
 
     async def _copy_pid_tables(self, src: PostgresBackend, dst: PostgresBackend, report: MoveReport) -> None:
         """Tag write progress and scanning rows of the range's pids (they change only through
         deletes, which wait while the range is moving)."""
-        after = ""
-        while True:
-            pids = await src.partitions().pids_after(self.lo, self.hi, after, 1000)
-            if not pids:
-                return
+        parts = src.partitions()
+        async for pids in _pages(lambda after: parts.pids_after(self.lo, self.hi, after, 1000), "", str, 1000):
             for table in ("tag_write_progress", "tag_scanning"):
-                await dst.partitions().write_rows(
-                    table, await src.partitions().rows_by_pids(table, pids), replace_pids=pids
-                )
-            after = pids[-1]
+                await dst.partitions().write_rows(table, await parts.rows_by_pids(table, pids), replace_pids=pids)
 
     async def _switch_target(self, src: PostgresBackend, dst: PostgresBackend, epoch: int, report: MoveReport) -> None:
         """After the commit point: the target serves the range from a floor above the source's
