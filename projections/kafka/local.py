@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,12 +216,7 @@ class LocalKafka:
     def start(self) -> LocalKafka:
         """Format the storage, start the broker and wait until it answers (:class:`KafkaStartError`
         with the log's tail otherwise)."""
-        try:
-            self.launch()
-            self.wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
+        _start([self], self.stop)
         return self
 
     def launch(self) -> None:
@@ -320,14 +315,7 @@ class LocalKafkaCluster:
     def start(self) -> LocalKafkaCluster:
         """Start every node, then wait until each answers (they answer once a majority of the
         controllers runs); every node stopped on failure."""
-        try:
-            for n in self.nodes:
-                n.launch()
-            for n in self.nodes:
-                n.wait_until_ready()
-        except BaseException:
-            self.stop()
-            raise
+        _start(self.nodes, self.stop)
         return self
 
     def stop(self) -> None:
@@ -341,3 +329,16 @@ class LocalKafkaCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _start(nodes: Sequence[LocalKafka], stop: Callable[[], None]) -> None:
+    """Launch every node, then wait until each answers; ``stop`` on any failure (Ctrl-C too), so
+    no broker process outlives a start that did not return."""
+    try:
+        for n in nodes:
+            n.launch()
+        for n in nodes:
+            n.wait_until_ready()
+    except BaseException:
+        stop()
+        raise
