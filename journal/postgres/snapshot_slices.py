@@ -96,11 +96,11 @@ class SnapshotSliceStatements(SchemaSql):
     def cutoff(self) -> str:
         """The database clock, or the start of the earliest transaction still writing the snapshot
         table (a granted RowExclusiveLock, as the horizon reads event_journal's writers; one whose
-        start this role cannot see: -infinity). A snapshot saved before it is committed, so every
+        start this role cannot see: the epoch, no snapshot is used). A snapshot saved before it is committed, so every
         later statement sees it; one saved or deleted after it is not used by the catch-up."""
         return (
             "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now) "
-            "SELECT least(c.now, (SELECT min(COALESCE(a.xact_start, '-infinity'::timestamptz)) "
+            "SELECT least(c.now, (SELECT min(COALESCE(a.xact_start, '1970-01-01 00:00:00+00'::timestamptz)) "
             "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE c.now IS NOT NULL AND l.locktype = 'relation' "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
