@@ -408,8 +408,9 @@ SNAPSHOT_SLICE_COLUMNS = (
 )  # fmt: skip
 """What a row of a page from snapshots has besides :data:`SLICE_ROW_COLUMNS`: ``snap_kind`` is
 None (the row is an event), ``'replace'`` (the row is its pid's snapshot, at the place of the
-first event it covers at or after the query's start; ``event_payload`` is NULL) or ``'before'`` (the pid's snapshot comes before this
-event: the snapshot's own event is no longer stored); the other columns are the snapshot's then."""
+first event it covers at or after the query's start; ``event_payload`` is NULL) or ``'before'``
+(the pid's snapshot comes before this event: the snapshot's own event is no longer stored); the
+other columns are the snapshot's then."""
 
 
 class SnapshotSliceReads(Protocol):

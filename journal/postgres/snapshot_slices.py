@@ -46,7 +46,7 @@ class SnapshotSliceStatements(SchemaSql):
 
         First the range's snapshots saved before the cutoff (``o``: the snapshot index by slice
         and entity type), each with the timestamp of the event it names and, when that lies below
-        the bound, the pid's lowest stored seq_nr (one primary key lookup each), hashed once per
+        the bound, the pid's lowest stored seq_nr (a primary key lookup each), hashed once per
         page; then the window's rows joined to it by pid. Before, the named event was a lateral
         lookup memoized per row of the window: its cache probe on every row (most of them of pids
         without a snapshot) cost more than the scan itself (1M events, 3,000 snapshots: 4.6 s of
@@ -84,8 +84,8 @@ class SnapshotSliceStatements(SchemaSql):
             "AND e.deleted = false "
             "AND NOT (e.db_timestamp = $3 AND EXISTS (SELECT 1 FROM unnest($5::text[], $6::bigint[]) AS v(pid, seq) "
             "WHERE v.pid = e.persistence_id AND v.seq >= e.seq_nr)) "
-            f"AND CASE WHEN {covered} THEN e.seq_nr = o.first OR ($10::timestamptz IS NOT NULL "
-            f"AND COALESCE({before_start}, true)) ELSE true END "
+            f"AND CASE WHEN NOT COALESCE({covered}, false) OR e.seq_nr = o.first THEN true "
+            f"WHEN $10::timestamptz IS NULL THEN false ELSE COALESCE({before_start}, true) END "
             f"AND {read_check(self.schema, '$8', '$2')} "
             "ORDER BY e.db_timestamp, e.seq_nr, e.persistence_id LIMIT $7) x "
             f"LEFT JOIN {snap} s ON x.kind IS NOT NULL AND s.persistence_id = x.persistence_id "
@@ -96,8 +96,9 @@ class SnapshotSliceStatements(SchemaSql):
     def cutoff(self) -> str:
         """The database clock, or the start of the earliest transaction still writing the snapshot
         table (a granted RowExclusiveLock, as the horizon reads event_journal's writers; one whose
-        start this role cannot see: the epoch, no snapshot is used). A snapshot saved before it is committed, so every
-        later statement sees it; one saved or deleted after it is not used by the catch-up."""
+        start this role cannot see: the epoch, no snapshot is used). A snapshot saved before it is
+        committed, so every later statement sees it; one saved after it is not used by the
+        catch-up."""
         return (
             "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now) "
             "SELECT least(c.now, (SELECT min(COALESCE(a.xact_start, '1970-01-01 00:00:00+00'::timestamptz)) "
