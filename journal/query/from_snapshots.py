@@ -110,7 +110,14 @@ class FromSnapshots:
                 break
             after = only[-1].persistence_id
             yield await self._alone(only, start)
-        log.info("%s %d-%d: from snapshots below %s", et, lo, hi, bound.isoformat())
+        log.info(
+            "%s %d-%d: from snapshots saved before %s, below %s", et, lo, hi, cutoff.isoformat(), bound.isoformat()
+        )
+        if cutoff <= EPOCH:
+            log.warning(
+                "%s %d-%d: a write to the snapshot table whose start this role cannot see (pg_read_all_stats?): "
+                "this catch-up uses no snapshot", et, lo, hi,
+            )  # fmt: skip
         while True:
             state.behind = True  # below a bound fixed at the start: a backlog, catch-up pages
             req = state.request(bound)
