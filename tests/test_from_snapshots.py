@@ -271,7 +271,9 @@ async def test_sealed_snapshots_decode_forgotten_ones_read_as_events_do(journal:
         assert len(str(e.value).splitlines()) == 1, e.value
 
 
-async def test_a_projection_repairs_a_snapshot_replaced_past_the_bound_mid_catch_up(small: Journal) -> None:
+async def test_a_snapshot_replaced_past_the_bound_mid_catch_up_leaves_the_projection_nothing_to_replay(
+    small: Journal,
+) -> None:
     """After the first page, each pid's snapshot (which left some of its events out) is replaced
     by one whose event lies past the catch-up's bound: the snapshot came before any event it
     left out (at its pid's first event), so nothing is missing; the events it covered that come
