@@ -391,10 +391,15 @@ class SliceQueryBackend(SliceReads, EventReads, Notifications, Protocol):
 @dataclass(frozen=True, slots=True)
 class SnapshotSlicePage:
     """A page of a slice query that starts from snapshots: ``request`` below ``bound``, the
-    catch-up's bound fixed when it started (only snapshots whose event lies below it cover events)."""
+    catch-up's bound fixed when it started (only snapshots whose event lies below it cover events);
+    ``start`` and ``start_seen`` where the query started (None: from the beginning), ``saved_before``
+    the catch-up's snapshot cutoff (:meth:`SnapshotSliceReads.snapshot_cutoff`)."""
 
     request: PageRequest
     bound: datetime
+    start: datetime | None
+    start_seen: Mapping[str, int]
+    saved_before: datetime
 
 
 SNAPSHOT_SLICE_COLUMNS = (
@@ -403,8 +408,9 @@ SNAPSHOT_SLICE_COLUMNS = (
 )  # fmt: skip
 """What a row of a page from snapshots has besides :data:`SLICE_ROW_COLUMNS`: ``snap_kind`` is
 None (the row is an event), ``'replace'`` (the row is its pid's snapshot, at the place of the
-event it names; ``event_payload`` is NULL) or ``'before'`` (the pid's snapshot comes before this
-event: the snapshot's own event is no longer stored); the other columns are the snapshot's then."""
+first event it covers at or after the query's start; ``event_payload`` is NULL) or ``'before'``
+(the pid's snapshot comes before this event: the snapshot's own event is no longer stored); the
+other columns are the snapshot's then."""
 
 
 class SnapshotSliceReads(Protocol):
@@ -412,9 +418,15 @@ class SnapshotSliceReads(Protocol):
 
     async def read_snapshot_slice_rows(self, slices: SliceRange, page: SnapshotSlicePage) -> list[Any]:
         """The page as :meth:`SliceReads.read_slice_rows` reads it, but an event its pid's snapshot
-        covers is left out when that snapshot's own event is stored below ``page.bound`` (the
-        snapshot then comes in its place): rows with :data:`SLICE_ROW_COLUMNS` and
+        covers is left out when that snapshot was saved before ``page.saved_before`` and its own
+        event is stored below ``page.bound``; the snapshot comes in the place of the first event it
+        covers at or after the query's start: rows with :data:`SLICE_ROW_COLUMNS` and
         :data:`SNAPSHOT_SLICE_COLUMNS`, read by name. ``limit`` counts the rows returned."""
+        ...
+
+    async def snapshot_cutoff(self) -> datetime:
+        """A time before which every snapshot saved (or deleted) is visible to any later read:
+        the database clock, or the start of an earlier write to the snapshot table still running."""
         ...
 
     async def read_only_snapshots(self, slices: SliceRange, after: str, limit: int) -> list[SnapshotRow]:

@@ -489,8 +489,9 @@ class Journal:
     ) -> AsyncIterator[EventEnvelope]:
         """:meth:`current_events_by_slices`, but each pid's latest snapshot comes instead of the
         events it covers: an envelope with ``source="snapshot"`` (``event`` the state, ``seq_nr``
-        the snapshot's, ``db_timestamp`` and ``offset`` those of the event it names), then only
-        the pid's events after it; pids without a snapshot get all their events. Every offset is
+        the snapshot's, ``db_timestamp`` and ``offset`` those of the first event it covers since
+        the query's start, where it comes), then only the pid's events after it; pids without a
+        snapshot get all their events; a snapshot saved after the catch-up began is not used. Every offset is
         safe to store and resume from (docs/projections.md, "Starting from snapshots").
         PostgreSQL, one database (else UnsupportedOperation); raises like
         :meth:`current_events_by_slices`."""

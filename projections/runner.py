@@ -65,10 +65,10 @@ class RangeProcessor:
         query_mode: QueryMode = "horizon", pages: PageQuery | None = None, from_snapshots: bool = False,
     ) -> None:  # fmt: skip
         """``pages``: the journal's query a page at a time (without: ``events_by_slices``, one
-        envelope a page). ``from_snapshots``: ``pages`` starts from snapshots, so a pid is judged
-        by its own record, as in backtracking mode: the slice offset is no evidence there (an
-        event below it may have been left out for a snapshot that was then replaced by one whose
-        event lies past the catch-up's bound, or deleted, before the query reached it)."""
+        envelope a page). ``from_snapshots``: ``pages`` starts from snapshots, and a pid is judged
+        by its own record, as in backtracking mode (an event the query left out always lies after
+        its pid's snapshot there, so such a pid has a stored row; this rule does not rely on the
+        slice offset for it)."""
         self.journal: EventSource = parts.journal
         self.pages = pages
         self.sql = parts.sql
@@ -83,13 +83,6 @@ class RangeProcessor:
         self.query_mode = query_mode
         self.per_pid = query_mode == "backtracking" or from_snapshots
         """Judge an unknown pid by its own record, never by the slice offset (:meth:`_validate_into`)."""
-        unrecorded = self.s.offset_delete_after if from_snapshots else self.s.offset_time_window
-        self.unrecorded_span = timedelta(seconds=unrecorded)
-        """How far behind the slice's latest offset an unrecorded pid's events are replayed
-        (:meth:`_accept_unrecorded`): the time window in backtracking mode (the reference's rule:
-        a late commit lies within it), ``offset_delete_after`` from snapshots (the events a
-        snapshot stood for may lie anywhere behind, and within it a processed event's row is
-        never pruned: no row means not processed)."""
         self.validator = self._validator(timedelta(seconds=self.s.offset_time_window))
         self._stopping = asyncio.Event()
         self.tx = parts.transactions(self.key, self._stopping)
@@ -254,12 +247,11 @@ class RangeProcessor:
         is new; a later one is accepted when its previous event is older than the time window
         (its record was evicted), otherwise the pid's events within the window are replayed first.
         The slice offset is no evidence: a late commit can lie below it and be unprocessed.
-        From snapshots, ``offset_delete_after`` instead of the window (:attr:`unrecorded_span`):
-        events left out for a snapshot that was then replaced past the catch-up's bound, or
-        deleted, can be older than the window."""
+        From snapshots the same rule holds: an event left out for a snapshot always lies after
+        that snapshot in the query (:mod:`journal.query.from_snapshots`), so its pid has a row."""
         v = self.validator
         if env.seq_nr > 1:
-            start = v.behind_latest(env.slice, self.unrecorded_span)
+            start = v.window_start(env.slice)
             prev = await self.tx.read(
                 "a timestamp", lambda: self.journal.timestamp_of(env.persistence_id, env.seq_nr - 1)
             )

@@ -177,12 +177,8 @@ class Validator:
     def window_start(self, slice_: int) -> datetime | None:
         """The time window's start behind the slice's latest offset (None: nothing stored yet).
         Every pid with a processed event at or after it is in memory."""
-        return self.behind_latest(slice_, self.window)
-
-    def behind_latest(self, slice_: int, span: timedelta) -> datetime | None:
-        """``span`` behind the slice's latest offset (None: nothing stored yet)."""
         st = self.slices.get(slice_)
-        return None if st is None or st.latest is None else st.latest - span
+        return None if st is None or st.latest is None else st.latest - self.window
 
     def covered_by_slice(self, slice_: int, ts: datetime, pid: str, seq_nr: int) -> bool:
         st = self.slices.get(slice_)

@@ -116,28 +116,30 @@ async def test_kill9_mid_catch_up_from_snapshots_gives_the_full_reads_model(
     assert snap[f"{ET}|ahead"] == (21, 6) and snap[f"{ET}|deleted"] == (78, 12)
 
 
-async def test_a_snapshot_replaced_past_the_bound_after_a_kill_leaves_no_gap_older_than_the_window(
+async def test_a_snapshot_replaced_past_the_bound_or_deleted_after_a_kill_leaves_no_gap(
     journal: Journal, conn: asyncpg.Connection, dsn: str
 ) -> None:
-    """The gap the per-pid rule left: a catch-up from snapshots leaves out ``g*``'s events 1-9
-    (their snapshot at 10 covers them) and is killed with SIGKILL before it reaches event 10;
-    the restarted catch-up takes its bound and then the snapshots are replaced by ones at 15,
-    past that bound, before the query reaches event 10. Events 10.. then come as events, and the
-    left-out 1-9 lie further behind the slice's offset than ``offset_time_window`` (1 s here):
-    the projection must replay them (a model that skipped them fails the handler)."""
+    """The case the per-pid replay could not close: a catch-up from snapshots passes ``g*``'s
+    events 1-9 (their snapshot at 10 covers them) and is killed with SIGKILL before it reaches
+    event 10; the restarted catch-up takes its bound, and then half of the snapshots are
+    replaced by ones at 15 (past that bound), the other half deleted, before the query reaches
+    event 10. Events 10.. then come as events, and events 1-9 lie further behind the slice's
+    offset than ``offset_delete_after`` (1.5 s here; ``offset_time_window`` 1 s). The model must
+    still be the full read's (a handler that gets a skipped event fails, and the worker stops)."""
     j = journal
     gapped = [f"{ET}|g{i}" for i in range(6)]
+    replaced, deleted = gapped[:3], gapped[3:]
     filler = [_same_slice(g) for g in gapped] + [f"{ET}|f{i}" for i in range(34)]
     await asyncio.gather(*(write(j, p, 1, 9, every=0) for p in gapped))
     t0 = await conn.fetchval("SELECT clock_timestamp()")
-    await asyncio.gather(*(write(j, p, 1, 30, every=0) for p in filler))  # 1,200 events after g*'s first 9
-    await wait_until(lambda: _clock_past(conn, t0, 2.0), 10, "two seconds of db_timestamps past g*'s events")
+    await wait_until(lambda: _clock_past(conn, t0, 2.0), 10, "2 s of db_timestamps past g*'s events")
+    await asyncio.gather(*(write(j, p, 1, 30, every=0) for p in filler))  # 1,200 events, 2 s after g*'s first 9
     await asyncio.gather(*(write(j, p, 10, 3, every=10) for p in gapped))  # a snapshot at 10, events 10-12
     await asyncio.gather(*(write(j, p, 31, 5, every=0) for p in filler))
     env = {
         "SNAPSHOT_MODEL_PAUSE": "0.02", "JOURNAL_PROJECTION_GROUP_SIZE": "10", "JOURNAL_PROJECTION_QUEUE_SIZE": "20",
-        "JOURNAL_PROJECTION_OFFSET_TIME_WINDOW": "1", "JOURNAL_QUERY_BUFFER_SIZE": "20",
-        "JOURNAL_QUERY_CATCH_UP_BUFFER_SIZE": "20",
+        "JOURNAL_PROJECTION_OFFSET_TIME_WINDOW": "1", "JOURNAL_PROJECTION_OFFSET_DELETE_AFTER": "1.5",
+        "JOURNAL_QUERY_BUFFER_SIZE": "20", "JOURNAL_QUERY_CATCH_UP_BUFFER_SIZE": "20",
     }  # fmt: skip
     procs = [spawn_worker(dsn, "full", ET, "tests.snapshot_model:full", env=env)]
     procs.append(spawn_worker(dsn, "fs", ET, "tests.snapshot_model:from_snapshots", extra=SNAP, env=env))
@@ -145,23 +147,24 @@ async def test_a_snapshot_replaced_past_the_bound_after_a_kill_leaves_no_gap_old
         await wait_until(lambda: _filler_done(conn, filler, 250), 60, "the catch-up under way")
         procs[1].send_signal(signal.SIGKILL)
         procs[1].wait()
-        at_kill = await _filler_done(conn, filler, 0)
-        assert at_kill < 900 and not set(gapped) & set(await model(conn, "snap")), "the kill came too late"
+        assert await _filler_done(conn, filler, 0) < 900, "the kill came after g*'s event 10"
         procs.append(spawn_worker(dsn, "fs", ET, "tests.snapshot_model:from_snapshots", extra=SNAP, env=env))
         await wait_until(lambda: _owns_all(conn, procs[2].pid), 60, "the new worker holding every slice")
         owned_at = await _filler_done(conn, filler, 0)
         await wait_until(lambda: _filler_done(conn, filler, owned_at + 60), 60, "the restarted catch-up")
         # its bound is taken: snapshots at 15 lie past it; the query is well before g*'s event 10
-        await asyncio.gather(*(write(j, p, 13, 3, every=15) for p in gapped))
-        assert await _filler_done(conn, filler, 0) < 1000 and not set(gapped) & set(await model(conn, "snap"))
+        await asyncio.gather(*(write(j, p, 13, 3, every=15) for p in replaced))
+        await asyncio.gather(*(write(j, p, 13, 3, every=0) for p in deleted), *map(j.delete_snapshot, deleted))
+        assert await _filler_done(conn, filler, 0) < 1000, "the restarted catch-up reached g*'s event 10"
         want = {p: 15 for p in gapped} | {p: 35 for p in filler}
         await wait_until(lambda: _complete_or_failed(conn, "full", want, procs), 90, "the full read's model")
         await wait_until(lambda: _complete_or_failed(conn, "snap", want, procs), 90, "the model from snapshots")
-        assert all(p.poll() is None for p in procs[::2]), "a worker stopped (a handler failed: a skipped event)"
+        errors = await conn.fetch("SELECT error FROM projection_worker WHERE error IS NOT NULL")
+        assert all(p.poll() is None for p in procs[::2]), f"a worker stopped: {[r['error'] for r in errors]}"
     finally:
         stop(procs)
     full, snap = await model(conn, "full"), await model(conn, "snap")
-    assert snap == full and full[gapped[0]] == (120, 15)
+    assert snap == full and full[gapped[0]] == full[gapped[-1]] == (120, 15)
 
 
 async def _clock_past(conn: asyncpg.Connection, t0: object, seconds: float) -> bool:
