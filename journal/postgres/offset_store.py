@@ -97,13 +97,15 @@ ON CONFLICT DO NOTHING"""
 
     def _fenced_insert(self, notify: bool) -> str:
         """The INSERT behind the lease check: $7 owner, $8 slices, $9 their epochs (then $10,
-        $11 the notification). ``lost``: the slices not held at their epoch; ``held`` is read
-        whole by the EXCEPT, so every lease held is locked."""
-        return f"""WITH f AS (SELECT * FROM unnest($8::int[], $9::bigint[]) AS f(s, e)),
-held AS (
-  SELECT l.slice FROM {self.t("projection_slice_lease")} l JOIN f ON l.slice = f.s AND l.epoch = f.e
-  WHERE l.projection_name = $1 AND l.owner = $7 ORDER BY l.slice FOR SHARE OF l),
-lost AS MATERIALIZED (SELECT s FROM f EXCEPT SELECT slice FROM held),
+        $11 the notification). ``held``: the owner's lease rows of the slices, by the primary
+        key, as :meth:`LeaseSql.fence <journal.postgres.leases.LeaseSql.fence>` reads them;
+        ``lost``: the (slice, epoch) pairs not held (``held`` is read whole by the EXCEPT, so
+        every lease row is locked)."""
+        return f"""WITH held AS (
+  SELECT slice, epoch FROM {self.t("projection_slice_lease")}
+  WHERE projection_name = $1 AND owner = $7 AND slice = ANY($8::int[]) ORDER BY slice FOR SHARE),
+lost AS MATERIALIZED (
+  SELECT s FROM (SELECT * FROM unnest($8::int[], $9::bigint[]) AS f(s, e) EXCEPT SELECT * FROM held) f),
 i AS ({self._insert(" WHERE NOT EXISTS (SELECT 1 FROM lost)")})
 SELECT array(SELECT s FROM lost ORDER BY s){", pg_notify($10, $11)" if notify else ""}"""
 
