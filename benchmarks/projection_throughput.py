@@ -1,8 +1,11 @@
 """Projections against the journal's own slice read of the same rows, side by side in one run.
 
 Writes N events once (``persist_many`` calls of 20 pids with 500 events each, as a bulk loader
-would), then measures, each as a row of paired rounds against ``current_events_by_slices`` over
-all slices (the "slice read": what the projection reads, with no offsets, handler or commits):
+would; each pid a random UUID, so the events split evenly between the workers' slice ranges:
+sequential names such as ``e0 .. e599`` hash, as on the JVM, to a few runs of neighbouring slices,
+and a random entity type's name then gave one worker anywhere from 10% to 90% of them), then
+measures, each as a row of paired rounds against ``current_events_by_slices`` over all slices
+(the "slice read": what the projection reads, with no offsets, handler or commits):
 
 - raw asyncpg SELECT of the same rows and columns (the ceiling of both);
 - grouped exactly-once (a batch and its offsets in one transaction; the handler inserts the
@@ -162,7 +165,7 @@ async def load(dsn: str, et: str, n: int) -> int:
         per_call, done = 500, 0
         while done < n:
             parts = [
-                Write(f"{et}|e{done // per_call + k}", [{"v": i} for i in range(per_call)])
+                Write(f"{et}|{uuid.uuid4().hex}", [{"v": i} for i in range(per_call)])
                 for k in range(min(20, max(1, (n - done) // per_call)))
             ]
             # bounded: a write that never returns is reported instead of hanging the benchmark

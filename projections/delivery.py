@@ -225,11 +225,15 @@ class AtLeastOnce(Generic[R]):
     async def _store(self, rows: R, newest: datetime | None, events: int) -> None:
         o = self.h.offsets
 
-        async def body(conn: Any) -> None:
-            await o.store(conn, rows)
+        async def stored(conn: Any) -> list[int]:
+            return await o.store_fenced(conn, rows)
 
-        await self.h.tx.run(body, tries=self.h.tries, fence=o.fence(rows), committed=o.proof(rows))
+        await self.h.tx.run(_nothing, tries=self.h.tries, first=stored, committed=o.proof(rows))
         self.h.stats.committed(events, newest, key=self.h.tx.unit.key)
+
+
+async def _nothing(_conn: Any) -> None:
+    """The body of a flush: its offset rows are the transaction's first statement."""
 
 
 def _consume(task: asyncio.Task[None]) -> None:
@@ -286,17 +290,20 @@ class _Transactional(ABC, Generic[R]):
     async def commit(
         self, envs: Sequence[EventEnvelope], rows: R, tries: int, failures: Failures | None = None
     ) -> None:
-        """One transaction: the handler on ``envs`` and the offset ``rows``."""
+        """One transaction: the offset ``rows`` (its first statement, behind the lease check),
+        then the handler on ``envs``."""
         o, seq = self.h.offsets, self.h.sequencer
+
+        async def stored(conn: Any) -> list[int]:
+            return await o.store_fenced(conn, rows)
 
         async def body(conn: Any) -> None:
             handled = envs if seq is None or not envs else await seq.split(conn, envs)
             if handled:
                 await self.handle(conn, handled)
-            await o.store(conn, rows)
 
         await self.h.tx.run(
-            body if not tracing.ON else traced(body, envs, self.h.tx.unit), tries=tries, fence=o.fence(rows),
+            body if not tracing.ON else traced(body, envs, self.h.tx.unit), tries=tries, first=stored,
             committed=o.proof(rows), failures=failures,
         )  # fmt: skip
         if seq is not None:

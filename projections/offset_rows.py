@@ -2,8 +2,9 @@
 
 A delivery (:mod:`.delivery`) and the isolation of poisoned events (:mod:`.isolation`) never
 look inside the rows they store: they ask the processor's :class:`OffsetRows` for the rows of
-what it accepted (``pending``), to store them in a transaction (``store``), which leases that
-transaction must hold (``fence``), how to tell that a transaction whose COMMIT lost its answer
+what it accepted (``pending``), to store them in a transaction (``store``; ``store_fenced``: as
+its first statement, behind the check of the leases it needs), which leases that transaction
+must hold (``fence``), how to tell that a transaction whose COMMIT lost its answer
 committed (``proof``), the rows of a few events alone (``rows_of``), and what of a batch's rows
 is left once its events were committed or set aside half by half (``rest``).
 
@@ -27,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 
 from journal.envelope import EventEnvelope
 from journal.offsets import TimeUUIDOffset
+from journal.postgres import LeaseFence, LeaseSql
 
 from .postgres_store import HEARTBEAT_PID, OffsetRow, ProjectionSql
 from .tag_offset_store import TagOffsetSql
@@ -80,6 +82,12 @@ class OffsetRows(Protocol[R]):
 
     async def store(self, conn: Any, rows: R) -> None:
         """Store ``rows`` in the transaction on ``conn``."""
+        ...
+
+    async def store_fenced(self, conn: Any, rows: R) -> list[int]:
+        """Store ``rows`` as the transaction's first statement, which checks first that the
+        leases of ``fence(rows)`` are still ours and locks them until the transaction ends: the
+        slices no longer ours (then nothing is stored)."""
         ...
 
     def fence(self, rows: R, env: EventEnvelope | None = None) -> dict[int, int]:
@@ -145,6 +153,10 @@ class SliceOffsetRows:
     async def store(self, conn: Any, rows: list[OffsetRow]) -> None:
         await self.sql.save_offsets(conn, self.unit.name, self.unit.key, rows)
 
+    async def store_fenced(self, conn: Any, rows: list[OffsetRow]) -> list[int]:
+        fence = LeaseFence(self.unit.owner, self.fence(rows))
+        return await self.sql.save_offsets(conn, self.unit.name, self.unit.key, rows, fence=fence)
+
     def fence(self, rows: list[OffsetRow], env: EventEnvelope | None = None) -> dict[int, int]:
         touched = {r.slice: self.epochs[r.slice] for r in rows}
         if not touched and env is not None:
@@ -193,8 +205,9 @@ class SliceOffsetRows:
 class TagOffsetRows:
     """A tag's offset rows (``{pid: (seq_nr, TimeUUID)}``), fenced by the tag's one lease."""
 
-    def __init__(self, sql: TagOffsetSql, name: str, tag: str, epoch: int) -> None:
-        self.sql, self.name, self.tag = sql, name, tag
+    def __init__(self, sql: TagOffsetSql, leases: LeaseSql, unit: Unit, tag: str, epoch: int) -> None:
+        self.sql, self.leases, self.unit, self.tag = sql, leases, unit, tag
+        self.name = unit.name
         self.lease = {0: epoch}
         """The tag's one lease (slice 0 of the projection's lease rows) at its epoch."""
         self.seq_nrs: dict[str, int] = {}
@@ -245,6 +258,12 @@ class TagOffsetRows:
 
     async def store(self, conn: Any, rows: TagRows) -> None:
         await self.sql.save(conn, self.name, self.tag, rows)
+
+    async def store_fenced(self, conn: Any, rows: TagRows) -> list[int]:
+        lost = await self.leases.fence(conn, self.name, self.unit.owner, self.lease)
+        if not lost:
+            await self.sql.save(conn, self.name, self.tag, rows)
+        return lost
 
     def fence(self, rows: TagRows, env: EventEnvelope | None = None) -> dict[int, int]:
         return dict(self.lease)

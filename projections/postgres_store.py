@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from journal.ids import NUMBER_OF_SLICES, entity_type_of
-from journal.postgres import HEARTBEAT_PID, LeaseSql, OffsetRow, OffsetSql
+from journal.postgres import HEARTBEAT_PID, LeaseFence, LeaseSql, OffsetRow, OffsetSql
 
 __all__ = ["HEARTBEAT_PID", "OffsetRow", "ProjectionSql", "offsets_channel", "offsets_payload"]
 
@@ -54,13 +54,14 @@ class ProjectionSql(OffsetSql):
         object.__setattr__(self, "leases", LeaseSql(self.schema))
 
     async def save_offsets(
-        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], notify: tuple[str, str] | None = None
-    ) -> None:
+        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], notify: tuple[str, str] | None = None,
+        fence: LeaseFence | None = None,
+    ) -> list[int]:  # fmt: skip
         """The offset rows of a batch, announced on :func:`offsets_channel` at commit when they
         name persistence ids (not heartbeats only): :func:`offsets_payload`."""
         if notify is None and any(r.persistence_id != HEARTBEAT_PID for r in rows):
             notify = (offsets_channel(self.schema), offsets_payload(name, rows))
-        await super().save_offsets(conn, name, key, rows, notify)
+        return await super().save_offsets(conn, name, key, rows, notify, fence)
 
     async def processed(self, conn: Any, name: str, targets: Sequence[tuple[int, str]]) -> dict[str, int]:
         """The highest seq_nr stored for each ``(slice, pid)`` of ``targets`` (absent: none)."""

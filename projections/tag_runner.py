@@ -61,7 +61,7 @@ class TagProcessor:
         self.stats = parts.stats
         self._stopping = asyncio.Event()
         self.tx = parts.transactions(self.key, self._stopping)
-        self.offsets = TagOffsetRows(tag_sql, self.name, tag, epoch)
+        self.offsets = TagOffsetRows(tag_sql, parts.sql.leases, self.tx.unit, tag, epoch)
         self.delivery = parts.delivery(self.tx, self.offsets)
 
     def stop(self) -> None:

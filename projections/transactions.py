@@ -3,7 +3,8 @@ of a commit of unknown outcome, retries and backoff, in one place.
 
 A processor hands it a body (the handler and the offset rows, on one connection) and says which
 leases the transaction must still hold (``fence``: slice -> epoch, checked under a row lock
-first, so a worker that lost a slice never commits for it) and how to tell, on a fresh
+first, so a worker that lost a slice never commits for it; or ``first``: the offset rows'
+statement that checks them itself, one round trip for both) and how to tell, on a fresh
 connection, that a transaction whose COMMIT lost its answer did commit (``committed``). The
 runner takes a transaction slot and a connection of the worker's pool (the journal's, lent
 through the seam's :class:`~journal.backend.SharedConnections`, or the worker's own: see
@@ -42,6 +43,9 @@ from .stats import Stats
 log = logging.getLogger("projections.runner.transactions")
 """A child of the runner's logger: the runner's log level is its own too."""
 T = TypeVar("T")
+FencedStore = Callable[[Any], Awaitable[list[int]]]
+"""A transaction's first statement that checks its leases and stores its offset rows (nothing
+when a lease is lost): the slices no longer ours (``OffsetRows.store_fenced``)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,14 @@ class Unit:
     name: str
     owner: str
     key: str
+
+
+@dataclass(frozen=True)
+class _Fence:
+    """How a transaction checks its leases first: ``epochs`` alone, or by the statement ``first``."""
+
+    epochs: dict[int, int] | None
+    first: FencedStore | None
 
 
 class _Backoffs:
@@ -120,11 +132,14 @@ class TransactionRunner:
         tries: int,
         transactional: bool = True,
         fence: dict[int, int] | None = None,
+        first: FencedStore | None = None,
         committed: Callable[[Any], Awaitable[bool]] | None = None,
         failures: Failures | None = None,
     ) -> None:
         """Run ``body`` until it commits (``transactional``; else the body alone, every error
-        its own): each handler error noted in ``failures``, HandlerFailed after ``tries``."""
+        its own): each handler error noted in ``failures``, HandlerFailed after ``tries``. The
+        transaction's first statement checks the leases of ``fence``, or is ``first`` (the
+        offset rows stored behind the same check, before the body)."""
         if not transactional:
             # the first try runs the body alone, without the loop's objects (most tries succeed)
             try:
@@ -136,7 +151,7 @@ class TransactionRunner:
                 await self.after_failure(e, body, tries=tries, failures=failures)
                 return
         state = _Backoffs(self.s.handler_backoff)
-        await self._until_done(body, state, tries, transactional, fence, committed, failures)
+        await self._until_done(body, state, tries, transactional, _Fence(fence, first), committed, failures)
 
     async def after_failure(
         self, e: Exception, body: Callable[[Any], Awaitable[Any]], *, tries: int, failures: Failures | None
@@ -148,11 +163,11 @@ class TransactionRunner:
         first = _Attempt()
         first.phase, first.handler_exc = "handler", e
         await self._failed(e, first, state, tries, failures)
-        await self._until_done(body, state, tries, False, None, None, failures)
+        await self._until_done(body, state, tries, False, _Fence(None, None), None, failures)
 
     async def _until_done(
         self, body: Callable[[Any], Awaitable[Any]], state: _Backoffs, tries: int, transactional: bool,
-        fence: dict[int, int] | None, committed: Callable[[Any], Awaitable[bool]] | None, failures: Failures | None,
+        fence: _Fence, committed: Callable[[Any], Awaitable[bool]] | None, failures: Failures | None,
     ) -> None:  # fmt: skip
         while True:
             attempt = _Attempt()
@@ -168,7 +183,7 @@ class TransactionRunner:
 
     async def _try(
         self, body: Callable[[Any], Awaitable[Any]], attempt: _Attempt, state: _Backoffs, transactional: bool,
-        fence: dict[int, int] | None, committed: Callable[[Any], Awaitable[bool]] | None,
+        fence: _Fence, committed: Callable[[Any], Awaitable[bool]] | None,
     ) -> None:  # fmt: skip
         if not transactional:  # at-least-once: the handler alone, every error its own
             attempt.phase = "handler"
@@ -203,11 +218,15 @@ class TransactionRunner:
                 attempt.phase = "commit"
         self.outage.answered()
 
-    async def _fence(self, conn: Any, fence: dict[int, int] | None) -> None:
-        """The transaction's first statement: the leases it commits under are still ours."""
-        if not fence:
+    async def _fence(self, conn: Any, fence: _Fence) -> None:
+        """The transaction's first statement: the leases it commits under are still ours (with
+        ``fence.first``: checked by the statement that stores the offset rows)."""
+        if fence.first is not None:
+            lost = await fence.first(conn)
+        elif fence.epochs:
+            lost = await self.leases.fence(conn, self.unit.name, self.unit.owner, fence.epochs)
+        else:
             return
-        lost = await self.leases.fence(conn, self.unit.name, self.unit.owner, fence)
         if lost:
             raise LeaseLost(f"{self.unit.name}: slices {lost[:5]}... are no longer ours")
 

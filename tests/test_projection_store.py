@@ -10,6 +10,7 @@ import pytest
 from conftest import truncate_all
 
 from journal.errors import ProjectionError
+from journal.postgres import LeaseFence
 from projections import management
 from projections.postgres_store import OffsetRow, ProjectionSql
 
@@ -78,6 +79,33 @@ async def test_leases_fence_and_takeover(conn: asyncpg.Connection) -> None:
     assert sorted(await SQL.leases.renew_leases(conn, "p", "A", ttl)) == [0, 2]
     await SQL.leases.release_leases(conn, "p", "A", None)
     assert await SQL.leases.renew_leases(conn, "p", "A", ttl) == {}
+
+
+async def test_offset_rows_stored_behind_the_lease_check_in_one_statement(dsn: str, conn: asyncpg.Connection) -> None:
+    """A batch's offset rows and its lease fence are one statement: it locks the fenced leases
+    until the transaction ends (a takeover waits), and stores nothing once a slice moved on."""
+    ttl = timedelta(seconds=30)
+    await SQL.leases.ensure_leases(conn, "p", 1024)
+    a = await SQL.leases.acquire_leases(conn, "p", "A", [0, 1, 2], ttl)
+    rows = [OffsetRow(0, "x", 1, T0), OffsetRow(1, "y", 1, T0)]
+    other = await asyncpg.connect(dsn)
+    try:
+        await other.execute("SET lock_timeout = '100ms'")
+        take = "UPDATE projection_slice_lease SET epoch = epoch + 1 WHERE projection_name = 'p' AND slice = $1"
+        async with conn.transaction():
+            fence = LeaseFence("A", {0: a[0], 1: a[1]})
+            assert await SQL.save_offsets(conn, "p", "0-2", rows, fence=fence) == []
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                await other.execute(take, 1)  # a fenced lease: locked until the commit
+            await other.execute(take, 2)  # not fenced: free
+    finally:
+        await other.close()
+    assert await SQL.load_pid(conn, "p", 1, "y") == (1, T0)
+    await conn.execute("UPDATE projection_slice_lease SET expires_at = now() - interval '1s' WHERE slice = 1")
+    assert await SQL.leases.acquire_leases(conn, "p", "B", [1], ttl) == {1: a[1] + 1}
+    later = [OffsetRow(0, "x", 2, T0), OffsetRow(1, "y", 2, T0)]
+    assert await SQL.save_offsets(conn, "p", "0-2", later, fence=LeaseFence("A", {0: a[0], 1: a[1]})) == [1]
+    assert await SQL.load_pid(conn, "p", 0, "x") == (1, T0)  # nothing of the batch stored
 
 
 async def test_pause_resume_reset_clear(conn: asyncpg.Connection) -> None:

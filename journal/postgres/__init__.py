@@ -23,7 +23,7 @@ from .embedded import start_embedded
 from .errors import driver_error, is_transient, mapped_errors
 from .key_store import PostgresKeyStore
 from .leases import LeaseSql, PostgresSliceLeases
-from .offset_store import HEARTBEAT_PID, OffsetRow, OffsetSql
+from .offset_store import HEARTBEAT_PID, LeaseFence, OffsetRow, OffsetSql
 from .partitions import FENCED, INCOMING, MOVED, MOVING, OWNED, SERVING, MoveRecord, PartitionRow, PostgresPartitions
 from .replication_part import LogPlaces, ReplicationPart
 from .replication_store import PostgresReplicationStore, ReplicationLogs
@@ -41,6 +41,7 @@ __all__ = [
     "MOVING",
     "OWNED",
     "SERVING",
+    "LeaseFence",
     "LeaseSql",
     "LogPlaces",
     "MoveRecord",

@@ -34,32 +34,47 @@ class OffsetRow:
 
 
 @dataclass(frozen=True)
+class LeaseFence:
+    """The leases a transaction commits under: each slice of ``epochs`` held by ``owner`` at its
+    epoch (``projection_slice_lease``)."""
+
+    owner: str
+    epochs: dict[int, int]
+
+
+@dataclass(frozen=True)
 class OffsetSql(SchemaSql):
     """Statements of the offset rows, for one schema."""
 
     async def save_offsets(
-        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], notify: tuple[str, str] | None = None
-    ) -> None:
+        self, conn: Any, name: str, key: str, rows: Sequence[OffsetRow], notify: tuple[str, str] | None = None,
+        fence: LeaseFence | None = None,
+    ) -> list[int]:  # fmt: skip
         """Insert offset rows (insert-only; a repeat of an identical row is ignored). With
         ``notify`` (channel, payload), the same statement also ``pg_notify``-s it: sent when the
-        transaction commits (waits for a write)."""
+        transaction commits (waits for a write). With ``fence``, the same statement first locks
+        the leases the transaction commits under (``FOR SHARE``, as :meth:`LeaseSql.fence
+        <journal.postgres.leases.LeaseSql.fence>`) and stores nothing when one of them is no
+        longer the owner's at its epoch: the slices lost are returned (empty: stored)."""
         if not rows:
-            return
-        insert = f"""INSERT INTO {self.t("projection_timestamp_offset_store")}
-  (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
-SELECT $1, $2, u.s, u.p, u.n, u.t, clock_timestamp()
-FROM unnest($3::int[], $4::text[], $5::bigint[], $6::timestamptz[]) AS u(s, p, n, t)
-ON CONFLICT DO NOTHING"""
+            return []
         columns = (
             [r.slice for r in rows], [r.persistence_id for r in rows], [r.seq_nr for r in rows],
             [r.timestamp for r in rows],
         )  # fmt: skip
-        if notify is not None:
+        if fence is not None:
+            fenced = (fence.owner, list(fence.epochs), list(fence.epochs.values()))
+            lost: list[int] = await conn.fetchval(
+                self._fenced_insert(notify is not None), name, key, *columns, *fenced, *(notify or ())
+            )
+            if lost:
+                return lost
+        elif notify is not None:
             await conn.execute(
-                f"WITH i AS ({insert} RETURNING 1) SELECT pg_notify($7, $8)", name, key, *columns, *notify
+                f"WITH i AS ({self._insert()} RETURNING 1) SELECT pg_notify($7, $8)", name, key, *columns, *notify
             )
         else:
-            await conn.execute(insert, name, key, *columns)
+            await conn.execute(self._insert(), name, key, *columns)
         beats = [r for r in rows if r.persistence_id == HEARTBEAT_PID]
         if beats:  # only the newest heartbeat row of a slice is worth keeping
             await conn.execute(
@@ -70,6 +85,29 @@ WHERE s.slice = u.sl AND s.projection_name = $1 AND s.persistence_id = '' AND s.
                 [r.slice for r in beats],
                 [r.timestamp for r in beats],
             )
+        return []
+
+    def _insert(self, where: str = "") -> str:
+        """The offset rows' INSERT: $1 name, $2 key, $3-$6 the rows' columns."""
+        return f"""INSERT INTO {self.t("projection_timestamp_offset_store")}
+  (projection_name, projection_key, slice, persistence_id, seq_nr, timestamp_offset, timestamp_consumed)
+SELECT $1, $2, u.s, u.p, u.n, u.t, clock_timestamp()
+FROM unnest($3::int[], $4::text[], $5::bigint[], $6::timestamptz[]) AS u(s, p, n, t){where}
+ON CONFLICT DO NOTHING"""
+
+    def _fenced_insert(self, notify: bool) -> str:
+        """The INSERT behind the lease check: $7 owner, $8 slices, $9 their epochs (then $10,
+        $11 the notification). ``held``: the owner's lease rows of the slices, by the primary
+        key, as :meth:`LeaseSql.fence <journal.postgres.leases.LeaseSql.fence>` reads them;
+        ``lost``: the (slice, epoch) pairs not held (``held`` is read whole by the EXCEPT, so
+        every lease row is locked)."""
+        return f"""WITH held AS (
+  SELECT slice, epoch FROM {self.t("projection_slice_lease")}
+  WHERE projection_name = $1 AND owner = $7 AND slice = ANY($8::int[]) ORDER BY slice FOR SHARE),
+lost AS MATERIALIZED (
+  SELECT s FROM (SELECT * FROM unnest($8::int[], $9::bigint[]) AS f(s, e) EXCEPT SELECT * FROM held) f),
+i AS ({self._insert(" WHERE NOT EXISTS (SELECT 1 FROM lost)")})
+SELECT array(SELECT s FROM lost ORDER BY s){", pg_notify($10, $11)" if notify else ""}"""
 
     async def heartbeats(self, conn: Any, name: str, slices: Sequence[int]) -> dict[int, datetime]:
         """Per slice of ``slices``: the timestamp of its newest heartbeat row (absent: none)."""
