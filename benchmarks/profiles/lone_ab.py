@@ -1,4 +1,9 @@
-"""old vs new lone statement, one pid each, alternating call by call; wall and backend CPU per call."""
+"""old vs new lone statement, one pid each, alternating call by call; wall and backend CPU per call.
+
+    PYTHONPATH=. python benchmarks/profiles/lone_ab.py CALLS [OLD.json]
+
+OLD.json: the old statement's text (default old_lone.json, main's before 11-27's first change;
+lone_6c2d995.json: main's at 6c2d995, with a CTE and a UNION ALL branch for the conflict)."""
 
 import json
 import statistics
@@ -29,7 +34,7 @@ async def main(dsn, calls):
     w = str(uuid.uuid4())
     sql = WriteStatements(Statements("public"), notify=True, bucket_millis=1)
     v = WriteValidator(SerializerRegistry())
-    old = json.loads((Path(__file__).parent / "old_lone.json").read_text())
+    old = json.loads((Path(__file__).parent / (sys.argv[2] if len(sys.argv) > 2 else "old_lone.json")).read_text())
     new = sql._lone[True]
     i = new.index("FROM (SELECT CASE")
     j = new.index(") k LEFT JOIN")
@@ -37,7 +42,6 @@ async def main(dsn, calls):
     i = new.index("LEFT JOIN LATERAL (SELECT e.seq_nr")
     j = new.index(") p ON true")
     no_probe = new[:i] + "LEFT JOIN LATERAL (SELECT $4::bigint AS seq_nr, NULL::timestamptz AS db_timestamp" + new[j:]
-    no_union = new[: new.index("UNION ALL")]
     no_notify = WriteStatements(Statements("public"), notify=False, bucket_millis=1)._lone[True]
     variants = {
         "bare": RAW_SINGLE,
@@ -45,7 +49,6 @@ async def main(dsn, calls):
         "new": new,
         "no_owner": no_owner,
         "no_probe": no_probe,
-        "no_union": no_union,
         "no_notify": no_notify,
     }
     prep = {k: await conn.prepare(t) for k, t in variants.items()}
@@ -68,14 +71,14 @@ async def main(dsn, calls):
             r = await prep[k].fetch(*args)
             t1 = time.perf_counter()
             c1 = cpu(path)
-            if k != "bare":
-                assert not r or r[0]["bad"] == 0, r
+            if k not in ("bare", "old"):
+                assert len(r) == 1 and r[0]["bad"] == 0, r
             if n >= 50:
                 wall[k].append(t1 - t0)
                 srv[k].append((c1 - c0) / 1e3)
     # a conflict on the new statement
     r = await prep["new"].fetch(*sql.statement(v.batch([("new|1", [pay], 0)]), w, 0)[1])
-    print("conflict row:", dict(r[0]))
+    print("conflict: no row" if not r else f"conflict row: {dict(r[0])}")
     for k in names:
         print(
             f"{k:5} wall {1e6 * statistics.median(wall[k]):6.1f} us  server CPU {statistics.median(srv[k]):6.1f} us (mean {statistics.mean(srv[k]):6.1f})"

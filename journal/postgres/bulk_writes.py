@@ -30,6 +30,7 @@ import asyncpg
 from ..errors import JournalUnavailable
 from ..write_batch import BatchResult, WriteBatch
 from .errors import connection_lost
+from .write_statements import failed_calls
 from .writes import PostgresWrites, written
 
 log = logging.getLogger("journal.postgres")
@@ -125,10 +126,10 @@ class BulkWrite:
         except Exception as e:
             await self._lost(s, e)
             return
-        assert row is not None
-        if row["bad"]:  # nothing of the chunk was written; the transaction is fine
+        if failed_calls(row):  # nothing of the chunk was written; the transaction is fine
             self._again.add(k)
         else:
+            assert row is not None
             self._results[k] = written(self._chunks[k], row["ts"], row["appended_after"])
 
     async def _lost(self, s: _Session, error: Exception) -> None:

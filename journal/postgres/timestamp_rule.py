@@ -61,10 +61,20 @@ def clock(schema: str, epoch: str, slices: str) -> str:
 
 def clock_of_one(schema: str, epoch: str, slice_: str) -> str:
     """:func:`clock` for a statement that writes one slice (an int expression), as a FROM item
-    ``k(t)``: the range lookup takes the slice as it is (no array to unnest and aggregate), and
-    as a FROM item it runs whether or not the statement's row is then inserted."""
-    bounds = f"(SELECT {slice_} AS lo, {slice_} AS hi) b"
-    return f"({_clock_select(schema, epoch, f'ARRAY[{slice_}]', bounds)}) k"
+    ``k(t)`` (a FROM item runs whether or not the statement's row is then inserted). It reads
+    ``slice_partition`` once, as an aggregate (the table holds a database's few ranges): no row
+    at all (never partitioned) or a range covering the slice that the writer may write (its
+    floor) decides it inline, anything else calls the exact check. One scan of the table where
+    :func:`clock` has two (the covering range, then whether there is any row): about 3 µs of
+    the server's time per call (``benchmarks/write_breakdown.py --only lone``)."""
+    ok = f"p.min_slice <= {slice_} AND p.max_slice >= {slice_} AND p.state IN ({_WRITABLE})"
+    ok += f" AND p.epoch <= {epoch}::bigint"
+    return (
+        f"(SELECT CASE WHEN count(*) = 0 THEN clock_timestamp() "
+        f"WHEN bool_or(p.ok) THEN GREATEST(clock_timestamp(), max(p.floor) FILTER (WHERE p.ok)) "
+        f"ELSE {_function(schema)}({epoch}::bigint, ARRAY[{slice_}]::int[], 'write') END AS t "
+        f'FROM (SELECT p.floor, {ok} AS ok FROM "{schema}".slice_partition p) p) k'
+    )
 
 
 def _clock_select(schema: str, epoch: str, slices: str, bounds: str | None = None) -> str:

@@ -18,10 +18,12 @@ passed its per-row steps).
 
 A batch of one call of one untagged event (a lone ``persist``) takes a statement of its own with
 scalar parameters (:meth:`WriteStatements._lone_sql`): one INSERT ... SELECT whose FROM items are
-the owner check with the clock and the probe, its result in its RETURNING. Measured part by part
-(``benchmarks/write_breakdown.py --only lone``), it costs the server about 1.4 x a bare
-single-row INSERT; the batch statement's shape (CTEs for the check, the insert and the result,
-and a slice array to unnest for the owner check) cost one row about 15 % more.
+the owner check with the clock (one scan of ``slice_partition``) and the probe, its result in its
+RETURNING, no row when its call fails the check (:func:`failed_calls` reads either answer).
+Measured part by part (``benchmarks/write_breakdown.py --only lone``), it costs the server about
+1.28 x a bare single-row INSERT (the earlier form with a CTE and a ``UNION ALL`` branch for the
+conflict 1.40 x); the batch statement's shape (CTEs for the check, the insert and the result, and
+a slice array to unnest for the owner check) cost one row about 15 % more.
 """
 
 from __future__ import annotations
@@ -157,28 +159,23 @@ FROM chk"""
     def _lone_sql(self, known: bool) -> str:
         """One call of one untagged event, with scalar parameters: $1 slice, $2 entity type, $3 pid, $4 expected_seq_nr
         (NULL: append; given when ``known``), $5-$7 the event, $8 the writer, $9-$11 the metadata, $12 the writer's
-        partition map epoch; the same result columns as the batch statement. One INSERT ... SELECT of one row, with the
-        owner check and clock (:func:`.timestamp_rule.clock_of_one`) and the probe of the pid's newest row as its FROM
-        items and the result in its RETURNING (NOTIFY there too: only when the row is inserted); a call that fails the
-        check inserts nothing, and the statement's second branch answers it. One row has no per-row step, so there is
-        nothing to settle (:func:`.timestamp_rule.settle` would wait for ``clock``, which has passed)."""
+        partition map epoch. One INSERT ... SELECT of one row, with the owner check and clock
+        (:func:`.timestamp_rule.clock_of_one`) and the probe of the pid's newest row as its FROM items, its result
+        (``ts``, ``bad`` 0, ``appended_after``) and NOTIFY in its RETURNING: a call that fails the check inserts
+        nothing and the statement answers no row (:func:`failed_calls`). No CTE and no second branch to answer a
+        conflict: 11 µs of the server's time per call less. One row has no per-row step, so there is nothing to settle
+        (:func:`.timestamp_rule.settle` would wait for ``clock``, which has passed)."""
         group = "($1::int / 64)::text || ':' || $2::text"
         notify = f", pg_notify('{self._channel}', {group}) AS notified" if self._notify else ""
         prev = highest("$3::text", self._ej, "$4::bigint" if known else None)
+        after = "NULL::bigint[]" if known else "ARRAY[seq_nr - 1]"
         return f"""
-WITH ins AS (
-  INSERT INTO {self._ej} ({_COLUMNS})
-  SELECT $1::int, $2::text, $3::text, COALESCE(p.seq_nr, 0) + 1, GREATEST(k.t, p.db_timestamp + {MICROSECOND}),
-    $5::int, $6::text, $7::bytea, false, $8::text, NULL, $9::int, $10::text, $11::bytea
-  FROM {clock_of_one(self._schema, "$12", "$1::int")} LEFT JOIN LATERAL ({prev}) p ON true
-  WHERE $4::bigint IS NULL OR $4::bigint = COALESCE(p.seq_nr, 0)
-  RETURNING db_timestamp, seq_nr
-)
-SELECT i.db_timestamp AS ts, 0 AS bad, NULL::int[] AS bad_calls,
-  CASE WHEN $4::bigint IS NULL THEN ARRAY[i.seq_nr - 1] END AS appended_after{notify}
-FROM ins i
-UNION ALL
-SELECT NULL, 1, ARRAY[1], NULL{", NULL" if self._notify else ""} WHERE NOT EXISTS (SELECT FROM ins)"""
+INSERT INTO {self._ej} ({_COLUMNS})
+SELECT $1::int, $2::text, $3::text, COALESCE(p.seq_nr, 0) + 1, GREATEST(k.t, p.db_timestamp + {MICROSECOND}),
+  $5::int, $6::text, $7::bytea, false, $8::text, NULL, $9::int, $10::text, $11::bytea
+FROM {clock_of_one(self._schema, "$12", "$1::int")} LEFT JOIN LATERAL ({prev}) p ON true
+WHERE $4::bigint IS NULL OR $4::bigint = COALESCE(p.seq_nr, 0)
+RETURNING db_timestamp AS ts, 0 AS bad, {after} AS appended_after{notify}"""
 
     @staticmethod
     def _lone_params(b: WriteBatch, writer: str, epoch: int) -> tuple[Any, ...]:
@@ -229,3 +226,12 @@ def _metadata(metadata: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any], Se
         [m.manifest if m else None for m in metadata],
         [m.payload if m else None for m in metadata],
     )
+
+
+def failed_calls(row: Any) -> list[int]:
+    """The calls (0-based) of a statement's batch that failed the ``expected_seq_nr`` check, from
+    the statement's answer ``row``: none when the batch was written. The lone statement answers
+    no row when its call failed."""
+    if row is None:
+        return [0]
+    return [i - 1 for i in row["bad_calls"]] if row["bad"] else []

@@ -30,7 +30,7 @@ from .errors import (
 )
 from .settling import settle
 from .timestamp_rule import MARK_WRITER_LOCAL_SQL
-from .write_statements import WriteStatements
+from .write_statements import WriteStatements, failed_calls
 
 log = logging.getLogger("journal.postgres")
 
@@ -111,9 +111,10 @@ class PostgresWrites(PostgresPart):
             out.merge(rest, await self._write(batch.select(rest), attempts))
         return out.result()
 
-    async def _send(self, stmt: str, params: tuple[Any, ...]) -> asyncpg.Record:
-        """The statement on a write connection (autocommit). Raises :class:`Interrupted` when the
-        connection broke once it was sent."""
+    async def _send(self, stmt: str, params: tuple[Any, ...]) -> asyncpg.Record | None:
+        """The statement on a write connection (autocommit): its answer row (none: the lone
+        statement's call failed the check). Raises :class:`Interrupted` when the connection
+        broke once it was sent."""
         conn = await self.take_writer()
         server_pid = conn.get_server_pid()
         try:
@@ -129,16 +130,16 @@ class PostgresWrites(PostgresPart):
             self.release_writer(conn, broken=True)
             raise
         self.release_writer(conn)  # the write is done, whatever happens to the connection now
-        assert row is not None
         return row
 
-    async def _answer(self, batch: WriteBatch, row: asyncpg.Record, attempts: int) -> BatchResult:
+    async def _answer(self, batch: WriteBatch, row: asyncpg.Record | None, attempts: int) -> BatchResult:
         """The batch's result from the statement's row: written, or the calls that failed the
         check reported and the others sent again."""
-        if not row["bad"]:
+        bad = set(failed_calls(row))
+        if not bad:
+            assert row is not None
             return written(batch, row["ts"], row["appended_after"])
         out = ResultBuilder(len(batch))
-        bad = {i - 1 for i in row["bad_calls"]}
         for i in bad:
             out.failed(i, conflict(batch, i, STALE))
         rest = [i for i in range(len(batch)) if i not in bad]
@@ -213,9 +214,10 @@ class PostgresWrites(PostgresPart):
             if e.sqlstate == LOCAL_WRITES_REFUSED_SQLSTATE or partition_refusal(e) is not None:
                 raise write_error(batch.persistence_ids[0], e) from e
             raise
+        bad = failed_calls(row)
+        if bad:
+            raise conflict(batch, bad[0], STALE)
         assert row is not None
-        if row["bad"]:
-            raise conflict(batch, row["bad_calls"][0] - 1, STALE)
         return written(batch, row["ts"], row["appended_after"])
 
     def release_writer(self, conn: asyncpg.Connection, *, broken: bool = False) -> None:
