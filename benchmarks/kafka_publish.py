@@ -79,9 +79,8 @@ async def publish(
 ) -> tuple[float, float]:
     """Workers of a fresh projection publish all ``n`` events: the rate timed from the topic check
     and their start (lease rounds, producers' start, ``init_transactions``, reading the offsets
-    topic back) to the
-    last event committed, and the steady rate, from the first batch committed to the last. Prints
-    how long the first batch took to commit (the start-up part)."""
+    topic back) to the last event committed, and the steady rate, from the first batch committed
+    to the last. Prints how long the first batch took to commit (the start-up part)."""
     topic = new_topic(bootstrap)
     publisher = KafkaPublisher(bootstrap, topic, exactly_once=eo)
     ws = [Worker(j, s, f"bench-{topic}", et, publisher, "grouped") for _ in range(workers)]  # type: ignore[arg-type]
