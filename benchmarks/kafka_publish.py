@@ -77,14 +77,15 @@ async def bare(bootstrap: str, envs: list[EventEnvelope]) -> tuple[float, float]
 async def publish(
     j: object, s: JournalSettings, et: str, bootstrap: str, n: int, workers: int, eo: bool
 ) -> tuple[float, float]:
-    """Workers of a fresh projection publish all ``n`` events: the rate timed from their start
-    (lease rounds, producers' start, ``init_transactions``, reading the offsets topic back) to the
-    last event committed, and the steady rate, from the first batch committed to the last. Prints
-    how long the first batch took to commit (the start-up part)."""
+    """Workers of a fresh projection publish all ``n`` events: the rate timed from the topic check
+    and their start (lease rounds, producers' start, ``init_transactions``, reading the offsets
+    topic back) to the last event committed, and the steady rate, from the first batch committed
+    to the last. Prints how long the first batch took to commit (the start-up part)."""
     topic = new_topic(bootstrap)
     publisher = KafkaPublisher(bootstrap, topic, exactly_once=eo)
     ws = [Worker(j, s, f"bench-{topic}", et, publisher, "grouped") for _ in range(workers)]  # type: ignore[arg-type]
     t0 = time.perf_counter()
+    await publisher.check(f"bench-{topic}")  # as `projections run --to-kafka` does before its workers start
     tasks = [asyncio.create_task(w.run()) for w in ws]
     first: float | None = None
     first_done = 0

@@ -5,6 +5,7 @@ transaction (at-least-once mode)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections import Counter
@@ -12,11 +13,12 @@ from collections import Counter
 import pytest
 from kafka_fixtures import create_topic, read_topic
 
-from journal import Journal
+from journal import EventEnvelope, Journal
 
 pytestmark = pytest.mark.kafka
 
 PIDS, EVENTS = 40, 25
+ROUNDS = 5
 
 
 def run_worker(dsn: str, bootstrap: str, topic: str, mode: str, crash: str) -> int:
@@ -218,3 +220,37 @@ async def test_a_transaction_that_does_not_end_is_said_not_read_past(journal: Jo
             await publisher(None, events)
     finally:
         stranger.abort_transaction(30)
+
+
+async def test_a_failed_delivery_fails_its_own_ranges_batch(journal: Journal, kafka_bootstrap: str) -> None:
+    """At least once, two ranges of one publisher flush at the same time; the broker refuses a
+    record of one (over the topic's size limit): that range's batch fails, the other's goes out
+    (a failed delivery is its range's, never taken by another range's flush)."""
+    from journal.errors import KafkaPublishError
+    from journal.ids import slice_for
+    from projections import range_context
+    from projections.kafka.publisher import KafkaPublisher
+
+    topic = create_topic(kafka_bootstrap, **{"max.message.bytes": "20000"})
+    low, high = (
+        next(f"acct|{i}" for i in range(1000) if (slice_for(f"acct|{i}") < 512) == lower) for lower in (True, False)
+    )
+    big = await journal.persist(low, [{"pad": "x" * 50000}])
+    small = await journal.persist(high, [{"n": i} for i in range(50)])
+    publisher = KafkaPublisher(kafka_bootstrap, topic, exactly_once=False)
+
+    async def publish(lo: int, hi: int, envelopes: list[EventEnvelope]) -> None:
+        owned = range_context.OwnedRange(f"own-failures-{topic}", lo, hi)  # new ranges, new producers:
+        range_context.enter(owned)  # both flushes wait for their producer id, so they end together
+        await publisher(None, envelopes)
+
+    for _ in range(ROUNDS):
+        high_batch, low_batch = await asyncio.gather(
+            publish(512, 1023, small), publish(0, 511, big), return_exceptions=True
+        )
+        assert isinstance(low_batch, KafkaPublishError) and "too large" in str(low_batch).lower(), low_batch
+        assert high_batch is None, high_batch
+    await publisher.close()
+    assert sorted(int(h["seq_nr"]) for *_, h in read_topic(kafka_bootstrap, topic)) == sorted(
+        list(range(1, 51)) * ROUNDS
+    )

@@ -34,8 +34,11 @@ UNAVAILABLE = frozenset({
     KafkaError.NETWORK_EXCEPTION, KafkaError.BROKER_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.NOT_ENOUGH_REPLICAS, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
     KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.CONCURRENT_TRANSACTIONS,
 })  # fmt: skip
-"""No broker answers, or not the one a call needs (yet): what a broker down or cut off gives."""
+"""No broker answers, or not the one a call needs (yet): what a broker down or cut off gives (a
+restarted broker's coordinator still ending the transaction left open: ``CONCURRENT_TRANSACTIONS``
+from ``init_transactions``)."""
 
 FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 """A newer producer of the same transactional id took over (its ``init_transactions``)."""

@@ -72,6 +72,8 @@ class _Range:
         self.txn = transactional_id(owned.projection, owned.lo, owned.hi)
         self.generation = 0
         """The count of this process's initializations of the transactional id at this one's."""
+        self.first_error: KafkaError | None = None
+        """The first failed delivery of this range's records since the last look."""
         if publisher.exactly_once:
             self.producer = publisher.instances.producer(self.txn)
         else:
@@ -157,12 +159,12 @@ class _Range:
         return None
 
     def _delivered(self, err: KafkaError | None, _msg: Any) -> None:
-        if err is not None and self.p.first_error is None:
-            self.p.first_error = err
+        if err is not None and self.first_error is None:
+            self.first_error = err
 
     async def _flush(self) -> None:
         left = await asyncio.to_thread(self.producer.flush, self.p.timeout)
-        err, self.p.first_error = self.p.first_error, None
+        err, self.first_error = self.first_error, None
         if err is not None:
             err = self.p.refusals.cause(err)
             if causes.refused(err):
@@ -193,7 +195,7 @@ class _Range:
         delivery's when there is one; :mod:`.causes`): refused, unavailable (the producer is
         forgotten: the next try opens a new one, which settles the transaction left open), or this
         batch's failure. A fenced or fatally failed producer is forgotten too."""
-        err_of_delivery, self.p.first_error = self.p.first_error, None
+        err_of_delivery, self.first_error = self.first_error, None
         cause = self.p.refusals.cause(err_of_delivery or err)
         if causes.unavailable(cause) and err_of_delivery is not None and not causes.unavailable(err):
             cause = err  # a delivery timed out; the call's own error says more
@@ -260,7 +262,6 @@ class KafkaPublisher:
         self.instances = Instances(self.producer_config)
         """The transactional producers of this process by id (:mod:`.instances`)."""
         self.timeout = timeout
-        self.first_error: KafkaError | None = None
         self._ranges: dict[range_context.OwnedRange, _Range] = {}
         self._checked = False
 
@@ -282,8 +283,7 @@ class KafkaPublisher:
         for old in [r for r in self._ranges.values() if r.owned.lo <= owned.hi and owned.lo <= r.owned.hi]:
             self.drop(old)  # an earlier processor of these slices in this process: it has stopped
         if not self._checked:
-            await asyncio.to_thread(self._check_topics, owned.projection)
-            self._checked = True
+            await self.check(owned.projection)
         channel = _Range(owned, self)
         self._ranges[owned] = channel
         try:
