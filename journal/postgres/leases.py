@@ -27,7 +27,7 @@ from typing import Any
 import asyncpg
 
 from ..ids import NUMBER_OF_SLICES, chunk
-from .offset_store import HEARTBEAT_PID, OffsetRow, OffsetSql
+from .offset_store import HEARTBEAT_PID, OffsetRow, OffsetSql, held_leases
 from .schema_sql import SchemaSql
 
 FORGET_DEAD_AFTER = timedelta(hours=1)
@@ -100,13 +100,7 @@ WHERE projection_name = $1 AND owner = $2 AND ($3::int[] IS NULL OR slice = ANY(
         """Inside the offset transaction: lock the leases of ``epochs`` (FOR SHARE) and return the
         slices that are no longer ours at that epoch (empty: the transaction may commit)."""
         slices = sorted(epochs)
-        rows = await conn.fetch(
-            f"""SELECT slice, epoch FROM {self.t("projection_slice_lease")}
-WHERE projection_name = $1 AND owner = $2 AND slice = ANY($3::int[]) ORDER BY slice FOR SHARE""",
-            name,
-            owner,
-            slices,
-        )
+        rows = await conn.fetch(held_leases(self.t("projection_slice_lease"), "$1", "$2", "$3"), name, owner, slices)
         ok = {r["slice"] for r in rows if epochs.get(r["slice"]) == r["epoch"]}
         return [s for s in slices if s not in ok]
 

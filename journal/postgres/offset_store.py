@@ -42,6 +42,17 @@ class LeaseFence:
     epochs: dict[int, int]
 
 
+def held_leases(table: str, name: str, owner: str, slices: str) -> str:
+    """The owner's lease rows of ``slices`` (each argument an SQL expression), locked ``FOR
+    SHARE`` by the primary key until the transaction ends: the check of a :class:`LeaseFence`,
+    alone (:meth:`LeaseSql.fence <journal.postgres.leases.LeaseSql.fence>`) or before the offset
+    rows (:meth:`OffsetSql.save_offsets`)."""
+    return (
+        f"SELECT slice, epoch FROM {table} WHERE projection_name = {name} AND owner = {owner} "
+        f"AND slice = ANY({slices}::int[]) ORDER BY slice FOR SHARE"
+    )
+
+
 @dataclass(frozen=True)
 class OffsetSql(SchemaSql):
     """Statements of the offset rows, for one schema."""
@@ -97,13 +108,10 @@ ON CONFLICT DO NOTHING"""
 
     def _fenced_insert(self, notify: bool) -> str:
         """The INSERT behind the lease check: $7 owner, $8 slices, $9 their epochs (then $10,
-        $11 the notification). ``held``: the owner's lease rows of the slices, by the primary
-        key, as :meth:`LeaseSql.fence <journal.postgres.leases.LeaseSql.fence>` reads them;
-        ``lost``: the (slice, epoch) pairs not held (``held`` is read whole by the EXCEPT, so
-        every lease row is locked)."""
-        return f"""WITH held AS (
-  SELECT slice, epoch FROM {self.t("projection_slice_lease")}
-  WHERE projection_name = $1 AND owner = $7 AND slice = ANY($8::int[]) ORDER BY slice FOR SHARE),
+        $11 the notification). ``held``: the owner's lease rows of the slices (:func:`held_leases`,
+        as the check alone reads them); ``lost``: the (slice, epoch) pairs not held (``held`` is
+        read whole by the EXCEPT, so every lease row is locked)."""
+        return f"""WITH held AS ({held_leases(self.t("projection_slice_lease"), "$1", "$7", "$8")}),
 lost AS MATERIALIZED (
   SELECT s FROM (SELECT * FROM unnest($8::int[], $9::bigint[]) AS f(s, e) EXCEPT SELECT * FROM held) f),
 i AS ({self._insert(" WHERE NOT EXISTS (SELECT 1 FROM lost)")})
