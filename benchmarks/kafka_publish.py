@@ -58,10 +58,11 @@ def new_topic(bootstrap: str, partitions: int = 8) -> str:
 
 async def bare(bootstrap: str, envs: list[EventEnvelope]) -> tuple[float, float]:
     """The same records through one idempotent producer (the publisher's producer settings),
-    flushed at the end; building the records is timed as the publisher's is."""
+    flushed at the end; building the records and making the producer (which then asks for its
+    producer id) are timed, as the publisher's are."""
     topic = new_topic(bootstrap)
-    p = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap, "enable.idempotence": True})
     t0 = time.perf_counter()
+    p = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap, "enable.idempotence": True})
     for key, value, headers in RecordBuilder().records(envs):
         while True:
             try:

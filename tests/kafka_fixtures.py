@@ -9,10 +9,11 @@ skipped with the reason, except in CI (``CI`` set), where they fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator, Mapping
-from typing import NoReturn
+from typing import NoReturn, Protocol, TypeVar
 
 import pytest
 
@@ -26,6 +27,33 @@ def skip_or_fail(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+class Startable(Protocol):
+    """A local broker or cluster (:mod:`projections.kafka.local`)."""
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+N = TypeVar("N", bound=Startable)
+
+
+@contextlib.contextmanager
+def running(nodes: N) -> Iterator[N]:
+    """``nodes`` started, stopped at the end; skipped (failed in CI) when Kafka cannot be set up here."""
+    from journal.errors import KafkaSetupError
+
+    try:
+        nodes.start()
+    except KafkaSetupError as e:
+        nodes.stop()
+        skip_or_fail(str(e))
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """``host:port`` of the session's Kafka broker: ``KAFKA_BOOTSTRAP_SERVERS`` or one local broker."""
@@ -36,19 +64,10 @@ def kafka_bootstrap() -> Iterator[str]:
     if BOOTSTRAP:
         yield BOOTSTRAP
         return
-    from journal.errors import KafkaSetupError
     from projections.kafka.local import LocalKafka
 
-    broker = LocalKafka()
-    try:
-        broker.start()
-    except KafkaSetupError as e:
-        broker.stop()
-        skip_or_fail(str(e))
-    try:
+    with running(LocalKafka()) as broker:
         yield broker.bootstrap_servers
-    finally:
-        broker.stop()
 
 
 def create_topic(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_fixtures import create_topic, read_topic, skip_or_fail
+from kafka_fixtures import create_topic, read_topic, running
 from projection_helpers import FAST_ENV
 
 from journal import Journal
@@ -27,19 +27,10 @@ USERS = {"admin": "admin-secret", "alice": "alice-secret-7q"}
 def sasl_broker() -> Iterator[Any]:
     """A broker of this test alone: SASL/PLAIN logins of USERS, an authorizer, admin a super user."""
     pytest.importorskip("confluent_kafka")
-    from journal.errors import KafkaSetupError
     from projections.kafka.local import LocalKafka
 
-    broker = LocalKafka(users=USERS)
-    try:
-        broker.start()
-    except KafkaSetupError as e:
-        broker.stop()
-        skip_or_fail(str(e))
-    try:
+    with running(LocalKafka(users=USERS)) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 def allow(admin_config: dict[str, str], *grants: tuple[str, str, str, str]) -> None:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from kafka_fixtures import create_topic, read_topic, skip_or_fail
+from kafka_fixtures import create_topic, read_topic, running
 from test_kafka_faults import records_so_far
 
 from journal import Journal
@@ -40,19 +40,10 @@ GROUP_SIZE = "500"
 def cluster() -> Iterator[object]:
     """Three KRaft nodes of one cluster, of this test alone (one of them is restarted)."""
     pytest.importorskip("confluent_kafka")
-    from journal.errors import KafkaSetupError
     from projections.kafka.local import LocalKafkaCluster
 
-    nodes = LocalKafkaCluster(3)
-    try:
-        nodes.start()
-    except KafkaSetupError as e:
-        nodes.stop()
-        skip_or_fail(str(e))
-    try:
+    with running(LocalKafkaCluster(3)) as nodes:
         yield nodes
-    finally:
-        nodes.stop()
 
 
 def worker(dsn: str, bootstrap: str, topic: str, crash: str) -> subprocess.Popen[str]:

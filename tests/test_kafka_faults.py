@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_fixtures import create_topic, read_topic, skip_or_fail
+from kafka_fixtures import create_topic, read_topic, running, skip_or_fail
 
 from journal import Journal
 from tests.support.relay import Relay
@@ -29,19 +29,10 @@ pytestmark = pytest.mark.kafka
 def own_broker() -> Iterator[object]:
     """A broker of this test alone (the session's one is shared: it is not restarted)."""
     pytest.importorskip("confluent_kafka")
-    from journal.errors import KafkaSetupError
     from projections.kafka.local import LocalKafka
 
-    broker = LocalKafka()
-    try:
-        broker.start()
-    except KafkaSetupError as e:
-        broker.stop()
-        skip_or_fail(str(e))
-    try:
+    with running(LocalKafka()) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 def records_so_far(bootstrap: str, topic: str) -> int:

@@ -8,7 +8,7 @@ import os
 import uuid
 
 import pytest
-from kafka_fixtures import create_topic, read_topic, skip_or_fail
+from kafka_fixtures import create_topic, read_topic, running
 
 pytestmark = pytest.mark.kafka
 
@@ -55,16 +55,9 @@ def test_three_nodes_commit_with_one_stopped() -> None:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
 
-    from journal.errors import KafkaSetupError
     from projections.kafka.local import LocalKafkaCluster
 
-    cluster = LocalKafkaCluster(3)
-    try:
-        cluster.start()
-    except KafkaSetupError as e:
-        cluster.stop()
-        skip_or_fail(str(e))
-    try:
+    with running(LocalKafkaCluster(3)) as cluster:
         bootstrap = cluster.bootstrap_servers
         topic = create_topic(bootstrap, 2, None, 3)
         producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"t-{uuid.uuid4().hex}"})
@@ -80,5 +73,3 @@ def test_three_nodes_commit_with_one_stopped() -> None:
         assert {len(p.replicas) for t in (topic, "__transaction_state") for p in meta[t].partitions.values()} == {3}
         values = sorted(value or b"" for _, _, value, _ in read_topic(bootstrap, topic))
         assert values == sorted(f"{b}-{i}".encode() for b in ("before", "after") for i in range(10))
-    finally:
-        cluster.stop()
