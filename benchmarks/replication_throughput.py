@@ -142,12 +142,42 @@ async def ready(address: str) -> None:
     raise RuntimeError(f"endpoint {address} did not start")
 
 
-async def local_read(ja: Journal) -> float:
+class SideCpu:
+    """CPU per 1000 events of a ceiling side's rounds (and the local read's): this process's and
+    the server's (every process of it), medians over the rounds."""
+
+    def __init__(self) -> None:
+        self.rounds: dict[str, list[tuple[float, float | None]]] = {}
+
+    def add(self, side: str, meter: CpuMeter, events: int) -> None:
+        per = 1e6 / events
+        server = None if meter.server is None else meter.server * per
+        self.rounds.setdefault(side, []).append((meter.client * per, server))
+
+    def line(self, side: str) -> str:
+        got = self.rounds.get(side, [])
+        client = statistics.median(r[0] for r in got) if got else float("nan")
+        servers = [r[1] for r in got if r[1] is not None]
+        server = f"{statistics.median(servers):.2f} ms" if servers else "n/a"
+        return f"CPU per 1000 events (medians): client {client:.2f} ms, server {server}"
+
+
+SPENT = SideCpu()
+
+
+async def local_read(ja: Journal, side: str | None = None) -> float:
+    async with ja.backend.pool.acquire() as conn:  # type: ignore[attr-defined]
+        meter = CpuMeter(conn.get_server_pid())
+    meter.start()
     t = time.perf_counter()
     n = 0
     async for _ in ja.current_events_by_slices(LOG, 0, 1023):
         n += 1
-    return n / (time.perf_counter() - t)
+    rate = n / (time.perf_counter() - t)
+    meter.stop()
+    if side is not None:
+        SPENT.add(side, meter, n)
+    return rate
 
 
 async def replicate(target: str, address_a: str, batch: int, events: int, cpu: Cpu) -> float:
@@ -217,17 +247,27 @@ def _raw_params(b: list[ReplicatedEvent]) -> tuple[object, ...]:
     )  # fmt: skip
 
 
+def metered(side: str, meter: CpuMeter, batches: list[list[ReplicatedEvent]], seconds: float) -> float:
+    """The side's rate; its CPU (``meter``, running since the clock started) recorded in :data:`SPENT`."""
+    meter.stop()
+    events = sum(len(b) for b in batches)
+    SPENT.add(side, meter, events)
+    return events / seconds
+
+
 async def raw_write(target: str, batches: list[list[ReplicatedEvent]]) -> float:
     """B's ceiling: the rows alone, a raw INSERT per batch in its own transaction (parameters
     built before the clock starts)."""
     params = [_raw_params(b) for b in batches]
     conn = await asyncpg.connect(target)
     try:
+        meter = CpuMeter(conn.get_server_pid())
+        meter.start()
         t = time.perf_counter()
         for p in params:
             async with conn.transaction():
                 await conn.execute(RAW, *p)
-        return sum(len(b) for b in batches) / (time.perf_counter() - t)
+        return metered("raw-insert", meter, batches, time.perf_counter() - t)
     finally:
         await conn.close()
 
@@ -248,11 +288,13 @@ async def copy_write(target: str, batches: list[list[ReplicatedEvent]]) -> float
     records = [_copy_records(b, base + timedelta(seconds=k)) for k, b in enumerate(batches)]
     conn = await asyncpg.connect(target)
     try:
+        meter = CpuMeter(conn.get_server_pid())
+        meter.start()
         t = time.perf_counter()
         for r in records:
             async with conn.transaction():
                 await conn.copy_records_to_table("event_journal", records=r, columns=COPY_COLUMNS)
-        return sum(len(b) for b in batches) / (time.perf_counter() - t)
+        return metered("copy", meter, batches, time.perf_counter() - t)
     finally:
         await conn.close()
 
@@ -268,12 +310,14 @@ async def staged_write(target: str, batches: list[list[ReplicatedEvent]]) -> flo
     conn = await asyncpg.connect(target)
     try:
         await conn.execute(STAGE)
+        meter = CpuMeter(conn.get_server_pid())
+        meter.start()
         t = time.perf_counter()
         for r in records:
             async with conn.transaction():
                 await conn.copy_records_to_table("sj_stage", records=r)
                 await conn.execute(FROM_STAGE, LOG)
-        return sum(len(b) for b in batches) / (time.perf_counter() - t)
+        return metered("copy-staged", meter, batches, time.perf_counter() - t)
     finally:
         await conn.close()
 
@@ -303,7 +347,7 @@ async def run(
             cpu.endpoint_pid = proc.pid
             await ready(address_a)
             rounds = await alternate_async(len(bs) - 1, {
-                "local": lambda k: local_read(ja),
+                "local": lambda k: local_read(ja, "local"),
                 "replication": lambda k: replicate(bs[k + 1], address_a, batch, events, cpu),
                 "raw-insert": lambda k: raw_write(rs["raw"][k], batches),
                 "copy": lambda k: copy_write(rs["copy"][k], batches),
@@ -311,11 +355,15 @@ async def run(
             })  # fmt: skip
         rounds.report(f"replication A->B over gRPC, batch {batch}", "replication", "local", "ev/s", target=0.5)
         print(f"    CPU per 1000 events replicated (medians): {cpu.line()}")
+        print(f"    local read: {SPENT.line('local')}")
         rounds.report("B's ceiling: raw INSERT of the same rows", "raw-insert", "local", "ev/s")
+        print(f"    {SPENT.line('raw-insert')}")
         print(f"    replication / raw INSERT: {rounds.ratio('replication', 'raw-insert'):.2f} "
               f"(rounds {' '.join(f'{r:.2f}' for r in rounds.ratios('replication', 'raw-insert'))})")  # fmt: skip
         rounds.report("B's ceiling: COPY into event_journal", "copy", "local", "ev/s")
+        print(f"    {SPENT.line('copy')}")
         rounds.report("B's ceiling: COPY to staging + INSERT SELECT", "copy-staged", "local", "ev/s")
+        print(f"    {SPENT.line('copy-staged')}")
         best = max(("raw-insert", "copy", "copy-staged"), key=lambda side: rounds.ratio(side, "local"))
         verdict = "reachable" if rounds.ratio(best, "local") >= 0.5 else "0.5 NOT reachable by any write of B's rows"
         name = "B's best write / local read"
