@@ -81,13 +81,18 @@ async def run(a: str, b: str, r: str, tmp: Path, events: int) -> None:
         await ready(address)
         cpu = Cpu()
         cpu.endpoint_pid = proc.pid
-        before = server_processes(postmaster)
+        before, total0 = server_processes(postmaster), _stat(postmaster, with_children=True)
         rate = await replicate(b, address, 1000, events, cpu)
-        after = server_processes(postmaster)
+        after, total1 = server_processes(postmaster), _stat(postmaster, with_children=True)
     print(f"replication: {rate:,.0f} ev/s; CPU per 1000 events: {cpu.line()}")
     by_kind: dict[str, float] = defaultdict(float)
     for pid, (title, t) in after.items():
         by_kind[kind(title)] += t - before.get(pid, (title, 0.0))[1]
+    if total0 is not None and total1 is not None:
+        # the postmaster's own time and its exited children's: what exited during the round (B's
+        # connections close with its journal) less what those alive before had spent by then
+        gone = sum(t for pid, (_, t) in before.items() if pid not in after)
+        by_kind["exited during the round (B's connections)"] = total1[1] - total0[1] - gone
     for k, t in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         if t > 0:
             print(f"  {k:<40} {t * 1e6 / events:6.2f} ms per 1000 events")
