@@ -12,6 +12,12 @@ then ``--rounds`` paired rounds, their order rotated each round (benchmarks._com
 (r) B's ceiling: the same rows (read from A beforehand) written into a fresh database with a raw
     ``unnest`` INSERT of every column replication writes, one transaction per batch, nothing
     else (no read, no decoding, no vector check, no progress): what B's table alone takes;
+    beside it the same rows by COPY (asyncpg ``copy_records_to_table``, binary), each into a fresh
+    database, one transaction per batch: (r2) straight into event_journal (the timestamps made by
+    the client), (r3) into a temporary staging table, then one ``INSERT ... SELECT`` from it (the
+    shape a journal statement needing the server's clock and the pids' newest rows would take);
+    the best of the three against the local read is printed as "B's best write / read": if it is
+    below 0.5, no write of B's rows reaches the goal on this machine;
 (d) latency: endpoints A and B as processes with update notifications on; single events written
     at A one at a time (each once B's live slice query delivered the previous, then 50 ms pause),
     timed until stored at B (polled by primary key, an index lookup) and until B's live slice
@@ -35,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -68,6 +75,19 @@ INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timest
 SELECT s, $1, p, n, clock_timestamp(), i, m, b, false, 'w', o, os, vt::jsonb, ls
 FROM unnest($2::int[], $3::text[], $4::bigint[], $5::int[], $6::text[], $7::bytea[], $8::text[], $9::bigint[],
             $10::text[], $11::bigint[]) AS t(s, p, n, i, m, b, o, os, vt, ls)"""
+
+
+COPY_COLUMNS = (
+    "slice", "entity_type", "persistence_id", "seq_nr", "db_timestamp", "event_ser_id", "event_ser_manifest",
+    "event_payload", "deleted", "writer", "origin_location", "origin_seq_nr", "vector_time", "log_seq_nr",
+)  # fmt: skip
+STAGE = """
+CREATE TEMPORARY TABLE sj_stage (s int, p text, n bigint, i int, m text, b bytea, o text, os bigint, vt text,
+  ls bigint) ON COMMIT DELETE ROWS"""
+FROM_STAGE = """
+INSERT INTO event_journal (slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id,
+  event_ser_manifest, event_payload, deleted, writer, origin_location, origin_seq_nr, vector_time, log_seq_nr)
+SELECT s, $1, p, n, clock_timestamp(), i, m, b, false, 'w', o, os, vt::jsonb, ls FROM sj_stage"""
 
 
 def free_address() -> str:
@@ -122,12 +142,42 @@ async def ready(address: str) -> None:
     raise RuntimeError(f"endpoint {address} did not start")
 
 
-async def local_read(ja: Journal) -> float:
+class SideCpu:
+    """CPU per 1000 events of a ceiling side's rounds (and the local read's): this process's and
+    the server's (every process of it), medians over the rounds."""
+
+    def __init__(self) -> None:
+        self.rounds: dict[str, list[tuple[float, float | None]]] = {}
+
+    def add(self, side: str, meter: CpuMeter, events: int) -> None:
+        per = 1e6 / events
+        server = None if meter.server is None else meter.server * per
+        self.rounds.setdefault(side, []).append((meter.client * per, server))
+
+    def line(self, side: str) -> str:
+        got = self.rounds.get(side, [])
+        client = statistics.median(r[0] for r in got) if got else float("nan")
+        servers = [r[1] for r in got if r[1] is not None]
+        server = f"{statistics.median(servers):.2f} ms" if servers else "n/a"
+        return f"CPU per 1000 events (medians): client {client:.2f} ms, server {server}"
+
+
+SPENT = SideCpu()
+
+
+async def local_read(ja: Journal, side: str | None = None) -> float:
+    async with ja.backend.pool.acquire() as conn:  # type: ignore[attr-defined]
+        meter = CpuMeter(conn.get_server_pid())
+    meter.start()
     t = time.perf_counter()
     n = 0
     async for _ in ja.current_events_by_slices(LOG, 0, 1023):
         n += 1
-    return n / (time.perf_counter() - t)
+    rate = n / (time.perf_counter() - t)
+    meter.stop()
+    if side is not None:
+        SPENT.add(side, meter, n)
+    return rate
 
 
 async def replicate(target: str, address_a: str, batch: int, events: int, cpu: Cpu) -> float:
@@ -197,22 +247,84 @@ def _raw_params(b: list[ReplicatedEvent]) -> tuple[object, ...]:
     )  # fmt: skip
 
 
+def metered(side: str, meter: CpuMeter, batches: list[list[ReplicatedEvent]], seconds: float) -> float:
+    """The side's rate; its CPU (``meter``, running since the clock started) recorded in :data:`SPENT`."""
+    meter.stop()
+    events = sum(len(b) for b in batches)
+    SPENT.add(side, meter, events)
+    return events / seconds
+
+
 async def raw_write(target: str, batches: list[list[ReplicatedEvent]]) -> float:
     """B's ceiling: the rows alone, a raw INSERT per batch in its own transaction (parameters
     built before the clock starts)."""
     params = [_raw_params(b) for b in batches]
     conn = await asyncpg.connect(target)
     try:
+        meter = CpuMeter(conn.get_server_pid())
+        meter.start()
         t = time.perf_counter()
         for p in params:
             async with conn.transaction():
                 await conn.execute(RAW, *p)
-        return sum(len(b) for b in batches) / (time.perf_counter() - t)
+        return metered("raw-insert", meter, batches, time.perf_counter() - t)
     finally:
         await conn.close()
 
 
-async def run(a: str, bs: list[str], rs: list[str], events: int, batch: int, latency_events: int, tmp: Path) -> None:
+def _copy_records(b: list[ReplicatedEvent], base: datetime) -> list[tuple[object, ...]]:
+    return [
+        (slice_for(e.persistence_id), LOG, e.persistence_id, e.origin_seq_nr, base + timedelta(microseconds=k),
+         e.event.ser_id, e.event.manifest, e.event.payload, False, "w", e.origin_location, e.origin_seq_nr,
+         dump_vt(e.vector_time), e.log_seq_nr)
+        for k, e in enumerate(b)
+    ]  # fmt: skip
+
+
+async def copy_write(target: str, batches: list[list[ReplicatedEvent]]) -> float:
+    """B's ceiling by COPY: the rows straight into event_journal, one COPY per batch in its own
+    transaction (records built before the clock, timestamps by the client)."""
+    base = datetime.now(UTC) - timedelta(hours=1)
+    records = [_copy_records(b, base + timedelta(seconds=k)) for k, b in enumerate(batches)]
+    conn = await asyncpg.connect(target)
+    try:
+        meter = CpuMeter(conn.get_server_pid())
+        meter.start()
+        t = time.perf_counter()
+        for r in records:
+            async with conn.transaction():
+                await conn.copy_records_to_table("event_journal", records=r, columns=COPY_COLUMNS)
+        return metered("copy", meter, batches, time.perf_counter() - t)
+    finally:
+        await conn.close()
+
+
+async def staged_write(target: str, batches: list[list[ReplicatedEvent]]) -> float:
+    """B's ceiling by COPY into a temporary staging table, then one INSERT ... SELECT per batch,
+    both in the batch's transaction (records built and the staging table made before the clock)."""
+    records = [
+        [(slice_for(e.persistence_id), e.persistence_id, e.origin_seq_nr, e.event.ser_id, e.event.manifest,
+          e.event.payload, e.origin_location, e.origin_seq_nr, dump_vt(e.vector_time), e.log_seq_nr) for e in b]
+        for b in batches
+    ]  # fmt: skip
+    conn = await asyncpg.connect(target)
+    try:
+        await conn.execute(STAGE)
+        meter = CpuMeter(conn.get_server_pid())
+        meter.start()
+        t = time.perf_counter()
+        for r in records:
+            async with conn.transaction():
+                await conn.copy_records_to_table("sj_stage", records=r)
+                await conn.execute(FROM_STAGE, LOG)
+        return metered("copy-staged", meter, batches, time.perf_counter() - t)
+    finally:
+        await conn.close()
+
+
+async def run(
+    a: str, bs: list[str], rs: dict[str, list[str]], events: int, batch: int, latency_events: int, tmp: Path
+) -> None:
     await fill(a, events)
     s_a = JournalSettings.load(dsn=a)
     async with open_journal(a, settings=s_a) as ja:
@@ -235,15 +347,28 @@ async def run(a: str, bs: list[str], rs: list[str], events: int, batch: int, lat
             cpu.endpoint_pid = proc.pid
             await ready(address_a)
             rounds = await alternate_async(len(bs) - 1, {
-                "local": lambda k: local_read(ja),
+                "local": lambda k: local_read(ja, "local"),
                 "replication": lambda k: replicate(bs[k + 1], address_a, batch, events, cpu),
-                "raw-insert": lambda k: raw_write(rs[k], batches),
+                "raw-insert": lambda k: raw_write(rs["raw"][k], batches),
+                "copy": lambda k: copy_write(rs["copy"][k], batches),
+                "copy-staged": lambda k: staged_write(rs["staged"][k], batches),
             })  # fmt: skip
         rounds.report(f"replication A->B over gRPC, batch {batch}", "replication", "local", "ev/s", target=0.5)
         print(f"    CPU per 1000 events replicated (medians): {cpu.line()}")
+        print(f"    local read: {SPENT.line('local')}")
         rounds.report("B's ceiling: raw INSERT of the same rows", "raw-insert", "local", "ev/s")
+        print(f"    {SPENT.line('raw-insert')}")
         print(f"    replication / raw INSERT: {rounds.ratio('replication', 'raw-insert'):.2f} "
               f"(rounds {' '.join(f'{r:.2f}' for r in rounds.ratios('replication', 'raw-insert'))})")  # fmt: skip
+        rounds.report("B's ceiling: COPY into event_journal", "copy", "local", "ev/s")
+        print(f"    {SPENT.line('copy')}")
+        rounds.report("B's ceiling: COPY to staging + INSERT SELECT", "copy-staged", "local", "ev/s")
+        print(f"    {SPENT.line('copy-staged')}")
+        best = max(("raw-insert", "copy", "copy-staged"), key=lambda side: rounds.ratio(side, "local"))
+        verdict = "reachable" if rounds.ratio(best, "local") >= 0.5 else "0.5 NOT reachable by any write of B's rows"
+        name = "B's best write / local read"
+        print(f"{name:<44} {best} ratio {rounds.ratio(best, 'local'):.2f}: {verdict}")
+        print(f"    replication / {best}: {rounds.ratio('replication', best):.2f}")
         print(f"{'stamping local events at A (once per event)':<44} {stamp_rate:,.0f} events/s")
     b = bs[0]
     s_b = JournalSettings.load(dsn=b)
@@ -328,8 +453,11 @@ def main() -> None:
             server = start_embedded(tmp / "pgdata")
         a = stack.enter_context(scratch_database(server, "sjbencha"))
         bs = [stack.enter_context(scratch_database(server, f"sjbenchb{k}")) for k in range(args.rounds + 1)]
-        rs = [stack.enter_context(scratch_database(server, f"sjbenchr{k}")) for k in range(args.rounds)]
-        for dsn in (a, *bs, *rs):
+        rs = {
+            side: [stack.enter_context(scratch_database(server, f"sjbench{side}{k}")) for k in range(args.rounds)]
+            for side in ("raw", "copy", "staged")
+        }
+        for dsn in (a, *bs, *(d for ds in rs.values() for d in ds)):
             upgrade(dsn)
         # the runtime an endpoint runs on (`journal endpoint run`: uvloop, the tuned collector), for
         # B here and the local read alike

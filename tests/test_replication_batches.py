@@ -13,6 +13,7 @@ import pytest
 from conftest import truncate_all
 from replication_helpers import Location, location_databases, open_location, open_locations
 
+from journal import slice_for
 from journal.postgres.dsn import asyncpg_dsn
 from journal.replication.filters import EndpointFilters, tagged
 from journal.replication.replicator import LocalSource, ReadRequest, Replicator
@@ -173,6 +174,34 @@ async def test_tags_and_metadata_arrive_as_sent_whether_a_batch_has_them_or_not(
     assert [(e.persistence_id, e.event, e.tags, e.metadata) for e in got] == [
         (e.persistence_id, e.event, e.tags, e.metadata) for e in plain + mixed
     ]
+
+
+async def test_the_stamp_check_of_every_read_uses_the_unstamped_index_after_stale_statistics(
+    dbs: dict[str, str],
+) -> None:
+    """Every read of a source stamps first, and the stamp asks whether anything is unstamped.
+    Where the statistics were gathered before the log's first stamp (every row unstamped), that
+    question must still be the partial index's, not a scan of the whole table (it was: 6.8 ms of
+    server CPU per read at 50,000 events, more than the read itself)."""
+    from journal.postgres.replication_store import unstamped_index_sql
+
+    await truncate_all(dbs["A"])
+    async with open_location("A", dbs["A"], [LOG]) as a:
+        await a.journal.persist_many([(f"{LOG}|{i}", [{"v": i}]) for i in range(2000)])
+        conn = await asyncpg.connect(asyncpg_dsn(a.dsn))
+        try:
+            await conn.execute("ANALYZE event_journal")  # the statistics: every row unstamped
+            while await a.store.stamp(LOG) > 0:
+                pass
+            sql = a.store.sql.any_unstamped(LOG)  # the statement the store runs
+            plan = "\n".join(r[0] for r in await conn.fetch("EXPLAIN " + sql, None))
+            assert unstamped_index_sql(LOG).split('"')[1] in plan and "Seq Scan" not in plan, plan
+            assert await conn.fetchval(sql, None) is False
+            await a.journal.persist(f"{LOG}|late", [{"v": "late"}])
+            assert await conn.fetchval(sql, None) is True
+            assert await conn.fetchval(sql, [0]) is (slice_for(f"{LOG}|late") == 0)
+        finally:
+            await conn.close()
 
 
 async def test_the_log_indexes_serve_their_queries_even_as_generic_plans(dbs: dict[str, str]) -> None:

@@ -4,7 +4,10 @@ from the persist: A's persist returned, A's endpoint notified (LISTEN), B woken 
 stream, A's read served (its stamp, its query), B's write committed. Medians and p99 over the
 events, in ms.
 
-    PYTHONPATH=. flock /tmp/sj-bench.lock .venv/bin/python benchmarks/profiles/latency_repl.py [events]
+    PYTHONPATH=. flock /tmp/sj-bench.lock .venv/bin/python benchmarks/profiles/latency_repl.py [events] [uvloop]
+
+With ``uvloop`` the endpoints run on ``journal.runtime`` (uvloop), as ``journal endpoint run`` does;
+without it, on asyncio's standard loop.
 """
 
 from __future__ import annotations
@@ -109,7 +112,12 @@ def main() -> None:
         with scratch_database(server, "lpa") as a, scratch_database(server, "lpb") as b:
             upgrade(a)
             upgrade(b)
-            asyncio.run(run(a, b, events))
+            if "uvloop" in sys.argv[2:]:
+                from journal import runtime
+
+                runtime.run(run(a, b, events))
+            else:
+                asyncio.run(run(a, b, events))
 
 
 if __name__ == "__main__":

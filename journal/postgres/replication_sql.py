@@ -172,10 +172,16 @@ class ReplicationStatements:
         )
 
     def any_unstamped(self, log_name: str) -> str:
-        """Has the log a local event not stamped yet (of the slices ``$1``, or any with NULL)?"""
+        """Has the log a local event not stamped yet (of the slices ``$1``, or any with NULL)?
+        A first row in the unstamped index's order, not ``EXISTS``: the planner drops an
+        ORDER BY inside ``EXISTS`` and, where the statistics still say most rows are unstamped
+        (analyzed before a first stamp, a log newly replicated), expects a sequential scan to
+        stop at once, and then scans the whole table on every read (6.8 ms per call at 50,000
+        events); with the order the partial index is the only cheap plan."""
         return (
-            f"SELECT EXISTS (SELECT 1 FROM {self.ej} WHERE entity_type = {_literal(log_name)} "
-            f"AND log_seq_nr IS NULL AND ($1::int[] IS NULL OR slice = ANY($1::int[])))"
+            f"SELECT (SELECT true FROM {self.ej} WHERE entity_type = {_literal(log_name)} "
+            f"AND log_seq_nr IS NULL AND ($1::int[] IS NULL OR slice = ANY($1::int[])) "
+            f"ORDER BY db_timestamp, seq_nr, persistence_id LIMIT 1) IS NOT NULL"
         )
 
     def unstamped_index(self, log_name: str) -> str:
