@@ -27,7 +27,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from journal import EventEnvelope, JournalSettings, Write, failures, open_journal
+from journal import EventEnvelope, JournalSettings, Write, failures, open_journal, runtime
 from projections import Worker
 from projections.kafka.local import LocalKafka
 from projections.kafka.publisher import PRODUCER_DEFAULTS, KafkaPublisher
@@ -166,6 +166,13 @@ if __name__ == "__main__":
     ap.add_argument("--group-size", type=int, default=5000)
     ap.add_argument("--workers", type=int, default=2, help="workers (slice ranges) in this process")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the three sides, order rotated")
+    ap.add_argument("--asyncio", action="store_true", help="asyncio.run, the collector untuned (every side)")
     a = ap.parse_args()
+    tuned = f"journal.runtime: {runtime.loop_name()}, collector tuned"
+    print("# event loop:", "asyncio, collector untuned" if a.asyncio else tuned)
     with fresh_database() as dsn, broker() as bootstrap:
-        asyncio.run(main(dsn, bootstrap, a.events, a.entities, a.group_size, a.workers, a.rounds))
+        go = main(dsn, bootstrap, a.events, a.entities, a.group_size, a.workers, a.rounds)
+        if a.asyncio:
+            asyncio.run(go)
+        else:  # as `projections run --to-kafka` runs its workers
+            runtime.run(go)

@@ -24,7 +24,8 @@ trail by design); its workers are stopped outside the timed part.
     [JOURNAL_DSN=postgresql://...] python benchmarks/projection_throughput.py [--events N] [--rounds R]
 
 (default 300,000 events, 3 rounds, 2 workers; a fresh database on JOURNAL_DSN's server, else an
-embedded one).
+embedded one). Both sides run on ``journal.runtime`` (uvloop, the collector tuned), as ``projections
+run`` runs its workers; ``--asyncio`` runs them on ``asyncio.run`` instead.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 
 import asyncpg
 
-from journal import EventEnvelope, Journal, JournalSettings, Write, failures, open_journal
+from journal import EventEnvelope, Journal, JournalSettings, Write, failures, open_journal, runtime
 from projections import Worker
 
 try:
@@ -245,7 +246,12 @@ if __name__ == "__main__":
     ap.add_argument("--events", type=int, default=300_000)
     ap.add_argument("--rounds", type=int, default=3, help="paired rounds per row (at least 3 for a median)")
     ap.add_argument("--workers", type=int, default=2, help="workers (slice ranges) in this process")
+    ap.add_argument("--asyncio", action="store_true", help="asyncio.run, the collector untuned (both sides)")
     a = ap.parse_args()
-    header(f"projection throughput: {a.events:,} events, {a.rounds} paired rounds per row")
+    loop = "asyncio, collector untuned" if a.asyncio else f"journal.runtime: {runtime.loop_name()}, collector tuned"
+    header(f"projection throughput: {a.events:,} events, {a.rounds} paired rounds per row; {loop}")
     with fresh_database() as fresh:
-        asyncio.run(main(a.events, a.rounds, a.workers, fresh))
+        if a.asyncio:
+            asyncio.run(main(a.events, a.rounds, a.workers, fresh))
+        else:  # as `projections run` runs its workers
+            runtime.run(main(a.events, a.rounds, a.workers, fresh))
