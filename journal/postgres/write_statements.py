@@ -49,7 +49,7 @@ _EVENT_COLUMNS = "payload_end, payload_length, ser_id, ser_manifest"
 
 
 def _ints(param: str, pg_type: str) -> str:
-    """The array of a column of ints (or None) sent as one JSON text (:func:`columns`):
+    """The array of a column of ints (or None) sent as one JSON text (:func:`_json`):
     ``[1,null,3]`` read by PostgreSQL's array input once its brackets are braces."""
     return f"translate({param}::text, '[]', '{{}}')::{pg_type}[]"
 
