@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from itertools import repeat
-from operator import floordiv
 
 from ..backend import SLICE_GROUP_SIZE, SLICE_ROW_COLUMNS
 from .schema_sql import SchemaSql, Sql
@@ -23,7 +21,7 @@ EVENT_COLUMNS = ", ".join(SLICE_ROW_COLUMNS)
 def notify_groups(slices: Iterable[int], entity_types: Iterable[str]) -> list[str]:
     """The distinct NOTIFY payloads of a batch's rows, from each row's slice and entity type
     (formatted once per group, not once per row)."""
-    groups = set(zip(map(floordiv, slices, repeat(SLICE_GROUP_SIZE)), entity_types, strict=False))  # loops in C
+    groups = {(s // SLICE_GROUP_SIZE, t) for s, t in zip(slices, entity_types, strict=False)}
     return [f"{g}:{t}" for g, t in groups]
 
 
