@@ -31,6 +31,11 @@ def _slice_1024(persistence_id: str) -> int:
     return abs(java_string_hash(persistence_id)) % NUMBER_OF_SLICES
 
 
+def slices_for(persistence_ids: Iterable[str]) -> list[int]:
+    """:func:`slice_for` of each persistence id (1024 slices): the cache called from a loop in C."""
+    return list(map(_slice_1024, persistence_ids))
+
+
 def slice_for(persistence_id: str, number_of_slices: int = NUMBER_OF_SLICES) -> int:
     """The slice (0..1023) of a persistence id, equal to the JVM's ``Persistence.sliceForPersistenceId``."""
     if number_of_slices == NUMBER_OF_SLICES:

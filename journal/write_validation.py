@@ -24,6 +24,7 @@ from .ids import (
     MAX_PERSISTENCE_ID_LENGTH,
     MAX_SEQ_NR,
     slice_for,
+    slices_for,
     validate_persistence_id,
     validate_seq_nr,
     validate_tags,
@@ -101,7 +102,7 @@ class WriteValidator:
             return None
         n = len(pids)
         return WriteBatch(
-            pids, entity_types_of(pids), list(map(slice_for, pids)), expected, [1] * n, payloads, ser_ids, manifests,
+            pids, entity_types_of(pids), slices_for(pids), expected, [1] * n, payloads, ser_ids, manifests,
             ((),) * n, (None,) * n,
         )  # fmt: skip
 

@@ -4,6 +4,7 @@ nothing, ordering, and its interplay with concurrent group-committed persist cal
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import asyncpg
 import pytest
@@ -20,6 +21,7 @@ from journal import (
     failures,
     open_journal,
 )
+from journal.ids import entity_type_of, slice_for
 from tests.support.rows import count_rows
 
 
@@ -202,3 +204,34 @@ async def test_a_one_part_bulk_write_behind_a_busy_queue_gets_its_outcome(journa
     *_, out = await asyncio.gather(*singles, journal.persist_many([Write("q1|bulk", ["bulk"])]))
     assert [type(o) for o in out] == [Written]
     assert await events_of(journal, "q1|bulk") == ["bulk"]
+
+
+@dataclass
+class _Noted:
+    text: str
+
+
+async def test_every_column_comes_back_as_written_whatever_its_characters(dsn: str, journal: Journal) -> None:
+    """The batch statement's columns travel as JSON texts and one joined bytea (not asyncpg's
+    arrays): characters that JSON, PostgreSQL's array input or a cut at a wrong offset would
+    change (quotes, backslashes, commas, braces, brackets, control characters, ``NULL``, other
+    scripts, NUL and empty payloads) come back unchanged, in every column and on both of the
+    statement's paths (one event per call, and calls of several events)."""
+    journal.serializers.register_type(_Noted, manifest='note "1", {x} [y] \\z', version=2)  # written as its manifest
+    odd = ['q"uo\\te', "a,b{c}[d]", "NULL", "tab\tnew\nline\x01", "é😀", " sp ace "]
+    parts: list[Write] = []
+    for i, s in enumerate(odd):
+        parts.append(Write(f"{s}|{i}", [{"s": s}], tags=[s, f"t{i}"], metadata={"m": s}))
+        parts.append(Write(f"x|{s}", [b"\x00" + s.encode(), b"", _Noted(s)], expected_seq_nr=0))
+        parts.append(Write(s, [s, None, [s]], expected_seq_nr=None))
+    for many in (False, True):  # one event per call, then calls of several events
+        batch = [p for p in parts if (len(p.events) > 1) == many]
+        out = await journal.persist_many(batch)
+        assert failures(out) == []
+        for w, o in zip(batch, out, strict=True):
+            assert isinstance(o, Written) and (o.persistence_id, o.first_seq_nr) == (w.persistence_id, 1)
+            stored = [e async for e in journal.current_events_by_persistence_id(w.persistence_id)]
+            assert [e.event for e in stored] == list(w.events)
+            assert [e.tags for e in stored] == [tuple(w.tags)] * len(w.events)
+            assert [e.metadata for e in stored] == [w.metadata] * len(w.events)
+            assert {(e.entity_type, e.slice) for e in stored} == {(entity_type_of(o.persistence_id), slice_for(w[0]))}

@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
+
+from orjson import dumps as _dumps
 
 from ..serialization import JSON_SERIALIZER_ID
 from ..write_batch import WriteBatch
@@ -41,10 +44,28 @@ from .timestamp_rule import MICROSECOND, clock, clock_of_one, settle, stamp
 _COLUMNS = """slice, entity_type, persistence_id, seq_nr, db_timestamp, event_ser_id, event_ser_manifest,
     event_payload, deleted, writer, tags, meta_ser_id, meta_ser_manifest, meta_payload"""
 
-_CALL_ARRAYS = "$1::text[], $2::int[], $3::text[], $5::bigint[], $6::text[], $7::int[], $8::text[], $9::bytea[]"
 _CALL_COLUMNS = "persistence_id, slice, entity_type, expected, tags_json, meta_ser_id, meta_ser_manifest, meta_payload"
-_EVENT_ARRAYS = "$10::bytea[], $11::int[], $12::text[]"
-_EVENT_COLUMNS = "payload, ser_id, ser_manifest"
+_EVENT_COLUMNS = "payload_end, payload_length, ser_id, ser_manifest"
+
+
+def _ints(param: str, pg_type: str) -> str:
+    """The array of a column of ints (or None) sent as one JSON text (:func:`_json`):
+    ``[1,null,3]`` read by PostgreSQL's array input once its brackets are braces."""
+    return f"translate({param}::text, '[]', '{{}}')::{pg_type}[]"
+
+
+_CALL_FUNCTIONS = (
+    f"json_array_elements_text($1::json), unnest({_ints('$2', 'int')}), json_array_elements_text($3::json),"
+    f" unnest({_ints('$5', 'bigint')}), json_array_elements_text($6::json), unnest($7::int[]), unnest($8::text[]),"
+    " unnest($9::bytea[])"
+)
+"""The per-call columns as functions of ``ROWS FROM`` (``_CALL_COLUMNS``)."""
+_EVENT_FUNCTIONS = (
+    f"unnest({_ints('$15', 'int')}), unnest({_ints('$16', 'int')}), unnest({_ints('$11', 'int')}),"
+    " json_array_elements_text($12::json)"
+)
+"""The per-event columns as functions of ``ROWS FROM`` (``_EVENT_COLUMNS``): where each payload
+ends in $10 and its length, its serializer id and manifest."""
 
 
 def highest(pid: str, ej: str, expected: str | None) -> str:
@@ -64,13 +85,21 @@ class WriteStatements:
 
     Parameters of the batch statement. Per call: $1 pid, $2 slice, $3 entity type (empty: every
     call is $4), $5 expected_seq_nr (NULL, or an empty array: append), $6 tags as JSON (empty:
-    none), $7-$9 metadata (empty: none). Per event: $10 payload, $11 serializer id (empty: JSON),
-    $12 manifest (empty: ''). $13 the writer id, $14 its partition map epoch (the database's owner
-    check of the batch's slices, :func:`.timestamp_rule.clock`). Then, in this order and only where they apply:
-    the notification payloads, the tag bucket size in milliseconds (tagged batches), and per event
-    its call and its position in it (1-based; batches with a call of several events). An array
-    whose every element would be the default is sent empty: the unnest pads it with NULLs, and
-    asyncpg encodes nothing.
+    none), $7-$9 metadata (empty: none). Per event: $10 the payloads one after the other, $11
+    serializer id (empty: JSON), $12 manifest (empty: ''). $13 the writer id, $14 its partition
+    map epoch (the database's owner check of the batch's slices, :func:`.timestamp_rule.clock`),
+    $15 where each payload ends in $10 and $16 its length. Then, in this order and only where
+    they apply: the notification payloads, the tag bucket size in milliseconds (tagged batches),
+    and per event its call and its position in it (1-based; batches with a call of several
+    events). A column whose every element would be the default is sent empty: ``ROWS FROM``
+    pads it with NULLs.
+
+    The columns of ints and strs go as one JSON text each (:func:`_json`), the payloads as one
+    bytea: asyncpg's array encoder checks every element against ``collections.abc`` types in
+    Python, about 0.3 ms of client CPU per 1000 elements and column, more than checking and
+    serializing the parts; PostgreSQL reads an int column with its array input and a str column
+    with ``json_array_elements_text`` (``benchmarks/profiles/columns.py`` measures both sides).
+    The metadata columns (empty unless a call carries metadata) stay arrays.
     """
 
     def __init__(self, sql: Statements, *, notify: bool, bucket_millis: int) -> None:
@@ -100,7 +129,7 @@ class WriteStatements:
     def _tail(self, tagged: bool, many: bool) -> tuple[str, str, str, str]:
         """The numbers of the optional parameters: notifications, bucket, event calls, positions."""
         names = [n for n, on in (("notify", self._notify), ("bucket", tagged), ("call", many), ("ordinal", many)) if on]
-        at = {name: f"${15 + i}" for i, name in enumerate(names)}
+        at = {name: f"${17 + i}" for i, name in enumerate(names)}
         return at.get("notify", ""), at.get("bucket", ""), at.get("call", ""), at.get("ordinal", "")
 
     def _batch_sql(self, tagged: bool, many: bool, known: bool) -> str:
@@ -114,20 +143,22 @@ class WriteStatements:
         )
         tags = f", tv AS ({self._tags.insert_from_events('src', '$13', bucket_at, '')}\n)" if tagged else ""
         if many:  # the events apart from their calls, joined to them by their call's position
-            calls = f"unnest({_CALL_ARRAYS}) WITH ORDINALITY AS c({_CALL_COLUMNS}, i)"
+            calls = f"ROWS FROM ({_CALL_FUNCTIONS}) WITH ORDINALITY AS c({_CALL_COLUMNS}, i)"
             events = (
-                f"chk, unnest({_EVENT_ARRAYS}, {call_at}::int[], {ordinal_at}::int[])"
+                f"chk, ROWS FROM ({_EVENT_FUNCTIONS}, unnest({_ints(call_at, 'int')}),"
+                f" unnest({_ints(ordinal_at, 'int')}))"
                 f" WITH ORDINALITY AS e({_EVENT_COLUMNS}, call, ordinal, n) JOIN calls c ON c.i = e.call"
             )
             e, ordinal, n = "e", "e.ordinal", "e.n"
         else:  # one event per call: the events are in the calls' rows
             calls = (
-                f"unnest({_CALL_ARRAYS}, {_EVENT_ARRAYS}) WITH ORDINALITY AS c({_CALL_COLUMNS}, {_EVENT_COLUMNS}, i)"
+                f"ROWS FROM ({_CALL_FUNCTIONS}, {_EVENT_FUNCTIONS})"
+                f" WITH ORDINALITY AS c({_CALL_COLUMNS}, {_EVENT_COLUMNS}, i)"
             )
             events = "chk, calls c"
             e, ordinal, n = "c", "1", "c.i"
         return f"""
-WITH {clock(self._schema, "$14", "$2")}, calls AS MATERIALIZED (
+WITH {clock(self._schema, "$14", f"({_ints('$2', 'int')})")}, calls AS MATERIALIZED (
   SELECT c.*, h.seq_nr AS prev_seq, h.db_timestamp AS prev_ts,
     c.expected IS NOT NULL AND c.expected <> COALESCE(h.seq_nr, 0) AS bad
   FROM {calls}
@@ -137,7 +168,8 @@ WITH {clock(self._schema, "$14", "$2")}, calls AS MATERIALIZED (
 ), src AS {"MATERIALIZED " if tagged else ""}(
   SELECT c.slice, COALESCE(c.entity_type, $4::text) AS entity_type, c.persistence_id,
     COALESCE(c.prev_seq, 0) + {ordinal} AS seq_nr, {stamp("chk.prev", n)} AS db_timestamp,
-    COALESCE({e}.ser_id, {JSON_SERIALIZER_ID}) AS ser_id, COALESCE({e}.ser_manifest, '') AS ser_manifest, {e}.payload,
+    COALESCE({e}.ser_id, {JSON_SERIALIZER_ID}) AS ser_id, COALESCE({e}.ser_manifest, '') AS ser_manifest,
+    substring($10::bytea FROM {e}.payload_end - {e}.payload_length + 1 FOR {e}.payload_length) AS payload,
     CASE WHEN c.tags_json IS NULL THEN NULL
          ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags_json::jsonb)) END AS tags,
     c.meta_ser_id, c.meta_ser_manifest, c.meta_payload
@@ -188,18 +220,27 @@ RETURNING db_timestamp AS ts, 0 AS bad, {after} AS appended_after{notify}"""
 
     def _params(self, b: WriteBatch, writer: str, epoch: int, tagged: bool, many: bool) -> tuple[Any, ...]:
         entity_type = b.entity_types[0]
+        lengths = list(map(len, b.payloads))
         params: tuple[Any, ...] = (
-            b.persistence_ids, b.slices, _unless_all(b.entity_types, entity_type), entity_type,
-            _unless_all(b.expected_seq_nrs, None), _tags_json(b.tags) if tagged else (), *_metadata(b.metadata),
-            b.payloads, _unless_all(b.ser_ids, JSON_SERIALIZER_ID), _unless_all(b.manifests, ""), writer, epoch,
+            _json(b.persistence_ids), _json(b.slices), _json(_unless_all(b.entity_types, entity_type)), entity_type,
+            _json(_unless_all(b.expected_seq_nrs, None)), _json(_tags_json(b.tags) if tagged else ()),
+            *_metadata(b.metadata), b"".join(b.payloads), _json(_unless_all(b.ser_ids, JSON_SERIALIZER_ID)),
+            _json(_unless_all(b.manifests, "")), writer, epoch, _json(list(accumulate(lengths))), _json(lengths),
         )  # fmt: skip
         if self._notify:
             params += (notify_groups(b.slices, b.entity_types),)
         if tagged:
             params += (self._bucket,)
         if many:
-            params += _positions(b.counts)
+            params += tuple(map(_json, _positions(b.counts)))
         return params
+
+
+def _json(column: Sequence[Any]) -> str:
+    """A column (of ints, strs or None) as the one text the statement reads it from: its JSON, one
+    call in C, where asyncpg's array encoder would check each element in Python (about 0.3 ms
+    per 1000 elements and column)."""
+    return _dumps(column).decode()
 
 
 def _unless_all(column: Sequence[Any], value: Any) -> Sequence[Any]:
