@@ -144,7 +144,8 @@ class JsonSerializer:
         """Registered manifest name -> the highest version registered (newer rows: UnknownVersion)."""
 
     def register_type(self, cls: type, manifest: str | None = None, version: int = 1) -> None:
-        """Rebuild ``cls`` from stored JSON whose manifest is ``manifest`` (default: its type name).
+        """Rebuild ``cls`` from stored JSON whose manifest is ``manifest`` (default: its type name);
+        new rows of ``cls`` are written with that manifest, so they read back as ``cls``.
 
         ``version`` > 1: ``cls`` is that version of the event; new rows are written with the
         manifest ``name#version`` and older rows are read through the registry's upcasters.
@@ -154,7 +155,7 @@ class JsonSerializer:
         base = manifest or _type_name(cls)
         self._latest[base] = max(version, self._latest.get(base, 0))
         name = versioned(base, version)
-        if version > 1:
+        if version > 1 or manifest is not None:
             self._manifests[cls] = name
         validate = getattr(cls, "model_validate", None)
         if callable(validate):

@@ -88,3 +88,13 @@ def test_errors_are_clear() -> None:
         reg.deserialize(99, "", b"")
     with pytest.raises(SerializationError, match="cannot deserialize"):
         reg.deserialize(1, "", b"{not json")
+
+
+def test_a_type_registered_under_a_manifest_is_written_with_it() -> None:
+    """``register_type(cls, manifest=...)``: the rows it writes carry that manifest (a name the
+    JVM's services may share), so they read back as ``cls``, as with a version."""
+    reg = SerializerRegistry()
+    reg.register_type(ItemAdded, manifest="com.example.ItemAdded")
+    s = reg.serialize(ItemAdded("pear", 3))
+    assert s.manifest == "com.example.ItemAdded"
+    assert reg.deserialize(1, s.manifest, s.payload) == ItemAdded("pear", 3)
