@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from itertools import repeat
+from itertools import starmap
 from typing import Any, NamedTuple
 
 from .errors import JournalError, StorageError
@@ -40,8 +40,6 @@ class Written(NamedTuple):
     db_timestamp: datetime
 
 
-_tuple_new = tuple.__new__
-
 Outcome = Written | JournalError
 """Per part: :class:`Written`, or the error that part alone got (nothing of it was written,
 except for ``JournalUnavailable(outcome_unknown=True)``, which says it may have been)."""
@@ -57,7 +55,7 @@ def outcomes(batch: WriteBatch, result: BatchResult) -> list[Outcome]:
     firsts = result.first_seq_nrs
     lasts = firsts if batch.one_event_each() else [f + n - 1 for f, n in zip(firsts, batch.counts, strict=True)]
     parts = zip(batch.persistence_ids, firsts, lasts, result.db_timestamps, strict=True)
-    out: list[Outcome] = list(map(_tuple_new, repeat(Written), parts))  # no Python frame per part (Written(*p) has one)
+    out: list[Outcome] = list(starmap(Written, parts))
     for i, error in result.errors.items():  # the common case: none
         out[i] = _failed(batch.persistence_ids[i], error)
     return out
