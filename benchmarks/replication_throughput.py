@@ -227,6 +227,14 @@ class Cpu:
         return f"B's process {med(0)}, A's endpoint process {med(2)}, server (A and B) {med(1)}"
 
 
+async def stamp_all(store: PostgresReplicationStore) -> int:
+    """Stamp every event of A's log (as the endpoint's stamp loop would); how many."""
+    stamped = 0
+    while (k := await store.stamp(LOG, 5000)) > 0:
+        stamped += k
+    return stamped
+
+
 async def read_all(store: PostgresReplicationStore, batch: int) -> list[list[ReplicatedEvent]]:
     """A's log in batches, as the endpoint reads it (for B's ceiling)."""
     out: list[list[ReplicatedEvent]] = []
@@ -334,10 +342,7 @@ async def run(
         await local_read(ja)  # untimed: A's cache warm for both sides
 
         t = time.perf_counter()
-        stamped = 0
-        while (k := await store_a.stamp(LOG, 5000)) > 0:
-            stamped += k
-        stamp_rate = stamped / (time.perf_counter() - t)
+        stamp_rate = await stamp_all(store_a) / (time.perf_counter() - t)
 
         batches = await read_all(store_a, batch)
         address_a = free_address()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import asyncpg
 
-from benchmarks.replication_throughput import LOG, fill
+from benchmarks.replication_throughput import LOG, fill, stamp_all
 from journal import JournalSettings, open_journal
 from journal.postgres.backend import PostgresBackend
 from journal.postgres.embedded import start_embedded
@@ -38,8 +38,7 @@ async def run(a: str, events: int) -> None:
         assert isinstance(ja.backend, PostgresBackend)
         store = PostgresReplicationStore(ja.backend, "A")
         await store.ensure_log(LOG)
-        while await store.stamp(LOG, 5000) > 0:
-            pass
+        await stamp_all(store)
     sql = statements_for("public")
     cols = sql.read_log.split("SELECT ", 1)[1].split(" FROM", 1)[0]
     variants = {

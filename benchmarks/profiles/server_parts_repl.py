@@ -31,6 +31,7 @@ from benchmarks.replication_throughput import (
     read_all,
     ready,
     replicate,
+    stamp_all,
 )
 from journal import JournalSettings, open_journal
 from journal.postgres.backend import PostgresBackend
@@ -69,8 +70,7 @@ async def run(a: str, b: str, r: str, tmp: Path, events: int) -> None:
         assert isinstance(ja.backend, PostgresBackend)
         store = PostgresReplicationStore(ja.backend, "A")
         await store.ensure_log(LOG)
-        while await store.stamp(LOG, 5000) > 0:
-            pass
+        await stamp_all(store)
         batches = await read_all(store, 1000)
         async with ja.backend.pool.acquire() as pooled:
             postmaster = _stat(pooled.get_server_pid())[0]  # type: ignore[index]

@@ -90,9 +90,7 @@ class _Range:
             await asyncio.to_thread(log.end_open_transactions)
             self.published = await asyncio.to_thread(log.published)
         except KafkaException as e:
-            with contextlib.suppress(KafkaException):  # a fatal error raises here too
-                self.producer.poll(0)  # serves the error callback: a refused login is said there
-            raise self._failed(e.args[0]) from None
+            raise self._failed_to_open(e) from None
         except StuckTransaction as e:
             self.p.drop(self)
             servers = self.p.config["bootstrap.servers"]
@@ -109,9 +107,14 @@ class _Range:
             for _ in range(2):
                 self.producer.list_topics(self.p.topic, timeout=ANSWER_WITHIN)
         except KafkaException as e:
-            with contextlib.suppress(KafkaException):
-                self.producer.poll(0)  # serves the error callback: a refused login is said there
-            raise self._failed(e.args[0]) from None
+            raise self._failed_to_open(e) from None
+
+    def _failed_to_open(self, e: KafkaException) -> Exception:
+        """:meth:`_failed` for an error while the range opens, after serving the producer's error
+        callback, where a refused login is said."""
+        with contextlib.suppress(KafkaException):  # a fatal error raises here too
+            self.producer.poll(0)
+        return self._failed(e.args[0])
 
     def _slices(self) -> tuple[str, int, int]:
         return self.owned.projection, self.owned.lo, self.owned.hi
