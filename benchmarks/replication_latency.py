@@ -37,16 +37,11 @@ from typing import Any
 import asyncpg
 import grpc
 
+from benchmarks._common import CpuMeter, _load, _stat, header
+from benchmarks.replication_throughput import LOG, endpoint, free_address, ready
 from journal import JournalSettings, open_journal, runtime
 from journal.postgres.migrations import upgrade
 from tests.support.scratch import scratch_database
-
-try:
-    from benchmarks._common import _load, header
-    from benchmarks.replication_throughput import LOG, endpoint, free_address, ready
-except ImportError:  # run as a script from benchmarks/
-    from _common import _load, header  # type: ignore[no-redef]
-    from replication_throughput import LOG, endpoint, free_address, ready  # type: ignore[no-redef]
 
 TABLE = "CREATE TABLE IF NOT EXISTS floor_event (id bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
 PUT = "WITH i AS (INSERT INTO floor_event (id) SELECT unnest($1::bigint[]) RETURNING 1) SELECT pg_notify('floor', $2)"
@@ -63,8 +58,8 @@ async def relay_a(dsn: str, to: str) -> None:
     pending: list[str] = []
     wake = asyncio.Event()
 
-    def on(_c: object, _pid: int, _channel: str, payload: str) -> None:
-        pending.append(payload)
+    def on(_c: object, _pid: int, _channel: str, payload: object) -> None:
+        pending.append(str(payload))
         wake.set()
 
     await conn.add_listener("floor", on)
@@ -100,14 +95,14 @@ async def relay_b(dsn: str, listen: str) -> None:
 
 
 @contextlib.contextmanager
-def relay(*args: str) -> Iterator[None]:
+def relay(*args: str) -> Iterator[int]:
     cmd = [sys.executable, "-m", "benchmarks.replication_latency", "--relay", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=Path(__file__).resolve().parent.parent)
     try:
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"floor relay {args[0]} did not start")
-        yield
+        yield proc.pid
     finally:
         proc.terminate()
         try:
@@ -186,6 +181,38 @@ async def at_rate(write: Write, tracker: Tracker, keys: Keys, rate: float, secon
     return tracker.latencies
 
 
+class Side:
+    """How a side writes, its two relay processes (CPU counted), and a backend of the server."""
+
+    def __init__(self, write: Write, pids: tuple[int, int], backend: int = 0) -> None:
+        self.write = write
+        self.pids = pids
+        self.backend = backend
+
+
+class Cpu:
+    """CPU ms per 1000 events of a measurement: this process, the two relays, the server."""
+
+    def __init__(self, backend: int, pids: tuple[int, int]) -> None:
+        self.meter = CpuMeter(backend)
+        self.pids = pids
+
+    def _relays(self) -> float:
+        return sum(st[1] for st in map(_stat, self.pids) if st is not None)
+
+    def __enter__(self) -> Cpu:
+        self.meter.start()
+        self._r0 = self._relays()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.meter.stop()
+        self.relays = self._relays() - self._r0
+
+    def per_1000(self, n: int) -> tuple[float, float, float]:
+        return (self.meter.client * 1e6 / n, self.relays * 1e6 / n, (self.meter.server or 0.0) * 1e6 / n)
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(len(s) * q))] * 1000
@@ -200,7 +227,7 @@ async def journal_side(a: str, b: str, tmp: Path, tracker: Tracker) -> Any:
     common = {"logs": [LOG], "retry_delay": 5.0, "update_notifications": True}
     cfg_a = {"location": "A", "dsn": a, "listen": address_a, **common}
     cfg_b = {"location": "B", "dsn": b, "listen": address_b, "connections": [{"address": address_a}], **common}
-    with endpoint(tmp, cfg_a), endpoint(tmp, cfg_b):
+    with endpoint(tmp, cfg_a) as pa, endpoint(tmp, cfg_b) as pb:
         await ready(address_a)
         await ready(address_b)
         async with (
@@ -220,7 +247,7 @@ async def journal_side(a: str, b: str, tmp: Path, tracker: Tracker) -> Any:
 
             follower = asyncio.create_task(follow())
             try:
-                yield write
+                yield Side(write, (pa.pid, pb.pid))
             finally:
                 follower.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -234,8 +261,8 @@ async def floor_side(a: str, b: str, tracker: Tracker) -> Any:
     await conn_a.execute(TABLE)
     conn_b = await asyncpg.connect(b)
 
-    def on(_c: object, _pid: int, _channel: str, payload: str) -> None:
-        for k in payload.split(","):
+    def on(_c: object, _pid: int, _channel: str, payload: object) -> None:
+        for k in str(payload).split(","):
             tracker.delivered(int(k))
 
     await conn_b.add_listener("floor", on)
@@ -244,48 +271,66 @@ async def floor_side(a: str, b: str, tracker: Tracker) -> Any:
         await conn_a.execute(PUT, list(batch), ",".join(map(str, batch)))
 
     try:
-        with relay("b", b, address_b), relay("a", a, address_b):
-            yield write
+        with relay("b", b, address_b) as pb, relay("a", a, address_b) as pa:
+            yield Side(write, (pa, pb), conn_a.get_server_pid())
     finally:
         await conn_a.close()
         await conn_b.close()
 
 
+Result = tuple[float, float, float, float, float]
+
+
+async def measure(
+    side: Side, backend: int, tracker: Tracker, keys: Keys, mode: str, args: argparse.Namespace
+) -> Result:
+    """One measurement: (p50 ms, p99 ms, CPU ms per 1000 events of this process, relays, server)."""
+    with Cpu(backend, side.pids) as cpu:
+        if mode == "one":
+            lat = await one_at_a_time(side.write, tracker, keys, args.events)
+        else:
+            lat = await at_rate(side.write, tracker, keys, args.rate, args.seconds, args.tick_ms / 1000)
+    return (pct(lat, 0.5), pct(lat, 0.99), *cpu.per_1000(len(lat)))
+
+
+def print_mode(name: str, rs: dict[str, list[Result]], loads: list[float]) -> None:
+    print(f"{name}: p50 / p99 ms, medians of {len(loads)} paired rounds; load {min(loads):.2f}-{max(loads):.2f}")
+    for side in ("floor", "journal"):
+        each = "  ".join(f"{r[0]:.1f}/{r[1]:.1f}" for r in rs[side])
+        p50, p99 = (statistics.median(r[i] for r in rs[side]) for i in (0, 1))
+        here, relays, server = (statistics.median(r[i] for r in rs[side]) for i in (2, 3, 4))
+        print(f"    {side:<8} p50 {p50:6.1f}  p99 {p99:6.1f}   (rounds {each})")
+        print(f"             CPU ms per 1000 events: writer+listener {here:.1f}, relays {relays:.1f}, "
+              f"server {server:.1f}, all {here + relays + server:.1f}")  # fmt: skip
+    pairs = list(zip(rs["journal"], rs["floor"], strict=True))
+    r50 = statistics.median(j[0] / f[0] for j, f in pairs)
+    r99 = statistics.median(j[1] / f[1] for j, f in pairs)
+    verdict = "met" if statistics.median(r[1] for r in rs["journal"]) <= 10 else "missed"
+    print(f"    journal / floor: p50 {r50:.2f} x, p99 {r99:.2f} x; goal p99 <= 10 ms: {verdict}")
+
+
 async def run(dsns: dict[str, str], args: argparse.Namespace, tmp: Path) -> None:
     trackers = {"floor": Tracker(), "journal": Tracker()}
     keys = Keys()
-    got: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    got: dict[str, dict[str, list[Result]]] = {"one": {}, "rate": {}}
     loads: list[float] = []
     async with (
-        journal_side(dsns["a"], dsns["b"], tmp, trackers["journal"]) as jw,
-        floor_side(dsns["fa"], dsns["fb"], trackers["floor"]) as fw,
+        journal_side(dsns["a"], dsns["b"], tmp, trackers["journal"]) as js,
+        floor_side(dsns["fa"], dsns["fb"], trackers["floor"]) as fs,
     ):
-        writers: dict[str, Write] = {"floor": fw, "journal": jw}
-        for side in writers:  # warm up: the streams connected, the follower live
-            await one_at_a_time(writers[side], trackers[side], keys, 3)
+        sides: dict[str, Side] = {"floor": fs, "journal": js}
+        for name, side in sides.items():  # warm up: the streams connected, the follower live
+            await one_at_a_time(side.write, trackers[name], keys, 3)
         for k in range(args.rounds):
             loads.append(_load())
             order = ["floor", "journal"] if k % 2 == 0 else ["journal", "floor"]
-            for side in order:
-                lat = await one_at_a_time(writers[side], trackers[side], keys, args.events)
-                got.setdefault(("one", side), []).append((pct(lat, 0.5), pct(lat, 0.99)))
-            for side in order:
-                lat = await at_rate(writers[side], trackers[side], keys, args.rate, args.seconds, args.tick_ms / 1000)
-                got.setdefault(("rate", side), []).append((pct(lat, 0.5), pct(lat, 0.99)))
-                await asyncio.sleep(0.5)
-    modes = {"one": f"one at a time ({args.events} events)", "rate": f"{args.rate:,.0f} events/s for {args.seconds} s"}
-    for mode, name in modes.items():
-        print(f"{name}: p50 / p99 ms, medians of {args.rounds} paired rounds; load {min(loads):.2f}-{max(loads):.2f}")
-        for side in ("floor", "journal"):
-            rs = got[(mode, side)]
-            each = "  ".join(f"{p50:.1f}/{p99:.1f}" for p50, p99 in rs)
-            med = [statistics.median(r[i] for r in rs) for i in (0, 1)]
-            print(f"    {side:<8} p50 {med[0]:6.1f}  p99 {med[1]:6.1f}   (rounds {each})")
-        ratios = [(j[0] / f[0], j[1] / f[1]) for j, f in zip(got[(mode, "journal")], got[(mode, "floor")], strict=True)]
-        r50, r99 = (statistics.median(r[i] for r in ratios) for i in (0, 1))
-        p99 = statistics.median(r[1] for r in got[(mode, "journal")])
-        verdict = "met" if p99 <= 10 else "missed"
-        print(f"    journal / floor: p50 {r50:.2f} x, p99 {r99:.2f} x; goal p99 <= 10 ms: {verdict}")
+            for mode in ("one", "rate"):
+                for name in order:
+                    r = await measure(sides[name], fs.backend, trackers[name], keys, mode, args)
+                    got[mode].setdefault(name, []).append(r)
+                    await asyncio.sleep(0.5)
+    print_mode(f"one at a time ({args.events} events)", got["one"], loads)
+    print_mode(f"{args.rate:,.0f} events/s for {args.seconds} s", got["rate"], loads)
 
 
 def main() -> None:
