@@ -4,7 +4,10 @@ from the persist: A's persist returned, A's endpoint notified (LISTEN), B woken 
 stream, A's read served (its stamp, its query), B's write committed. Medians and p99 over the
 events, in ms.
 
-    PYTHONPATH=. flock /tmp/sj-bench.lock .venv/bin/python benchmarks/profiles/latency_repl.py [events] [uvloop]
+    PYTHONPATH=. flock /tmp/sj-bench.lock .venv/bin/python benchmarks/profiles/latency_repl.py [events] [uvloop] [rate]
+
+With ``rate``: ``events`` written at 5,000 events/s (what is due every 1 ms in one ``persist_many``),
+and per step its calls per second, events per call, wall time per call and share of the time busy.
 
 With ``uvloop`` the endpoints run on ``journal.runtime`` (uvloop), as ``journal endpoint run`` does;
 without it, on asyncio's standard loop.
@@ -105,6 +108,67 @@ async def run(a: str, b: str, events: int) -> None:
             print(f"{n:<28} p50 {statistics.median(got):6.2f} ms   p99 {p99:6.2f} ms   ({len(got)} events)")
 
 
+class Steps:
+    """At a rate: per step, how many calls, the events per call and the wall time per call."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[tuple[float, int]]] = defaultdict(list)
+
+    def wrap(self, obj: Any, name: str, label: str, size: Any) -> None:
+        f = getattr(obj, name)
+
+        async def w(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            out = await f(*a, **k)
+            self.calls[label].append((time.perf_counter() - t, size(a, out)))
+            return out
+
+        setattr(obj, name, w)
+
+    def print(self, seconds: float) -> None:
+        for label, got in self.calls.items():
+            n = len(got)
+            wall = statistics.median(g[0] for g in got) * 1000
+            events = sum(g[1] for g in got)
+            print(f"{label:<28} {n / seconds:7.0f} calls/s  {events / max(n, 1):6.1f} events/call  "
+                  f"wall p50 {wall:5.2f} ms  busy {sum(g[0] for g in got) / seconds:5.0%}")  # fmt: skip
+
+
+async def at_rate(a: str, b: str, rate: float, seconds: float) -> None:
+    """Writes at ``rate`` for ``seconds`` (what is due every 1 ms in one persist_many) and counts
+    the steps; the latency to stored at B is measured by the throughput benchmark's loop."""
+    addr_a, addr_b = free_address(), free_address()
+    common = {"logs": [LOG], "retry_delay": 5.0, "update_notifications": True}
+    ca = EndpointConfig.from_dict({"location": "A", "dsn": a, "listen": addr_a, **common})
+    cb = EndpointConfig.from_dict(
+        {"location": "B", "dsn": b, "listen": addr_b, "connections": [{"address": addr_a}], **common}
+    )
+    steps = Steps()
+    async with ReplicationEndpoint(ca) as ea, ReplicationEndpoint(cb) as eb:
+        steps.wrap(ea.store, "stamp", "A stamp", lambda a, out: out)
+        steps.wrap(eb.store, "stamp", "B stamp", lambda a, out: out)
+        steps.wrap(ea._source, "read", "A read (served)", lambda a, out: len(out.events))
+        steps.wrap(eb.store, "target_state", "B target state", lambda a, out: 0)
+        steps.wrap(eb.store, "write_replicated", "B write", lambda a, out: len(a[2]))
+        async with open_journal(a, settings=JournalSettings.load(dsn=a)) as ja:
+            await ja.persist(f"{LOG}|warm", [{"x": 0}])
+            while await eb.store.progress(LOG, "A") == 0:  # noqa: ASYNC110 (the warm-up)
+                await asyncio.sleep(0.01)
+            steps.calls.clear()
+            total, done, start = int(rate * seconds), 0, time.perf_counter()
+            while done < total:
+                due = min(total, int((time.perf_counter() - start) * rate) + 1)
+                if due > done:
+                    await ja.persist_many([(f"{LOG}|r{k}", [{"k": k}]) for k in range(done, due)])
+                    done = due
+                await asyncio.sleep(0.001)
+            elapsed = time.perf_counter() - start
+            while await eb.store.log_seq_nr(LOG) < total + 1:  # noqa: ASYNC110 (drained)
+                await asyncio.sleep(0.01)
+    print(f"{total} events at {total / elapsed:,.0f}/s")
+    steps.print(elapsed)
+
+
 def main() -> None:
     events = int(sys.argv[1]) if len(sys.argv) > 1 else 100
     with tempfile.TemporaryDirectory() as d:
@@ -112,12 +176,13 @@ def main() -> None:
         with scratch_database(server, "lpa") as a, scratch_database(server, "lpb") as b:
             upgrade(a)
             upgrade(b)
+            coro = at_rate(a, b, 5000, events / 5000) if "rate" in sys.argv[2:] else run(a, b, events)
             if "uvloop" in sys.argv[2:]:
                 from journal import runtime
 
-                runtime.run(run(a, b, events))
+                runtime.run(coro)
             else:
-                asyncio.run(run(a, b, events))
+                asyncio.run(coro)
 
 
 if __name__ == "__main__":
