@@ -132,7 +132,9 @@ async def test_a_zombie_of_a_range_is_fenced(journal: Journal, kafka_bootstrap: 
     range_context.enter(new_range)
     await new(None, first + second)  # seq 1 is known published: only seq 2 goes out
     await new.close()
-    await old.close()  # its fenced producer too: closed, it stops calling the brokers
+    range_context.enter(range_context.OwnedRange(f"other-{topic}", 0, 1023))
+    await old(None, [])  # the next range it opens: its fenced producer is closed then
+    await old.close()
     records = read_topic(kafka_bootstrap, topic)
     assert [int(h["seq_nr"]) for *_, h in records] == [1, 2]
 

@@ -301,8 +301,8 @@ class KafkaPublisher:
         self.timeout = timeout
         self._ranges: dict[range_context.OwnedRange, _Range] = {}
         self._retired: list[Producer] = []
-        """The producers of dropped ranges, closed by :meth:`close` (not before: a dropped range's
-        producer may be one whose initialization goes on, :mod:`.instances`)."""
+        """The producers of dropped ranges, closed after the next range opens (the brokers answer
+        then) or by :meth:`close`; not one whose initialization goes on (:mod:`.instances`)."""
         self._checked = False
 
     @property
@@ -331,7 +331,17 @@ class KafkaPublisher:
         except BaseException:
             self.drop(channel)
             raise
+        if self._retired:
+            await asyncio.to_thread(_close_all, self._done_with())
         return channel
+
+    def _done_with(self) -> list[Producer]:
+        """The dropped ranges' producers no range uses and none to be initialized again, forgotten."""
+        live = [r.producer for r in self._ranges.values()]
+        keep = [p for p in self._retired if self.instances.holds(p) or any(p is q for q in live)]
+        done = [p for p in self._retired if not any(p is q for q in keep)]
+        self._retired = keep
+        return done
 
     async def check(self, projection: str) -> None:
         """Fail now, in one line, when the topic is missing (:class:`ConfigurationError`) or the
