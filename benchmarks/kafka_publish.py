@@ -2,7 +2,7 @@
 bare confluent-kafka producer sending the same records (same keys, values, headers, built by the
 same RecordBuilder; idempotent, no transactions, one flush at the end), in the same run. Usage:
     [JOURNAL_DSN=postgresql://...] [KAFKA_BOOTSTRAP_SERVERS=host:port] \\
-        python benchmarks/kafka_publish.py [--events N] [--workers K] [--rounds R]
+        python benchmarks/kafka_publish.py [--events N] [--processes P] [--workers K] [--rounds R]
 (default 200,000 events, 3 rounds; a fresh database on JOURNAL_DSN's server, else an embedded
 server; a local KRaft broker started from the Maven Central jars unless KAFKA_BOOTSTRAP_SERVERS is
 set). After an untimed warm-up of each side (20,000 events), each round runs the three sides one
@@ -10,18 +10,24 @@ after the other, the order rotated round by round (each side into a fresh topic,
 run under a fresh projection name); it prints each round with the load average, then the medians
 of the rates and of the per-round ratios to the bare producer. A publisher's rate is given twice:
 from its workers' start (its start-up, ~0.5-1.5 s, included) and from its first batch committed
-(steady)."""
+(steady). The publishers' workers run as the projection's workers are deployed (docs/projections.md,
+the demo): by default 2 processes, each `projections run NAME --to-kafka TOPIC` with one worker (its
+own pool, publisher and topic check, on journal.runtime); `--processes 1 --workers 2`: both in this
+process, as one `projections run ... --workers 2`. The bare side is one producer in this process,
+as a user would write it."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import multiprocessing
 import os
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
@@ -108,7 +114,80 @@ async def publish(
     return rate, steady
 
 
-async def main(dsn: str, bootstrap: str, n: int, entities: int, group_size: int, workers: int, rounds: int) -> None:
+async def publish_in_processes(
+    dsn: str, group_size: int, et: str, bootstrap: str, n: int, processes: int, workers: int, eo: bool
+) -> tuple[float, float]:
+    """As :func:`publish`, the workers run as ``projections run NAME --to-kafka TOPIC --workers
+    K`` runs them, in ``processes`` such processes (each on ``journal.runtime``, its own pool and
+    publisher, its own topic check): timed from the moment all are ready (started, imported, the
+    journal opened), as :func:`publish` is from its topic check."""
+    topic = new_topic(bootstrap)
+    ctx = multiprocessing.get_context("spawn")
+    go, stop = ctx.Event(), ctx.Event()
+    counts = ctx.Array("q", [-1] * processes, lock=False)  # -1: not ready yet; then events processed
+    args = (dsn, group_size, bootstrap, topic, et, workers, eo, go, stop, counts)
+    procs = [ctx.Process(target=_worker_process, args=(*args, k), daemon=True) for k in range(processes)]
+    for proc in procs:
+        proc.start()
+    while min(counts) < 0:
+        if any(proc.exitcode is not None for proc in procs):
+            raise RuntimeError("a worker process ended before it was ready")
+        await asyncio.sleep(0.02)
+    t0 = time.perf_counter()
+    go.set()
+    first: float | None = None
+    first_done = 0
+    while (done := sum(counts)) < n:
+        if first is None and done:
+            first, first_done = time.perf_counter() - t0, done
+        if any(proc.exitcode is not None for proc in procs):
+            raise RuntimeError("a worker process ended before all events were published")
+        await asyncio.sleep(0.02)
+    took = time.perf_counter() - t0
+    rate = n / took
+    steady = (n - first_done) / (took - first) if first is not None and took > first else rate
+    stop.set()
+    for proc in procs:
+        await asyncio.to_thread(proc.join, 60)
+    print(f"  ({'exactly' if eo else 'at-least'}-once, {processes} processes: first batch after {first or 0:.2f} s)")
+    return rate, steady
+
+
+def _worker_process(
+    dsn: str, group_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool,
+    go: Any, stop: Any, counts: Any, slot: int,
+) -> None:  # fmt: skip
+    """One worker process of :func:`publish_in_processes`."""
+    runtime.run(_serve(dsn, group_size, bootstrap, topic, et, workers, eo, go, stop, counts, slot))
+
+
+async def _serve(
+    dsn: str, group_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool,
+    go: Any, stop: Any, counts: Any, slot: int,
+) -> None:  # fmt: skip
+    s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=10_000)
+    async with open_journal(dsn, settings=s) as j:
+        publisher = KafkaPublisher(bootstrap, topic, exactly_once=eo)
+        ws = [Worker(j, s, f"bench-{topic}", et, publisher, "grouped") for _ in range(workers)]
+        counts[slot] = 0
+        await asyncio.to_thread(go.wait)
+        await publisher.check(f"bench-{topic}")  # as the command does before its workers start
+        tasks = [asyncio.create_task(w.run()) for w in ws]
+        while not stop.is_set():
+            counts[slot] = sum(w.stats.events for w in ws)
+            for task in tasks:
+                if task.done():
+                    task.result()
+            await asyncio.sleep(0.02)
+        for w in ws:
+            w.stop()
+        await asyncio.gather(*tasks)
+        await publisher.close()
+
+
+async def main(
+    dsn: str, bootstrap: str, n: int, entities: int, group_size: int, processes: int, workers: int, rounds: int
+) -> None:
     et = f"Bench{uuid.uuid4().hex[:6]}"
     s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=10_000)
     async with open_journal(dsn, settings=s) as j:
@@ -126,18 +205,25 @@ async def main(dsn: str, bootstrap: str, n: int, entities: int, group_size: int,
         n = done
         envs = [e async for e in j.current_events_by_slices(et, 0, 1023)]
         assert len(envs) == n
-        sides = {
+
+        def publisher(m: int, eo: bool) -> Awaitable[tuple[float, float]]:
+            if processes > 1:
+                return publish_in_processes(dsn, group_size, et, bootstrap, m, processes, workers, eo)
+            return publish(j, s, et, bootstrap, m, workers, eo)
+
+        sides: dict[str, Callable[[], Awaitable[tuple[float, float]]]] = {
             "bare": lambda: bare(bootstrap, envs),
-            "exactly-once": lambda: publish(j, s, et, bootstrap, n, workers, eo=True),
-            "at-least-once": lambda: publish(j, s, et, bootstrap, n, workers, eo=False),
+            "exactly-once": lambda: publisher(n, True),
+            "at-least-once": lambda: publisher(n, False),
         }
         warm = min(n, 20_000)  # untimed: the broker's JIT, its transaction-state topic, the pools
         await bare(bootstrap, envs[:warm])
-        await publish(j, s, et, bootstrap, warm, workers, eo=True)
-        await publish(j, s, et, bootstrap, warm, workers, eo=False)
+        await publisher(warm, True)
+        await publisher(warm, False)
         rates: dict[str, list[float]] = {name: [] for name in sides}
         steady: dict[str, list[float]] = {name: [] for name in sides}
-        print(f"{n} events, {workers} worker(s), group_size {group_size}, {rounds} round(s)")
+        where = f"{processes} processes x {workers}" if processes > 1 else f"one process, {workers}"
+        print(f"{n} events, {where} worker(s), group_size {group_size}, {rounds} round(s)")
         for r in range(rounds):
             order = list(sides)[r % 3 :] + list(sides)[: r % 3]
             for name in order:
@@ -164,14 +250,15 @@ if __name__ == "__main__":
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--entities", type=int, default=10_000)
     ap.add_argument("--group-size", type=int, default=5000)
-    ap.add_argument("--workers", type=int, default=2, help="workers (slice ranges) in this process")
+    ap.add_argument("--processes", type=int, default=2, help="worker processes (1: the workers in this process)")
+    ap.add_argument("--workers", type=int, default=1, help="workers (slice ranges) per process")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the three sides, order rotated")
     ap.add_argument("--asyncio", action="store_true", help="asyncio.run, the collector untuned (every side)")
     a = ap.parse_args()
     tuned = f"journal.runtime: {runtime.loop_name()}, collector tuned"
     print("# event loop:", "asyncio, collector untuned" if a.asyncio else tuned)
     with fresh_database() as dsn, broker() as bootstrap:
-        go = main(dsn, bootstrap, a.events, a.entities, a.group_size, a.workers, a.rounds)
+        go = main(dsn, bootstrap, a.events, a.entities, a.group_size, a.processes, a.workers, a.rounds)
         if a.asyncio:
             asyncio.run(go)
         else:  # as `projections run --to-kafka` runs its workers

@@ -132,6 +132,9 @@ async def test_a_zombie_of_a_range_is_fenced(journal: Journal, kafka_bootstrap: 
     range_context.enter(new_range)
     await new(None, first + second)  # seq 1 is known published: only seq 2 goes out
     await new.close()
+    range_context.enter(range_context.OwnedRange(f"other-{topic}", 0, 1023))
+    await old(None, [])  # the next range it opens: its fenced producer is closed then
+    await old.close()
     records = read_topic(kafka_bootstrap, topic)
     assert [int(h["seq_nr"]) for *_, h in records] == [1, 2]
 
@@ -212,14 +215,16 @@ async def test_a_transaction_that_does_not_end_is_said_not_read_past(journal: Jo
     stranger.begin_transaction()
     stranger.produce(offsets, b'{"pid": "acct|h", "slice": 1, "seq_nr": 1}', b"acct|h")
     stranger.flush(30)
+    publisher = KafkaPublisher(kafka_bootstrap, topic, offsets_topic=offsets, timeout=2)
     try:
         range_context.enter(range_context.OwnedRange(f"hang-{topic}", 0, 1023))
-        publisher = KafkaPublisher(kafka_bootstrap, topic, offsets_topic=offsets, timeout=2)
         events = await journal.persist("acct|h", [{"n": 1}])
         with pytest.raises(DestinationUnavailable, match=f"a transaction open on {offsets} partition 0 since offset 0"):
             await publisher(None, events)
     finally:
         stranger.abort_transaction(30)
+        stranger.close()
+        await publisher.close()
 
 
 async def test_a_failed_delivery_fails_its_own_ranges_batch(journal: Journal, kafka_bootstrap: str) -> None:

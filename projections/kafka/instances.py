@@ -31,6 +31,10 @@ class Instances:
         """The producer of ``txn``: the one whose initialization did not finish, else a new one."""
         return self._unready.pop(txn, None) or Producer({**self.config, "transactional.id": txn})
 
+    def holds(self, producer: Producer) -> bool:
+        """Whether ``producer`` is one to be initialized again (its last initialization did not finish)."""
+        return any(p is producer for p in self._unready.values())
+
     def init(self, producer: Producer, txn: str, timeout: float) -> int:
         """``init_transactions`` of ``producer`` (of ``txn``); its generation: the count of this
         process's initializations of ``txn`` so far. Counted before the call: one that times

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -105,8 +106,10 @@ class OffsetsLog:
 
     def _ids_past_stable_offsets(self) -> set[str]:
         """The transactional ids of the rows past each partition's last stable offset."""
-        ends = self._ends(self._consumer("read_committed"))
-        highs = self._ends(self._consumer("read_uncommitted"))
+        with ThreadPoolExecutor(1) as other:  # the two asked at once
+            asked = other.submit(self._ends, self._consumer("read_uncommitted"))
+            ends = self._ends(self._consumer("read_committed"))
+            highs = asked.result()
         tails = {p: (stable, highs[p]) for p, stable in ends.items() if stable < highs[p]}
         if not tails:
             return set()
