@@ -33,7 +33,7 @@ class Instances:
 
     def holds(self, producer: Producer) -> bool:
         """Whether ``producer`` is one to be initialized again (its last initialization did not finish)."""
-        return any(p is producer for p in self._unready.values())
+        return producer in self._unready.values()
 
     def init(self, producer: Producer, txn: str, timeout: float) -> int:
         """``init_transactions`` of ``producer`` (of ``txn``); its generation: the count of this

@@ -300,7 +300,7 @@ class KafkaPublisher:
         """The transactional producers of this process by id (:mod:`.instances`)."""
         self.timeout = timeout
         self._ranges: dict[range_context.OwnedRange, _Range] = {}
-        self._retired: list[Producer] = []
+        self._retired: set[Producer] = set()
         """The producers of dropped ranges, closed after the next range opens (the brokers answer
         then) or by :meth:`close`; not one whose initialization goes on (:mod:`.instances`)."""
         self._checked = False
@@ -335,12 +335,11 @@ class KafkaPublisher:
             await asyncio.to_thread(_close_all, self._done_with())
         return channel
 
-    def _done_with(self) -> list[Producer]:
+    def _done_with(self) -> set[Producer]:
         """The dropped ranges' producers no range uses and none to be initialized again, forgotten."""
-        live = [r.producer for r in self._ranges.values()]
-        keep = [p for p in self._retired if self.instances.holds(p) or any(p is q for q in live)]
-        done = [p for p in self._retired if not any(p is q for q in keep)]
-        self._retired = keep
+        live = {r.producer for r in self._ranges.values()}
+        done = {p for p in self._retired if p not in live and not self.instances.holds(p)}
+        self._retired -= done
         return done
 
     async def check(self, projection: str) -> None:
@@ -413,7 +412,7 @@ class KafkaPublisher:
         """Forget a range's producer (fenced, failed, or its processor stopped)."""
         if self._ranges.get(channel.owned) is channel:
             del self._ranges[channel.owned]
-            self._retired.append(channel.producer)
+            self._retired.add(channel.producer)
 
     async def close(self) -> None:
         """Flush every range's producer, then close it and those of dropped ranges (their
@@ -421,7 +420,7 @@ class KafkaPublisher:
         for channel in list(self._ranges.values()):
             await asyncio.to_thread(channel.producer.flush, self.timeout)
             self.drop(channel)
-        retired, self._retired = self._retired, []
+        retired, self._retired = self._retired, set()
         _close_all(retired)
 
 
@@ -431,6 +430,6 @@ def _close_all(producers: Iterable[Producer]) -> None:
     RuntimeWarning, not shown: its transaction is the broker's to end)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Producer abort_transaction failed during close", RuntimeWarning)
-        for producer in {id(p): p for p in producers}.values():  # a dropped one may have served again
+        for producer in producers:
             producer.purge()
             producer.close()
