@@ -32,12 +32,12 @@ async def main(dsn, R):
 
         async def floor(parts):
             built = [backend.statements.statement(b, backend.writer_id, 0) for b in pieces(parts)]
-            await asyncio.gather(*[c.fetchrow(s, *p) for c, (s, p) in zip(conns, built)])
+            await asyncio.gather(*[c.fetchrow(s, *p) for c, (s, p) in zip(conns, built, strict=True)])
 
         async def floor_writers(parts):
             built = [backend.statements.statement(b, backend.writer_id, 0) for b in pieces(parts)]
             taken = [await backend.take_writer() for _ in built]
-            await asyncio.gather(*[c.fetchrow(s, *p) for c, (s, p) in zip(taken, built)])
+            await asyncio.gather(*[c.fetchrow(s, *p) for c, (s, p) in zip(taken, built, strict=True)])
             for c in taken:
                 backend.release_writer(c)
 
