@@ -1,17 +1,20 @@
 """The bulk write API's value types: one :class:`Write` per persistence id in, one
 :class:`Written` or typed error per part out (see :meth:`journal.Journal.persist_many`).
 
-Results are plain tuples rather than envelopes: a bulk caller writing thousands of parts reads
-the sequence numbers and the timestamp, and building an envelope per event would cost about as
-much as writing it.
+Results are small frozen structs rather than envelopes: a bulk caller writing thousands of parts
+reads the sequence numbers and the timestamp, and building an envelope per event would cost about
+as much as writing it. :class:`Written` is a ``msgspec.Struct`` (as the envelopes and the write
+batches are), built from the result's columns by a loop in C: a ``NamedTuple`` runs its
+``__new__`` in Python per part (about 0.2 ms per 1,000 parts, 5 % of a call's client CPU).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from itertools import starmap
 from typing import Any, NamedTuple
+
+import msgspec
 
 from .errors import JournalError, StorageError
 from .write_batch import BatchResult, WriteBatch
@@ -31,8 +34,9 @@ class Write(NamedTuple):
     metadata: Any = None
 
 
-class Written(NamedTuple):
-    """A part that was written: its events got ``first_seq_nr..last_seq_nr`` and one timestamp."""
+class Written(msgspec.Struct, frozen=True, gc=False):
+    """A part that was written: its events got ``first_seq_nr..last_seq_nr`` and one timestamp.
+    Read its fields by name (it is not a tuple)."""
 
     persistence_id: str
     first_seq_nr: int
@@ -54,8 +58,7 @@ def outcomes(batch: WriteBatch, result: BatchResult) -> list[Outcome]:
     """The caller's view of a bulk write's result: :class:`Written` per part, or its error."""
     firsts = result.first_seq_nrs
     lasts = firsts if batch.one_event_each() else [f + n - 1 for f, n in zip(firsts, batch.counts, strict=True)]
-    parts = zip(batch.persistence_ids, firsts, lasts, result.db_timestamps, strict=True)
-    out: list[Outcome] = list(starmap(Written, parts))
+    out: list[Outcome] = list(map(Written, batch.persistence_ids, firsts, lasts, result.db_timestamps))
     for i, error in result.errors.items():  # the common case: none
         out[i] = _failed(batch.persistence_ids[i], error)
     return out

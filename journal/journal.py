@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from itertools import chain
 from typing import Any
 
 from . import hooks, runtime, tracing
@@ -194,7 +195,7 @@ class Journal:
         finally:
             for pid in noted:
                 tracing.forget(pid)
-        return [o for b, r in zip(batches, results, strict=True) for o in outcomes(b, r)]
+        return list(chain.from_iterable(map(outcomes, batches, results)))
 
     async def persist_in(
         self,
