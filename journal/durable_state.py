@@ -13,6 +13,8 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Any, NamedTuple, cast
 
+import msgspec
+
 from .backend import DurableStateStore, StateColumn, StateRow, StoredState
 from .backend import StateOutcome as RowOutcome
 from .envelope import EventEnvelope
@@ -58,8 +60,9 @@ class StateWrite(NamedTuple):
     tags: Sequence[str] = ()
 
 
-class StateWritten(NamedTuple):
-    """A state written: the pid is at ``revision`` since ``db_timestamp``."""
+class StateWritten(msgspec.Struct, frozen=True, gc=False):
+    """A state written: the pid is at ``revision`` since ``db_timestamp``. Read its fields by name
+    (it is not a tuple), as :class:`journal.Written`'s."""
 
     persistence_id: str
     revision: int
@@ -448,8 +451,8 @@ _ENTITY_TYPE = attrgetter("entity_type")
 def _outcomes(rows: Sequence[StateRow], answers: list[RowOutcome]) -> list[StateOutcome]:
     """Each row's outcome; when every row was written, built a column at a time in C."""
     if set(map(type, answers)) == {datetime}:
-        fields = zip(map(attrgetter("persistence_id"), rows), map(attrgetter("revision"), rows), answers, strict=True)
-        return cast(list[StateOutcome], list(map(tuple.__new__, repeat(StateWritten), fields)))
+        pids, revisions = map(attrgetter("persistence_id"), rows), map(attrgetter("revision"), rows)
+        return list(map(StateWritten, pids, revisions, cast(list[datetime], answers)))
     return [_outcome(r, a) for r, a in zip(rows, answers, strict=True)]
 
 
