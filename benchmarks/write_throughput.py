@@ -165,6 +165,15 @@ class Interleaved:
     def client_ms_per_1000(self, what: str) -> float:
         return 1e6 * self.client[what] / self.rows
 
+    def client_line(self, parts: str) -> str:
+        """The client CPU per 1000 rows of each side, and persist_many's against raw code building,
+        serializing and inserting the same rows (issue 37 item 3: goal <= 1.5 x)."""
+        raw, values, bulk = (self.client_ms_per_1000(w) for w in ("raw", "values", "bulk"))
+        return (
+            f"    client CPU per 1000 rows: raw {raw:.2f} ms, raw from values {values:.2f} ms, persist_many"
+            f" {bulk:.2f} ms ({parts}): {bulk / values:.2f} x raw from values (goal <= 1.5 x)"
+        )
+
 
 async def raw_single(dsn: str, n: int, pid: str = "rawone|1") -> float:
     conn = await asyncpg.connect(dsn)
@@ -229,10 +238,9 @@ async def run_default(dsn: str, args: argparse.Namespace) -> None:
     cr.report(f"(C) default: persist_many of (pid, events), {pids}", "bulk", "raw", target=0.8)
     print(
         f"    {c.rows} rows each, one call of each in turn; like for like: raw {c.rate('values'):,.0f} rows/s,"
-        f" ratio {cr.ratio('bulk', 'values'):.2f}; client CPU per 1000 rows: raw"
-        f" {c.client_ms_per_1000('raw'):.2f} ms, raw from values {c.client_ms_per_1000('values'):.2f} ms,"
-        f" persist_many {c.client_ms_per_1000('bulk'):.2f} ms"
+        f" ratio {cr.ratio('bulk', 'values'):.2f}"
     )
+    print(c.client_line("of plain tuples"))
 
 
 async def run(dsn: str, args: argparse.Namespace) -> None:
@@ -274,11 +282,7 @@ async def run(dsn: str, args: argparse.Namespace) -> None:
         f" serializes its rows in the timed section): raw {c.rate('values'):,.0f} rows/s,"
         f" ratio {cr.ratio('bulk', 'values'):.2f}"
     )
-    print(
-        f"    client CPU per 1000 rows: raw {c.client_ms_per_1000('raw'):.2f} ms, raw from values"
-        f" {c.client_ms_per_1000('values'):.2f} ms, persist_many {c.client_ms_per_1000('bulk'):.2f} ms"
-        " (including building its Write parts)"
-    )
+    print(c.client_line("including building its Write parts"))
     single = max(1, args.single // rounds)
     b = await alternate_async(rounds, {
         "raw": lambda k: raw_single(dsn, single, f"rawone|{k}"),
