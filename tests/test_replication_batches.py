@@ -204,6 +204,33 @@ async def test_the_stamp_check_of_every_read_uses_the_unstamped_index_after_stal
             await conn.close()
 
 
+async def test_a_stamp_joins_by_the_key_after_a_plan_cached_on_an_empty_table(dbs: dict[str, str]) -> None:
+    """A stamp joins its rows (an ``unnest`` of keys) to the table. A connection that cached
+    the statement's generic plan while the table was nearly empty keeps a hash join over a
+    sequential scan until the next ANALYZE: every stamp then read the whole table (6.3 ms
+    for one row at 30,000 events, growing with it). The stamp's transaction must plan it for
+    the table as it is: by the primary key."""
+    await truncate_all(dbs["A"])  # statistics of an empty table
+    async with open_location("A", dbs["A"], [LOG]) as a:
+        await a.journal.persist(f"{LOG}|first", [{"v": 0}])
+        key = f"ARRAY['{LOG}|first'], ARRAY[1::bigint], ARRAY['A'], ARRAY[1::bigint], ARRAY['{{}}'], ARRAY[1::bigint]"
+        conn = await asyncpg.connect(asyncpg_dsn(a.dsn))
+        try:
+            await conn.execute(f"PREPARE stamp AS {a.store.sql.stamp}")
+            await conn.execute("BEGIN")
+            for _ in range(6):  # the sixth call and later ones: the cached generic plan
+                await conn.execute(f"EXECUTE stamp({key})")
+            await conn.execute("ROLLBACK")  # the plan stays cached, the rows unstamped
+            await a.journal.persist_many([(f"{LOG}|{i}", [{"v": i}]) for i in range(10_000)])
+            part = (await a.store.places.writing())[0]
+            async with conn.transaction():
+                assert len(await part.unstamped(conn, LOG, 10)) == 10  # the stamp's own transaction
+                plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE stamp({key})"))
+            assert "event_journal_pkey" in plan and "Seq Scan" not in plan, plan
+        finally:
+            await conn.close()
+
+
 async def test_the_log_indexes_serve_their_queries_even_as_generic_plans(dbs: dict[str, str]) -> None:
     """The unstamped index is per log (its name quoted into the predicate), so a generic plan
     must still match it; the position index is partial (only stamped rows)."""
