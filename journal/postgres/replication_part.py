@@ -151,7 +151,9 @@ class ReplicationPart:
             return bool(await conn.fetchval(self.sql.any_unstamped(log_name), self.slices))
 
     async def stamp(self, conn: Any, rows: Sequence[tuple[str, int, int, VectorTime]]) -> None:
-        """Stamp these local events (pid, seq nr, position, vector time) as this location's."""
+        """Stamp these local events (pid, seq nr, position, vector time) as this location's,
+        in ``conn``'s transaction, the stamp planned for the table as it is now."""
+        await conn.execute(self.sql.plan_stamps_per_call)
         await conn.execute(self.sql.stamp, *stamp_columns(self.location, rows))
 
     async def insert(
