@@ -87,16 +87,17 @@ class _Range:
         instances = self.p.instances
         log = OffsetsLog(self.p.client_config, self.p.offsets_topic, *self._slices(), self.p.timeout, instances)
         try:  # fences the range's older producer; meanwhile the earlier owners' (other ids) are ended
-            initialized, ended, _ = await asyncio.gather(
+            generation, ended, _ = await asyncio.gather(
                 asyncio.to_thread(instances.init, self.producer, self.txn, self.p.timeout),
                 asyncio.to_thread(log.end_open_transactions),
                 asyncio.to_thread(self._ask_metadata),
                 return_exceptions=True,  # all ended before an error is raised
             )
-            for outcome in (initialized, ended):
-                if isinstance(outcome, BaseException):
-                    raise outcome
-            self.generation = int(initialized)  # type: ignore[arg-type]
+            if isinstance(generation, BaseException):
+                raise generation
+            if isinstance(ended, BaseException):
+                raise ended
+            self.generation = generation
             self.published = await asyncio.to_thread(log.published)  # only now: no fenced producer commits
         except KafkaException as e:
             raise self._failed_to_open(e) from None
