@@ -333,7 +333,7 @@ class KafkaPublisher:
             self.drop(channel)
             raise
         if self._retired:
-            await asyncio.to_thread(_close_all, self._done_with())
+            await asyncio.to_thread(close_producers, self._done_with())
         return channel
 
     def _done_with(self) -> set[Producer]:
@@ -422,15 +422,18 @@ class KafkaPublisher:
             await asyncio.to_thread(channel.producer.flush, self.timeout)
             self.drop(channel)
         retired, self._retired = self._retired, set()
-        _close_all(retired)
+        close_producers(retired)
 
 
-def _close_all(producers: Iterable[Producer]) -> None:
-    """Close each producer once, quickly: ``close`` waits for every queued record (so they are
-    purged first) and aborts an open transaction (a fenced producer cannot: said in a
-    RuntimeWarning, not shown: its transaction is the broker's to end)."""
+def close_producers(producers: Iterable[Producer]) -> None:
+    """Close each producer, quickly and whatever state it is in: ``close`` waits for every queued
+    record (so they are purged first) and aborts an open transaction, which a fenced producer
+    cannot: it says so in a RuntimeWarning (not shown) or raises its fatal error (ignored). Its
+    transaction is the broker's to end, and a producer being closed owes nothing more."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Producer abort_transaction failed during close", RuntimeWarning)
         for producer in producers:
-            producer.purge()
-            producer.close()
+            with contextlib.suppress(KafkaException):
+                producer.purge()
+            with contextlib.suppress(KafkaException):
+                producer.close()
