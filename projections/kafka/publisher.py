@@ -90,7 +90,7 @@ class _Range:
             generation, ended, _ = await asyncio.gather(
                 asyncio.to_thread(instances.init, self.producer, self.txn, self.p.timeout),
                 asyncio.to_thread(log.end_open_transactions),
-                asyncio.to_thread(self._ask_metadata),
+                asyncio.to_thread(self._ask_metadata),  # unanswered: init_transactions says so
                 return_exceptions=True,  # all ended before an error is raised
             )
             if isinstance(generation, BaseException):
@@ -108,25 +108,21 @@ class _Range:
         self.p.refusals.clear()
 
     def _connect(self) -> None:
-        """Ask for the topic's metadata twice before the first batch: librdkafka asks for an
-        idempotent producer's id when a metadata answer comes while a broker it learnt of is
-        connected, else on a 500 ms timer, and the first answer comes over the bootstrap
-        connection (measured: the first batch delivered after ~60 ms instead of ~500 ms,
-        docs/kafka.md "Speed"). Brokers that do not answer within :data:`ANSWER_WITHIN`: an outage."""
+        """An at-least-once range's start: :meth:`_ask_metadata`, its failure raised (brokers that
+        do not answer within :data:`ANSWER_WITHIN`: an outage)."""
         try:
-            for _ in range(2):
-                self.producer.list_topics(self.p.topic, timeout=ANSWER_WITHIN)
+            self._ask_metadata()
         except KafkaException as e:
             raise self._failed_to_open(e) from None
 
     def _ask_metadata(self) -> None:
-        """Ask for the topic's metadata twice while ``init_transactions`` runs: its producer id
-        then comes at once, not on librdkafka's 500 ms timer (as in :meth:`_connect`; measured:
-        init_transactions took 60-70 ms, and 510 ms in 3 of 8 tries without). Unanswered: its
-        outcome is init_transactions'."""
-        with contextlib.suppress(KafkaException):
-            for _ in range(2):
-                self.producer.list_topics(self.p.topic, timeout=ANSWER_WITHIN)
+        """Ask for the topic's metadata twice: librdkafka asks for a producer's id when a metadata
+        answer comes while a broker it learnt of is connected, else on a 500 ms timer, and the first
+        answer comes over the bootstrap connection. Measured: an idempotent producer's first batch
+        delivered after ~60 ms instead of ~500 ms; ``init_transactions`` took 60-70 ms, and 510 ms in
+        3 of 8 tries without (docs/kafka.md "Speed")."""
+        for _ in range(2):
+            self.producer.list_topics(self.p.topic, timeout=ANSWER_WITHIN)
 
     def _failed_to_open(self, e: KafkaException) -> Exception:
         """:meth:`_failed` for an error while the range opens, after serving the producer's error
