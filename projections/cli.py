@@ -245,6 +245,8 @@ def run(
                 sampler_task = asyncio.create_task(sampler.run())
             results = await asyncio.gather(*tasks, return_exceptions=True)
             reporter.cancel()
+            if publisher is not None:
+                await publisher.close()
             if sampler is not None:
                 sampler.stop()
                 await sampler_task

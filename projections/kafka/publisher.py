@@ -412,13 +412,14 @@ class KafkaPublisher:
             self._retired.add(channel.producer)
 
     async def close(self) -> None:
-        """Flush every range's producer, then close it and those of dropped ranges (their
-        undelivered records purged: a closed producer no longer connects to the brokers)."""
+        """Close every range's producer and those of dropped ranges, once the workers have stopped.
+        Nothing is flushed: each batch delivered (at least once) or committed (exactly once) its
+        records before its worker moved its offsets, and what a failed batch left queued is published
+        again when the batch is retried, so closing during an outage does not wait for the brokers."""
         for channel in list(self._ranges.values()):
-            await asyncio.to_thread(channel.producer.flush, self.timeout)
             self.drop(channel)
         retired, self._retired = self._retired, set()
-        close_producers(retired)
+        await asyncio.to_thread(close_producers, retired)
 
 
 def close_producers(producers: Iterable[Producer]) -> None:
