@@ -1,11 +1,13 @@
 """Events out to Kafka: the KafkaPublisher projection (exactly-once, then at-least-once) beside a
 bare confluent-kafka producer sending the same records (same keys, values, headers, built by the
-same RecordBuilder; idempotent, no transactions, one flush at the end), in the same run. Usage:
+same RecordBuilder; idempotent, no transactions, one flush at the end), and beside a bare
+transactional producer sending them in transactions of the publisher's batch size (what Kafka's
+transactions cost alone: exactly-once's own ceiling), in the same run. Usage:
     [JOURNAL_DSN=postgresql://...] [KAFKA_BOOTSTRAP_SERVERS=host:port] \\
         python benchmarks/kafka_publish.py [--events N] [--processes P] [--workers K] [--rounds R]
 (default 200,000 events, 3 rounds; a fresh database on JOURNAL_DSN's server, else an embedded
 server; a local KRaft broker started from the Maven Central jars unless KAFKA_BOOTSTRAP_SERVERS is
-set). After an untimed warm-up of each side (20,000 events), each round runs the three sides one
+set). After an untimed warm-up of each side (20,000 events), each round runs the four sides one
 after the other, the order rotated round by round (each side into a fresh topic, each publisher
 run under a fresh projection name); it prints each round with the load average, then the medians
 of the rates and of the per-round ratios to the bare producer. A publisher's rate is given twice:
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import multiprocessing
 import os
 import statistics
@@ -77,6 +80,30 @@ async def bare(bootstrap: str, envs: list[EventEnvelope]) -> tuple[float, float]
             except BufferError:
                 await asyncio.to_thread(p.poll, 0.1)
     await asyncio.to_thread(p.flush, 60)
+    rate = len(envs) / (time.perf_counter() - t0)
+    return rate, rate
+
+
+async def bare_transactional(bootstrap: str, envs: list[EventEnvelope], group_size: int) -> tuple[float, float]:
+    """The same records through one transactional producer, one Kafka transaction per
+    ``group_size`` records (the publisher's batch), each committed before the next begins: the
+    cost of Kafka's transactions alone, exactly-once's ceiling. Its ``init_transactions`` is timed,
+    as the publisher's is."""
+    topic = new_topic(bootstrap)
+    t0 = time.perf_counter()
+    p = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap, "transactional.id": f"bench-{topic}"})
+    await asyncio.to_thread(p.init_transactions, 30)
+    records = RecordBuilder().records(envs)
+    for _ in range(0, len(envs), group_size):
+        p.begin_transaction()
+        for key, value, headers in itertools.islice(records, group_size):
+            while True:
+                try:
+                    p.produce(topic, value, key, headers=headers)
+                    break
+                except BufferError:
+                    await asyncio.to_thread(p.poll, 0.1)
+        await asyncio.to_thread(p.commit_transaction, 60)
     rate = len(envs) / (time.perf_counter() - t0)
     return rate, rate
 
@@ -213,11 +240,13 @@ async def main(
 
         sides: dict[str, Callable[[], Awaitable[tuple[float, float]]]] = {
             "bare": lambda: bare(bootstrap, envs),
+            "bare transactional": lambda: bare_transactional(bootstrap, envs, group_size),
             "exactly-once": lambda: publisher(n, True),
             "at-least-once": lambda: publisher(n, False),
         }
         warm = min(n, 20_000)  # untimed: the broker's JIT, its transaction-state topic, the pools
         await bare(bootstrap, envs[:warm])
+        await bare_transactional(bootstrap, envs[:warm], group_size)
         await publisher(warm, True)
         await publisher(warm, False)
         rates: dict[str, list[float]] = {name: [] for name in sides}
@@ -225,7 +254,7 @@ async def main(
         where = f"{processes} processes x {workers}" if processes > 1 else f"one process, {workers}"
         print(f"{n} events, {where} worker(s), group_size {group_size}, {rounds} round(s)")
         for r in range(rounds):
-            order = list(sides)[r % 3 :] + list(sides)[: r % 3]
+            order = list(sides)[r % len(sides) :] + list(sides)[: r % len(sides)]
             for name in order:
                 rate, after_start = await sides[name]()
                 rates[name].append(rate)
@@ -235,12 +264,18 @@ async def main(
     med = {name: statistics.median(v) for name, v in rates.items()}
     print(f"medians, each ratio the median of the rounds' ratios (load average {os.getloadavg()[0]:.1f}):")
     print(f"bare idempotent producer (ceiling): {med['bare']:12,.0f} events/s")
+    txn = statistics.median(a / b for a, b in zip(rates["bare transactional"], rates["bare"], strict=True))
+    print(f"bare transactional producer:        {med['bare transactional']:12,.0f} events/s  ({txn:.2f} of bare)")
     for name in ("exactly-once", "at-least-once"):
         ratio = statistics.median(a / b for a, b in zip(rates[name], rates["bare"], strict=True))
         after = statistics.median(steady[name])
         after_ratio = statistics.median(a / b for a, b in zip(steady[name], rates["bare"], strict=True))
+        of_txn = ""
+        if name == "exactly-once":
+            r_txn = statistics.median(a / b for a, b in zip(rates[name], rates["bare transactional"], strict=True))
+            of_txn = f", {r_txn:.2f} of bare transactional"
         print(
-            f"{name + ' publisher:':35s} {med[name]:12,.0f} events/s  ({ratio:.2f} of bare); "
+            f"{name + ' publisher:':35s} {med[name]:12,.0f} events/s  ({ratio:.2f} of bare{of_txn}); "
             f"after its first batch {after:,.0f} events/s ({after_ratio:.2f})"
         )
 
