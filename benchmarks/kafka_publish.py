@@ -5,7 +5,7 @@ transactional producer sending them in transactions of the publisher's batch siz
 transactions cost alone: exactly-once's own ceiling), in the same run. Usage:
     [JOURNAL_DSN=postgresql://...] [KAFKA_BOOTSTRAP_SERVERS=host:port] \\
         python benchmarks/kafka_publish.py [--events N] [--processes P] [--workers K] [--rounds R]
-(default 200,000 events, 3 rounds; a fresh database on JOURNAL_DSN's server, else an embedded
+(default 200,000 events, 5 rounds; a fresh database on JOURNAL_DSN's server, else an embedded
 server; a local KRaft broker started from the Maven Central jars unless KAFKA_BOOTSTRAP_SERVERS is
 set). After an untimed warm-up of each side (20,000 events), each round runs the four sides one
 after the other, the order rotated round by round (each side into a fresh topic, each publisher
@@ -287,7 +287,7 @@ if __name__ == "__main__":
     ap.add_argument("--group-size", type=int, default=5000)
     ap.add_argument("--processes", type=int, default=2, help="worker processes (1: the workers in this process)")
     ap.add_argument("--workers", type=int, default=1, help="workers (slice ranges) per process")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of the three sides, order rotated")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the four sides, order rotated")
     ap.add_argument("--asyncio", action="store_true", help="asyncio.run, the collector untuned (every side)")
     a = ap.parse_args()
     tuned = f"journal.runtime: {runtime.loop_name()}, collector tuned"
