@@ -56,6 +56,11 @@ from .version_run import ProjectionVersioning
 log = logging.getLogger("projections.worker")
 
 OWN_POOL_SIZE = 8
+QUICK_ROUND = 0.05
+"""Seconds to the lease round after one that saw the members change (a first round too); each
+further round waits twice as long, up to ``lease_renew_interval``. Workers started together
+(the first one may see itself alone and take every slice) or rescaled then settle their slices
+in a fraction of a second, not a renewal interval apart."""
 """Connections of the pool a worker opens when it cannot run on the journal's."""
 
 
@@ -174,7 +179,9 @@ class Worker:
             await self._start_up(dsn)
             last_prune = 0.0
             loop = asyncio.get_running_loop()
+            pause = QUICK_ROUND
             while not self._stop.is_set() and self.error is None:
+                seen = self.leases.members
                 try:
                     await self._tick()
                     if loop.time() - last_prune > self.ps.offset_prune_interval and self.epochs:
@@ -191,7 +198,9 @@ class Worker:
                         self.outage.failed("lease round", e)
                     else:
                         log.warning("%s: lease round failed (will retry): %s", self.worker_id, e)
-                await wait_set(self._stop, self.ps.lease_renew_interval)
+                changed = self.leases.members != seen
+                pause = QUICK_ROUND if changed else min(pause * 2, self.ps.lease_renew_interval)
+                await wait_set(self._stop, pause)
         finally:
             await self._shutdown()
         if self._refused is not None:

@@ -51,12 +51,14 @@ ON CONFLICT DO NOTHING""",
         )
 
     async def renew_leases(self, conn: Any, name: str, owner: str, ttl: timedelta) -> dict[int, int]:
-        """Extend every lease ``owner`` holds; return slice -> epoch of what it still holds."""
+        """Extend every lease ``owner`` holds; return slice -> epoch of what it still holds. The rows
+        are locked in slice order first, then updated by key (no join: see :meth:`acquire_leases`)."""
         lease = self.t("projection_slice_lease")
         rows = await conn.fetch(
-            f"""UPDATE {lease} l SET expires_at = clock_timestamp() + $3::interval
-FROM (SELECT slice FROM {lease} WHERE projection_name = $1 AND owner = $2 ORDER BY slice FOR UPDATE) x
-WHERE l.projection_name = $1 AND l.slice = x.slice RETURNING l.slice, l.epoch""",
+            f"""UPDATE {lease} SET expires_at = clock_timestamp() + $3::interval
+WHERE projection_name = $1 AND slice = ANY(ARRAY(
+  SELECT slice FROM {lease} WHERE projection_name = $1 AND owner = $2 ORDER BY slice FOR UPDATE))
+RETURNING slice, epoch""",
             name,
             owner,
             ttl,
@@ -66,14 +68,18 @@ WHERE l.projection_name = $1 AND l.slice = x.slice RETURNING l.slice, l.epoch"""
     async def acquire_leases(
         self, conn: Any, name: str, owner: str, slices: list[int], ttl: timedelta
     ) -> dict[int, int]:
-        """Take the free or expired leases among ``slices`` (never waits on a busy row)."""
+        """Take the free or expired leases among ``slices`` (never waits on a busy row): locked in
+        slice order first, then updated by key. A join of the locked rows back to the table was
+        planned, on a job's fresh rows (no statistics yet), as a scan of the job's 1,024 rows per
+        locked row: a round of 1,024 leases took 0.8-1.7 s (tests/test_projection_runner.py)."""
         lease = self.t("projection_slice_lease")
         rows = await conn.fetch(
-            f"""UPDATE {lease} l SET owner = $2, epoch = l.epoch + 1, expires_at = clock_timestamp() + $4::interval
-FROM (SELECT slice FROM {lease} WHERE projection_name = $1 AND slice = ANY($3::int[])
-        AND (owner IS NULL OR expires_at < clock_timestamp())
-      ORDER BY slice FOR UPDATE SKIP LOCKED) x
-WHERE l.projection_name = $1 AND l.slice = x.slice RETURNING l.slice, l.epoch""",
+            f"""UPDATE {lease} SET owner = $2, epoch = epoch + 1, expires_at = clock_timestamp() + $4::interval
+WHERE projection_name = $1 AND slice = ANY(ARRAY(
+  SELECT slice FROM {lease} WHERE projection_name = $1 AND slice = ANY($3::int[])
+    AND (owner IS NULL OR expires_at < clock_timestamp())
+  ORDER BY slice FOR UPDATE SKIP LOCKED))
+RETURNING slice, epoch""",
             name,
             owner,
             slices,
@@ -172,6 +178,9 @@ class PostgresSliceLeases:
         self.slice_count = slice_count
         self.held: dict[int, int] = {}
         """Slice -> epoch of the leases held after the last round."""
+        self.members: tuple[str, ...] = ()
+        """The live members the last round saw (a change quickens the next rounds:
+        :mod:`projections.worker`)."""
         self._forgot_dead_at = 0.0
 
     async def join(self) -> None:
@@ -199,6 +208,7 @@ class PostgresSliceLeases:
                 conn, self.name, self.owner, socket.gethostname(), os.getpid(), self.ttl, "running", events, error
             )
             members = await self.sql.live_workers(conn, self.name)
+            self.members = tuple(members)
             held = await self.sql.renew_leases(conn, self.name, self.owner, self.ttl)
             if time.monotonic() - self._forgot_dead_at > FORGET_DEAD_AFTER.total_seconds() / 4:
                 self._forgot_dead_at = time.monotonic()
