@@ -56,12 +56,12 @@ from .version_run import ProjectionVersioning
 log = logging.getLogger("projections.worker")
 
 OWN_POOL_SIZE = 8
+"""Connections of the pool a worker opens when it cannot run on the journal's."""
 QUICK_ROUND = 0.05
 """Seconds to the lease round after one that saw the members change (a first round too); each
 further round waits twice as long, up to ``lease_renew_interval``. Workers started together
 (the first one may see itself alone and take every slice) or rescaled then settle their slices
 in a fraction of a second, not a renewal interval apart."""
-"""Connections of the pool a worker opens when it cannot run on the journal's."""
 
 
 def parse_key(key: str) -> range:
