@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from journal import JournalSettings, open_journal
@@ -45,6 +45,32 @@ def test_records_match_the_event_alone() -> None:
     builder = RecordBuilder()
     got = [*builder.records(envs), *builder.records(reversed(envs))]  # the second batch from the caches
     assert got == [expected(e) for e in envs + list(reversed(envs))]
+
+
+def test_the_timestamp_header_is_isoformat_whatever_the_zone() -> None:
+    """UTC timestamps (the journal's) are written by orjson: the same text as ``isoformat``, with
+    or without microseconds, at the ends of the range; other zones too, an offset in seconds kept."""
+    zones = [
+        UTC,
+        UTC,
+        UTC,
+        UTC,
+        timezone(timedelta(hours=-5, minutes=-30)),
+        timezone(timedelta(seconds=30)),
+        timezone(timedelta(hours=2)),
+    ]
+    stamps = [
+        datetime(2026, 11, 27, 8, 0, 0, 123456), datetime(2026, 11, 27, 8, 0), datetime(1, 1, 1),
+        datetime(9999, 12, 31, 23, 59, 59, 999999), datetime(2026, 11, 27, 8, 0, 0, 5), datetime(2026, 11, 27, 8, 0),
+        datetime(2026, 11, 27, 8, 0, 0, 1),
+    ]  # fmt: skip
+    envs = [
+        envelope("Order|1", i + 1, 7, ts.replace(tzinfo=z), {"n": i})
+        for i, (ts, z) in enumerate(zip(stamps, zones, strict=True))
+    ]
+    got = [dict(headers)["db_timestamp"] for _k, _v, headers in RecordBuilder().records(envs)]
+    assert got == [e.db_timestamp.isoformat().encode() for e in envs]
+    assert got[5] == b"2026-11-27T08:00:00+00:00:30"
 
 
 async def test_events_read_back_are_published_as_stored(dsn: str) -> None:

