@@ -114,6 +114,8 @@ class _Range:
             self.p.drop(self)
             servers = self.p.config["bootstrap.servers"]
             raise DestinationUnavailable(f"Kafka at {servers}: {e}", destination="Kafka") from None
+        finally:
+            await asyncio.to_thread(log.close)
         self.p.refusals.clear()
 
     def _connect(self) -> None:
