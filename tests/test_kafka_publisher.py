@@ -284,3 +284,62 @@ def test_a_fenced_producer_with_an_open_transaction_closes_without_raising(kafka
     finally:
         newer.close()
     assert read_topic(kafka_bootstrap, topic) == []  # its transaction was never committed
+
+
+def test_every_client_of_the_publisher_connects_to_every_broker_unless_configured() -> None:
+    """Sparse connections (librdkafka's default) made each new client of the publisher wait ~50 ms
+    for its second connection (docs/kafka.md "Speed"): its producers, the offsets topic's
+    consumers and the topic check's admin client are all made from ``client_config`` (the
+    producers' adds :data:`PRODUCER_DEFAULTS`), with sparse connections off unless the
+    publisher's ``config`` sets them."""
+    from projections.kafka.publisher import KafkaPublisher
+
+    publisher = KafkaPublisher("127.0.0.1:9", "t")
+    assert publisher.client_config["enable.sparse.connections"] is False
+    assert publisher.producer_config["enable.sparse.connections"] is False
+    assert publisher.instances.config["enable.sparse.connections"] is False
+    chosen = KafkaPublisher("127.0.0.1:9", "t", config={"enable.sparse.connections": True})
+    assert chosen.client_config["enable.sparse.connections"] is True
+    assert chosen.producer_config["enable.sparse.connections"] is True
+
+
+def test_the_offsets_log_asks_and_reads_through_one_consumer_per_isolation_level(kafka_bootstrap: str) -> None:
+    """A range's open asks the offsets topic's ends, reads the rows past its last stable offset,
+    fences the earlier owner named there, then asks the ends again and reads the topic back: all
+    through two consumers (was: a new consumer, each its connections to every broker, for each of
+    the five), closed with the log."""
+    from confluent_kafka import Producer
+
+    from projections.kafka.instances import Instances
+    from projections.kafka.offsets_log import OffsetsLog
+    from projections.kafka.publisher import close_producers
+
+    offsets = create_topic(kafka_bootstrap, partitions=1)
+    name = f"p{offsets[-8:]}"
+
+    def producer(lo: int, hi: int) -> Producer:
+        p = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"sj.{name}.{lo}-{hi}"})
+        p.init_transactions(30)
+        p.begin_transaction()
+        return p
+
+    done = producer(0, 1023)
+    done.produce(
+        offsets, b'{"pid": "acct|a", "slice": 5, "seq_nr": 3, "txn": "sj.%s.0-1023"}' % name.encode(), b"acct|a"
+    )
+    done.commit_transaction(30)
+    earlier = producer(0, 511)  # killed while its transaction was open
+    earlier.produce(
+        offsets, b'{"pid": "acct|a", "slice": 5, "seq_nr": 9, "txn": "sj.%s.0-511"}' % name.encode(), b"acct|a"
+    )
+    assert earlier.flush(30) == 0
+    log = OffsetsLog({"bootstrap.servers": kafka_bootstrap}, offsets, name, 0, 255, 10, Instances({
+        "bootstrap.servers": kafka_bootstrap}))  # fmt: skip
+    try:
+        assert log.end_open_transactions() == [f"sj.{name}.0-511"]
+        assert log.published() == {"acct|a": 3}
+        assert log.consumers == 2
+    finally:
+        log.close()
+        close_producers([done, earlier])
+    assert log.consumers == 0

@@ -17,11 +17,14 @@ they name of another range of the same projection sharing slices with this one a
 of these slices, and a producer of each such id calls ``init_transactions``, which aborts its open
 transaction and fences it. Then :meth:`OffsetsLog.published` reads the topic (``read_committed``)
 up to its high watermark, waiting for the transactions open then to end; behind one that does not
-end it raises :class:`StuckTransaction` rather than return stale offsets.
+end it raises :class:`StuckTransaction` rather than return stale offsets. A log asks and reads
+through one consumer per isolation level, made at its first use and kept until :meth:`OffsetsLog.close`
+(each consumer connects to every broker: ``publisher.CLIENT_DEFAULTS``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -79,12 +82,30 @@ class OffsetsLog:
         self.projection = projection
         self.lo, self.hi = lo, hi
         self.timeout = timeout
+        self._consumers: dict[str, Consumer] = {}
+
+    @property
+    def consumers(self) -> int:
+        """How many consumers the log holds (at most one per isolation level)."""
+        return len(self._consumers)
 
     def _consumer(self, isolation: str) -> Consumer:
-        return Consumer({
-            **self.config, "group.id": f"sj-offsets-loader.{self.projection}", "isolation.level": isolation,
-            "enable.auto.commit": False, "enable.partition.eof": True,
-        })  # fmt: skip
+        """The log's consumer of ``isolation``, made at its first use: the ends are asked and
+        the rows read through it again (was: a new consumer, its connections, for each call)."""
+        consumer = self._consumers.get(isolation)
+        if consumer is None:
+            consumer = self._consumers[isolation] = Consumer({
+                **self.config, "group.id": f"sj-offsets-loader.{self.projection}", "isolation.level": isolation,
+                "enable.auto.commit": False, "enable.partition.eof": True,
+            })  # fmt: skip
+        return consumer
+
+    def close(self) -> None:
+        """Close the log's consumers (a consumer that fails to close is left to the collector)."""
+        consumers, self._consumers = list(self._consumers.values()), {}
+        for consumer in consumers:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                consumer.close()
 
     def end_open_transactions(self) -> list[str]:
         """End the transactions earlier owners of these slices may have left open (see the
@@ -146,12 +167,9 @@ class OffsetsLog:
 
     def _ends(self, consumer: Consumer) -> dict[int, int]:
         """Each partition's end as ``consumer`` sees it (read_committed: the last stable offset;
-        read_uncommitted: the high watermark); the consumer is closed."""
-        try:
-            partitions = sorted(consumer.list_topics(self.topic, self.timeout).topics[self.topic].partitions)
-            return {p: self._end_of(consumer, TopicPartition(self.topic, p)) for p in partitions}
-        finally:
-            consumer.close()
+        read_uncommitted: the high watermark), asked of the brokers now."""
+        partitions = sorted(consumer.list_topics(self.topic, self.timeout).topics[self.topic].partitions)
+        return {p: self._end_of(consumer, TopicPartition(self.topic, p)) for p in partitions}
 
     def _end_of(self, consumer: Consumer, partition: TopicPartition) -> int:
         """The partition's end; retried while a new topic's leader is not known yet."""
@@ -168,7 +186,7 @@ class OffsetsLog:
         self, consumer: Consumer, starts: Mapping[int, int], targets: Mapping[int, int], row: Callable[[Message], None]
     ) -> None:  # fmt: skip
         """Hand each record from ``starts`` up to ``targets`` (partition -> offset) to ``row``;
-        the consumer is closed."""
+        the consumer is unassigned after (it stops fetching)."""
         pending = {p for p, end in targets.items() if end > 0}
         try:
             consumer.assign([TopicPartition(self.topic, p, starts[p]) for p in pending])
@@ -190,7 +208,8 @@ class OffsetsLog:
                     if at >= targets.get(p, 0):
                         pending.discard(p)
         finally:
-            consumer.close()
+            with contextlib.suppress(KafkaException):  # an error of the read is the one to raise
+                consumer.unassign()
 
     def _stuck(self, consumer: Consumer, pending: set[int], targets: Mapping[int, int]) -> Exception:
         """Why the read made no progress: a transaction that does not end, or no answer."""

@@ -52,6 +52,15 @@ ANSWER_WITHIN = 2.0
 command line's start) before it calls them unavailable: the batch is then retried as an outage
 (:class:`DestinationUnavailable`), so this is how long one try keeps the batch's transaction open."""
 
+CLIENT_DEFAULTS: dict[str, Any] = {"enable.sparse.connections": False}
+"""librdkafka settings of every client of the publisher (its producers, the offsets topic's
+consumers, the topic check's admin client) unless ``config`` sets them: each connects to every
+broker of the cluster at once. With sparse connections (librdkafka's default) a new client drops
+its bootstrap connection after the first metadata answer and connects to the broker it learnt of
+only ~50 ms later (``reconnect.backoff.ms`` / 2): every new client's first answer took 55-60 ms
+instead of 3-7 ms, a transactional producer's ``init_transactions`` 60 ms instead of 8
+(docs/kafka.md "Speed", "Every new client waited 50 ms")."""
+
 PRODUCER_DEFAULTS: dict[str, Any] = {"linger.ms": 5, "delivery.report.only.error": True}
 """librdkafka settings of the publisher's producers unless ``config`` sets them: a short linger
 gathers records into batches; delivery reports (a Python call each) only for failed records."""
@@ -105,6 +114,8 @@ class _Range:
             self.p.drop(self)
             servers = self.p.config["bootstrap.servers"]
             raise DestinationUnavailable(f"Kafka at {servers}: {e}", destination="Kafka") from None
+        finally:
+            await asyncio.to_thread(log.close)
         self.p.refusals.clear()
 
     def _connect(self) -> None:
@@ -263,7 +274,8 @@ class _Range:
 class KafkaPublisher:
     """A grouped projection handler publishing each event to ``topic`` (see the module's doc).
 
-    ``config``: librdkafka settings added to ``bootstrap.servers`` (e.g. security); ``value``:
+    ``config``: librdkafka settings added to ``bootstrap.servers`` (e.g. security; over
+    :data:`CLIENT_DEFAULTS`); ``value``:
     the event to the record's value (default: JSON, as the journal stores it); ``offsets_topic``:
     the compacted topic of the published sequence numbers (exactly-once; created when missing).
     """
@@ -285,7 +297,7 @@ class KafkaPublisher:
         self.exactly_once = exactly_once
         self._offsets_topic = offsets_topic
         self.value: Serializer = value or json_value
-        self.config: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(config or {})}
+        self.config: dict[str, Any] = {**CLIENT_DEFAULTS, "bootstrap.servers": bootstrap_servers, **(config or {})}
         """The client settings every client of the publisher shares (producers, the offsets' reader)."""
         self.refusals = causes.Refusals()
         """The clients' error callback: the last refused login or permission they reported."""
