@@ -5,10 +5,11 @@ transactional producer sending them in transactions of the publisher's batch siz
 transactions cost alone: exactly-once's own ceiling), in the same run. Usage:
     [JOURNAL_DSN=postgresql://...] [KAFKA_BOOTSTRAP_SERVERS=host:port] \\
         python benchmarks/kafka_publish.py [--events N] [--processes P] [--workers K] [--rounds R]
-(default 200,000 events, 5 rounds; a fresh database on JOURNAL_DSN's server, else an embedded
-server; a local KRaft broker started from the Maven Central jars unless KAFKA_BOOTSTRAP_SERVERS is
-set). After an untimed warm-up of each side (20,000 events), each round runs the four sides one
-after the other, the order rotated round by round (each side into a fresh topic, each publisher
+(default 200,000 events, 5 rounds, the library's default batch and page sizes, group_size 1000 and
+buffer_size 1000, tuned: `--group-size 5000 --buffer-size 10000`; a fresh database on JOURNAL_DSN's
+server, else an embedded server; a local KRaft broker started from the Maven Central jars unless
+KAFKA_BOOTSTRAP_SERVERS is set). After an untimed warm-up of each side (20,000 events), each round
+runs the four sides one after the other, the order rotated round by round (each side into a fresh topic, each publisher
 run under a fresh projection name); it prints each round with the load average, then the medians
 of the rates and of the per-round ratios to the bare producer. A publisher's rate is given twice:
 from its workers' start (its start-up, ~0.5-1.5 s, included) and from its first batch committed
@@ -143,7 +144,7 @@ async def publish(
 
 
 async def publish_in_processes(
-    dsn: str, group_size: int, et: str, bootstrap: str, n: int, processes: int, workers: int, eo: bool
+    dsn: str, group_size: int, buffer_size: int, et: str, bootstrap: str, n: int, processes: int, workers: int, eo: bool
 ) -> tuple[float, float]:
     """As :func:`publish`, the workers run as ``projections run NAME --to-kafka TOPIC --workers
     K`` runs them, in ``processes`` such processes (each on ``journal.runtime``, its own pool and
@@ -153,7 +154,7 @@ async def publish_in_processes(
     ctx = multiprocessing.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
     counts = ctx.Array("q", [-1] * processes, lock=False)  # -1: not ready yet; then events processed
-    args = (dsn, group_size, bootstrap, topic, et, workers, eo, go, stop, counts)
+    args = (dsn, group_size, buffer_size, bootstrap, topic, et, workers, eo, go, stop, counts)
     procs = [ctx.Process(target=_worker_process, args=(*args, k), daemon=True) for k in range(processes)]
     for proc in procs:
         proc.start()
@@ -186,18 +187,18 @@ async def publish_in_processes(
 
 
 def _worker_process(
-    dsn: str, group_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool,
+    dsn: str, group_size: int, buffer_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool,
     go: Any, stop: Any, counts: Any, slot: int,
 ) -> None:  # fmt: skip
     """One worker process of :func:`publish_in_processes`."""
-    runtime.run(_serve(dsn, group_size, bootstrap, topic, et, workers, eo, go, stop, counts, slot))
+    runtime.run(_serve(dsn, group_size, buffer_size, bootstrap, topic, et, workers, eo, go, stop, counts, slot))
 
 
 async def _serve(
-    dsn: str, group_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool,
+    dsn: str, group_size: int, buffer_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool,
     go: Any, stop: Any, counts: Any, slot: int,
 ) -> None:  # fmt: skip
-    s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=10_000)
+    s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=buffer_size)
     async with open_journal(dsn, settings=s) as j:
         publisher = KafkaPublisher(bootstrap, topic, exactly_once=eo)
         ws = [Worker(j, s, f"bench-{topic}", et, publisher, "grouped") for _ in range(workers)]
@@ -218,7 +219,15 @@ async def _serve(
 
 
 async def main(
-    dsn: str, bootstrap: str, n: int, entities: int, group_size: int, processes: int, workers: int, rounds: int
+    dsn: str,
+    bootstrap: str,
+    n: int,
+    entities: int,
+    group_size: int,
+    buffer_size: int,
+    processes: int,
+    workers: int,
+    rounds: int,
 ) -> None:
     et = f"Bench{uuid.uuid4().hex[:6]}"
     # ids spread over the slices as an application's are: names that differ only in their last
@@ -226,7 +235,7 @@ async def main(
     # of the events depending on the entity type's random name
     rng = random.Random(entities)
     pids = [f"{et}|{uuid.UUID(int=rng.getrandbits(128))}" for _ in range(entities)]
-    s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=10_000)
+    s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=buffer_size)
     async with open_journal(dsn, settings=s) as j:
         per_call, done = 500, 0
         while done < n:
@@ -245,7 +254,7 @@ async def main(
 
         def publisher(m: int, eo: bool) -> Awaitable[tuple[float, float]]:
             if processes > 1:
-                return publish_in_processes(dsn, group_size, et, bootstrap, m, processes, workers, eo)
+                return publish_in_processes(dsn, group_size, buffer_size, et, bootstrap, m, processes, workers, eo)
             return publish(j, s, et, bootstrap, m, workers, eo)
 
         sides: dict[str, Callable[[], Awaitable[tuple[float, float]]]] = {
@@ -262,7 +271,7 @@ async def main(
         rates: dict[str, list[float]] = {name: [] for name in sides}
         steady: dict[str, list[float]] = {name: [] for name in sides}
         where = f"{processes} processes x {workers}" if processes > 1 else f"one process, {workers}"
-        print(f"{n} events, {where} worker(s), group_size {group_size}, {rounds} round(s)")
+        print(f"{n} events, {where} worker(s), group_size {group_size}, buffer_size {buffer_size}, {rounds} round(s)")
         for r in range(rounds):
             order = list(sides)[r % len(sides) :] + list(sides)[: r % len(sides)]
             for name in order:
@@ -294,7 +303,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--entities", type=int, default=10_000)
-    ap.add_argument("--group-size", type=int, default=5000)
+    defaults = JournalSettings.load(env={})
+    ap.add_argument(
+        "--group-size", type=int, default=defaults.projection.group_size, help="events a batch (a transaction)"
+    )
+    ap.add_argument("--buffer-size", type=int, default=defaults.query.buffer_size, help="rows a page of the query")
     ap.add_argument("--processes", type=int, default=2, help="worker processes (1: the workers in this process)")
     ap.add_argument("--workers", type=int, default=1, help="workers (slice ranges) per process")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the four sides, order rotated")
@@ -303,7 +316,7 @@ if __name__ == "__main__":
     tuned = f"journal.runtime: {runtime.loop_name()}, collector tuned"
     print("# event loop:", "asyncio, collector untuned" if a.asyncio else tuned)
     with fresh_database() as dsn, broker() as bootstrap:
-        go = main(dsn, bootstrap, a.events, a.entities, a.group_size, a.processes, a.workers, a.rounds)
+        go = main(dsn, bootstrap, a.events, a.entities, a.group_size, a.buffer_size, a.processes, a.workers, a.rounds)
         if a.asyncio:
             asyncio.run(go)
         else:  # as `projections run --to-kafka` runs its workers
