@@ -5,9 +5,10 @@ transactional producer sending them in transactions of the publisher's batch siz
 transactions cost alone: exactly-once's own ceiling), in the same run. Usage:
     [JOURNAL_DSN=postgresql://...] [KAFKA_BOOTSTRAP_SERVERS=host:port] \\
         python benchmarks/kafka_publish.py [--events N] [--processes P] [--workers K] [--rounds R]
-(default 200,000 events, 5 rounds, the library's default batch and page sizes, group_size 1000 and
-buffer_size 1000, tuned: `--group-size 5000 --buffer-size 10000`; a fresh database on JOURNAL_DSN's
-server, else an embedded server; a local KRaft broker started from the Maven Central jars unless
+(default 200,000 events, 5 rounds, the batch and page sizes `projections run --to-kafka` uses by
+default, group_size 5000 (projections.kafka.GROUP_SIZE) and buffer_size 1000; tuned:
+`--group-size 20000 --buffer-size 10000`; a fresh database on JOURNAL_DSN's server, else an embedded
+server; a local KRaft broker started from the Maven Central jars unless
 KAFKA_BOOTSTRAP_SERVERS is set). After an untimed warm-up of each side (20,000 events), each round
 runs the four sides one after the other, the order rotated round by round (each side into a fresh topic, each publisher
 run under a fresh projection name); it prints each round with the load average, then the medians
@@ -40,6 +41,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from journal import EventEnvelope, JournalSettings, Write, failures, open_journal, runtime
 from projections import Worker
+from projections.kafka import GROUP_SIZE
 from projections.kafka.local import LocalKafka
 from projections.kafka.publisher import PRODUCER_DEFAULTS, KafkaPublisher
 from projections.kafka.records import RecordBuilder
@@ -304,9 +306,7 @@ if __name__ == "__main__":
     ap.add_argument("--events", type=int, default=200_000)
     ap.add_argument("--entities", type=int, default=10_000)
     defaults = JournalSettings.load(env={})
-    ap.add_argument(
-        "--group-size", type=int, default=defaults.projection.group_size, help="events a batch (a transaction)"
-    )
+    ap.add_argument("--group-size", type=int, default=GROUP_SIZE, help="events a batch (a Kafka transaction)")
     ap.add_argument("--buffer-size", type=int, default=defaults.query.buffer_size, help="rows a page of the query")
     ap.add_argument("--processes", type=int, default=2, help="worker processes (1: the workers in this process)")
     ap.add_argument("--workers", type=int, default=1, help="workers (slice ranges) per process")

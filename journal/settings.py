@@ -572,6 +572,14 @@ def _env_names(group: str, name: str) -> tuple[str, str]:
     return f"JOURNAL_{group}_{name}".upper(), f"JOURNAL_{name}".upper()
 
 
+def set_in_env(setting: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether ``env`` (default ``os.environ``) sets ``setting`` (``"group.name"``) under either
+    name :meth:`JournalSettings.load` reads: a command's own default for it yields to the user's."""
+    group, name = setting.split(".")
+    env = os.environ if env is None else env
+    return any(key in env for key in _env_names(group, name))
+
+
 def _env_keys() -> list[str]:
     return [key for g, group in _GROUPS.items() for f in fields(group) for key in _env_names(g, f.name)]
 

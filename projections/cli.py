@@ -170,7 +170,9 @@ def run(
         validate_entity_type(entity_type, required=True)
     else:
         validate_tags([tag])
-    settings = _settings(schema, data_dir, databases, **hook_settings(subject_of, upcasters, serializers))
+    settings = _settings(
+        schema, data_dir, databases, **hook_settings(subject_of, upcasters, serializers), **_kafka_batch(to_kafka)
+    )
     hooks = journal_hooks(settings)
     if version is not None and (tag is not None or to_kafka is not None or states):
         raise InvalidArgument("--version runs a handler over an entity type's events (not --tag, --to-kafka, --states)")
@@ -270,6 +272,18 @@ async def _check_kafka(publisher: Any, name: str) -> None:
         await publisher.check(name)
     except DestinationUnavailable as e:
         log.warning("%s; the workers start and wait for it (projections status shows it)", e)
+
+
+def _kafka_batch(to_kafka: str | None) -> dict[str, Any]:
+    """``--to-kafka``: batches of :data:`.kafka.GROUP_SIZE` events unless the environment sets
+    ``projection.group_size``."""
+    from journal.settings import set_in_env
+
+    from .kafka import GROUP_SIZE
+
+    if to_kafka is None or set_in_env("projection.group_size"):
+        return {}
+    return {"group_size": GROUP_SIZE}
 
 
 def _kafka_publisher(

@@ -73,7 +73,7 @@ async def test_the_command_publishes_every_event_once(journal: Journal, dsn: str
 
 
 def run_until_published(
-    dsn: str, bootstrap: str, topic: str, n: int, *extra: str
+    dsn: str, bootstrap: str, topic: str, n: int, *extra: str, env: dict[str, str] | None = None
 ) -> list[tuple[int, bytes | None, bytes | None, dict[str, bytes]]]:
     """Run projection ``kp-<topic>`` until ``topic`` holds ``n`` records, stop it (SIGTERM), read
     the topic (each test's projection its own: the tests share the database's offset tables)."""
@@ -81,7 +81,7 @@ def run_until_published(
     proc = subprocess.Popen(
         [sys.executable, "-m", "projections", "run", f"kp-{topic}", "--entity-type", "acct", "--to-kafka", topic,
          "--kafka-bootstrap", bootstrap, "--dsn", dsn, "--no-progress", *extra],
-        env={**os.environ, **FAST_ENV}, stdout=subprocess.DEVNULL, stderr=err,
+        env={**os.environ, **FAST_ENV, **(env or {})}, stdout=subprocess.DEVNULL, stderr=err,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -95,6 +95,25 @@ def run_until_published(
     err.seek(0)
     assert code == 0, err.read().decode()[-3000:]
     return read_topic(bootstrap, topic)
+
+
+async def test_a_batch_is_5000_events_unless_the_environment_says(
+    journal: Journal, dsn: str, kafka_bootstrap: str
+) -> None:
+    """A batch is one Kafka transaction, and the offsets topic gets one row per id a batch: the
+    command's default (``projections.kafka.GROUP_SIZE``) makes one id's 6,000 events two batches
+    (at most four: a batch closes early when its events come slowly), while
+    JOURNAL_PROJECTION_GROUP_SIZE=1000 makes at least six."""
+    await journal.persist("acct|many", [{"n": i} for i in range(6000)])
+    total = len([e async for e in journal.current_events_by_slices("acct", 0, 1023)])
+    batches = []
+    for env in ({}, {"JOURNAL_PROJECTION_GROUP_SIZE": "1000"}):
+        topic = create_topic(kafka_bootstrap)
+        records = await asyncio.to_thread(run_until_published, dsn, kafka_bootstrap, topic, total, env=env)
+        assert sorted(int(h["seq_nr"]) for _, key, _, h in records if key == b"acct|many") == list(range(1, 6001))
+        offsets = await asyncio.to_thread(read_topic, kafka_bootstrap, f"sj-offsets.kp-{topic}")
+        batches.append(sum(1 for _, key, _, _ in offsets if key == b"acct|many"))
+    assert batches[0] <= 4 and batches[1] >= 6, batches
 
 
 async def test_a_record_over_the_size_limit_is_dead_lettered(journal: Journal, dsn: str, kafka_bootstrap: str) -> None:
@@ -121,7 +140,8 @@ def start_worker(dsn: str, bootstrap: str, topic: str) -> subprocess.Popen[bytes
     return subprocess.Popen(
         [sys.executable, "-m", "projections", "run", f"kp-{topic}", "--entity-type", "acct", "--to-kafka",
          topic, "--kafka-bootstrap", bootstrap, "--dsn", dsn, "--no-progress"],
-        env={**os.environ, **FAST_ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **FAST_ENV, "JOURNAL_PROJECTION_GROUP_SIZE": "1000"},  # the rescale comes mid-run
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
 
