@@ -32,7 +32,7 @@ import random
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from confluent_kafka import Producer
@@ -44,7 +44,7 @@ from projections import Worker
 from projections.kafka import GROUP_SIZE
 from projections.kafka.local import LocalKafka
 from projections.kafka.publisher import PRODUCER_DEFAULTS, KafkaPublisher
-from projections.kafka.records import RecordBuilder
+from projections.kafka.records import Record, RecordBuilder
 
 try:
     from benchmarks._common import fresh_database
@@ -69,6 +69,17 @@ def new_topic(bootstrap: str, partitions: int = 8) -> str:
     return topic
 
 
+async def produce(p: Producer, topic: str, records: Iterable[Record]) -> None:
+    """Hand each record to ``p``, waiting for deliveries while its local queue is full."""
+    for key, value, headers in records:
+        while True:
+            try:
+                p.produce(topic, value, key, headers=headers)
+                break
+            except BufferError:
+                await asyncio.to_thread(p.poll, 0.1)
+
+
 async def bare(bootstrap: str, envs: list[EventEnvelope]) -> tuple[float, float]:
     """The same records through one idempotent producer (the publisher's producer settings),
     flushed at the end; building the records and making the producer (which then asks for its
@@ -76,13 +87,7 @@ async def bare(bootstrap: str, envs: list[EventEnvelope]) -> tuple[float, float]
     topic = new_topic(bootstrap)
     t0 = time.perf_counter()
     p = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap, "enable.idempotence": True})
-    for key, value, headers in RecordBuilder().records(envs):
-        while True:
-            try:
-                p.produce(topic, value, key, headers=headers)
-                break
-            except BufferError:
-                await asyncio.to_thread(p.poll, 0.1)
+    await produce(p, topic, RecordBuilder().records(envs))
     await asyncio.to_thread(p.flush, 60)
     rate = len(envs) / (time.perf_counter() - t0)
     return rate, rate
@@ -100,13 +105,7 @@ async def bare_transactional(bootstrap: str, envs: list[EventEnvelope], group_si
     records = RecordBuilder().records(envs)
     for _ in range(0, len(envs), group_size):
         p.begin_transaction()
-        for key, value, headers in itertools.islice(records, group_size):
-            while True:
-                try:
-                    p.produce(topic, value, key, headers=headers)
-                    break
-                except BufferError:
-                    await asyncio.to_thread(p.poll, 0.1)
+        await produce(p, topic, itertools.islice(records, group_size))
         await asyncio.to_thread(p.commit_transaction, 60)
     rate = len(envs) / (time.perf_counter() - t0)
     return rate, rate
