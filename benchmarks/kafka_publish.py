@@ -1,24 +1,27 @@
 """Events out to Kafka: the KafkaPublisher projection (exactly-once, then at-least-once) beside a
 bare confluent-kafka producer sending the same records (same keys, values, headers, built by the
-same RecordBuilder; idempotent, no transactions, one flush at the end), and beside a bare
+same RecordBuilder; idempotent, no transactions, one flush at the end), beside a bare
 transactional producer sending them in transactions of the publisher's batch size (what Kafka's
-transactions cost alone: exactly-once's own ceiling), in the same run. Usage:
+transactions cost alone), and beside the same workers with a handler that does nothing (what
+reading the journal costs), in the same run. Usage:
     [JOURNAL_DSN=postgresql://...] [KAFKA_BOOTSTRAP_SERVERS=host:port] \\
         python benchmarks/kafka_publish.py [--events N] [--processes P] [--workers K] [--rounds R]
 (default 200,000 events, 5 rounds, the batch and page sizes `projections run --to-kafka` uses by
 default, group_size 5000 (projections.kafka.GROUP_SIZE) and buffer_size 1000; tuned:
-`--group-size 20000 --buffer-size 10000`; a fresh database on JOURNAL_DSN's server, else an embedded
-server; a local KRaft broker started from the Maven Central jars unless
-KAFKA_BOOTSTRAP_SERVERS is set). After an untimed warm-up of each side (20,000 events), each round
-runs the four sides one after the other, the order rotated round by round (each side into a fresh topic, each publisher
-run under a fresh projection name); it prints each round with the load average, then the medians
-of the rates and of the per-round ratios to the bare producer. A publisher's rate is given twice:
-from its workers' start (its start-up, ~0.5-1.5 s, included) and from its first batch committed
-(steady). The publishers' workers run as the projection's workers are deployed (docs/projections.md,
-the demo): by default 2 processes, each `projections run NAME --to-kafka TOPIC` with one worker (its
-own pool, publisher and topic check, on journal.runtime); `--processes 1 --workers 2`: both in this
-process, as one `projections run ... --workers 2`. The bare side is one producer in this process,
-as a user would write it."""
+`--group-size 20000`; a fresh database on JOURNAL_DSN's server, else an embedded server; a local
+KRaft broker started from the Maven Central jars unless KAFKA_BOOTSTRAP_SERVERS is set). After an
+untimed warm-up of each side (20,000 events), each round runs the five sides one after the other,
+the order rotated round by round (each side into a fresh topic, each publisher run under a fresh
+projection name); it prints each round with the load average, then the medians of the rates and
+of the per-round ratios to the bare producer. A publisher's rate is given twice: from its workers'
+start (its start-up, ~0.3-0.6 s, included) and from its first batch committed (steady). Then each
+side's CPU per 1,000 events over its timed run (the machine's, the local broker's, PostgreSQL's;
+from /proc), and the bound that bare + read-only CPU puts on a publisher on the cores it kept busy.
+The publishers' workers run as the projection's workers are deployed (docs/projections.md, the
+demo): by default 2 processes, each `projections run NAME --to-kafka TOPIC` with one worker (its
+own pool, publisher and topic check, on journal.runtime); `--processes 1 --workers 2`: both in
+this process, as one `projections run ... --workers 2`. The bare side is one producer in this
+process, as a user would write it."""
 
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
+import asyncpg
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
@@ -47,18 +51,57 @@ from projections.kafka.publisher import PRODUCER_DEFAULTS, KafkaPublisher
 from projections.kafka.records import Record, RecordBuilder
 
 try:
-    from benchmarks._common import fresh_database
+    from benchmarks._common import CpuMeter, _stat, fresh_database
 except ImportError:  # run as a script from benchmarks/
-    from _common import fresh_database  # type: ignore[no-redef]
+    from _common import CpuMeter, _stat, fresh_database  # type: ignore[no-redef]
 
 
 @contextlib.contextmanager
-def broker() -> Iterator[str]:
+def broker() -> Iterator[tuple[str, int | None]]:
+    """The brokers' address, and the local broker's process id (None for KAFKA_BOOTSTRAP_SERVERS)."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], None
         return
     with LocalKafka(heap="1G") as k:
-        yield k.bootstrap_servers
+        yield k.bootstrap_servers, k.process.pid if k.process else None
+
+
+def busy_cpu() -> float:
+    """CPU seconds the whole machine has spent busy (not idle, not waiting for I/O), from /proc/stat."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class Cpu:
+    """CPU milliseconds per 1,000 events of a side's timed run (its clock's start to its stop, so
+    not a worker process's start): the whole machine's, and of it the broker's and PostgreSQL's (its
+    postmaster and backends); the rest is the Python processes' (the workers, or the bare
+    producer). Where a side's events cost more than the bare producer's, and on which process,
+    when the 2 cores are the bound."""
+
+    def __init__(self, broker_pid: int | None = None, pg: CpuMeter | None = None) -> None:
+        self.broker_pid = broker_pid
+        self.pg = pg
+        self._at: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        self.used: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        """The last run's (machine, broker, PostgreSQL) ms per 1,000 events (nan: not measured)."""
+
+    def _now(self) -> tuple[float, float, float]:
+        broker = _stat(self.broker_pid) if self.broker_pid else None
+        pg = self.pg._server_now() if self.pg else None
+        return busy_cpu(), broker[1] if broker else float("nan"), pg if pg is not None else float("nan")
+
+    def start(self) -> None:
+        self._at = self._now()
+
+    def stop(self, n: int) -> None:
+        a, b, c = ((after - before) / n * 1e6 for before, after in zip(self._at, self._now(), strict=True))
+        self.used = (a, b, c)
+
+
+CPU = Cpu()
+"""The benchmark's meter (:func:`main` sets the broker's and PostgreSQL's processes)."""
 
 
 def new_topic(bootstrap: str, partitions: int = 8) -> str:
@@ -85,11 +128,13 @@ async def bare(bootstrap: str, envs: list[EventEnvelope]) -> tuple[float, float]
     flushed at the end; building the records and making the producer (which then asks for its
     producer id) are timed, as the publisher's are."""
     topic = new_topic(bootstrap)
+    CPU.start()
     t0 = time.perf_counter()
     p = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap, "enable.idempotence": True})
     await produce(p, topic, RecordBuilder().records(envs))
     await asyncio.to_thread(p.flush, 60)
     rate = len(envs) / (time.perf_counter() - t0)
+    CPU.stop(len(envs))
     return rate, rate
 
 
@@ -99,6 +144,7 @@ async def bare_transactional(bootstrap: str, envs: list[EventEnvelope], group_si
     cost of Kafka's transactions alone, exactly-once's ceiling. Its ``init_transactions`` is timed,
     as the publisher's is."""
     topic = new_topic(bootstrap)
+    CPU.start()
     t0 = time.perf_counter()
     p = Producer({**PRODUCER_DEFAULTS, "bootstrap.servers": bootstrap, "transactional.id": f"bench-{topic}"})
     await asyncio.to_thread(p.init_transactions, 30)
@@ -108,21 +154,33 @@ async def bare_transactional(bootstrap: str, envs: list[EventEnvelope], group_si
         await produce(p, topic, itertools.islice(records, group_size))
         await asyncio.to_thread(p.commit_transaction, 60)
     rate = len(envs) / (time.perf_counter() - t0)
+    CPU.stop(len(envs))
     return rate, rate
 
 
+async def read_only(conn: object, envelopes: object) -> None:
+    """The handler of the read-only side: the workers read the journal, nothing is published."""
+
+
+def mode(eo: bool | None) -> str:
+    return "read-only" if eo is None else "exactly-once" if eo else "at-least-once"
+
+
 async def publish(
-    j: object, s: JournalSettings, et: str, bootstrap: str, n: int, workers: int, eo: bool
+    j: object, s: JournalSettings, et: str, bootstrap: str, n: int, workers: int, eo: bool | None
 ) -> tuple[float, float]:
     """Workers of a fresh projection publish all ``n`` events: the rate timed from the topic check
     and their start (lease rounds, producers' start, ``init_transactions``, reading the offsets
     topic back) to the last event committed, and the steady rate, from the first batch committed
     to the last. Prints how long the first batch took to commit (the start-up part)."""
     topic = new_topic(bootstrap)
-    publisher = KafkaPublisher(bootstrap, topic, exactly_once=eo)
-    ws = [Worker(j, s, f"bench-{topic}", et, publisher, "grouped") for _ in range(workers)]  # type: ignore[arg-type]
+    publisher = None if eo is None else KafkaPublisher(bootstrap, topic, exactly_once=eo)
+    handler = publisher or read_only
+    ws = [Worker(j, s, f"bench-{topic}", et, handler, "grouped") for _ in range(workers)]  # type: ignore[arg-type]
+    CPU.start()
     t0 = time.perf_counter()
-    await publisher.check(f"bench-{topic}")  # as `projections run --to-kafka` does before its workers start
+    if publisher:  # as `projections run --to-kafka` does before its workers start
+        await publisher.check(f"bench-{topic}")
     tasks = [asyncio.create_task(w.run()) for w in ws]
     first: float | None = None
     first_done = 0
@@ -134,18 +192,28 @@ async def publish(
                 task.result()
         await asyncio.sleep(0.02)
     took = time.perf_counter() - t0
+    CPU.stop(n)
     rate = n / took
     steady = (n - first_done) / (took - first) if first is not None and took > first else rate
     for w in ws:
         w.stop()
     await asyncio.gather(*tasks)
-    await publisher.close()
-    print(f"  ({'exactly' if eo else 'at-least'}-once: first batch committed after {first or 0:.2f} s)")
+    if publisher:
+        await publisher.close()
+    print(f"  ({mode(eo)}: first batch committed after {first or 0:.2f} s)")
     return rate, steady
 
 
 async def publish_in_processes(
-    dsn: str, group_size: int, buffer_size: int, et: str, bootstrap: str, n: int, processes: int, workers: int, eo: bool
+    dsn: str,
+    group_size: int,
+    buffer_size: int,
+    et: str,
+    bootstrap: str,
+    n: int,
+    processes: int,
+    workers: int,
+    eo: bool | None,
 ) -> tuple[float, float]:
     """As :func:`publish`, the workers run as ``projections run NAME --to-kafka TOPIC --workers
     K`` runs them, in ``processes`` such processes (each on ``journal.runtime``, its own pool and
@@ -163,6 +231,7 @@ async def publish_in_processes(
         if any(proc.exitcode is not None for proc in procs):
             raise RuntimeError("a worker process ended before it was ready")
         await asyncio.sleep(0.02)
+    CPU.start()
     t0 = time.perf_counter()
     go.set()
     first: float | None = None
@@ -174,21 +243,19 @@ async def publish_in_processes(
             raise RuntimeError("a worker process ended before all events were published")
         await asyncio.sleep(0.02)
     took = time.perf_counter() - t0
+    CPU.stop(n)
     rate = n / took
     steady = (n - first_done) / (took - first) if first is not None and took > first else rate
     stop.set()
     for proc in procs:
         await asyncio.to_thread(proc.join, 60)
     shares = " / ".join(f"{c:,}" for c in counts)
-    print(
-        f"  ({'exactly' if eo else 'at-least'}-once, {processes} processes: first batch after {first or 0:.2f} s;"
-        f" events per process {shares})"
-    )
+    print(f"  ({mode(eo)}, {processes} processes: first batch after {first or 0:.2f} s; events per process {shares})")
     return rate, steady
 
 
 def _worker_process(
-    dsn: str, group_size: int, buffer_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool,
+    dsn: str, group_size: int, buffer_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool | None,
     go: Any, stop: Any, counts: Any, slot: int,
 ) -> None:  # fmt: skip
     """One worker process of :func:`publish_in_processes`."""
@@ -196,16 +263,18 @@ def _worker_process(
 
 
 async def _serve(
-    dsn: str, group_size: int, buffer_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool,
+    dsn: str, group_size: int, buffer_size: int, bootstrap: str, topic: str, et: str, workers: int, eo: bool | None,
     go: Any, stop: Any, counts: Any, slot: int,
 ) -> None:  # fmt: skip
     s = JournalSettings.load(env={}, dsn=dsn, group_size=group_size, buffer_size=buffer_size)
     async with open_journal(dsn, settings=s) as j:
-        publisher = KafkaPublisher(bootstrap, topic, exactly_once=eo)
-        ws = [Worker(j, s, f"bench-{topic}", et, publisher, "grouped") for _ in range(workers)]
+        publisher = None if eo is None else KafkaPublisher(bootstrap, topic, exactly_once=eo)
+        handler = publisher or read_only
+        ws = [Worker(j, s, f"bench-{topic}", et, handler, "grouped") for _ in range(workers)]  # type: ignore[arg-type]
         counts[slot] = 0
         await asyncio.to_thread(go.wait)
-        await publisher.check(f"bench-{topic}")  # as the command does before its workers start
+        if publisher:  # as the command does before its workers start
+            await publisher.check(f"bench-{topic}")
         tasks = [asyncio.create_task(w.run()) for w in ws]
         while not stop.is_set():
             counts[slot] = sum(w.stats.events for w in ws)
@@ -216,12 +285,14 @@ async def _serve(
         for w in ws:
             w.stop()
         await asyncio.gather(*tasks)
-        await publisher.close()
+        if publisher:
+            await publisher.close()
 
 
 async def main(
     dsn: str,
     bootstrap: str,
+    broker_pid: int | None,
     n: int,
     entities: int,
     group_size: int,
@@ -253,7 +324,7 @@ async def main(
         low = sum(1 for e in envs if e.slice < 512)
         print(f"events in slices 0-511 / 512-1023: {low:,} / {n - low:,}")
 
-        def publisher(m: int, eo: bool) -> Awaitable[tuple[float, float]]:
+        def publisher(m: int, eo: bool | None) -> Awaitable[tuple[float, float]]:
             if processes > 1:
                 return publish_in_processes(dsn, group_size, buffer_size, et, bootstrap, m, processes, workers, eo)
             return publish(j, s, et, bootstrap, m, workers, eo)
@@ -263,14 +334,20 @@ async def main(
             "bare transactional": lambda: bare_transactional(bootstrap, envs, group_size),
             "exactly-once": lambda: publisher(n, True),
             "at-least-once": lambda: publisher(n, False),
+            "read-only": lambda: publisher(n, None),
         }
         warm = min(n, 20_000)  # untimed: the broker's JIT, its transaction-state topic, the pools
         await bare(bootstrap, envs[:warm])
         await bare_transactional(bootstrap, envs[:warm], group_size)
         await publisher(warm, True)
         await publisher(warm, False)
+        await publisher(warm, None)
+        conn = await asyncpg.connect(dsn)
+        CPU.broker_pid, CPU.pg = broker_pid, CpuMeter(conn.get_server_pid())
+        await conn.close()
         rates: dict[str, list[float]] = {name: [] for name in sides}
         steady: dict[str, list[float]] = {name: [] for name in sides}
+        cpus: dict[str, list[tuple[float, ...]]] = {name: [] for name in sides}
         where = f"{processes} processes x {workers}" if processes > 1 else f"one process, {workers}"
         print(f"{n} events, {where} worker(s), group_size {group_size}, buffer_size {buffer_size}, {rounds} round(s)")
         for r in range(rounds):
@@ -279,6 +356,7 @@ async def main(
                 rate, after_start = await sides[name]()
                 rates[name].append(rate)
                 steady[name].append(after_start)
+                cpus[name].append(CPU.used)
             line = ", ".join(f"{name} {rates[name][-1]:,.0f} (steady {steady[name][-1]:,.0f})" for name in order)
             print(f"round {r + 1}: {line} ev/s; load average {os.getloadavg()[0]:.1f}")
     med = {name: statistics.median(v) for name, v in rates.items()}
@@ -298,6 +376,23 @@ async def main(
             f"{name + ' publisher:':35s} {med[name]:12,.0f} events/s  ({ratio:.2f} of bare{of_txn}); "
             f"after its first batch {after:,.0f} events/s ({after_ratio:.2f})"
         )
+    print(f"read-only workers (no handler work):  {med['read-only']:12,.0f} events/s")
+    print("CPU per 1,000 events, medians (ms): all processes = broker + PostgreSQL + Python (the rest)")
+    every: dict[str, float] = {}
+    for name, per_round in cpus.items():
+        every[name], on_broker, on_pg = (statistics.median(u[k] for u in per_round) for k in range(3))
+        rest = every[name] - on_broker - on_pg
+        print(f"  {name + ':':22s} {every[name]:6.2f} = {on_broker:5.2f} + {on_pg:5.2f} + {rest:5.2f}")
+    # a publisher does at least what the bare producer does and what the read-only workers do: on
+    # the cores the publishers kept busy, that much CPU per event bounds its rate
+    floor = every["bare"] + every["read-only"]
+    for name in ("exactly-once", "at-least-once"):
+        cores = statistics.median(r * u[0] / 1e6 for r, u in zip(rates[name], cpus[name], strict=True))
+        bound = cores * 1e6 / floor
+        print(
+            f"{name}: {cores:.2f} cores busy; bare + read-only {floor:.2f} ms per 1,000 events would allow at most"
+            f" {bound:,.0f} events/s on them ({bound / med['bare']:.2f} of bare)"
+        )
 
 
 if __name__ == "__main__":
@@ -309,13 +404,14 @@ if __name__ == "__main__":
     ap.add_argument("--buffer-size", type=int, default=defaults.query.buffer_size, help="rows a page of the query")
     ap.add_argument("--processes", type=int, default=2, help="worker processes (1: the workers in this process)")
     ap.add_argument("--workers", type=int, default=1, help="workers (slice ranges) per process")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds of the four sides, order rotated")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the five sides, order rotated")
     ap.add_argument("--asyncio", action="store_true", help="asyncio.run, the collector untuned (every side)")
     a = ap.parse_args()
     tuned = f"journal.runtime: {runtime.loop_name()}, collector tuned"
     print("# event loop:", "asyncio, collector untuned" if a.asyncio else tuned)
-    with fresh_database() as dsn, broker() as bootstrap:
-        go = main(dsn, bootstrap, a.events, a.entities, a.group_size, a.buffer_size, a.processes, a.workers, a.rounds)
+    with fresh_database() as dsn, broker() as (bootstrap, broker_pid):
+        sizes = (a.events, a.entities, a.group_size, a.buffer_size, a.processes, a.workers, a.rounds)
+        go = main(dsn, bootstrap, broker_pid, *sizes)
         if a.asyncio:
             asyncio.run(go)
         else:  # as `projections run --to-kafka` runs its workers

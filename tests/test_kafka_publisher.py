@@ -288,10 +288,10 @@ def test_a_fenced_producer_with_an_open_transaction_closes_without_raising(kafka
 
 def test_every_client_of_the_publisher_connects_to_every_broker_unless_configured() -> None:
     """Sparse connections (librdkafka's default) made each new client of the publisher wait ~50 ms
-    for its second connection (docs/kafka.md "Speed"): its producers, the offsets topic's
-    consumers and the topic check's admin client are all made from ``client_config`` (the
-    producers' adds :data:`PRODUCER_DEFAULTS`), with sparse connections off unless the
-    publisher's ``config`` sets them."""
+    for its second connection (docs/kafka-speed-history.md, "Every new client waited 50 ms"): its
+    producers, the offsets topic's consumers and the topic check's admin client are all made from
+    ``client_config`` (the producers' adds :data:`PRODUCER_DEFAULTS`), with sparse connections off
+    unless the publisher's ``config`` sets them."""
     from projections.kafka.publisher import KafkaPublisher
 
     publisher = KafkaPublisher("127.0.0.1:9", "t")

@@ -59,7 +59,7 @@ broker of the cluster at once. With sparse connections (librdkafka's default) a 
 its bootstrap connection after the first metadata answer and connects to the broker it learnt of
 only ~50 ms later (``reconnect.backoff.ms`` / 2): every new client's first answer took 55-60 ms
 instead of 3-7 ms, a transactional producer's ``init_transactions`` 60 ms instead of 8
-(docs/kafka.md "Speed", "Every new client waited 50 ms")."""
+(docs/kafka-speed-history.md, "Every new client waited 50 ms")."""
 
 PRODUCER_DEFAULTS: dict[str, Any] = {"linger.ms": 5, "delivery.report.only.error": True}
 """librdkafka settings of the publisher's producers unless ``config`` sets them: a short linger
@@ -131,7 +131,7 @@ class _Range:
         answer comes while a broker it learnt of is connected, else on a 500 ms timer, and the first
         answer comes over the bootstrap connection. Measured: an idempotent producer's first batch
         delivered after ~60 ms instead of ~500 ms; ``init_transactions`` took 60-70 ms, and 510 ms in
-        3 of 8 tries without (docs/kafka.md "Speed")."""
+        3 of 8 tries without (docs/kafka-speed-history.md, "The start, step by step")."""
         for _ in range(2):
             self.producer.list_topics(self.p.topic, timeout=ANSWER_WITHIN)
 
