@@ -67,7 +67,8 @@ class CpuMeter:
         self.client = 0.0
         self.server: float | None = None
 
-    def _server_now(self) -> float | None:
+    def server_now(self) -> float | None:
+        """The server's CPU seconds so far (None when it is not a local process)."""
         if self._postmaster is None:
             return None
         # the postmaster's own time plus its exited children's (closed connections), plus the
@@ -84,11 +85,11 @@ class CpuMeter:
         return t
 
     def start(self) -> None:
-        self._c0, self._s0 = time.process_time(), self._server_now()
+        self._c0, self._s0 = time.process_time(), self.server_now()
 
     def stop(self) -> None:
         self.client = time.process_time() - self._c0
-        s1 = self._server_now()
+        s1 = self.server_now()
         self.server = None if s1 is None or self._s0 is None else s1 - self._s0
 
     def per_1000(self, n: int) -> str:

@@ -89,7 +89,7 @@ class Cpu:
 
     def _now(self) -> tuple[float, float, float]:
         broker = _stat(self.broker_pid) if self.broker_pid else None
-        pg = self.pg._server_now() if self.pg else None
+        pg = self.pg.server_now() if self.pg else None
         return busy_cpu(), broker[1] if broker else float("nan"), pg if pg is not None else float("nan")
 
     def start(self) -> None:
@@ -205,16 +205,9 @@ async def publish(
 
 
 async def publish_in_processes(
-    dsn: str,
-    group_size: int,
-    buffer_size: int,
-    et: str,
-    bootstrap: str,
-    n: int,
-    processes: int,
-    workers: int,
+    dsn: str, group_size: int, buffer_size: int, et: str, bootstrap: str, n: int, processes: int, workers: int,
     eo: bool | None,
-) -> tuple[float, float]:
+) -> tuple[float, float]:  # fmt: skip
     """As :func:`publish`, the workers run as ``projections run NAME --to-kafka TOPIC --workers
     K`` runs them, in ``processes`` such processes (each on ``journal.runtime``, its own pool and
     publisher, its own topic check): timed from the moment all are ready (started, imported, the
