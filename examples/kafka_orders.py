@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -41,15 +42,30 @@ def new_consumer(bootstrap: str) -> Consumer:
     })  # fmt: skip
 
 
+NO_LEADER_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+"""What a topic created a moment ago may answer until its partitions have their leaders."""
+
+
 def ends(bootstrap: str, topic: str) -> list[TopicPartition]:
     """Where each partition of ``topic`` ends now: this run's records come after."""
     consumer = new_consumer(bootstrap)
     try:
         partitions = consumer.list_topics(topic, 30).topics[topic].partitions
-        return [TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), 30)[1])
-                for p in sorted(partitions)]  # fmt: skip
+        return [TopicPartition(topic, p, end_of(consumer, TopicPartition(topic, p))) for p in sorted(partitions)]
     finally:
         consumer.close()
+
+
+def end_of(consumer: Consumer, partition: TopicPartition) -> int:
+    """The partition's end, asked again while a new topic's leader is not there yet (up to 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(partition, 30)[1])
+        except KafkaException as e:
+            if e.args[0].code() not in NO_LEADER_YET or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def text(field: str | bytes | None) -> str:
