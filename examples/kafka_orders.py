@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -21,6 +20,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from journal import open_journal
 from projections import Worker
+from projections.kafka.offsets_log import partition_end
 from projections.kafka.publisher import KafkaPublisher
 from projections.management import processed_up_to
 
@@ -42,30 +42,15 @@ def new_consumer(bootstrap: str) -> Consumer:
     })  # fmt: skip
 
 
-NO_LEADER_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
-"""What a topic created a moment ago may answer until its partitions have their leaders."""
-
-
 def ends(bootstrap: str, topic: str) -> list[TopicPartition]:
     """Where each partition of ``topic`` ends now: this run's records come after."""
     consumer = new_consumer(bootstrap)
     try:
-        partitions = consumer.list_topics(topic, 30).topics[topic].partitions
-        return [TopicPartition(topic, p, end_of(consumer, TopicPartition(topic, p))) for p in sorted(partitions)]
+        partitions = sorted(consumer.list_topics(topic, 30).topics[topic].partitions)
+        # a topic made a moment ago may not have its leaders yet: partition_end asks again
+        return [TopicPartition(topic, p, partition_end(consumer, TopicPartition(topic, p), 30)) for p in partitions]
     finally:
         consumer.close()
-
-
-def end_of(consumer: Consumer, partition: TopicPartition) -> int:
-    """The partition's end, asked again while a new topic's leader is not there yet (up to 30 s)."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return int(consumer.get_watermark_offsets(partition, 30)[1])
-        except KafkaException as e:
-            if e.args[0].code() not in NO_LEADER_YET or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def text(field: str | bytes | None) -> str:

@@ -47,6 +47,19 @@ _NO_LEADER_YET = (
 """What a topic created a moment ago may answer before its partitions have leaders."""
 
 
+def partition_end(consumer: Consumer, partition: TopicPartition, timeout: float) -> int:
+    """The partition's end (its high watermark, or last stable offset for a ``read_committed``
+    consumer), asked again for up to ``timeout`` while a new topic's leader is not known yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return int(consumer.get_watermark_offsets(partition, timeout)[1])
+        except KafkaException as e:
+            if e.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # the retry interval of a blocking call run in a thread
+
+
 class StuckTransaction(Exception):
     """The offsets topic cannot be read to its end: a transaction open on it did not end in time."""
 
@@ -169,18 +182,7 @@ class OffsetsLog:
         """Each partition's end as ``consumer`` sees it (read_committed: the last stable offset;
         read_uncommitted: the high watermark), asked of the brokers now."""
         partitions = sorted(consumer.list_topics(self.topic, self.timeout).topics[self.topic].partitions)
-        return {p: self._end_of(consumer, TopicPartition(self.topic, p)) for p in partitions}
-
-    def _end_of(self, consumer: Consumer, partition: TopicPartition) -> int:
-        """The partition's end; retried while a new topic's leader is not known yet."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                return int(consumer.get_watermark_offsets(partition, self.timeout)[1])
-            except KafkaException as e:
-                if e.args[0].code() not in _NO_LEADER_YET or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)  # the retry interval of a blocking call run in a thread
+        return {p: partition_end(consumer, TopicPartition(self.topic, p), self.timeout) for p in partitions}
 
     def _read(
         self, consumer: Consumer, starts: Mapping[int, int], targets: Mapping[int, int], row: Callable[[Message], None]
