@@ -91,6 +91,7 @@ class RangeProcessor:
             self.sql, self.tx.unit, {s: epochs[s] for s in range(lo, hi + 1)}, self.validator
         )
         self.delivery = parts.delivery(self.tx, self.offsets)
+        self._starts = parts.handler if isinstance(parts.handler, range_context.RangeStarts) else None
         self._heartbeat_every = timedelta(seconds=self.s.heartbeat_offset_interval)
 
     def stop(self) -> None:
@@ -98,7 +99,10 @@ class RangeProcessor:
         self._stopping.set()
 
     async def run(self) -> None:
-        range_context.enter(range_context.OwnedRange(self.name, self.lo, self.hi, self.owner))
+        owned = range_context.OwnedRange(self.name, self.lo, self.hi, self.owner)
+        range_context.enter(owned)
+        if self._starts is not None:
+            self._starts.range_started(owned)
         slices = list(range(self.lo, self.hi + 1))
         window = timedelta(seconds=self.s.offset_time_window)
 

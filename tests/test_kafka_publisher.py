@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 from kafka_fixtures import create_topic, read_topic
 
-from journal import EventEnvelope, Journal
+from journal import EventEnvelope, Journal, JournalSettings
 
 pytestmark = pytest.mark.kafka
 
@@ -137,6 +137,52 @@ async def test_a_zombie_of_a_range_is_fenced(journal: Journal, kafka_bootstrap: 
     await old.close()
     records = read_topic(kafka_bootstrap, topic)
     assert [int(h["seq_nr"]) for *_, h in records] == [1, 2]
+
+
+async def test_a_new_owner_fences_the_old_one_before_its_first_batch(
+    journal: Journal, settings: JournalSettings, kafka_bootstrap: str
+) -> None:
+    """A worker's publisher opens a range's producer when the range starts, not at its first
+    batch: a stalled earlier owner of the range, its transaction open, is fenced and that
+    transaction aborted though the journal has nothing for the range to publish. Before, it
+    stayed open until an event came or the broker's ``transaction.timeout.ms`` (60 s) ran out,
+    holding back every read_committed consumer of the topic."""
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    from projections import Worker
+    from projections.kafka.offsets_log import transactional_id
+    from projections.kafka.publisher import KafkaPublisher
+    from tests.support.waiting import wait_until
+
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    projection = f"early-{topic}"
+    zombie = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": transactional_id(projection, 0, 1023)})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(topic, b"stale", b"acct|z")
+    assert zombie.flush(30) == 0
+    reader = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": projection, "isolation.level": "read_committed"}
+    )
+
+    def stable_offset() -> int:  # a read_committed consumer's end: behind the open transaction
+        return int(reader.get_watermark_offsets(TopicPartition(topic, 0), 10)[1])
+
+    assert stable_offset() == 0
+    publisher = KafkaPublisher(kafka_bootstrap, topic)
+    worker = Worker(journal, settings, projection, "NothingToPublish", publisher, "grouped")
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_until(lambda: asyncio.to_thread(stable_offset), 20, "the open transaction to be aborted")
+        assert list(worker.processors) == [(0, 1023)] and worker.stats.events == 0
+    finally:
+        worker.stop()
+        await task
+        await publisher.close()
+        reader.close()
+    with pytest.raises(KafkaException, match=r"(?i)fenced"):
+        zombie.commit_transaction(10)
+    assert read_topic(kafka_bootstrap, topic) == []
 
 
 async def test_a_producer_fenced_by_one_of_its_own_process_redoes_the_batch(

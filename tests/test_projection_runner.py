@@ -95,6 +95,35 @@ async def _eq(conn: asyncpg.Connection, n: int) -> bool:
     return await count(conn) == n
 
 
+async def test_a_handler_that_asks_is_told_of_its_range_before_its_first_batch(
+    journal: Journal, fast: JournalSettings
+) -> None:
+    """A handler that is a ``range_context.RangeStarts`` is told of each range its worker starts,
+    in the range's own context, before the range's first batch (the Kafka publisher opens its
+    producer meanwhile); a plain handler is not asked."""
+    from projections import range_context
+
+    class Handler:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def range_started(self, owned: range_context.OwnedRange) -> None:
+            assert range_context.current() is owned
+            self.seen.append(f"started {owned.projection} {owned.key}")
+
+        async def __call__(self, conn: Any, envs: Sequence[EventEnvelope]) -> None:
+            owned = range_context.current()
+            assert owned is not None
+            self.seen.append(f"batch {owned.key}")
+
+    total = await write(journal, "Told", 5, 2)
+    h = Handler()
+    w = Worker(journal, fast, "told", "Told", h, "grouped")
+    await run_until(w, lambda: w.stats.events == total)
+    assert h.seen[0] == "started told 0-1023", h.seen
+    assert h.seen[1:] and all(s == "batch 0-1023" for s in h.seen[1:]), h.seen
+
+
 async def test_at_least_once_handles_on_while_its_offsets_are_being_stored(journal: Journal, dsn: str) -> None:
     """The offset rows of at-least-once are stored behind the handler: with the offset table
     locked (a flush's INSERT waits), events written meanwhile are still handled, one by one."""
