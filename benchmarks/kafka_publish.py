@@ -9,12 +9,14 @@ reading the journal costs), in the same run. Usage:
 (default 200,000 events, 5 rounds, the batch and page sizes `projections run --to-kafka` uses by
 default, group_size 5000 (projections.kafka.GROUP_SIZE) and buffer_size 1000; tuned:
 `--group-size 20000`; a fresh database on JOURNAL_DSN's server, else an embedded server; a local
-KRaft broker started from the Maven Central jars unless KAFKA_BOOTSTRAP_SERVERS is set). After an
+KRaft broker started from the Maven Central jars unless KAFKA_BOOTSTRAP_SERVERS is set, its logs on
+a RAM disk, /dev/shm, when it has 8 GiB free (`--broker-on-disk`: in the temporary directory,
+as before 2026-11-28; see broker_storage)). After an
 untimed warm-up of each side (20,000 events), each round runs the five sides one after the other,
 the order rotated round by round (each side into a fresh topic, each publisher run under a fresh
 projection name); it prints each round with the load average, then the medians of the rates and
 of the per-round ratios to the bare producer. A publisher's rate is given twice: from its workers'
-start (its start-up, ~0.3-0.6 s, included) and from its first batch committed (steady). Then each
+start (its start-up, ~0.3-0.45 s, included) and from its first batch committed (steady). Then each
 side's CPU per 1,000 events over its timed run (the machine's, the local broker's, PostgreSQL's;
 from /proc), and the bound that bare + read-only CPU puts on a publisher on the cores it kept busy.
 The publishers' workers run as the projection's workers are deployed (docs/projections.md, the
@@ -36,6 +38,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -56,13 +59,31 @@ except ImportError:  # run as a script from benchmarks/
     from _common import CpuMeter, _stat, fresh_database  # type: ignore[no-redef]
 
 
+RAM_DISK, ROOM = Path("/dev/shm"), 8 << 30
+
+
+def broker_storage(on_disk: bool) -> Path | None:
+    """Where the local broker keeps its logs: a RAM disk with room for a run's records (8 GiB; a
+    1M-event run writes ~5 GB), unless ``on_disk``; else the temporary directory. Why: on this
+    machine's disk, after a minute of a run the disk's writeback stalled the broker's answers to
+    produce requests for 150-250 ms (librdkafka's debug log), so a publisher's first batch
+    committed after 0.55-0.8 s in the last rounds instead of 0.35-0.45 s, and the rounds' figures
+    fell with their number, the publishers' most (docs/kafka.md, "Speed"). The broker's storage is
+    the broker's, not what the benchmark compares; PostgreSQL stays on the disk (its commits are
+    a projection's own cost)."""
+    if on_disk or not RAM_DISK.is_dir():
+        return None
+    st = os.statvfs(RAM_DISK)
+    return RAM_DISK if st.f_bavail * st.f_frsize >= ROOM else None
+
+
 @contextlib.contextmanager
-def broker() -> Iterator[tuple[str, int | None]]:
+def broker(storage: Path | None) -> Iterator[tuple[str, int | None]]:
     """The brokers' address, and the local broker's process id (None for KAFKA_BOOTSTRAP_SERVERS)."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         yield os.environ["KAFKA_BOOTSTRAP_SERVERS"], None
         return
-    with LocalKafka(heap="1G") as k:
+    with LocalKafka(heap="1G", storage=storage) as k:
         yield k.bootstrap_servers, k.process.pid if k.process else None
 
 
@@ -399,10 +420,14 @@ if __name__ == "__main__":
     ap.add_argument("--workers", type=int, default=1, help="workers (slice ranges) per process")
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the five sides, order rotated")
     ap.add_argument("--asyncio", action="store_true", help="asyncio.run, the collector untuned (every side)")
+    ap.add_argument("--broker-on-disk", action="store_true", help="the local broker's logs on the disk, not a RAM disk")
     a = ap.parse_args()
     tuned = f"journal.runtime: {runtime.loop_name()}, collector tuned"
     print("# event loop:", "asyncio, collector untuned" if a.asyncio else tuned)
-    with fresh_database() as dsn, broker() as (bootstrap, broker_pid):
+    storage = broker_storage(a.broker_on_disk)
+    if not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        print("# the local broker's logs:", f"{storage} (a RAM disk)" if storage else "the temporary directory (disk)")
+    with fresh_database() as dsn, broker(storage) as (bootstrap, broker_pid):
         sizes = (a.events, a.entities, a.group_size, a.buffer_size, a.processes, a.workers, a.rounds)
         go = main(dsn, bootstrap, broker_pid, *sizes)
         if a.asyncio:

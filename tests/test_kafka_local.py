@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 from kafka_fixtures import create_topic, read_topic, running
@@ -47,6 +48,17 @@ def test_without_java_the_broker_says_what_to_install(monkeypatch: pytest.Monkey
             broker._java(broker.data_dir)
     finally:
         broker.stop()
+
+
+def test_the_broker_keeps_its_data_where_it_is_told(tmp_path: Path) -> None:
+    """``storage``: the directory the broker's throwaway data directory is made in (the Kafka
+    benchmark gives a RAM disk); it is removed on stop, the storage kept."""
+    from projections.kafka.local import LocalKafka
+
+    broker = LocalKafka(storage=tmp_path)
+    assert broker.data_dir.parent == tmp_path and broker.data_dir.is_dir()
+    broker.stop()
+    assert not broker.data_dir.exists() and tmp_path.is_dir()
 
 
 def test_three_nodes_commit_with_one_stopped() -> None:

@@ -154,7 +154,9 @@ def _api_versions_answer(host: str, port: int) -> bool:
 
 class LocalKafka:
     """One KRaft broker+controller on ``host`` with free ports; data in a throwaway directory
-    (removed on :meth:`stop`). Use as a context manager, or :meth:`start` / :meth:`stop`.
+    (removed on :meth:`stop`) made in ``storage`` (default: the system's temporary directory; a
+    RAM disk keeps a disk's writeback out of a benchmark). Use as a context manager, or
+    :meth:`start` / :meth:`stop`.
     ``users`` (name -> password): SASL/PLAIN logins and ACLs (:func:`server_properties`); a node
     of a :class:`LocalKafkaCluster` has its ``node_id`` and the cluster's ``quorum``."""
 
@@ -169,6 +171,7 @@ class LocalKafka:
         progress: Progress = _stderr,
         users: Mapping[str, str] | None = None,
         node_id: int = 1,
+        storage: Path | None = None,
     ) -> None:
         self.host = host
         self.port = free_port(host)
@@ -182,7 +185,7 @@ class LocalKafka:
         self.node_id = node_id
         self.quorum: Quorum | None = None
         """Set by :class:`LocalKafkaCluster` before :meth:`start`."""
-        self.data_dir = Path(tempfile.mkdtemp(prefix="sj-kafka-"))
+        self.data_dir = Path(tempfile.mkdtemp(prefix="sj-kafka-", dir=storage))
         self.advertised_port: int | None = None
         """Set before :meth:`start` to tell clients another port (a relay's in front of ``port``)."""
         self.process: subprocess.Popen[bytes] | None = None
