@@ -20,7 +20,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from journal import open_journal
 from projections import Worker
-from projections.kafka.offsets_log import partition_end
+from projections.kafka.offsets_log import topic_ends
 from projections.kafka.publisher import KafkaPublisher
 from projections.management import processed_up_to
 
@@ -46,9 +46,8 @@ def ends(bootstrap: str, topic: str) -> list[TopicPartition]:
     """Where each partition of ``topic`` ends now: this run's records come after."""
     consumer = new_consumer(bootstrap)
     try:
-        partitions = sorted(consumer.list_topics(topic, 30).topics[topic].partitions)
-        # a topic made a moment ago may not have its leaders yet: partition_end asks again
-        return [TopicPartition(topic, p, partition_end(consumer, TopicPartition(topic, p), 30)) for p in partitions]
+        # a topic made a moment ago may not have its leaders yet: topic_ends asks again
+        return [TopicPartition(topic, p, end) for p, end in topic_ends(consumer, topic, 30).items()]
     finally:
         consumer.close()
 

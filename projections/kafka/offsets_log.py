@@ -47,9 +47,16 @@ _NO_LEADER_YET = (
 """What a topic created a moment ago may answer before its partitions have leaders."""
 
 
+def topic_ends(consumer: Consumer, topic: str, timeout: float) -> dict[int, int]:
+    """Each partition's end of ``topic`` as ``consumer`` sees it (read_committed: the last stable
+    offset; read_uncommitted: the high watermark), asked of the brokers now."""
+    partitions = sorted(consumer.list_topics(topic, timeout).topics[topic].partitions)
+    return {p: partition_end(consumer, TopicPartition(topic, p), timeout) for p in partitions}
+
+
 def partition_end(consumer: Consumer, partition: TopicPartition, timeout: float) -> int:
-    """The partition's end (its high watermark, or last stable offset for a ``read_committed``
-    consumer), asked again for up to ``timeout`` while a new topic's leader is not known yet."""
+    """The partition's end, asked again for up to ``timeout`` while a new topic's leader is not
+    known yet."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -179,10 +186,8 @@ class OffsetsLog:
         return seen
 
     def _ends(self, consumer: Consumer) -> dict[int, int]:
-        """Each partition's end as ``consumer`` sees it (read_committed: the last stable offset;
-        read_uncommitted: the high watermark), asked of the brokers now."""
-        partitions = sorted(consumer.list_topics(self.topic, self.timeout).topics[self.topic].partitions)
-        return {p: partition_end(consumer, TopicPartition(self.topic, p), self.timeout) for p in partitions}
+        """Each partition's end of the offsets topic (:func:`topic_ends`)."""
+        return topic_ends(consumer, self.topic, self.timeout)
 
     def _read(
         self, consumer: Consumer, starts: Mapping[int, int], targets: Mapping[int, int], row: Callable[[Message], None]
